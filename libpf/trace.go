@@ -1,0 +1,110 @@
+package libpf
+
+import "time"
+
+// MaxFrames is the most frames one trace holds, kernel and user together.
+// BPF's copy of this limit is MAX_FRAMES in support/ebpf/types.h; a test
+// checks they agree.
+const MaxFrames = 128
+
+// FrameKind says which unwinder produced a frame and so how to read it.
+type FrameKind uint8
+
+const (
+	FrameUnknown FrameKind = iota
+	FrameNative
+	FrameKernel
+	// FrameAbort marks where an unwinder gave up; its Address carries the
+	// support.ErrorCode of the failure.
+	FrameAbort
+)
+
+// String is the OTLP profile.frame.type value of the kind.
+func (k FrameKind) String() string {
+	switch k {
+	case FrameNative:
+		return "native"
+	case FrameKernel:
+		return "kernel"
+	case FrameAbort:
+		return "abort-marker"
+	default:
+		return "unknown"
+	}
+}
+
+// TraceHash is the 128-bit user-space hash of a whole trace (all frames, user
+// and kernel, plus the process the user addresses belong to).
+type TraceHash struct{ Hi, Lo uint64 }
+
+// Mapping is a file mapped into a process, as a frame refers to it.
+type Mapping struct {
+	FileID FileID
+	// Start and End bound the mapping in the process's address space;
+	// FileOffset is the file offset mapped at Start.
+	Start, End, FileOffset uint64
+	// Bias is added to a file-relative (ELF virtual) address to get the
+	// address in the process.
+	Bias uint64
+	// Path is the file's path as the process sees it (or "[vdso]", the
+	// kernel module name, "vmlinux").
+	Path string
+	// GNUBuildID and GoBuildID are the build ids found in the file, if any.
+	GNUBuildID, GoBuildID string
+}
+
+// Frame is one symbolized (or symbolizable) frame of a trace.
+type Frame struct {
+	Kind FrameKind
+	// Address is file-relative: the ELF virtual address for native code, the
+	// address in the kernel image or module for kernel frames. For return
+	// addresses it already points inside the call instruction.
+	Address uint64
+	// Mapping is nil when the address could not be attributed to a file.
+	Mapping *Mapping
+	// FunctionName, SourceFile and SourceLine are empty/zero when unknown.
+	FunctionName string
+	SourceFile   string
+	SourceLine   uint32
+}
+
+// AbsAddress is the frame's address in the process (or kernel) address space.
+func (f *Frame) AbsAddress() uint64 {
+	if f.Mapping == nil {
+		return f.Address
+	}
+	return f.Address + f.Mapping.Bias
+}
+
+// Trace is a converted stack trace. It is immutable once built and shared by
+// every sample that has the same stack; Frames[0] is the leaf.
+type Trace struct {
+	Hash   TraceHash
+	Frames []Frame
+	// Truncated is set when the stack was deeper than MaxFrames.
+	Truncated bool
+}
+
+// ProcessInfo describes the process a sample was taken in.
+type ProcessInfo struct {
+	PID            PID
+	ExecutableName string
+	ExecutablePath string
+	// ContainerID is empty outside containers.
+	ContainerID string
+}
+
+// SampleMeta is what is specific to one sample of a trace.
+type SampleMeta struct {
+	Time       time.Time
+	TID        TID
+	ThreadName string
+	CPU        int
+	Process    *ProcessInfo
+}
+
+// PID is a process id (thread-group id).
+type PID uint32
+
+// TID is a thread id.
+type TID uint32

@@ -1,0 +1,36 @@
+package support
+
+import "github.com/hostprof/ebpf-profiler/libpf"
+
+// Trace is a raw trace as the BPF unwinder hands it to user space, decoded
+// from struct trace in ebpf/types.h.
+type Trace struct {
+	PID, TID uint32
+	CPU      uint32
+	// KTime is the sample's CLOCK_MONOTONIC time in nanoseconds.
+	KTime uint64
+	// Comm is the thread's name.
+	Comm string
+	// Hash is the 64-bit BPF trace hash over PID, kernel and user frames.
+	Hash uint64
+	// Truncated is set when the stack had more than MaxFrames frames.
+	Truncated bool
+	// KernelStack holds kernel return addresses, leaf first.
+	KernelStack []uint64
+	// Frames holds user-space frames, leaf first.
+	Frames []Frame
+}
+
+// Frame is one user-space frame as BPF found it.
+type Frame struct {
+	Kind libpf.FrameKind
+	// ReturnAddress is set for every frame but the interrupted one: Addr is
+	// then the address after a call instruction.
+	ReturnAddress bool
+	// FileID is the low 64 bits of the file id when BPF resolved the frame
+	// to a file (later unwinders); zero when Addr is a process address.
+	FileID uint64
+	// Addr is the process address, or the file-relative address when FileID
+	// is set, or the error code for FrameAbort.
+	Addr uint64
+}
