@@ -1,0 +1,96 @@
+// Minimal, self-contained BPF definitions: types, map declaration macros and
+// the helpers we call. We avoid the host's kernel and libbpf headers so that
+// the objects build the same for x86_64 and arm64 on any machine with the
+// pinned clang (see the Makefile).
+#ifndef BPFDEFS_H
+#define BPFDEFS_H
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef signed int s32;
+typedef signed long long s64;
+
+#define SEC(name)       __attribute__((section(name), used))
+#define __always_inline inline __attribute__((always_inline))
+#define __uint(name, val) int(*name)[val]
+#define __type(name, val) typeof(val) *name
+#define likely(x)       __builtin_expect(!!(x), 1)
+#define unlikely(x)     __builtin_expect(!!(x), 0)
+
+// Map types and flags from include/uapi/linux/bpf.h.
+enum {
+  BPF_MAP_TYPE_ARRAY = 2,
+  BPF_MAP_TYPE_PROG_ARRAY = 3,
+  BPF_MAP_TYPE_PERCPU_ARRAY = 6,
+  BPF_MAP_TYPE_RINGBUF = 27,
+};
+#define BPF_ANY 0
+// bpf_ringbuf_output flags and bpf_ringbuf_query selectors.
+#define BPF_RB_NO_WAKEUP    1
+#define BPF_RB_FORCE_WAKEUP 2
+#define BPF_RB_AVAIL_DATA   0
+
+// Helper ids from include/uapi/linux/bpf.h (enum bpf_func_id).
+static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
+static u64 (*bpf_ktime_get_ns)(void) = (void *)5;
+static u32 (*bpf_get_smp_processor_id)(void) = (void *)8;
+static long (*bpf_tail_call)(void *ctx, void *prog_array_map, u32 index) = (void *)12;
+static u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;
+static long (*bpf_get_current_comm)(void *buf, u32 size_of_buf) = (void *)16;
+static u64 (*bpf_get_current_task)(void) = (void *)35;
+static long (*bpf_get_stack)(void *ctx, void *buf, u32 size, u64 flags) = (void *)67;
+static long (*bpf_probe_read_user)(void *dst, u32 size, const void *unsafe_ptr) = (void *)112;
+static long (*bpf_probe_read_kernel)(void *dst, u32 size, const void *unsafe_ptr) = (void *)113;
+static long (*bpf_ringbuf_output)(void *ringbuf, void *data, u64 size, u64 flags) = (void *)130;
+static u64 (*bpf_ringbuf_query)(void *ringbuf, u64 flags) = (void *)134;
+static struct task_struct *(*bpf_get_current_task_btf)(void) = (void *)158;
+static long (*bpf_task_pt_regs)(struct task_struct *task) = (void *)175;
+
+// The kernel fields we read, relocated by CO-RE against the running kernel's
+// BTF when the object is loaded.
+#define PF_KTHREAD 0x00200000
+struct task_struct {
+  unsigned int flags;
+  void *stack;
+} __attribute__((preserve_access_index));
+
+// Reads a kernel field through a CO-RE relocated address.
+#define CORE_READ_KERNEL(dst, src)                                                                 \
+  bpf_probe_read_kernel(dst, sizeof(*(dst)), __builtin_preserve_access_index(src))
+
+// User-space register sets, as the kernel saves them on entry, for the
+// architectures we build for. bpf_perf_event_data starts with these.
+#if defined(__TARGET_ARCH_x86)
+struct pt_regs {
+  u64 r15, r14, r13, r12, bp, bx, r11, r10, r9, r8, ax, cx, dx, si, di, orig_ax;
+  u64 ip, cs, flags, sp, ss;
+};
+  #define THREAD_SIZE (16 * 1024)
+static __always_inline int regs_in_kernel(const struct pt_regs *r) { return (r->cs & 3) == 0; }
+  #define REGS_PC(r) ((r)->ip)
+  #define REGS_SP(r) ((r)->sp)
+  #define REGS_FP(r) ((r)->bp)
+#elif defined(__TARGET_ARCH_arm64)
+struct pt_regs {
+  u64 regs[31];
+  u64 sp, pc, pstate;
+};
+  #define THREAD_SIZE (16 * 1024)
+// PSR_MODE_MASK is 0xf; EL0t (user mode) is 0.
+static __always_inline int regs_in_kernel(const struct pt_regs *r) { return (r->pstate & 0xf) != 0; }
+  #define REGS_PC(r) ((r)->pc)
+  #define REGS_SP(r) ((r)->sp)
+  #define REGS_FP(r) ((r)->regs[29])
+#else
+  #error "define __TARGET_ARCH_x86 or __TARGET_ARCH_arm64"
+#endif
+
+struct bpf_perf_event_data {
+  struct pt_regs regs;
+  u64 sample_period;
+  u64 addr;
+};
+
+#endif // BPFDEFS_H

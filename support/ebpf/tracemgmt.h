@@ -1,0 +1,109 @@
+// Maps and small helpers every program of the unwind chain shares.
+#ifndef TRACEMGMT_H
+#define TRACEMGMT_H
+
+#include "types.h"
+
+// Set by user space before load (read-only after): whether this kernel has
+// bpf_task_pt_regs (5.15+). The verifier drops the branch not taken.
+volatile const u32 have_task_pt_regs = 0;
+
+// Set by user space before load: the fill level of the events ring buffer
+// above which a record wakes the reader. Below it user space polls on a
+// timer, so busy hosts do not pay one wake-up per sample.
+volatile const u64 events_wakeup_bytes = 0;
+
+// Never read: it puts the shared enums and structs into the object's BTF,
+// where user space reads their names, values and layouts.
+volatile const struct btf_exports {
+  enum frame_kind frame_kind;
+  enum frame_flag frame_flag;
+  enum trace_flag trace_flag;
+  enum prog_id prog_id;
+  enum metric_id metric_id;
+  enum unwind_error unwind_error;
+  enum event_type event_type;
+  struct process_event process_event;
+} btf_exports __attribute__((used));
+
+// The per-CPU scratch record a sample is built in.
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, u32);
+  __type(value, struct record);
+} records SEC(".maps");
+
+// Named counters, indexed by enum metric_id.
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, METRIC_COUNT);
+  __type(key, u32);
+  __type(value, u64);
+} metrics SEC(".maps");
+
+// Tail-call targets, indexed by enum prog_id; filled by user space.
+struct {
+  __uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+  __uint(max_entries, PROG_COUNT);
+  __type(key, u32);
+  __type(value, u32);
+} progs SEC(".maps");
+
+// Finished traces and process events, in the order they happened. User
+// space sizes it for the sampling rate before load.
+struct {
+  __uint(type, BPF_MAP_TYPE_RINGBUF);
+  __uint(max_entries, 1 << 20);
+} events SEC(".maps");
+
+static __always_inline void increment_metric(u32 id)
+{
+  u64 *count = bpf_map_lookup_elem(&metrics, &id);
+  if (count)
+    *count += 1;
+}
+
+static __always_inline struct record *get_record(void)
+{
+  u32 zero = 0;
+  struct record *r = bpf_map_lookup_elem(&records, &zero);
+  if (!r)
+    increment_metric(METRIC_ERR_RECORD_LOOKUP);
+  return r;
+}
+
+// Appends a frame; returns -1 (and marks the trace truncated) when full.
+static __always_inline int push_frame(struct trace *t, u8 kind, u8 flags, u64 file_id, u64 addr)
+{
+  u32 n = t->num_frames;
+  if (n >= MAX_FRAMES) {
+    t->flags |= TRACE_FLAG_TRUNCATED;
+    return -1;
+  }
+  t->frames[n].file_id = file_id;
+  t->frames[n].addr = addr;
+  t->frames[n].kind = kind;
+  t->frames[n].flags = flags;
+  t->num_frames = n + 1;
+  return 0;
+}
+
+// Emits a record on the events ring buffer; returns non-zero when it is full.
+static __always_inline long emit_event(void *data, u64 size)
+{
+  u64 flags = BPF_RB_NO_WAKEUP;
+  if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= events_wakeup_bytes)
+    flags = BPF_RB_FORCE_WAKEUP;
+  return bpf_ringbuf_output(&events, data, size, flags);
+}
+
+// Ends the unwind: hands the trace to unwind_stop.
+static __always_inline int tail_call_stop(void *ctx)
+{
+  bpf_tail_call(ctx, &progs, PROG_UNWIND_STOP);
+  increment_metric(METRIC_ERR_TAIL_CALL);
+  return 0;
+}
+
+#endif // TRACEMGMT_H

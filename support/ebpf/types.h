@@ -1,0 +1,155 @@
+// Definitions BPF and user space share. This header is the single source of
+// truth: the Go package support reads enum names and struct layouts from the
+// BTF of the compiled object, and its tests check the Go mirrors against it.
+#ifndef TYPES_H
+#define TYPES_H
+
+#include "bpfdefs.h"
+
+// Most frames one trace holds, kernel and user together (libpf.MaxFrames).
+#define MAX_FRAMES 128
+
+// User frames one run of the native unwinder walks before it tail-calls
+// itself; with MAX_TAIL_CALLS this bounds a whole unwind.
+#define NATIVE_FRAMES_PER_PROGRAM 16
+#define MAX_TAIL_CALLS            29
+
+// Kinds of frames (values of libpf.FrameKind).
+enum frame_kind {
+  FRAME_KIND_UNKNOWN = 0,
+  FRAME_KIND_NATIVE = 1,
+  FRAME_KIND_KERNEL = 2,
+  FRAME_KIND_ABORT = 3,
+};
+
+// Per-frame flags.
+enum frame_flag {
+  // The address is a return address: it follows a call instruction.
+  FRAME_FLAG_RETURN_ADDRESS = 1,
+};
+
+// Per-trace flags.
+enum trace_flag {
+  // The stack had more than MAX_FRAMES frames; the outermost were dropped.
+  TRACE_FLAG_TRUNCATED = 1,
+  // The thread is a kernel thread: it has no user stack.
+  TRACE_FLAG_KERNEL_THREAD = 2,
+};
+
+// Tail-call targets, indices into the progs map. User space loads the program
+// named after each value in lower case without the PROG_ prefix
+// (PROG_UNWIND_NATIVE -> unwind_native).
+enum prog_id {
+  PROG_UNWIND_STOP = 0,
+  PROG_UNWIND_NATIVE = 1,
+  PROG_COUNT,
+};
+
+// Named counters, one slot each in the per-CPU metrics map. User space reports
+// them under the lower-case name without the METRIC_ prefix.
+enum metric_id {
+  // Samples that started an unwind (not idle).
+  METRIC_SAMPLES = 0,
+  // Samples of the idle task, not unwound.
+  METRIC_IDLE_SAMPLES,
+  // Samples of kernel threads (kernel stack only).
+  METRIC_KERNEL_THREAD_SAMPLES,
+  // Traces handed to user space.
+  METRIC_TRACES_SENT,
+  // The per-CPU record could not be looked up.
+  METRIC_ERR_RECORD_LOOKUP,
+  // bpf_get_stack failed for the kernel stack.
+  METRIC_ERR_KERNEL_STACK,
+  // The user registers of a thread interrupted in the kernel could not be read.
+  METRIC_ERR_USER_REGS,
+  // Reading a frame record from the user stack failed.
+  METRIC_ERR_FP_READ,
+  // The frame pointer did not move towards the stack base.
+  METRIC_ERR_FP_NOT_INCREASING,
+  // The frame pointer was not 8-byte aligned.
+  METRIC_ERR_FP_MISALIGNED,
+  // Unwinds that ended because a trace reached MAX_FRAMES.
+  METRIC_TRUNCATED_TRACES,
+  // Unwinds that ran out of tail calls.
+  METRIC_ERR_TAIL_CALL_LIMIT,
+  // A tail call failed (program missing from the progs map).
+  METRIC_ERR_TAIL_CALL,
+  // The events ring buffer was full: the trace was dropped.
+  METRIC_ERR_TRACE_DROPPED,
+  // Process exits reported.
+  METRIC_PROCESS_EXITS,
+  // The events ring buffer was full: a process exit was dropped.
+  METRIC_ERR_EXIT_EVENT_DROPPED,
+  METRIC_COUNT,
+};
+
+// Error codes carried by FRAME_KIND_ABORT frames where an unwinder gave up.
+enum unwind_error {
+  UNWIND_ERROR_NONE = 0,
+  UNWIND_ERROR_FP_READ = 1,
+  UNWIND_ERROR_FP_NOT_INCREASING = 2,
+  UNWIND_ERROR_FP_MISALIGNED = 3,
+  UNWIND_ERROR_TAIL_CALL_LIMIT = 4,
+  UNWIND_ERROR_USER_REGS = 5,
+};
+
+struct frame {
+  // Low 64 bits of the file id when the unwinder resolved the address to a
+  // file; 0 when addr is a process address.
+  u64 file_id;
+  // Process or file-relative address; for FRAME_KIND_ABORT an unwind_error.
+  u64 addr;
+  u8 kind;  // enum frame_kind
+  u8 flags; // enum frame_flag
+  u8 pad[6];
+};
+
+// Records on the events ring buffer start with a u32 event_type, so traces
+// and process events arrive in one order.
+enum event_type {
+  EVENT_TRACE = 1,
+  EVENT_PROCESS_EXIT = 2,
+};
+
+// A trace as handed to user space: the header, then num_frames frames (kernel
+// frames first, leaf first; then user frames, leaf first). Only the used part
+// of frames is sent.
+struct trace {
+  u32 type; // EVENT_TRACE
+  u32 pid;
+  u32 tid;
+  u32 cpu;
+  u64 ktime;
+  u64 hash;
+  char comm[16];
+  u32 flags; // enum trace_flag
+  u32 num_kernel_frames;
+  u32 num_frames;
+  u32 pad;
+  struct frame frames[MAX_FRAMES];
+};
+
+// Where the native unwinder is on the user stack.
+struct unwind_state {
+  u64 pc;
+  u64 sp;
+  u64 fp;
+  u32 tail_calls;
+  // Set once pc is a return address rather than the interrupted pc.
+  u32 return_address;
+};
+
+// The per-CPU scratch record a sample is built in across tail calls.
+struct record {
+  struct unwind_state state;
+  u64 kernel_stack[MAX_FRAMES];
+  struct trace trace;
+};
+
+// A process event (EVENT_PROCESS_EXIT).
+struct process_event {
+  u32 type; // enum event_type
+  u32 pid;
+};
+
+#endif // TYPES_H

@@ -1,0 +1,223 @@
+package support
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+)
+
+// Shared holds what user space needs to know about the BPF object, read from
+// its BTF: enum values by name and the layout of the records BPF emits.
+type Shared struct {
+	// Programs are the tail-call targets: program name -> progs map index.
+	Programs map[string]uint32
+	// Metrics are the counter names, indexed by metric id.
+	Metrics []string
+
+	trace traceLayout
+}
+
+// traceLayout holds byte offsets of struct trace and struct frame fields.
+type traceLayout struct {
+	typ, pid, tid, cpu, ktime, hash, comm, flags, numKernelFrames, numFrames, frames int
+	frameSize, frameFileID, frameAddr, frameKind, frameFlags                         int
+	maxFrames                                                                        int
+	eventTrace, eventProcessExit                                                     uint32
+	flagTruncated, frameFlagReturn                                                   uint8
+}
+
+// ReadShared extracts the shared definitions from the object's BTF and checks
+// them against what the Go side assumes.
+func ReadShared(spec *ebpf.CollectionSpec) (*Shared, error) {
+	s := &Shared{Programs: map[string]uint32{}}
+	progs, err := enumValues(spec.Types, "prog_id")
+	if err != nil {
+		return nil, err
+	}
+	for name, v := range progs {
+		if name == "PROG_COUNT" {
+			continue
+		}
+		s.Programs[strings.ToLower(strings.TrimPrefix(name, "PROG_"))] = uint32(v)
+	}
+	metrics, err := enumValues(spec.Types, "metric_id")
+	if err != nil {
+		return nil, err
+	}
+	s.Metrics = make([]string, metrics["METRIC_COUNT"])
+	for name, v := range metrics {
+		if name != "METRIC_COUNT" {
+			s.Metrics[v] = strings.ToLower(strings.TrimPrefix(name, "METRIC_"))
+		}
+	}
+	if err := s.trace.read(spec.Types); err != nil {
+		return nil, err
+	}
+	if err := checkFrameKinds(spec.Types); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func enumValues(types *btf.Spec, name string) (map[string]uint64, error) {
+	var e *btf.Enum
+	if err := types.TypeByName(name, &e); err != nil {
+		return nil, fmt.Errorf("BPF object lacks enum %s: %w", name, err)
+	}
+	values := make(map[string]uint64, len(e.Values))
+	for _, v := range e.Values {
+		values[v.Name] = v.Value
+	}
+	return values, nil
+}
+
+// checkFrameKinds makes sure BPF's frame kinds are libpf's.
+func checkFrameKinds(types *btf.Spec) error {
+	kinds, err := enumValues(types, "frame_kind")
+	if err != nil {
+		return err
+	}
+	want := map[string]libpf.FrameKind{
+		"FRAME_KIND_UNKNOWN": libpf.FrameUnknown,
+		"FRAME_KIND_NATIVE":  libpf.FrameNative,
+		"FRAME_KIND_KERNEL":  libpf.FrameKernel,
+		"FRAME_KIND_ABORT":   libpf.FrameAbort,
+	}
+	for name, v := range kinds {
+		if k, ok := want[name]; !ok || uint64(k) != v {
+			return fmt.Errorf("BPF frame kind %s=%d has no libpf equivalent", name, v)
+		}
+	}
+	return nil
+}
+
+func memberOffsets(types *btf.Spec, name string) (map[string]int, *btf.Struct, error) {
+	var st *btf.Struct
+	if err := types.TypeByName(name, &st); err != nil {
+		return nil, nil, fmt.Errorf("BPF object lacks struct %s: %w", name, err)
+	}
+	offsets := make(map[string]int, len(st.Members))
+	for _, m := range st.Members {
+		offsets[m.Name] = int(m.Offset.Bytes())
+	}
+	return offsets, st, nil
+}
+
+func (l *traceLayout) read(types *btf.Spec) error {
+	t, st, err := memberOffsets(types, "trace")
+	if err != nil {
+		return err
+	}
+	f, fst, err := memberOffsets(types, "frame")
+	if err != nil {
+		return err
+	}
+	*l = traceLayout{
+		typ: t["type"], pid: t["pid"], tid: t["tid"], cpu: t["cpu"], ktime: t["ktime"],
+		hash: t["hash"], comm: t["comm"], flags: t["flags"],
+		numKernelFrames: t["num_kernel_frames"], numFrames: t["num_frames"], frames: t["frames"],
+		frameSize: int(fst.Size), frameFileID: f["file_id"], frameAddr: f["addr"],
+		frameKind: f["kind"], frameFlags: f["flags"],
+	}
+	for _, m := range st.Members {
+		if arr, ok := m.Type.(*btf.Array); ok && m.Name == "frames" {
+			l.maxFrames = int(arr.Nelems)
+		}
+	}
+	if l.maxFrames != libpf.MaxFrames {
+		return fmt.Errorf("BPF MAX_FRAMES is %d, libpf.MaxFrames is %d", l.maxFrames, libpf.MaxFrames)
+	}
+	events, err := enumValues(types, "event_type")
+	if err != nil {
+		return err
+	}
+	l.eventTrace = uint32(events["EVENT_TRACE"])
+	l.eventProcessExit = uint32(events["EVENT_PROCESS_EXIT"])
+	traceFlags, err := enumValues(types, "trace_flag")
+	if err != nil {
+		return err
+	}
+	l.flagTruncated = uint8(traceFlags["TRACE_FLAG_TRUNCATED"])
+	frameFlags, err := enumValues(types, "frame_flag")
+	if err != nil {
+		return err
+	}
+	l.frameFlagReturn = uint8(frameFlags["FRAME_FLAG_RETURN_ADDRESS"])
+	if l.eventTrace == 0 || l.eventProcessExit == 0 || l.flagTruncated == 0 || l.frameFlagReturn == 0 {
+		return errors.New("BPF object lacks event, trace flag or frame flag values")
+	}
+	return nil
+}
+
+// Event is one decoded record of the events ring buffer: a trace, or the
+// exit of process ExitedPID.
+type Event struct {
+	Trace     *Trace
+	ExitedPID uint32
+}
+
+// ErrMalformedEvent is returned for records that do not decode.
+var ErrMalformedEvent = errors.New("malformed BPF event")
+
+// DecodeEvent decodes one record of the events ring buffer. trace is reused
+// as the destination of a trace record to avoid allocating per sample.
+func (s *Shared) DecodeEvent(raw []byte, trace *Trace) (Event, error) {
+	l := &s.trace
+	if len(raw) < 8 {
+		return Event{}, fmt.Errorf("%w: %d bytes", ErrMalformedEvent, len(raw))
+	}
+	le := binary.LittleEndian
+	switch le.Uint32(raw[l.typ:]) {
+	case l.eventProcessExit:
+		return Event{ExitedPID: le.Uint32(raw[4:])}, nil
+	case l.eventTrace:
+	default:
+		return Event{}, fmt.Errorf("%w: type %d", ErrMalformedEvent, le.Uint32(raw))
+	}
+	if len(raw) < l.frames {
+		return Event{}, fmt.Errorf("%w: trace header of %d bytes", ErrMalformedEvent, len(raw))
+	}
+	n := int(le.Uint32(raw[l.numFrames:]))
+	nk := int(le.Uint32(raw[l.numKernelFrames:]))
+	if n > l.maxFrames || nk > n || len(raw) < l.frames+n*l.frameSize {
+		return Event{}, fmt.Errorf("%w: %d frames (%d kernel) in %d bytes",
+			ErrMalformedEvent, n, nk, len(raw))
+	}
+	trace.PID = le.Uint32(raw[l.pid:])
+	trace.TID = le.Uint32(raw[l.tid:])
+	trace.CPU = le.Uint32(raw[l.cpu:])
+	trace.KTime = le.Uint64(raw[l.ktime:])
+	trace.Hash = le.Uint64(raw[l.hash:])
+	trace.Comm = cString(raw[l.comm : l.comm+16])
+	trace.Truncated = raw[l.flags]&l.flagTruncated != 0
+	trace.KernelStack = trace.KernelStack[:0]
+	trace.Frames = trace.Frames[:0]
+	for i := range n {
+		f := raw[l.frames+i*l.frameSize:]
+		if i < nk {
+			trace.KernelStack = append(trace.KernelStack, le.Uint64(f[l.frameAddr:]))
+			continue
+		}
+		trace.Frames = append(trace.Frames, Frame{
+			Kind:          libpf.FrameKind(f[l.frameKind]),
+			ReturnAddress: f[l.frameFlags]&l.frameFlagReturn != 0,
+			FileID:        le.Uint64(f[l.frameFileID:]),
+			Addr:          le.Uint64(f[l.frameAddr:]),
+		})
+	}
+	return Event{Trace: trace}, nil
+}
+
+func cString(b []byte) string {
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	return string(b)
+}

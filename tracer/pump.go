@@ -1,0 +1,65 @@
+package tracer
+
+import (
+	"context"
+	"errors"
+	"os"
+	"time"
+
+	"github.com/cilium/ebpf/ringbuf"
+	log "github.com/sirupsen/logrus"
+
+	"github.com/hostprof/ebpf-profiler/support"
+)
+
+// Handler receives what BPF reports. Its methods are called from the one
+// goroutine running Run, in the order BPF emitted the events.
+type Handler interface {
+	// HandleTrace is given a trace that is only valid during the call.
+	HandleTrace(trace *support.Trace)
+	ProcessExited(pid uint32)
+}
+
+// pollInterval bounds how long a trace waits in the ring buffer: BPF wakes
+// the reader only when the buffer is half full.
+const pollInterval = 200 * time.Millisecond
+
+// Run pumps events to h until ctx is done, then reads what is left in the
+// ring buffer and returns. Detach before cancelling ctx to lose no sample.
+func (t *Tracer) Run(ctx context.Context, h Handler) error {
+	var rec ringbuf.Record
+	var trace support.Trace
+	for {
+		deadline := time.Now().Add(pollInterval)
+		if ctx.Err() != nil {
+			deadline = time.Now() // drain without waiting
+		}
+		t.reader.SetDeadline(deadline)
+		err := t.reader.ReadInto(&rec)
+		switch {
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			if ctx.Err() != nil {
+				return nil
+			}
+			continue
+		case errors.Is(err, ringbuf.ErrClosed):
+			return nil
+		case err != nil:
+			return err
+		}
+		ev, err := t.shared.DecodeEvent(rec.RawSample, &trace)
+		if err != nil {
+			t.malformed.Add(1)
+			log.Debugf("Dropping BPF event: %v", err)
+			continue
+		}
+		if ev.Trace != nil {
+			h.HandleTrace(ev.Trace)
+		} else {
+			h.ProcessExited(ev.ExitedPID)
+		}
+	}
+}
+
+// MalformedEvents is how many ring buffer records did not decode.
+func (t *Tracer) MalformedEvents() uint64 { return t.malformed.Load() }

@@ -1,0 +1,98 @@
+package tracer
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"golang.org/x/sys/unix"
+)
+
+// Capability numbers from include/uapi/linux/capability.h.
+const (
+	capSysAdmin = 21
+	capPerfmon  = 38
+	capBPF      = 39
+)
+
+// checkPrivileges fails early, with advice, where BPF or perf events would
+// be refused.
+func checkPrivileges() error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("reading capabilities: %w", err)
+	}
+	has := func(c uint) bool { return data[c/32].Effective&(1<<(c%32)) != 0 }
+	if has(capSysAdmin) || (has(capBPF) && has(capPerfmon)) {
+		return nil
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("ebpf-profiler must run as root (it loads BPF programs and opens perf events on every CPU): try sudo")
+	}
+	return errors.New("ebpf-profiler lacks CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON: run it as full root or grant these capabilities")
+}
+
+type kernelFeatures struct {
+	taskPtRegs bool
+}
+
+// probeFeatures checks what the programs need and what they can use.
+func probeFeatures() (kernelFeatures, error) {
+	var f kernelFeatures
+	if err := features.HaveProgramType(ebpf.PerfEvent); err != nil {
+		return f, fmt.Errorf("BPF perf_event programs are unavailable on kernel %s: %w", kernelRelease(), err)
+	}
+	if err := features.HaveMapType(ebpf.RingBuf); err != nil {
+		return f, fmt.Errorf("BPF ring buffers are unavailable on kernel %s (kernel >= 5.8 needed): %w", kernelRelease(), err)
+	}
+	if err := features.HaveProgramHelper(ebpf.PerfEvent, asm.FnGetStack); err != nil {
+		return f, fmt.Errorf("bpf_get_stack is unavailable on kernel %s: %w", kernelRelease(), err)
+	}
+	f.taskPtRegs = features.HaveProgramHelper(ebpf.PerfEvent, asm.FnTaskPtRegs) == nil
+	return f, nil
+}
+
+const onlineCPUsPath = "/sys/devices/system/cpu/online"
+
+func onlineCPUs() ([]int, error) {
+	b, err := os.ReadFile(onlineCPUsPath)
+	if err != nil {
+		return nil, fmt.Errorf("listing online CPUs: %w", err)
+	}
+	cpus, err := parseCPUList(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, fmt.Errorf("parsing %s: %w", onlineCPUsPath, err)
+	}
+	return cpus, nil
+}
+
+// parseCPUList parses the kernel's cpu list format ("0-3,5,7-8").
+func parseCPUList(s string) ([]int, error) {
+	var cpus []int
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		first, err := strconv.Atoi(lo)
+		if err != nil {
+			return nil, fmt.Errorf("bad cpu %q", part)
+		}
+		last := first
+		if isRange {
+			if last, err = strconv.Atoi(hi); err != nil || last < first {
+				return nil, fmt.Errorf("bad cpu range %q", part)
+			}
+		}
+		for c := first; c <= last; c++ {
+			cpus = append(cpus, c)
+		}
+	}
+	if len(cpus) == 0 {
+		return nil, errors.New("no CPUs")
+	}
+	return cpus, nil
+}

@@ -1,0 +1,250 @@
+// Package tracer loads the BPF programs and maps into the kernel, owns the
+// sampling perf events and the process-exit probe, and pumps the events BPF
+// emits into Go. It holds no policy: what to do with a trace is the
+// handler's business.
+package tracer
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"sync/atomic"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"github.com/cilium/ebpf/rlimit"
+	log "github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"github.com/hostprof/ebpf-profiler/support"
+)
+
+// Config says how to load and attach the programs.
+type Config struct {
+	// SamplesPerSecond is the sampling frequency per CPU.
+	SamplesPerSecond int
+	// BPFLogLevel is passed to the verifier (0 = only on failure).
+	BPFLogLevel uint32
+}
+
+// Bounds of the events ring buffer: it holds about half a second of traces
+// at the configured rate.
+const (
+	minEventBufferBytes = 256 << 10
+	maxEventBufferBytes = 64 << 20
+	bytesPerTrace       = 1 << 10
+)
+
+// Tracer is the loaded BPF object with its attachments.
+type Tracer struct {
+	cfg        Config
+	shared     *support.Shared
+	coll       *ebpf.Collection
+	reader     *ringbuf.Reader
+	perfEvents []*perfEvent
+	exitLink   link.Link
+	cpus       []int
+	// malformed counts ring buffer records that did not decode.
+	malformed atomic.Uint64
+}
+
+// New checks privileges and kernel features, then loads and verifies the
+// programs. Nothing is attached yet.
+func New(cfg Config) (*Tracer, error) {
+	if cfg.SamplesPerSecond <= 0 {
+		return nil, fmt.Errorf("samples per second must be positive, got %d", cfg.SamplesPerSecond)
+	}
+	if err := checkPrivileges(); err != nil {
+		return nil, err
+	}
+	cpus, err := onlineCPUs()
+	if err != nil {
+		return nil, err
+	}
+	feats, err := probeFeatures()
+	if err != nil {
+		return nil, err
+	}
+	// Kernels >= 5.11 charge BPF memory to the cgroup and need no memlock
+	// limit; RemoveMemlock only raises it on older kernels. Where raising it
+	// fails we go on: loading reports the real problem if there is one.
+	if err := rlimit.RemoveMemlock(); err != nil {
+		log.Warnf("Could not raise RLIMIT_MEMLOCK (%v); continuing, loading may fail on kernels before 5.11", err)
+	}
+
+	spec, err := support.LoadSpec()
+	if err != nil {
+		return nil, err
+	}
+	shared, err := support.ReadShared(spec)
+	if err != nil {
+		return nil, err
+	}
+	bufBytes := eventBufferBytes(len(cpus), cfg.SamplesPerSecond)
+	spec.Maps["events"].MaxEntries = bufBytes
+	if err := setConstants(spec, map[string]any{
+		"have_task_pt_regs":   boolToU32(feats.taskPtRegs),
+		"events_wakeup_bytes": uint64(bufBytes / 2),
+	}); err != nil {
+		return nil, err
+	}
+
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
+		Programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevel(cfg.BPFLogLevel)},
+	})
+	if err != nil {
+		return nil, loadError(err)
+	}
+	t := &Tracer{cfg: cfg, shared: shared, coll: coll, cpus: cpus}
+	if cfg.BPFLogLevel != 0 {
+		for name, p := range coll.Programs {
+			log.Debugf("Verifier log of %s:\n%s", name, p.VerifierLog)
+		}
+	}
+	if err := t.fillProgArray(); err != nil {
+		t.Close()
+		return nil, err
+	}
+	if t.reader, err = ringbuf.NewReader(coll.Maps["events"]); err != nil {
+		t.Close()
+		return nil, fmt.Errorf("opening the events ring buffer: %w", err)
+	}
+	log.Debugf("Loaded BPF programs for %d CPUs (events buffer %d KiB, bpf_task_pt_regs %v)",
+		len(cpus), bufBytes>>10, feats.taskPtRegs)
+	return t, nil
+}
+
+func boolToU32(b bool) uint32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// eventBufferBytes sizes the ring buffer: a power of two (a kernel
+// requirement) holding about half a second of traces.
+func eventBufferBytes(cpus, hz int) uint32 {
+	want := uint64(cpus) * uint64(hz) * bytesPerTrace / 2
+	want = min(max(want, minEventBufferBytes), maxEventBufferBytes)
+	return uint32(1) << bits.Len64(want-1)
+}
+
+func setConstants(spec *ebpf.CollectionSpec, values map[string]any) error {
+	for name, v := range values {
+		vs, ok := spec.Variables[name]
+		if !ok {
+			return fmt.Errorf("BPF object lacks constant %s", name)
+		}
+		if err := vs.Set(v); err != nil {
+			return fmt.Errorf("setting BPF constant %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// loadError turns a load failure into advice.
+func loadError(err error) error {
+	var verr *ebpf.VerifierError
+	if errors.As(err, &verr) {
+		return fmt.Errorf("the kernel's verifier rejected a BPF program (kernel %s): %+v", kernelRelease(), verr)
+	}
+	if errors.Is(err, unix.EPERM) {
+		return fmt.Errorf("loading BPF programs: %w (needs root; on kernels before 5.11 also a high enough RLIMIT_MEMLOCK)", err)
+	}
+	return fmt.Errorf("loading BPF programs: %w", err)
+}
+
+func (t *Tracer) fillProgArray() error {
+	progs := t.coll.Maps["progs"]
+	for name, idx := range t.shared.Programs {
+		p, ok := t.coll.Programs[name]
+		if !ok {
+			return fmt.Errorf("BPF object lacks program %s for tail-call slot %d", name, idx)
+		}
+		if err := progs.Put(idx, p); err != nil {
+			return fmt.Errorf("registering tail-call target %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// Attach starts sampling every online CPU and watching process exits.
+func (t *Tracer) Attach() error {
+	exitLink, err := link.AttachRawTracepoint(link.RawTracepointOptions{
+		Name:    "sched_process_exit",
+		Program: t.coll.Programs["process_exit"],
+	})
+	if err != nil {
+		return fmt.Errorf("attaching to the sched_process_exit tracepoint: %w", err)
+	}
+	t.exitLink = exitLink
+	entry := t.coll.Programs["sample_entry"]
+	for _, cpu := range t.cpus {
+		pe, err := openPerfEvent(cpu, t.cfg.SamplesPerSecond, entry)
+		if err != nil {
+			t.Detach()
+			return err
+		}
+		t.perfEvents = append(t.perfEvents, pe)
+	}
+	log.Infof("Sampling %d CPUs at %d Hz (perf events attached via %s)",
+		len(t.cpus), t.cfg.SamplesPerSecond, t.perfEvents[0].attachMode())
+	return nil
+}
+
+// Detach stops sampling. Events already in the ring buffer can still be read.
+func (t *Tracer) Detach() {
+	for _, pe := range t.perfEvents {
+		pe.close()
+	}
+	t.perfEvents = nil
+	if t.exitLink != nil {
+		t.exitLink.Close()
+		t.exitLink = nil
+	}
+}
+
+// Metrics returns the BPF counters summed over CPUs, by name.
+func (t *Tracer) Metrics() (map[string]uint64, error) {
+	m := t.coll.Maps["metrics"]
+	out := make(map[string]uint64, len(t.shared.Metrics))
+	var perCPU []uint64
+	for id, name := range t.shared.Metrics {
+		if err := m.Lookup(uint32(id), &perCPU); err != nil {
+			return nil, fmt.Errorf("reading BPF counter %s: %w", name, err)
+		}
+		var sum uint64
+		for _, v := range perCPU {
+			sum += v
+		}
+		out[name] = sum
+	}
+	return out, nil
+}
+
+// Programs returns the loaded programs by name (for tests and benchmarks).
+func (t *Tracer) Programs() map[string]*ebpf.Program { return t.coll.Programs }
+
+// Maps returns the loaded maps by name (for tests and benchmarks).
+func (t *Tracer) Maps() map[string]*ebpf.Map { return t.coll.Maps }
+
+// Close detaches and unloads everything.
+func (t *Tracer) Close() error {
+	t.Detach()
+	if t.reader != nil {
+		t.reader.Close()
+	}
+	if t.coll != nil {
+		t.coll.Close()
+	}
+	return nil
+}
+
+func kernelRelease() string {
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		return "unknown"
+	}
+	return unix.ByteSliceToString(uts.Release[:])
+}
