@@ -1,0 +1,48 @@
+# The two commands the README promises:
+#   make run   build the profiler and run it with the local default (pprof files)
+#   make test  install what the tests need, then run the whole suite
+GO       ?= go
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS  := -X main.version=$(VERSION)
+BINARY   := ebpf-profiler
+ARGS     ?=
+SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
+
+.PHONY: build run ebpf test test-deps unit-test integration-test e2e-test bench lint clean
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BINARY) ./cmd/ebpf-profiler
+
+run: build
+	$(SUDO) ./$(BINARY) $(ARGS)
+
+# Rebuild the committed BPF objects with the pinned compiler.
+ebpf:
+	$(MAKE) -C support/ebpf
+
+# Packages and the OpenTelemetry Collector the tests use (Debian; needs root).
+test-deps:
+	$(SUDO) ./.ci/install-test-deps.sh
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
+	$(GO) vet ./...
+
+unit-test:
+	$(GO) test ./...
+
+# BPF integration and end-to-end tests: root only, run one package at a time
+# so that their perf events do not share the CPUs.
+integration-test: build
+	$(SUDO) env EBPF_PROFILER_INTEGRATION=1 EBPF_PROFILER_E2E=1 EBPF_PROFILER_BIN=$(CURDIR)/$(BINARY) \
+		$(GO) test -p 1 -count=1 -v -timeout 20m ./test/...
+
+test: test-deps lint
+	$(SUDO) $(GO) test -count=1 ./...
+	$(MAKE) integration-test
+
+bench: build
+	$(SUDO) ./utils/bench/overhead.sh
+
+clean:
+	rm -f $(BINARY)

@@ -1,0 +1,183 @@
+// Command ebpf-profiler samples every CPU of this host with eBPF, unwinds
+// each interrupted stack and reports the traces as OTLP profiles to a
+// collector or, with no collector, as pprof files in a local directory.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	log "github.com/sirupsen/logrus"
+
+	"github.com/hostprof/ebpf-profiler/processmanager"
+	"github.com/hostprof/ebpf-profiler/reporter"
+	"github.com/hostprof/ebpf-profiler/tracer"
+)
+
+// version is set at build time (-ldflags "-X main.version=...").
+var version = "dev"
+
+// Exit codes: 0 on success and after a signal, 1 when profiling cannot
+// start, 2 for a bad command line.
+const (
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	cfg, err := parseFlags(args, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "ebpf-profiler: %v\n", err)
+		return exitUsage
+	}
+	if cfg.version {
+		fmt.Printf("ebpf-profiler %s\n", version)
+		return 0
+	}
+	log.SetFormatter(&log.TextFormatter{FullTimestamp: true})
+	if cfg.verbose {
+		log.SetLevel(log.DebugLevel)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := profile(ctx, cfg); err != nil {
+		log.Error(err)
+		return exitFailure
+	}
+	return 0
+}
+
+// profile runs until ctx is cancelled, then flushes the last interval.
+func profile(ctx context.Context, cfg *config) error {
+	start := time.Now()
+	log.Infof("Starting ebpf-profiler %s", version)
+
+	tr, err := tracer.New(tracer.Config{
+		SamplesPerSecond: cfg.samplesPerSecond,
+		BPFLogLevel:      uint32(cfg.bpfLogLevel),
+	})
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+
+	hostID, hostName, err := reporter.HostMetadata()
+	if err != nil {
+		log.Warnf("Host metadata incomplete: %v", err)
+	}
+	rep, err := reporter.New(reporter.Config{
+		CollectionAgent:  cfg.collectionAgent,
+		DisableTLS:       cfg.disableTLS,
+		Interval:         cfg.reporterInterval,
+		SamplesPerSecond: cfg.samplesPerSecond,
+		OutputDir:        cfg.outputDir,
+		MaxOutputFiles:   outputFilesLimit(cfg.maxOutputFiles),
+		TopN:             topN(cfg),
+		HostID:           hostID,
+		HostName:         hostName,
+		Version:          version,
+	})
+	if err != nil {
+		return err
+	}
+	pm, err := processmanager.New(processmanager.Config{})
+	if err != nil {
+		return err
+	}
+	handler, err := processmanager.NewHandler(pm, rep, 0)
+	if err != nil {
+		return err
+	}
+
+	if err := rep.Start(ctx); err != nil {
+		return err
+	}
+	if err := tr.Attach(); err != nil {
+		rep.Close()
+		return err
+	}
+	describeOutputs(cfg)
+
+	pumpCtx, stopPump := context.WithCancel(context.Background())
+	pumpDone := make(chan error, 1)
+	go func() { pumpDone <- tr.Run(pumpCtx, handler) }()
+
+	mon := newMonitor(tr, handler, pm, rep)
+	log.Debugf("Start-up took %v", time.Since(start).Round(time.Millisecond))
+	ticker := time.NewTicker(cfg.monitorInterval)
+	defer ticker.Stop()
+	var pumpErr error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("Stopping: flushing the last interval")
+			break loop
+		case pumpErr = <-pumpDone:
+			break loop
+		case <-ticker.C:
+			mon.check()
+		}
+	}
+
+	// Stop sampling first, then drain what BPF already emitted, then flush.
+	tr.Detach()
+	stopPump()
+	if pumpErr == nil {
+		pumpErr = <-pumpDone
+	}
+	if err := rep.Close(); err != nil {
+		log.Warnf("Flushing the last interval: %v", err)
+	}
+	mon.check()
+	mon.summary()
+	if pumpErr != nil {
+		return fmt.Errorf("reading BPF events: %w", pumpErr)
+	}
+	return nil
+}
+
+// topN logs the per-interval summary only in the local default, where the
+// log is the first place a user looks.
+func topN(cfg *config) int {
+	if cfg.collectionAgent == "" {
+		return 10
+	}
+	return 0
+}
+
+// outputFilesLimit maps the flag's 0 (keep all) to the reporter's negative.
+func outputFilesLimit(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
+}
+
+func describeOutputs(cfg *config) {
+	if cfg.collectionAgent != "" {
+		tls := "TLS"
+		if cfg.disableTLS {
+			tls = "plain text"
+		}
+		log.Infof("Exporting OTLP profiles to %s (%s) every %v", cfg.collectionAgent, tls, cfg.reporterInterval)
+	}
+	if cfg.outputDir != "" {
+		log.Infof("Writing a pprof file to %s every %v (open with: go tool pprof -http=: FILE)",
+			cfg.outputDir, cfg.reporterInterval)
+	}
+}
