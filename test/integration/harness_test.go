@@ -1,0 +1,168 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/processmanager"
+	"github.com/hostprof/ebpf-profiler/tracer"
+)
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Getenv("EBPF_PROFILER_INTEGRATION") != "1" {
+		t.Skip("BPF integration test: run as root with EBPF_PROFILER_INTEGRATION=1 (make test does)")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("BPF integration tests need root")
+	}
+}
+
+// sample is one reported sample.
+type sample struct {
+	trace *libpf.Trace
+	meta  libpf.SampleMeta
+}
+
+// recorder is a processmanager.TraceReporter that keeps every sample.
+type recorder struct {
+	mu      sync.Mutex
+	samples []sample
+}
+
+func (r *recorder) ReportSample(t *libpf.Trace, m *libpf.SampleMeta) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.samples = append(r.samples, sample{t, *m})
+}
+
+// ofPID returns the samples of one process.
+func (r *recorder) ofPID(pid int) []sample {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []sample
+	for _, s := range r.samples {
+		if s.meta.Process != nil && int(s.meta.Process.PID) == pid {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// session is the real pipeline minus the reporter: tracer, process manager
+// and trace handler, recording every sample.
+type session struct {
+	tr      *tracer.Tracer
+	pm      *processmanager.Manager
+	handler *processmanager.Handler
+	rec     *recorder
+	cancel  context.CancelFunc
+	done    chan error
+}
+
+func startSession(t *testing.T, hz int) *session {
+	t.Helper()
+	tr, err := tracer.New(tracer.Config{SamplesPerSecond: hz})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm, err := processmanager.New(processmanager.Config{})
+	if err != nil {
+		tr.Close()
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	h, err := processmanager.NewHandler(pm, rec, 0)
+	if err != nil {
+		tr.Close()
+		t.Fatal(err)
+	}
+	if err := tr.Attach(); err != nil {
+		tr.Close()
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &session{tr: tr, pm: pm, handler: h, rec: rec, cancel: cancel, done: make(chan error, 1)}
+	go func() { s.done <- tr.Run(ctx, h) }()
+	t.Cleanup(func() { s.stop(t) })
+	return s
+}
+
+// stop detaches, drains the ring buffer and unloads; safe to call twice.
+func (s *session) stop(t *testing.T) {
+	if s.cancel == nil {
+		return
+	}
+	s.tr.Detach()
+	s.cancel()
+	s.cancel = nil
+	if err := <-s.done; err != nil {
+		t.Errorf("event pump: %v", err)
+	}
+	s.tr.Close()
+}
+
+// buildWorkload compiles utils/workloads/<name>.c with gcc.
+func buildWorkload(t *testing.T, name string, flags ...string) string {
+	t.Helper()
+	_, here, _, _ := runtime.Caller(0)
+	src := filepath.Join(filepath.Dir(here), "..", "..", "utils", "workloads", name+".c")
+	bin := filepath.Join(t.TempDir(), name)
+	args := append(append([]string{}, flags...), "-o", bin, src)
+	if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+		t.Fatalf("gcc %v: %v\n%s", args, err, out)
+	}
+	return bin
+}
+
+// runWorkload runs bin for the given time and returns its pid and the CPU
+// time it used.
+func runWorkload(t *testing.T, bin string, d time.Duration) (pid int, cpu time.Duration) {
+	t.Helper()
+	cmd := exec.Command(bin, formatSeconds(d))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%s: %v", bin, err)
+	}
+	return cmd.Process.Pid, cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+}
+
+func formatSeconds(d time.Duration) string {
+	return strconv.FormatFloat(d.Seconds(), 'f', 3, 64)
+}
+
+// functionNames lists a trace's frames' function names, leaf first.
+func functionNames(tr *libpf.Trace) []string {
+	names := make([]string, len(tr.Frames))
+	for i := range tr.Frames {
+		names[i] = tr.Frames[i].FunctionName
+	}
+	return names
+}
+
+// hasChain reports whether chain (leaf first) appears as consecutive frames.
+func hasChain(names, chain []string) bool {
+	for i := 0; i+len(chain) <= len(names); i++ {
+		match := true
+		for j, c := range chain {
+			if names[i+j] != c {
+				match = false
+				break
+			}
+		}
+		if match {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,139 @@
+package integration
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+)
+
+const testHz = 100
+
+// TestFramePointerChain profiles a C workload built with frame pointers and
+// checks the hot chain and the number of samples.
+func TestFramePointerChain(t *testing.T) {
+	requireRoot(t)
+	bin := buildWorkload(t, "fpchain", "-O0", "-fno-omit-frame-pointer")
+	s := startSession(t, testHz)
+	pid, cpu := runWorkload(t, bin, 4*time.Second)
+	s.stop(t)
+
+	samples := s.rec.ofPID(pid)
+	expected := testHz * cpu.Seconds()
+	t.Logf("%d samples for %.2f CPU-seconds at %d Hz (expected %.0f)", len(samples), cpu.Seconds(), testHz, expected)
+	if math.Abs(float64(len(samples))-expected) > 0.2*expected {
+		t.Errorf("got %d samples, want %.0f ± 20%%", len(samples), expected)
+	}
+
+	chain := []string{"cf_leaf", "cf_mid", "cf_top", "main"}
+	full := 0
+	for _, smp := range samples {
+		if hasChain(functionNames(smp.trace), chain) {
+			full++
+		}
+	}
+	share := float64(full) / float64(max(len(samples), 1))
+	t.Logf("%.1f%% of samples show %v", 100*share, chain)
+	if share < 0.9 {
+		t.Errorf("only %.1f%% of samples show the full chain, want >= 90%%", 100*share)
+		for _, smp := range samples[:min(len(samples), 5)] {
+			t.Logf("example: %v", functionNames(smp.trace))
+		}
+	}
+	checkSampleMeta(t, samples, pid, "fpchain")
+}
+
+// checkSampleMeta checks what the reporter needs beside the frames.
+func checkSampleMeta(t *testing.T, samples []sample, pid int, exe string) {
+	t.Helper()
+	for _, smp := range samples {
+		m := smp.meta
+		if m.Process.ExecutableName != exe || int(m.TID) != pid || m.ThreadName != exe {
+			t.Fatalf("sample metadata %+v (process %+v), want %s/%d", m, *m.Process, exe, pid)
+		}
+		if d := time.Since(m.Time); d < 0 || d > time.Minute {
+			t.Fatalf("sample time %v is not recent", m.Time)
+		}
+		for _, f := range smp.trace.Frames {
+			if f.Kind == libpf.FrameNative && f.Mapping != nil && f.Mapping.FileID.IsZero() {
+				t.Fatalf("native frame %+v has a mapping without a file id", f)
+			}
+		}
+	}
+}
+
+// TestKernelFramesAboveUser profiles a workload that lives in read(2): its
+// samples must show kernel frames first, then its user frames.
+func TestKernelFramesAboveUser(t *testing.T) {
+	requireRoot(t)
+	bin := buildWorkload(t, "syscalls", "-O0", "-fno-omit-frame-pointer")
+	s := startSession(t, testHz)
+	pid, _ := runWorkload(t, bin, 3*time.Second)
+	s.stop(t)
+
+	samples := s.rec.ofPID(pid)
+	if len(samples) < testHz {
+		t.Fatalf("only %d samples of the syscall workload", len(samples))
+	}
+	withKernel, ordered, readSyscall := 0, 0, 0
+	for _, smp := range samples {
+		frames := smp.trace.Frames
+		if len(frames) == 0 || frames[0].Kind != libpf.FrameKernel {
+			continue
+		}
+		withKernel++
+		// Kernel frames must all come before the first user frame.
+		firstUser := len(frames)
+		for i, f := range frames {
+			if f.Kind != libpf.FrameKernel {
+				firstUser = i
+				break
+			}
+		}
+		for i := firstUser; i < len(frames) && frames[i].Kind == libpf.FrameKernel; i++ {
+			t.Fatalf("kernel frame after a user frame: %v", functionNames(smp.trace))
+		}
+		// The libc wrapper sets up no frame, so sc_read (whose frame pointer
+		// the walk starts from) is skipped: sc_top and main must follow.
+		if hasChain(functionNames(smp.trace)[firstUser:], []string{"sc_top", "main"}) {
+			ordered++
+		}
+		for _, f := range frames[:firstUser] {
+			if strings.Contains(f.FunctionName, "read") {
+				readSyscall++
+				break
+			}
+		}
+	}
+	t.Logf("%d samples: %d with kernel frames, %d of those with sc_top → main below, %d in a *read* kernel function",
+		len(samples), withKernel, ordered, readSyscall)
+	if withKernel < len(samples)/2 {
+		t.Errorf("only %d of %d samples have kernel frames", withKernel, len(samples))
+	}
+	if ordered < withKernel*9/10 {
+		t.Errorf("only %d of %d kernel samples continue into sc_top → main", ordered, withKernel)
+	}
+	if readSyscall < withKernel*9/10 {
+		t.Errorf("only %d of %d kernel samples are in a symbolized read function", readSyscall, withKernel)
+	}
+}
+
+// TestProcessExitReported checks that the exit of a profiled process reaches
+// the process manager and frees its state.
+func TestProcessExitReported(t *testing.T) {
+	requireRoot(t)
+	bin := buildWorkload(t, "fpchain", "-O0", "-fno-omit-frame-pointer")
+	s := startSession(t, testHz)
+	before := s.pm.Stats().ProcessesExited
+	pid, _ := runWorkload(t, bin, time.Second)
+	time.Sleep(500 * time.Millisecond) // the exit event waits for the next poll
+	s.stop(t)
+	if len(s.rec.ofPID(pid)) == 0 {
+		t.Fatal("no samples of the workload")
+	}
+	if after := s.pm.Stats().ProcessesExited; after <= before {
+		t.Errorf("process exits seen: %d before, %d after the workload exited", before, after)
+	}
+}
