@@ -42,7 +42,7 @@ test: test-deps lint
 	$(MAKE) integration-test
 
 bench: build
-	$(SUDO) ./utils/bench/overhead.sh
+	$(SUDO) $(GO) run ./utils/bench -bin ./$(BINARY) $(BENCH_ARGS)
 
 clean:
 	rm -f $(BINARY)

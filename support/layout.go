@@ -160,7 +160,7 @@ func (l *traceLayout) read(types *btf.Spec) error {
 // exit of process ExitedPID.
 type Event struct {
 	Trace     *Trace
-	ExitedPID uint32
+	ExitedPID libpf.PID
 }
 
 // ErrMalformedEvent is returned for records that do not decode.
@@ -176,7 +176,7 @@ func (s *Shared) DecodeEvent(raw []byte, trace *Trace) (Event, error) {
 	le := binary.LittleEndian
 	switch le.Uint32(raw[l.typ:]) {
 	case l.eventProcessExit:
-		return Event{ExitedPID: le.Uint32(raw[4:])}, nil
+		return Event{ExitedPID: libpf.PID(le.Uint32(raw[4:]))}, nil
 	case l.eventTrace:
 	default:
 		return Event{}, fmt.Errorf("%w: type %d", ErrMalformedEvent, le.Uint32(raw))

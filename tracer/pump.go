@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	log "github.com/sirupsen/logrus"
 
+	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -17,7 +18,7 @@ import (
 type Handler interface {
 	// HandleTrace is given a trace that is only valid during the call.
 	HandleTrace(trace *support.Trace)
-	ProcessExited(pid uint32)
+	ProcessExited(pid libpf.PID)
 }
 
 // pollInterval bounds how long a trace waits in the ring buffer: BPF wakes

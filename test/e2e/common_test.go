@@ -1,0 +1,132 @@
+package e2e
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+const (
+	envE2E = "EBPF_PROFILER_E2E"
+	// envBusyLoop makes the test binary act as a CPU-burning workload
+	// (see TestMain) instead of running tests.
+	envBusyLoop = "EBPF_PROFILER_E2E_BUSY_LOOP"
+	modulePath  = "github.com/hostprof/ebpf-profiler"
+)
+
+func TestMain(m *testing.M) {
+	if v := os.Getenv(envBusyLoop); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bad %s=%q: %v\n", envBusyLoop, v, err)
+			os.Exit(2)
+		}
+		busyLoop(d)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// busyLoop keeps every CPU busy for d.
+func busyLoop(d time.Duration) {
+	deadline := time.Now().Add(d)
+	done := make(chan uint64)
+	for range runtime.NumCPU() {
+		go func() {
+			var x uint64 = 1
+			for time.Now().Before(deadline) {
+				for i := 0; i < 1_000_000; i++ {
+					x = x*6364136223846793005 + 1442695040888963407
+				}
+			}
+			done <- x
+		}()
+	}
+	for range runtime.NumCPU() {
+		<-done
+	}
+}
+
+// requireE2E skips the test unless the end-to-end tests were enabled.
+func requireE2E(t *testing.T) {
+	t.Helper()
+	if os.Getenv(envE2E) != "1" {
+		t.Skipf("end-to-end test skipped: set %s=1 to run it (first run builds an "+
+			"OpenTelemetry Collector, ~80s and ~1.3GB of Go caches; see utils/collector/build.sh)", envE2E)
+	}
+}
+
+// requireRoot skips the test unless it runs as root (needed to load eBPF).
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skipf("end-to-end test skipped: needs root to load eBPF programs (euid=%d)", os.Geteuid())
+	}
+}
+
+// repoRoot returns the directory holding this module's go.mod.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
+			strings.Contains(string(b), "module "+modulePath+"\n") {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatalf("go.mod of %s not found above the test directory", modulePath)
+		}
+		dir = parent
+	}
+}
+
+// tailFile returns the last n lines of a file (for failure diagnostics).
+func tailFile(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Sprintf("<%v>", err)
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if len(lines) > 4*n {
+			lines = lines[len(lines)-n:]
+		}
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// exitCode extracts the exit code from an (*exec.Cmd).Wait error.
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee interface{ ExitCode() int }
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	return -1
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

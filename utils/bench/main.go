@@ -1,0 +1,264 @@
+// Command bench measures the daemon's overhead the way a user would see it:
+// it starts the built ebpf-profiler with both cores kept busy, at several
+// sampling rates, and prints CPU time per minute (user+system, and the BPF
+// programs' own run time, run_time_ns with kernel.bpf_stats_enabled=1), RSS,
+// BPF map memory, the share of expected samples that reached user space,
+// and start-up time and CPU until the first export.
+//
+// Usage (root): go run ./utils/bench -bin ./ebpf-profiler [-duration 60s] [-rates 20,100,1000]
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	bin := flag.String("bin", "./ebpf-profiler", "daemon binary")
+	duration := flag.Duration("duration", time.Minute, "profiling time per rate")
+	rates := flag.String("rates", "20,100,1000", "sampling rates to measure")
+	flag.Parse()
+	if os.Geteuid() != 0 {
+		fatalf("run as root")
+	}
+	if err := os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", []byte("1"), 0); err != nil {
+		fatalf("enabling BPF run-time stats: %v", err)
+	}
+	defer os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", []byte("0"), 0)
+
+	stopLoad := busyLoad(runtime.NumCPU())
+	defer stopLoad()
+	fmt.Printf("%d CPUs kept busy; %v per rate\n\n", runtime.NumCPU(), *duration)
+	fmt.Printf("%6s %12s %12s %9s %9s %9s %10s %10s %12s\n",
+		"Hz", "CPU s/min", "BPF s/min", "RSS MiB", "peak MiB", "maps MiB", "delivered", "attach s", "1st export")
+	for _, r := range strings.Split(*rates, ",") {
+		hz, err := strconv.Atoi(strings.TrimSpace(r))
+		if err != nil {
+			fatalf("bad rate %q", r)
+		}
+		m := measure(*bin, hz, *duration)
+		fmt.Printf("%6d %12.3f %12.3f %9.1f %9.1f %9.2f %9.2f%% %10.2f %5.2fs/%.2fs\n",
+			hz, m.cpuPerMin, m.bpfPerMin, m.rssMiB, m.peakMiB, m.mapMiB, 100*m.delivered,
+			m.attach.Seconds(), m.firstExport.Seconds(), m.startupCPU.Seconds())
+	}
+	fmt.Println("\n1st export: wall time / daemon CPU time from exec until the first profile was written.")
+}
+
+type result struct {
+	cpuPerMin, bpfPerMin    float64
+	rssMiB, peakMiB, mapMiB float64
+	delivered               float64
+	attach, firstExport     time.Duration
+	startupCPU              time.Duration
+}
+
+func measure(bin string, hz int, d time.Duration) result {
+	out, err := os.MkdirTemp("", "bench-pprof")
+	check(err)
+	defer os.RemoveAll(out)
+	cmd := exec.Command(bin, "-samples-per-second", strconv.Itoa(hz), "-output-dir", out,
+		"-reporter-interval", "5s")
+	stderr, err := cmd.StderrPipe()
+	check(err)
+	start := time.Now()
+	check(cmd.Start())
+	pid := cmd.Process.Pid
+	lines := make(chan string, 1024)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+
+	var r result
+	var log []string
+	// Wait for attach and the first export, collecting the log.
+	for r.attach == 0 || r.firstExport == 0 {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				fatalf("daemon exited early:\n%s", strings.Join(log, "\n"))
+			}
+			log = append(log, l)
+			if r.attach == 0 && strings.Contains(l, "Sampling ") {
+				r.attach = time.Since(start)
+			}
+		case <-time.After(50 * time.Millisecond):
+		}
+		if r.firstExport == 0 {
+			if files, _ := filepath.Glob(filepath.Join(out, "profile-*.pb.gz")); len(files) > 0 {
+				r.firstExport = time.Since(start)
+				r.startupCPU = cpuTime(pid)
+			}
+		}
+		if time.Since(start) > time.Minute {
+			fatalf("no export within a minute:\n%s", strings.Join(log, "\n"))
+		}
+	}
+
+	// Measure steady state from here on.
+	cpu0, bpf0 := cpuTime(pid), bpfRunTime(pid)
+	t0 := time.Now()
+	time.Sleep(d)
+	cpu1, bpf1 := cpuTime(pid), bpfRunTime(pid)
+	elapsed := time.Since(t0)
+	r.rssMiB, r.peakMiB = memory(pid)
+	r.mapMiB = float64(bpfMapBytes(pid)) / (1 << 20)
+	perMin := time.Minute.Seconds() / elapsed.Seconds()
+	r.cpuPerMin = (cpu1 - cpu0).Seconds() * perMin
+	r.bpfPerMin = (bpf1 - bpf0).Seconds() * perMin
+
+	check(cmd.Process.Signal(syscall.SIGTERM))
+	for l := range lines {
+		log = append(log, l)
+	}
+	if err := cmd.Wait(); err != nil {
+		fatalf("daemon: %v\n%s", err, strings.Join(log, "\n"))
+	}
+	total := time.Since(start)
+	// Delivered: traces user space received over the samples the CPUs could
+	// have produced while the perf events were attached.
+	received := field(log, "traces_received")
+	expected := float64(runtime.NumCPU()*hz) * (total - r.attach).Seconds()
+	r.delivered = received / expected
+	return r
+}
+
+var fieldRE = regexp.MustCompile(`(\w+)=(\d+)`)
+
+// field returns a numeric field of the daemon's final "Stopped" log line.
+func field(log []string, name string) float64 {
+	for i := len(log) - 1; i >= 0; i-- {
+		if !strings.Contains(log[i], "msg=Stopped") {
+			continue
+		}
+		for _, m := range fieldRE.FindAllStringSubmatch(log[i], -1) {
+			if m[1] == name {
+				v, _ := strconv.ParseFloat(m[2], 64)
+				return v
+			}
+		}
+	}
+	fatalf("no %s in the daemon's final log line:\n%s", name, strings.Join(log, "\n"))
+	return 0
+}
+
+// cpuTime is utime+stime of pid from /proc/PID/stat.
+func cpuTime(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	check(err)
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	utime, _ := strconv.ParseInt(fields[11], 10, 64)
+	stime, _ := strconv.ParseInt(fields[12], 10, 64)
+	const clkTck = 100 // USER_HZ on Linux
+	return time.Duration(utime+stime) * time.Second / clkTck
+}
+
+func memory(pid int) (rss, peak float64) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	check(err)
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseFloat(f[1], 64)
+		switch f[0] {
+		case "VmRSS:":
+			rss = kb / 1024
+		case "VmHWM:":
+			peak = kb / 1024
+		}
+	}
+	return rss, peak
+}
+
+// bpfObjects reads the fdinfo of every BPF program or map fd pid holds,
+// keyed by object id: the same counters `bpftool prog show` and `bpftool map
+// show` print (run_time_ns, memlock), without needing a bpftool built with
+// pid support.
+func bpfObjects(pid int, kind string) map[string]map[string]string {
+	idKey, typeKey := kind+"_id", kind+"_type"
+	dir := fmt.Sprintf("/proc/%d/fdinfo", pid)
+	entries, err := os.ReadDir(dir)
+	check(err)
+	objs := map[string]map[string]string{}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		kv := map[string]string{}
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok {
+				kv[k] = strings.TrimSpace(v)
+			}
+		}
+		// Links name their program's id too; only the object's own fd
+		// carries its type.
+		if id, ok := kv[idKey]; ok && kv[typeKey] != "" {
+			objs[id] = kv
+		}
+	}
+	return objs
+}
+
+// bpfRunTime sums run_time_ns over pid's programs. Tail-called programs run
+// inside the entry program and are accounted to it.
+func bpfRunTime(pid int) time.Duration {
+	var ns int64
+	for _, p := range bpfObjects(pid, "prog") {
+		v, _ := strconv.ParseInt(p["run_time_ns"], 10, 64)
+		ns += v
+	}
+	return time.Duration(ns)
+}
+
+func bpfMapBytes(pid int) uint64 {
+	var total uint64
+	for _, m := range bpfObjects(pid, "map") {
+		v, _ := strconv.ParseUint(m["memlock"], 10, 64)
+		total += v
+	}
+	return total
+}
+
+// busyLoad keeps n CPUs busy with shell loops until the returned func runs.
+func busyLoad(n int) func() {
+	var cmds []*exec.Cmd
+	for range n {
+		c := exec.Command("sh", "-c", "while :; do :; done")
+		check(c.Start())
+		cmds = append(cmds, c)
+	}
+	return func() {
+		for _, c := range cmds {
+			c.Process.Kill()
+			c.Wait()
+		}
+	}
+}
+
+func check(err error) {
+	if err != nil {
+		fatalf("%v", err)
+	}
+}
+
+func fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+	os.Exit(1)
+}
