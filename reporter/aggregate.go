@@ -1,0 +1,93 @@
+package reporter
+
+import (
+	"sync"
+	"time"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+)
+
+// sampleKey identifies the samples of one interval that are counted together.
+type sampleKey struct {
+	hash       libpf.TraceHash
+	pid        libpf.PID
+	tid        libpf.TID
+	threadName string
+	cpu        int
+}
+
+// sampleGroup is everything an interval keeps for one sampleKey.
+type sampleGroup struct {
+	key   sampleKey
+	trace *libpf.Trace
+	// process is the first ProcessInfo seen for the key; nil if unknown.
+	process *libpf.ProcessInfo
+	// timestamps are unix nanoseconds, one per sample, in arrival order.
+	timestamps []uint64
+}
+
+// interval is the immutable result of one reporting interval once it has
+// been swapped out of the aggregator.
+type interval struct {
+	start, end time.Time
+	groups     map[sampleKey]*sampleGroup
+	// samples is the number of timestamps across all groups.
+	samples int
+	// dropped counts samples refused because the interval was full.
+	dropped int
+}
+
+func newInterval(start time.Time) *interval {
+	return &interval{start: start, groups: make(map[sampleKey]*sampleGroup)}
+}
+
+// aggregator collects samples into the current interval. Its mutex is held
+// only for a map lookup and an append, so ReportSample stays cheap.
+type aggregator struct {
+	mu    sync.Mutex
+	cur   *interval
+	limit int
+}
+
+func newAggregator(start time.Time, limit int) *aggregator {
+	return &aggregator{cur: newInterval(start), limit: limit}
+}
+
+// add counts one sample and reports whether it was kept.
+func (a *aggregator) add(t *libpf.Trace, meta *libpf.SampleMeta, ts uint64) bool {
+	key := sampleKey{
+		hash:       t.Hash,
+		tid:        meta.TID,
+		threadName: meta.ThreadName,
+		cpu:        meta.CPU,
+	}
+	if meta.Process != nil {
+		key.pid = meta.Process.PID
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	iv := a.cur
+	if iv.samples >= a.limit {
+		iv.dropped++
+		return false
+	}
+	g := iv.groups[key]
+	if g == nil {
+		g = &sampleGroup{key: key, trace: t, process: meta.Process}
+		iv.groups[key] = g
+	}
+	g.timestamps = append(g.timestamps, ts)
+	iv.samples++
+	return true
+}
+
+// swap ends the current interval at end and starts the next one there.
+func (a *aggregator) swap(end time.Time) *interval {
+	next := newInterval(end)
+	a.mu.Lock()
+	iv := a.cur
+	a.cur = next
+	a.mu.Unlock()
+	iv.end = end
+	return iv
+}

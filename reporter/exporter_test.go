@@ -1,0 +1,470 @@
+package reporter
+
+import (
+	"context"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
+	collectorpb "go.opentelemetry.io/proto/slim/otlp/collector/profiles/v1development"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+)
+
+// fakeCollector is an in-process OTLP profiles receiver. The slim proto
+// module has no server stub either, so the Export method is registered by
+// hand, which also checks that our method name matches what a server serves.
+type fakeCollector struct {
+	mu           sync.Mutex
+	reqs         []*collectorpb.ExportProfilesServiceRequest
+	compressions []string
+	payloads     []*stats.InPayload
+	calls        int
+	// reply, if set, decides the outcome of call n (1-based).
+	reply func(n int) (*collectorpb.ExportProfilesServiceResponse, error)
+}
+
+type exportServer interface {
+	export(context.Context, *collectorpb.ExportProfilesServiceRequest) (*collectorpb.ExportProfilesServiceResponse, error)
+}
+
+var _ exportServer = (*fakeCollector)(nil)
+
+func (c *fakeCollector) export(_ context.Context, req *collectorpb.ExportProfilesServiceRequest) (*collectorpb.ExportProfilesServiceResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls++
+	if c.reply != nil {
+		resp, err := c.reply(c.calls)
+		if err != nil {
+			return nil, err
+		}
+		c.reqs = append(c.reqs, req)
+		return resp, nil
+	}
+	c.reqs = append(c.reqs, req)
+	return &collectorpb.ExportProfilesServiceResponse{}, nil
+}
+
+func (c *fakeCollector) requests() []*collectorpb.ExportProfilesServiceRequest {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*collectorpb.ExportProfilesServiceRequest(nil), c.reqs...)
+}
+
+// fakeCollector is also the server's stats handler, to see how requests
+// arrived on the wire.
+func (c *fakeCollector) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+func (c *fakeCollector) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return ctx
+}
+func (c *fakeCollector) HandleConn(context.Context, stats.ConnStats) {}
+func (c *fakeCollector) HandleRPC(_ context.Context, s stats.RPCStats) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch s := s.(type) {
+	case *stats.InHeader:
+		c.compressions = append(c.compressions, s.Compression)
+	case *stats.InPayload:
+		c.payloads = append(c.payloads, s)
+	}
+}
+
+func profilesServiceDesc() *grpc.ServiceDesc {
+	return &grpc.ServiceDesc{
+		ServiceName: "opentelemetry.proto.collector.profiles.v1development.ProfilesService",
+		HandlerType: (*exportServer)(nil),
+		Methods: []grpc.MethodDesc{{
+			MethodName: "Export",
+			Handler: func(srv any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+				req := &collectorpb.ExportProfilesServiceRequest{}
+				if err := dec(req); err != nil {
+					return nil, err
+				}
+				return srv.(exportServer).export(ctx, req)
+			},
+		}},
+	}
+}
+
+// serve runs c on addr ("127.0.0.1:0" for any port) until the test ends.
+func serve(t *testing.T, addr string, c *fakeCollector) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("listening on %s: %v", addr, err)
+	}
+	s := grpc.NewServer(grpc.StatsHandler(c))
+	s.RegisterService(profilesServiceDesc(), c)
+	go func() { _ = s.Serve(lis) }()
+	t.Cleanup(s.Stop)
+	return lis.Addr().String()
+}
+
+// freeAddr returns a loopback address nothing listens on (for now).
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	_ = lis.Close()
+	return addr
+}
+
+// newTestReporter builds a reporter with fast retries and a captured log.
+func newTestReporter(t *testing.T, cfg Config) (*Reporter, *logtest.Hook) {
+	t.Helper()
+	logger, hook := logtest.NewNullLogger()
+	logger.SetLevel(logrus.DebugLevel)
+	if cfg.Interval == 0 {
+		cfg.Interval = time.Hour // intervals are ended by hand unless a test wants the ticker
+	}
+	if cfg.SamplesPerSecond == 0 {
+		cfg.SamplesPerSecond = 20
+	}
+	cfg.DisableTLS = true
+	policy := retryPolicy{initial: 10 * time.Millisecond, max: 50 * time.Millisecond, attemptTimeout: 2 * time.Second}
+	r, err := newReporter(cfg, policy, logrus.NewEntry(logger))
+	if err != nil {
+		t.Fatalf("newReporter: %v", err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	return r, hook
+}
+
+// waitFor polls cond until it holds or the test has waited too long.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func countLogs(hook *logtest.Hook, level logrus.Level, msg string) int {
+	n := 0
+	for _, e := range hook.AllEntries() {
+		if e.Level == level && e.Message == msg {
+			n++
+		}
+	}
+	return n
+}
+
+func checkRequests(t *testing.T, reqs []*collectorpb.ExportProfilesServiceRequest, wantSamples ...int64) {
+	t.Helper()
+	if len(reqs) != len(wantSamples) {
+		t.Fatalf("collector got %d requests, want %d", len(reqs), len(wantSamples))
+	}
+	for i, req := range reqs {
+		if err := Validate(req); err != nil {
+			t.Errorf("request %d invalid: %v", i, err)
+		}
+		if got := sumSamples(req); got != wantSamples[i] {
+			t.Errorf("request %d has %d samples, want %d", i, got, wantSamples[i])
+		}
+	}
+}
+
+func TestExportOverTicker(t *testing.T) {
+	c := &fakeCollector{}
+	addr := serve(t, "127.0.0.1:0", c)
+	r, hook := newTestReporter(t, Config{CollectionAgent: addr, Interval: 20 * time.Millisecond})
+	newFixture().report(r.ReportSample)
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "an export", func() bool { return r.Stats().SamplesExported == fixtureSamples })
+	if err := r.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	checkRequests(t, c.requests(), fixtureSamples)
+
+	c.mu.Lock()
+	for i, comp := range c.compressions {
+		if comp != "gzip" {
+			t.Errorf("request %d compression = %q, want gzip", i, comp)
+		}
+	}
+	for i, p := range c.payloads {
+		if p.CompressedLength >= p.Length {
+			t.Errorf("payload %d: %d bytes compressed from %d, want smaller", i, p.CompressedLength, p.Length)
+		}
+	}
+	c.mu.Unlock()
+
+	var logged int
+	for _, e := range hook.AllEntries() {
+		if e.Message == "exported profiles" {
+			logged += e.Data["samples"].(int)
+			if e.Data["profiles"] != fixtureProfiles {
+				t.Errorf("logged profiles = %v, want %d", e.Data["profiles"], fixtureProfiles)
+			}
+		}
+	}
+	if logged != fixtureSamples {
+		t.Errorf("sum of logged exported samples = %d, want %d", logged, fixtureSamples)
+	}
+	st := r.Stats()
+	want := Stats{SamplesReceived: fixtureSamples, Intervals: 1, SamplesExported: fixtureSamples, RequestsExported: 1}
+	if st != want {
+		t.Errorf("Stats = %+v, want %+v", st, want)
+	}
+}
+
+func TestExportRetriesUntilCollectorUp(t *testing.T) {
+	addr := freeAddr(t)
+	r, hook := newTestReporter(t, Config{CollectionAgent: addr})
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	newFixture().report(r.ReportSample)
+	if err := r.reportInterval(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "failed attempts", func() bool { return r.Stats().ExportErrors >= 3 })
+
+	c := &fakeCollector{}
+	serve(t, addr, c)
+	waitFor(t, "delivery after retry", func() bool { return r.Stats().SamplesExported == fixtureSamples })
+	checkRequests(t, c.requests(), fixtureSamples)
+
+	if n := countLogs(hook, logrus.WarnLevel, "OTLP export failing; retrying with backoff (further failures logged at debug level until it recovers)"); n != 1 {
+		t.Errorf("outage warned %d times, want once", n)
+	}
+	if n := countLogs(hook, logrus.InfoLevel, "OTLP export recovered"); n != 1 {
+		t.Errorf("recovery logged %d times, want once", n)
+	}
+	if st := r.Stats(); st.RequestsDropped != 0 || st.RequestsExported != 1 {
+		t.Errorf("Stats = %+v, want 1 exported and none dropped", st)
+	}
+}
+
+// reportN reports n samples of one trace and ends the interval.
+func reportN(t *testing.T, r *Reporter, n int) {
+	t.Helper()
+	f := newFixture()
+	for range n {
+		r.ReportSample(f.t1, &libpf.SampleMeta{TID: 1, Process: f.procA, Time: time.Now()})
+	}
+	if err := r.reportInterval(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestQueueDropsOldest(t *testing.T) {
+	addr := freeAddr(t)
+	r, _ := newTestReporter(t, Config{CollectionAgent: addr, MaxQueuedRequests: 2})
+	// Not started: nothing sends, so the queue only fills.
+	for i := 1; i <= 5; i++ {
+		reportN(t, r, i)
+	}
+	if got := r.Stats().RequestsDropped; got != 3 {
+		t.Fatalf("RequestsDropped = %d, want 3", got)
+	}
+	c := &fakeCollector{}
+	serve(t, addr, c)
+	if err := r.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	// Close delivers what is left: the two newest intervals.
+	checkRequests(t, c.requests(), 4, 5)
+	if st := r.Stats(); st.SamplesExported != 9 || st.RequestsDropped != 3 {
+		t.Errorf("Stats = %+v, want 9 samples exported and 3 requests dropped", st)
+	}
+}
+
+func TestCloseFlushesLastInterval(t *testing.T) {
+	c := &fakeCollector{}
+	addr := serve(t, "127.0.0.1:0", c)
+	dir := t.TempDir()
+	r, _ := newTestReporter(t, Config{CollectionAgent: addr, OutputDir: dir, TopN: 3})
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	newFixture().report(r.ReportSample)
+	if err := r.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	checkRequests(t, c.requests(), fixtureSamples)
+	files, _ := filepath.Glob(filepath.Join(dir, pprofPattern))
+	if len(files) != 1 {
+		t.Errorf("got pprof files %v, want one", files)
+	}
+	if err := r.Close(); err != nil {
+		t.Errorf("second Close = %v, want nil", err)
+	}
+	if err := r.Start(context.Background()); err == nil {
+		t.Error("Start after Close succeeded")
+	}
+}
+
+func TestCloseGivesUpOnDeadCollector(t *testing.T) {
+	r, _ := newTestReporter(t, Config{CollectionAgent: freeAddr(t), FlushTimeout: 200 * time.Millisecond})
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	newFixture().report(r.ReportSample)
+	start := time.Now()
+	if err := r.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("Close took %v with a dead collector", d)
+	}
+	if st := r.Stats(); st.RequestsDropped != 1 || st.SamplesExported != 0 {
+		t.Errorf("Stats = %+v, want the one request dropped", st)
+	}
+}
+
+func TestExportResponses(t *testing.T) {
+	tests := []struct {
+		name  string
+		reply func(n int) (*collectorpb.ExportProfilesServiceResponse, error)
+		// calls is how many attempts the collector should see in total.
+		calls int
+		want  Stats
+	}{
+		{
+			name: "permanent error drops without retry",
+			reply: func(int) (*collectorpb.ExportProfilesServiceResponse, error) {
+				return nil, status.Error(codes.InvalidArgument, "bad profile")
+			},
+			calls: 1,
+			want:  Stats{SamplesReceived: 3, Intervals: 1, ExportErrors: 1, RequestsDropped: 1},
+		},
+		{
+			name: "partial success is counted",
+			reply: func(int) (*collectorpb.ExportProfilesServiceResponse, error) {
+				return &collectorpb.ExportProfilesServiceResponse{PartialSuccess: &collectorpb.ExportProfilesPartialSuccess{
+					RejectedProfiles: 1, ErrorMessage: "one was odd"}}, nil
+			},
+			calls: 1,
+			want: Stats{SamplesReceived: 3, Intervals: 1, SamplesExported: 3, RequestsExported: 1,
+				ProfilesRejected: 1},
+		},
+		{
+			name: "transient error is retried",
+			reply: func(n int) (*collectorpb.ExportProfilesServiceResponse, error) {
+				if n < 3 {
+					return nil, status.Error(codes.Unavailable, "busy")
+				}
+				return &collectorpb.ExportProfilesServiceResponse{}, nil
+			},
+			calls: 3,
+			want:  Stats{SamplesReceived: 3, Intervals: 1, SamplesExported: 3, RequestsExported: 1, ExportErrors: 2},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &fakeCollector{reply: tt.reply}
+			r, _ := newTestReporter(t, Config{CollectionAgent: serve(t, "127.0.0.1:0", c)})
+			if err := r.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			reportN(t, r, 3)
+			waitFor(t, "the collector's calls", func() bool {
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				return c.calls >= tt.calls
+			})
+			waitFor(t, "the outcome to be counted", func() bool {
+				st := r.Stats()
+				return st.RequestsExported+st.RequestsDropped == 1
+			})
+			if err := r.Close(); err != nil {
+				t.Fatal(err)
+			}
+			c.mu.Lock()
+			if c.calls != tt.calls {
+				t.Errorf("collector saw %d calls, want %d", c.calls, tt.calls)
+			}
+			c.mu.Unlock()
+			if st := r.Stats(); st != tt.want {
+				t.Errorf("Stats = %+v, want %+v", st, tt.want)
+			}
+		})
+	}
+}
+
+func TestTLSIsOnByDefault(t *testing.T) {
+	c := &fakeCollector{}
+	addr := serve(t, "127.0.0.1:0", c) // plaintext only
+	logger, _ := logtest.NewNullLogger()
+	policy := retryPolicy{initial: 10 * time.Millisecond, max: 50 * time.Millisecond, attemptTimeout: time.Second}
+	r, err := newReporter(Config{CollectionAgent: addr, Interval: time.Hour, SamplesPerSecond: 20},
+		policy, logrus.NewEntry(logger))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	reportN(t, r, 1)
+	waitFor(t, "a failed TLS handshake", func() bool { return r.Stats().ExportErrors > 0 })
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(c.requests()); n != 0 {
+		t.Errorf("plaintext collector received %d requests from a TLS client", n)
+	}
+}
+
+// TestPushedOutWhileInFlight covers a request that the full queue pushes out
+// while it is being sent: it is lost only if that attempt fails.
+func TestPushedOutWhileInFlight(t *testing.T) {
+	tests := []struct {
+		name        string
+		firstErr    error
+		wantSamples []int64
+		wantDropped uint64
+	}{
+		{"delivered anyway", nil, []int64{1, 2}, 0},
+		{"attempt fails", status.Error(codes.Unavailable, "down"), []int64{2}, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			entered, release := make(chan struct{}), make(chan struct{})
+			c := &fakeCollector{}
+			c.reply = func(n int) (*collectorpb.ExportProfilesServiceResponse, error) {
+				if n == 1 {
+					close(entered)
+					c.mu.Unlock() // let the test inspect c while this call waits
+					<-release
+					c.mu.Lock()
+					return &collectorpb.ExportProfilesServiceResponse{}, tt.firstErr
+				}
+				return &collectorpb.ExportProfilesServiceResponse{}, nil
+			}
+			r, _ := newTestReporter(t, Config{CollectionAgent: serve(t, "127.0.0.1:0", c), MaxQueuedRequests: 1})
+			if err := r.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			reportN(t, r, 1)
+			<-entered
+			reportN(t, r, 2) // pushes the in-flight request out of the queue
+			close(release)
+			waitFor(t, "the second request", func() bool { return r.Stats().RequestsExported == uint64(len(tt.wantSamples)) })
+			if err := r.Close(); err != nil {
+				t.Fatal(err)
+			}
+			checkRequests(t, c.requests(), tt.wantSamples...)
+			if got := r.Stats().RequestsDropped; got != tt.wantDropped {
+				t.Errorf("RequestsDropped = %d, want %d", got, tt.wantDropped)
+			}
+		})
+	}
+}

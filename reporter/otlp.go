@@ -1,0 +1,392 @@
+package reporter
+
+import (
+	"cmp"
+	"crypto/rand"
+	"encoding/binary"
+	"maps"
+	"slices"
+
+	collectorpb "go.opentelemetry.io/proto/slim/otlp/collector/profiles/v1development"
+	commonpb "go.opentelemetry.io/proto/slim/otlp/common/v1"
+	profilespb "go.opentelemetry.io/proto/slim/otlp/profiles/v1development"
+	resourcepb "go.opentelemetry.io/proto/slim/otlp/resource/v1"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+)
+
+// Semantic-convention attribute keys and the instrumentation scope name.
+const (
+	attrProcessPID  = "process.pid"
+	attrExeName     = "process.executable.name"
+	attrExePath     = "process.executable.path"
+	attrContainerID = "container.id"
+	attrHostID      = "host.id"
+	attrHostName    = "host.name"
+	attrThreadID    = "thread.id"
+	attrThreadName  = "thread.name"
+	attrCPU         = "cpu.logical_number"
+	attrFrameType   = "profile.frame.type"
+	attrBuildIDHTL  = "process.executable.build_id.htlhash"
+	attrBuildIDGNU  = "process.executable.build_id.gnu"
+	attrBuildIDGo   = "process.executable.build_id.go"
+
+	scopeName = "ebpf-profiler"
+)
+
+// buildOptions is what a request needs beyond the interval's samples.
+type buildOptions struct {
+	hostID, hostName, version string
+	// period is the sampling period in nanoseconds.
+	period int64
+}
+
+// otlpRequest is a built request plus what the exporter logs and counts
+// about it, so it never has to walk the request again.
+type otlpRequest struct {
+	req      *collectorpb.ExportProfilesServiceRequest
+	samples  int
+	profiles int
+}
+
+// Dictionary keys: each is the full content of the entry it indexes (with
+// nested references already resolved to indices), so equal keys mean equal
+// entries and no table can hold duplicates.
+type (
+	attrKey struct {
+		key   int32
+		isInt bool
+		str   string
+		num   int64
+	}
+	functionKey struct{ name, file int32 }
+	mappingKey  struct {
+		start, limit, offset uint64
+		filename             int32
+		// htl, gnu and goID are attribute indices; 0 when absent.
+		htl, gnu, goID int32
+	}
+	locationKey struct {
+		mapping  int32
+		address  uint64
+		function int32
+		line     int64
+		kind     int32
+	}
+)
+
+// dictBuilder fills one ProfilesDictionary shared by every profile of a
+// request.
+type dictBuilder struct {
+	strings   *orderedSet[string, string]
+	attrs     *orderedSet[attrKey, *profilespb.KeyValueAndUnit]
+	functions *orderedSet[functionKey, *profilespb.Function]
+	mappings  *orderedSet[mappingKey, *profilespb.Mapping]
+	locations *orderedSet[locationKey, *profilespb.Location]
+	// stacks is keyed by the little-endian bytes of the location indices.
+	stacks *orderedSet[string, *profilespb.Stack]
+
+	// Traces and mappings are shared immutable values, so memoizing by
+	// pointer skips re-walking frames and re-hashing file ids.
+	traceStacks map[*libpf.Trace]int32
+	mappingRefs map[*libpf.Mapping]int32
+	scratch     []byte
+}
+
+func newDictBuilder() *dictBuilder {
+	return &dictBuilder{
+		strings:     newOrderedSet("", ""),
+		attrs:       newOrderedSet(attrKey{}, &profilespb.KeyValueAndUnit{}),
+		functions:   newOrderedSet(functionKey{}, &profilespb.Function{}),
+		mappings:    newOrderedSet(mappingKey{}, &profilespb.Mapping{}),
+		locations:   newOrderedSet(locationKey{}, &profilespb.Location{}),
+		stacks:      newOrderedSet("", &profilespb.Stack{}),
+		traceStacks: make(map[*libpf.Trace]int32),
+		mappingRefs: make(map[*libpf.Mapping]int32),
+	}
+}
+
+func (b *dictBuilder) str(s string) int32 {
+	return b.strings.add(s, func() string { return s })
+}
+
+func (b *dictBuilder) attrStr(key, val string) int32 {
+	k := attrKey{key: b.str(key), str: val}
+	return b.attrs.add(k, func() *profilespb.KeyValueAndUnit {
+		return &profilespb.KeyValueAndUnit{KeyStrindex: k.key, Value: stringValue(val)}
+	})
+}
+
+func (b *dictBuilder) attrInt(key string, val int64) int32 {
+	k := attrKey{key: b.str(key), isInt: true, num: val}
+	return b.attrs.add(k, func() *profilespb.KeyValueAndUnit {
+		return &profilespb.KeyValueAndUnit{KeyStrindex: k.key, Value: intValue(val)}
+	})
+}
+
+func (b *dictBuilder) function(name, file string) int32 {
+	k := functionKey{name: b.str(name), file: b.str(file)}
+	return b.functions.add(k, func() *profilespb.Function {
+		return &profilespb.Function{NameStrindex: k.name, FilenameStrindex: k.file}
+	})
+}
+
+func (b *dictBuilder) mapping(m *libpf.Mapping) int32 {
+	if m == nil {
+		return 0
+	}
+	if i, ok := b.mappingRefs[m]; ok {
+		return i
+	}
+	k := mappingKey{
+		start:    m.Start,
+		limit:    m.End,
+		offset:   m.FileOffset,
+		filename: b.str(m.Path),
+		htl:      b.attrStr(attrBuildIDHTL, m.FileID.String()),
+	}
+	if m.GNUBuildID != "" {
+		k.gnu = b.attrStr(attrBuildIDGNU, m.GNUBuildID)
+	}
+	if m.GoBuildID != "" {
+		k.goID = b.attrStr(attrBuildIDGo, m.GoBuildID)
+	}
+	i := b.mappings.add(k, func() *profilespb.Mapping {
+		attrs := []int32{k.htl}
+		for _, a := range []int32{k.gnu, k.goID} {
+			if a != 0 {
+				attrs = append(attrs, a)
+			}
+		}
+		return &profilespb.Mapping{
+			MemoryStart:      k.start,
+			MemoryLimit:      k.limit,
+			FileOffset:       k.offset,
+			FilenameStrindex: k.filename,
+			AttributeIndices: attrs,
+		}
+	})
+	b.mappingRefs[m] = i
+	return i
+}
+
+func (b *dictBuilder) location(f *libpf.Frame) int32 {
+	k := locationKey{
+		mapping: b.mapping(f.Mapping),
+		address: f.Address,
+		kind:    b.attrStr(attrFrameType, f.Kind.String()),
+	}
+	if f.FunctionName != "" {
+		k.function = b.function(f.FunctionName, f.SourceFile)
+		k.line = int64(f.SourceLine)
+	}
+	return b.locations.add(k, func() *profilespb.Location {
+		loc := &profilespb.Location{
+			MappingIndex:     k.mapping,
+			Address:          k.address,
+			AttributeIndices: []int32{k.kind},
+		}
+		if k.function != 0 {
+			loc.Lines = []*profilespb.Line{{FunctionIndex: k.function, Line: k.line}}
+		}
+		return loc
+	})
+}
+
+// stack returns the stack of t, leaf first as in Trace.Frames.
+func (b *dictBuilder) stack(t *libpf.Trace) int32 {
+	if i, ok := b.traceStacks[t]; ok {
+		return i
+	}
+	locs := make([]int32, len(t.Frames))
+	b.scratch = b.scratch[:0]
+	for i := range t.Frames {
+		locs[i] = b.location(&t.Frames[i])
+		b.scratch = binary.LittleEndian.AppendUint32(b.scratch, uint32(locs[i]))
+	}
+	i := b.stacks.add(string(b.scratch), func() *profilespb.Stack {
+		return &profilespb.Stack{LocationIndices: locs}
+	})
+	b.traceStacks[t] = i
+	return i
+}
+
+func (b *dictBuilder) dictionary() *profilespb.ProfilesDictionary {
+	return &profilespb.ProfilesDictionary{
+		MappingTable:  b.mappings.values,
+		LocationTable: b.locations.values,
+		FunctionTable: b.functions.values,
+		// No sample carries a trace link yet, so only the zero link exists.
+		// It uses full-length zero ids, which strict codecs expect.
+		LinkTable:      []*profilespb.Link{{TraceId: make([]byte, 16), SpanId: make([]byte, 8)}},
+		StringTable:    b.strings.values,
+		AttributeTable: b.attrs.values,
+		StackTable:     b.stacks.values,
+	}
+}
+
+// buildRequest turns one interval into a request with one resource (and one
+// profile) per process, all sharing a single dictionary.
+func buildRequest(iv *interval, opts buildOptions) otlpRequest {
+	b := newDictBuilder()
+	start, end := profileWindow(iv)
+	byPID := groupsByPID(iv)
+	req := &collectorpb.ExportProfilesServiceRequest{}
+	for _, pid := range slices.Sorted(maps.Keys(byPID)) {
+		groups := byPID[pid]
+		prof := &profilespb.Profile{
+			SampleType:   &profilespb.ValueType{TypeStrindex: b.str("samples"), UnitStrindex: b.str("count")},
+			PeriodType:   &profilespb.ValueType{TypeStrindex: b.str("cpu"), UnitStrindex: b.str("nanoseconds")},
+			Period:       opts.period,
+			TimeUnixNano: start,
+			DurationNano: end - start,
+			ProfileId:    newProfileID(),
+			Samples:      b.samples(groups, start, end),
+		}
+		req.ResourceProfiles = append(req.ResourceProfiles, &profilespb.ResourceProfiles{
+			Resource: resource(pid, processOf(groups), opts),
+			ScopeProfiles: []*profilespb.ScopeProfiles{{
+				Scope:    &commonpb.InstrumentationScope{Name: scopeName, Version: opts.version},
+				Profiles: []*profilespb.Profile{prof},
+			}},
+		})
+	}
+	req.Dictionary = b.dictionary()
+	return otlpRequest{req: req, samples: iv.samples, profiles: len(byPID)}
+}
+
+// sampleIdent is an OTLP sample's identity within a profile. Distinct trace
+// hashes can resolve to the same stack, and the spec asks for samples with
+// the same identity to be merged.
+type sampleIdent struct {
+	stack      int32
+	tid        libpf.TID
+	threadName string
+	cpu        int
+}
+
+func (b *dictBuilder) samples(groups []*sampleGroup, start, end uint64) []*profilespb.Sample {
+	var out []*profilespb.Sample
+	merged := make(map[sampleIdent]*profilespb.Sample, len(groups))
+	for _, g := range groups {
+		id := sampleIdent{stack: b.stack(g.trace), tid: g.key.tid, threadName: g.key.threadName, cpu: g.key.cpu}
+		s := merged[id]
+		if s == nil {
+			s = &profilespb.Sample{StackIndex: id.stack, AttributeIndices: b.sampleAttrs(id)}
+			merged[id] = s
+			out = append(out, s)
+		}
+		for _, ts := range g.timestamps {
+			s.TimestampsUnixNano = append(s.TimestampsUnixNano, clampTime(ts, start, end))
+		}
+	}
+	for _, s := range out {
+		slices.Sort(s.TimestampsUnixNano)
+		// The spec requires values and timestamps to pair up one to one when
+		// both are set; one count per timestamp keeps consumers that only sum
+		// values and those that read timestamps in agreement.
+		s.Values = make([]int64, len(s.TimestampsUnixNano))
+		for i := range s.Values {
+			s.Values[i] = 1
+		}
+	}
+	return out
+}
+
+func (b *dictBuilder) sampleAttrs(id sampleIdent) []int32 {
+	attrs := []int32{b.attrInt(attrThreadID, int64(id.tid))}
+	if id.threadName != "" {
+		attrs = append(attrs, b.attrStr(attrThreadName, id.threadName))
+	}
+	return append(attrs, b.attrInt(attrCPU, int64(id.cpu)))
+}
+
+// profileWindow is the time window of an interval's profiles: the interval,
+// widened to take in timestamps up to one interval length outside it, since
+// samples can be delayed in the pipeline and stamped before the interval
+// began. Timestamps further off come from a bad clock; clampTime moves them
+// into the window rather than let them stretch it arbitrarily.
+func profileWindow(iv *interval) (start, end uint64) {
+	start, end = uint64(iv.start.UnixNano()), uint64(iv.end.UnixNano())
+	if end <= start {
+		end = start + 1
+	}
+	slack := end - start
+	lo, hi := start-min(start, slack), end+slack
+	for _, g := range iv.groups {
+		for _, ts := range g.timestamps {
+			if ts >= lo && ts < hi {
+				start = min(start, ts)
+				end = max(end, ts+1)
+			}
+		}
+	}
+	return start, end
+}
+
+// clampTime moves ts into [start, end).
+func clampTime(ts, start, end uint64) uint64 {
+	return min(max(ts, start), end-1)
+}
+
+// groupsByPID splits an interval's groups per process, each list in a
+// deterministic order so requests are reproducible.
+func groupsByPID(iv *interval) map[libpf.PID][]*sampleGroup {
+	byPID := make(map[libpf.PID][]*sampleGroup)
+	for _, g := range iv.groups {
+		byPID[g.key.pid] = append(byPID[g.key.pid], g)
+	}
+	for _, gs := range byPID {
+		slices.SortFunc(gs, func(a, b *sampleGroup) int {
+			return cmp.Or(
+				cmp.Compare(a.key.tid, b.key.tid),
+				cmp.Compare(a.key.cpu, b.key.cpu),
+				cmp.Compare(a.key.threadName, b.key.threadName),
+				cmp.Compare(a.key.hash.Hi, b.key.hash.Hi),
+				cmp.Compare(a.key.hash.Lo, b.key.hash.Lo),
+			)
+		})
+	}
+	return byPID
+}
+
+func processOf(groups []*sampleGroup) *libpf.ProcessInfo {
+	for _, g := range groups {
+		if g.process != nil {
+			return g.process
+		}
+	}
+	return nil
+}
+
+func resource(pid libpf.PID, proc *libpf.ProcessInfo, opts buildOptions) *resourcepb.Resource {
+	attrs := []*commonpb.KeyValue{{Key: attrProcessPID, Value: intValue(int64(pid))}}
+	add := func(key, val string) {
+		if val != "" {
+			attrs = append(attrs, &commonpb.KeyValue{Key: key, Value: stringValue(val)})
+		}
+	}
+	if proc != nil {
+		add(attrExeName, proc.ExecutableName)
+		add(attrExePath, proc.ExecutablePath)
+		add(attrContainerID, proc.ContainerID)
+	}
+	add(attrHostID, opts.hostID)
+	add(attrHostName, opts.hostName)
+	return &resourcepb.Resource{Attributes: attrs}
+}
+
+func stringValue(s string) *commonpb.AnyValue {
+	return &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: s}}
+}
+
+func intValue(n int64) *commonpb.AnyValue {
+	return &commonpb.AnyValue{Value: &commonpb.AnyValue_IntValue{IntValue: n}}
+}
+
+func newProfileID() []byte {
+	id := make([]byte, 16)
+	// crypto/rand.Read never fails since Go 1.24 (it aborts the program instead).
+	_, _ = rand.Read(id)
+	return id
+}

@@ -1,0 +1,349 @@
+package reporter
+
+import (
+	"bytes"
+	"slices"
+	"testing"
+	"time"
+
+	collectorpb "go.opentelemetry.io/proto/slim/otlp/collector/profiles/v1development"
+	commonpb "go.opentelemetry.io/proto/slim/otlp/common/v1"
+	profilespb "go.opentelemetry.io/proto/slim/otlp/profiles/v1development"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+)
+
+func testOptions() buildOptions {
+	return buildOptions{hostID: "machine-1", hostName: "host-1", version: "1.2.3", period: 50_000_000}
+}
+
+func mustBuild(t testing.TB, iv *interval) otlpRequest {
+	t.Helper()
+	r := buildRequest(iv, testOptions())
+	if err := Validate(r.req); err != nil {
+		t.Fatalf("built request is invalid: %v", err)
+	}
+	return r
+}
+
+// attrsOf decodes an attribute_indices list into key -> Go value.
+func attrsOf(d *profilespb.ProfilesDictionary, indices []int32) map[string]any {
+	out := make(map[string]any, len(indices))
+	for _, i := range indices {
+		a := d.AttributeTable[i]
+		out[d.StringTable[a.KeyStrindex]] = anyValue(a.Value)
+	}
+	return out
+}
+
+func resourceAttrs(kvs []*commonpb.KeyValue) map[string]any {
+	out := make(map[string]any, len(kvs))
+	for _, kv := range kvs {
+		out[kv.Key] = anyValue(kv.Value)
+	}
+	return out
+}
+
+func anyValue(v *commonpb.AnyValue) any {
+	switch v := v.GetValue().(type) {
+	case *commonpb.AnyValue_StringValue:
+		return v.StringValue
+	case *commonpb.AnyValue_IntValue:
+		return v.IntValue
+	default:
+		return v
+	}
+}
+
+func sumSamples(req *collectorpb.ExportProfilesServiceRequest) int64 {
+	var n int64
+	for _, rp := range req.ResourceProfiles {
+		for _, sp := range rp.ScopeProfiles {
+			for _, p := range sp.Profiles {
+				for _, s := range p.Samples {
+					for _, v := range s.Values {
+						n += v
+					}
+				}
+			}
+		}
+	}
+	return n
+}
+
+func TestBuildRequestShape(t *testing.T) {
+	f := newFixture()
+	r := mustBuild(t, f.interval())
+	req, d := r.req, r.req.Dictionary
+
+	if r.samples != fixtureSamples || r.profiles != fixtureProfiles {
+		t.Errorf("request counts = %d samples, %d profiles; want %d, %d",
+			r.samples, r.profiles, fixtureSamples, fixtureProfiles)
+	}
+	if got := sumSamples(req); got != fixtureSamples {
+		t.Errorf("sum of sample values = %d, want %d", got, fixtureSamples)
+	}
+	tables := []struct {
+		name      string
+		got, want int
+	}{
+		{"mapping", len(d.MappingTable), fixtureMappings},
+		{"function", len(d.FunctionTable), fixtureFunctions},
+		{"location", len(d.LocationTable), fixtureLocations},
+		{"stack", len(d.StackTable), fixtureStacks},
+		{"link", len(d.LinkTable), 1},
+	}
+	for _, tt := range tables {
+		if tt.got != tt.want {
+			t.Errorf("%s table has %d entries, want %d", tt.name, tt.got, tt.want)
+		}
+	}
+	if l := d.LinkTable[0]; !bytes.Equal(l.TraceId, make([]byte, 16)) || !bytes.Equal(l.SpanId, make([]byte, 8)) {
+		t.Errorf("link_table[0] = %v, want full-length zero ids", l)
+	}
+	if d.StringTable[0] != "" {
+		t.Errorf("string_table[0] = %q", d.StringTable[0])
+	}
+}
+
+func TestBuildRequestResources(t *testing.T) {
+	f := newFixture()
+	req := mustBuild(t, f.interval()).req
+	want := []map[string]any{
+		{"process.pid": int64(100), "process.executable.name": "app-a",
+			"process.executable.path": "/usr/bin/app-a", "host.id": "machine-1", "host.name": "host-1"},
+		{"process.pid": int64(200), "process.executable.name": "app-b",
+			"process.executable.path": "/opt/b/app-b", "container.id": "c0ffee",
+			"host.id": "machine-1", "host.name": "host-1"},
+	}
+	if len(req.ResourceProfiles) != len(want) {
+		t.Fatalf("got %d resource profiles, want %d", len(req.ResourceProfiles), len(want))
+	}
+	for i, rp := range req.ResourceProfiles {
+		got := resourceAttrs(rp.Resource.Attributes)
+		if !mapsEqual(got, want[i]) {
+			t.Errorf("resource %d attributes = %v, want %v", i, got, want[i])
+		}
+		if len(rp.ScopeProfiles) != 1 || len(rp.ScopeProfiles[0].Profiles) != 1 {
+			t.Fatalf("resource %d: want one scope with one profile", i)
+		}
+		sp := rp.ScopeProfiles[0]
+		if sp.Scope.Name != scopeName || sp.Scope.Version != "1.2.3" {
+			t.Errorf("scope = %v", sp.Scope)
+		}
+		p := sp.Profiles[0]
+		d := req.Dictionary
+		if st := p.SampleType; d.StringTable[st.TypeStrindex] != "samples" || d.StringTable[st.UnitStrindex] != "count" {
+			t.Errorf("sample type = %v", st)
+		}
+		if pt := p.PeriodType; d.StringTable[pt.TypeStrindex] != "cpu" || d.StringTable[pt.UnitStrindex] != "nanoseconds" {
+			t.Errorf("period type = %v", pt)
+		}
+		if p.Period != 50_000_000 || len(p.ProfileId) != 16 || bytes.Equal(p.ProfileId, make([]byte, 16)) {
+			t.Errorf("period %d, profile id %x", p.Period, p.ProfileId)
+		}
+		// The late sample widens the window to before the interval start.
+		if p.TimeUnixNano >= uint64(f.start.UnixNano()) || p.TimeUnixNano+p.DurationNano < uint64(f.end.UnixNano()) {
+			t.Errorf("window [%d,+%d) does not cover the interval and the late sample", p.TimeUnixNano, p.DurationNano)
+		}
+	}
+}
+
+func mapsEqual(a, b map[string]any) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if bv, ok := b[k]; !ok || bv != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestBuildRequestSamples(t *testing.T) {
+	f := newFixture()
+	req := mustBuild(t, f.interval()).req
+	d := req.Dictionary
+	type sampleSummary struct {
+		leafFunc string
+		count    int
+		attrs    map[string]any
+	}
+	// Leaf function names per sample, in the builder's deterministic order
+	// (per process: by tid, cpu, thread name, hash).
+	want := [][]sampleSummary{
+		{
+			{"copy_user", 3, map[string]any{"thread.id": int64(100), "thread.name": "app-a", "cpu.logical_number": int64(0)}},
+			// t2 and t5 have different hashes but the same frames: merged.
+			{"", 3, map[string]any{"thread.id": int64(100), "thread.name": "app-a", "cpu.logical_number": int64(0)}},
+			{"copy_user", 1, map[string]any{"thread.id": int64(101), "thread.name": "worker", "cpu.logical_number": int64(1)}},
+		},
+		{
+			{"copy_user", 4, map[string]any{"thread.id": int64(200), "thread.name": "app-b", "cpu.logical_number": int64(2)}},
+			{"", 1, map[string]any{"thread.id": int64(200), "thread.name": "app-b", "cpu.logical_number": int64(2)}},
+			// No thread name: the attribute is left out rather than empty.
+			{"", 1, map[string]any{"thread.id": int64(201), "cpu.logical_number": int64(3)}},
+		},
+	}
+	for i, rp := range req.ResourceProfiles {
+		p := rp.ScopeProfiles[0].Profiles[0]
+		if len(p.Samples) != len(want[i]) {
+			t.Fatalf("profile %d has %d samples, want %d", i, len(p.Samples), len(want[i]))
+		}
+		for j, s := range p.Samples {
+			w := want[i][j]
+			leaf := d.LocationTable[d.StackTable[s.StackIndex].LocationIndices[0]]
+			leafFunc := ""
+			if len(leaf.Lines) > 0 {
+				leafFunc = d.StringTable[d.FunctionTable[leaf.Lines[0].FunctionIndex].NameStrindex]
+			}
+			if leafFunc != w.leafFunc || len(s.Values) != w.count || len(s.TimestampsUnixNano) != w.count {
+				t.Errorf("profile %d sample %d: leaf %q, %d values, %d timestamps; want %q, %d",
+					i, j, leafFunc, len(s.Values), len(s.TimestampsUnixNano), w.leafFunc, w.count)
+			}
+			if got := attrsOf(d, s.AttributeIndices); !mapsEqual(got, w.attrs) {
+				t.Errorf("profile %d sample %d attributes = %v, want %v", i, j, got, w.attrs)
+			}
+			if !slices.IsSorted(s.TimestampsUnixNano) {
+				t.Errorf("profile %d sample %d timestamps not sorted", i, j)
+			}
+		}
+	}
+}
+
+func TestBuildRequestDictionary(t *testing.T) {
+	f := newFixture()
+	d := mustBuild(t, f.interval()).req.Dictionary
+	str := func(i int32) string { return d.StringTable[i] }
+
+	// Mappings: build id attributes only where the file has them.
+	mappings := map[string][]map[string]any{}
+	for _, m := range d.MappingTable[1:] {
+		mappings[str(m.FilenameStrindex)] = append(mappings[str(m.FilenameStrindex)], attrsOf(d, m.AttributeIndices))
+	}
+	wantMappings := map[string][]map[string]any{
+		"vmlinux": {{"process.executable.build_id.htlhash": f.vmlinux.FileID.String(),
+			"process.executable.build_id.gnu": "0badc0de"}},
+		"/usr/lib/libc.so.6": {
+			{"process.executable.build_id.htlhash": f.libcA.FileID.String(), "process.executable.build_id.gnu": "11aa"},
+			{"process.executable.build_id.htlhash": f.libcA.FileID.String(), "process.executable.build_id.gnu": "11aa"},
+		},
+		"/usr/bin/app-a": {{"process.executable.build_id.htlhash": f.appA.FileID.String(),
+			"process.executable.build_id.go": "go-a/b/c"}},
+		"/opt/b/app-b": {{"process.executable.build_id.htlhash": f.appB.FileID.String(),
+			"process.executable.build_id.gnu": "22bb"}},
+	}
+	for name, want := range wantMappings {
+		got := mappings[name]
+		if len(got) != len(want) {
+			t.Errorf("mapping %s appears %d times, want %d", name, len(got), len(want))
+			continue
+		}
+		for i := range got {
+			if !mapsEqual(got[i], want[i]) {
+				t.Errorf("mapping %s attributes = %v, want %v", name, got[i], want[i])
+			}
+		}
+	}
+
+	// Locations: file-relative addresses, frame kinds, line info.
+	type loc struct {
+		file, kind, fn string
+		addr           uint64
+		line           int64
+	}
+	var locs []loc
+	for _, l := range d.LocationTable[1:] {
+		x := loc{file: str(d.MappingTable[l.MappingIndex].FilenameStrindex), addr: l.Address,
+			kind: attrsOf(d, l.AttributeIndices)["profile.frame.type"].(string)}
+		if len(l.Lines) == 1 {
+			x.fn = str(d.FunctionTable[l.Lines[0].FunctionIndex].NameStrindex)
+			x.line = l.Lines[0].Line
+		}
+		locs = append(locs, x)
+	}
+	wantLocs := []loc{
+		{"vmlinux", "kernel", "copy_user", 0x1000, 0},
+		{"vmlinux", "kernel", "do_syscall_64", 0x2000, 0},
+		{"/usr/lib/libc.so.6", "native", "write", 0x100, 10},
+		{"/usr/bin/app-a", "native", "main.main", 0x500, 5},
+		{"/usr/bin/app-a", "native", "", 0x600, 0},
+		{"/usr/lib/libc.so.6", "native", "write", 0x100, 10},
+		{"/opt/b/app-b", "native", "main", 0x700, 0},
+		{"", "abort-marker", "", 3, 0},
+	}
+	if !slices.Equal(locs, wantLocs) {
+		t.Errorf("locations =\n%v\nwant\n%v", locs, wantLocs)
+	}
+
+	// Functions are shared across processes: one "write" for both libcs.
+	var fns []string
+	for _, fn := range d.FunctionTable[1:] {
+		fns = append(fns, str(fn.NameStrindex)+"@"+str(fn.FilenameStrindex))
+	}
+	wantFns := []string{"copy_user@", "do_syscall_64@", "write@write.c", "main.main@main.go", "main@"}
+	if !slices.Equal(fns, wantFns) {
+		t.Errorf("functions = %v, want %v", fns, wantFns)
+	}
+}
+
+func TestBuildRequestEmptyTrace(t *testing.T) {
+	f := newFixture()
+	a := newAggregator(f.start, 10)
+	a.add(&libpf.Trace{}, &libpf.SampleMeta{Process: f.procA}, uint64(f.start.UnixNano()))
+	r := mustBuild(t, a.swap(f.end))
+	s := r.req.ResourceProfiles[0].ScopeProfiles[0].Profiles[0].Samples[0]
+	if s.StackIndex != 0 {
+		t.Errorf("empty trace got stack %d, want the zero stack", s.StackIndex)
+	}
+}
+
+func TestProfileWindow(t *testing.T) {
+	start := time.Date(2026, 11, 22, 10, 30, 0, 0, time.UTC)
+	end := start.Add(5 * time.Second)
+	ns := func(t time.Time) uint64 { return uint64(t.UnixNano()) }
+	tests := []struct {
+		name           string
+		stamps         []time.Time
+		wantStart      time.Time
+		wantEnd        time.Time
+		wantTimestamps []uint64
+	}{
+		{
+			name:      "inside",
+			stamps:    []time.Time{start, end.Add(-1)},
+			wantStart: start, wantEnd: end,
+			wantTimestamps: []uint64{ns(start), ns(end) - 1},
+		},
+		{
+			name:      "late and early samples widen the window",
+			stamps:    []time.Time{start.Add(-time.Second), end.Add(2 * time.Second)},
+			wantStart: start.Add(-time.Second), wantEnd: end.Add(2*time.Second + 1),
+			wantTimestamps: []uint64{ns(start.Add(-time.Second)), ns(end.Add(2 * time.Second))},
+		},
+		{
+			name:      "bogus clocks are clamped",
+			stamps:    []time.Time{time.Unix(0, 1), end.Add(time.Hour)},
+			wantStart: start, wantEnd: end,
+			wantTimestamps: []uint64{ns(start), ns(end) - 1},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture()
+			a := newAggregator(start, 100)
+			for _, ts := range tt.stamps {
+				a.add(f.t1, &libpf.SampleMeta{Process: f.procA}, ns(ts))
+			}
+			p := mustBuild(t, a.swap(end)).req.ResourceProfiles[0].ScopeProfiles[0].Profiles[0]
+			if p.TimeUnixNano != ns(tt.wantStart) || p.TimeUnixNano+p.DurationNano != ns(tt.wantEnd) {
+				t.Errorf("window = [%d, %d), want [%d, %d)", p.TimeUnixNano, p.TimeUnixNano+p.DurationNano,
+					ns(tt.wantStart), ns(tt.wantEnd))
+			}
+			if got := p.Samples[0].TimestampsUnixNano; !slices.Equal(got, tt.wantTimestamps) {
+				t.Errorf("timestamps = %v, want %v", got, tt.wantTimestamps)
+			}
+		})
+	}
+}
