@@ -1,0 +1,98 @@
+package processmanager
+
+import (
+	"bufio"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/support"
+)
+
+// benchTrace starts the test program and returns a 30-frame trace of it: 5
+// kernel frames (when kallsyms shows addresses), frames in its functions
+// and frames in libc.
+func benchTrace(b *testing.B) *support.Trace {
+	b.Helper()
+	bin := buildTestProgram(b)
+	syms := nmFunctions(b, bin)
+	pid := startProgram(b, bin)
+	base, _ := loadBase(b, pid, bin)
+	raw := &support.Trace{PID: uint32(pid), TID: uint32(pid), Comm: "prog", Hash: 42}
+
+	if f, err := os.Open("/proc/kallsyms"); err == nil {
+		s := bufio.NewScanner(f)
+		for s.Scan() && len(raw.KernelStack) < 5 {
+			fields := strings.Fields(s.Text())
+			if len(fields) >= 3 && fields[1] == "T" {
+				if addr, _ := strconv.ParseUint(fields[0], 16, 64); addr != 0 {
+					raw.KernelStack = append(raw.KernelStack, addr+16)
+				}
+			}
+		}
+		f.Close()
+	}
+	var libc uint64
+	maps, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/maps")
+	for _, line := range strings.Split(string(maps), "\n") {
+		if e, err := parseMapsLine(line); err == nil && e.executable && strings.Contains(e.path, "libc") {
+			libc = e.start
+		}
+	}
+	fns := []string{"leaf_fn", "middle_fn", "outer_fn", "main"}
+	for i := 0; len(raw.KernelStack)+len(raw.Frames) < 30; i++ {
+		addr := base + syms[fns[i%len(fns)]] + uint64(i%3) + 1
+		if i%2 == 1 && libc != 0 {
+			addr = libc + uint64(i)*0x1000 + 0x10
+		}
+		raw.Frames = append(raw.Frames, support.Frame{Kind: libpf.FrameNative, Addr: addr, ReturnAddress: i > 0})
+	}
+	return raw
+}
+
+func BenchmarkConvertTrace(b *testing.B) {
+	raw := benchTrace(b)
+	m, err := New(Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	tr, _, err := m.ConvertTrace(raw) // warm the caches
+	if err != nil {
+		b.Fatal(err)
+	}
+	if len(tr.Frames) != 30 || tr.Frames[len(tr.Frames)-1].FunctionName == "" {
+		b.Fatalf("conversion %+v", tr.Frames)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, err := m.ConvertTrace(raw); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+type discardReporter struct{}
+
+func (discardReporter) ReportSample(*libpf.Trace, *libpf.SampleMeta) {}
+
+func BenchmarkHandleTraceCached(b *testing.B) {
+	raw := benchTrace(b)
+	m, err := New(Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h, err := NewHandler(m, discardReporter{}, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h.HandleTrace(raw)
+	b.ReportAllocs()
+	for b.Loop() {
+		h.HandleTrace(raw)
+	}
+	if s := h.Stats(); s.TraceCacheMisses != 1 {
+		b.Errorf("stats %+v", s)
+	}
+}

@@ -1,0 +1,148 @@
+package processmanager
+
+import (
+	"encoding/binary"
+	"errors"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/support"
+)
+
+// ConvertTrace turns a raw BPF trace into a user-space trace: kernel frames
+// first, then user frames, each leaf first. The returned trace and process
+// info are shared and must not be modified.
+//
+// A process that is already gone still gets a trace: its kernel frames are
+// symbolized and its user frames carry absolute addresses without mappings.
+func (m *Manager) ConvertTrace(raw *support.Trace) (*libpf.Trace, *libpf.ProcessInfo, error) {
+	t, info, _, err := m.convert(raw)
+	return t, info, err
+}
+
+// convert is ConvertTrace that also returns the generation of the process
+// state the trace was converted with (0 when it must not be cached).
+func (m *Manager) convert(raw *support.Trace) (*libpf.Trace, *libpf.ProcessInfo, uint64, error) {
+	if raw == nil {
+		return nil, nil, 0, errors.New("converting trace: nil trace")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.counters.tracesConverted++
+	p := m.processFor(raw.PID, raw.Comm)
+
+	frames := make([]libpf.Frame, 0, min(len(raw.KernelStack)+len(raw.Frames), libpf.MaxFrames))
+	for i, addr := range raw.KernelStack {
+		if addr != 0 {
+			// Every kernel frame but the interrupted one is a return address.
+			frames = append(frames, m.kernel.frame(addr, i > 0))
+		}
+	}
+	if len(raw.Frames) > 0 {
+		m.ensureMaps(p)
+		nKernel := len(frames)
+		for attempt := 0; ; attempt++ {
+			var unknown, unattributed int
+			frames, unknown, unattributed = m.appendUserFrames(frames[:nKernel], p, raw.Frames)
+			// An unknown address may be in code mapped since we last looked.
+			if unknown == 0 || attempt > 0 || !m.rereadMaps(p) {
+				m.counters.unmappedFrames += uint64(unattributed)
+				break
+			}
+		}
+	}
+
+	truncated := raw.Truncated
+	if len(frames) > libpf.MaxFrames {
+		frames = frames[:libpf.MaxFrames]
+		truncated = true
+	}
+	if truncated {
+		m.counters.truncatedTraces++
+	}
+	t := &libpf.Trace{
+		Hash:      m.hashTrace(raw.PID, frames, truncated),
+		Frames:    frames,
+		Truncated: truncated,
+	}
+	gen := p.gen
+	if m.procs[p.pid] != p {
+		gen = 0
+	}
+	return t, p.info, gen, nil
+}
+
+// appendUserFrames converts user frames. It returns how many addresses were
+// outside every known mapping (unknown) and how many frames could not be
+// attributed to a file (unattributed: unknown ones and anonymous memory).
+func (m *Manager) appendUserFrames(frames []libpf.Frame, p *process, raw []support.Frame) (
+	out []libpf.Frame, unknown, unattributed int) {
+	for _, rf := range raw {
+		if rf.Kind == libpf.FrameAbort {
+			frames = append(frames, libpf.Frame{Kind: libpf.FrameAbort, Address: rf.Addr})
+			continue
+		}
+		addr := rf.Addr
+		if rf.ReturnAddress && addr > 0 {
+			// Point inside the call, not at the instruction after it, which
+			// may belong to the next function or line.
+			addr--
+		}
+		kind := rf.Kind
+		if kind == libpf.FrameUnknown {
+			kind = libpf.FrameNative
+		}
+		f := libpf.Frame{Kind: kind, Address: addr}
+
+		var mp *mapping
+		if rf.FileID != 0 {
+			// BPF resolved the file: addr is already file-relative.
+			mp = p.findFile(rf.FileID)
+		} else if mp = p.findMapping(addr); mp != nil && mp.pf != nil {
+			f.Address = addr - mp.pf.Bias
+		}
+		switch {
+		case mp == nil:
+			unknown++
+			unattributed++
+		case mp.pf == nil:
+			unattributed++
+		default:
+			f.Mapping = mp.pf
+			if mp.file != nil && mp.file.elf != nil {
+				f.FunctionName, _ = mp.file.elf.symbols.lookup(f.Address)
+			}
+		}
+		frames = append(frames, f)
+	}
+	return frames, unknown, unattributed
+}
+
+// hashTrace computes the 128-bit trace hash: xxh3 over each frame's kind,
+// file id and address. User frames without a file id have process-specific
+// addresses, so the pid is mixed in for them; kernel addresses are the same
+// in every process. A truncated trace differs from a complete one of the
+// same frames.
+func (m *Manager) hashTrace(pid uint32, frames []libpf.Frame, truncated bool) libpf.TraceHash {
+	buf := m.hashBuf[:0]
+	for i := range frames {
+		f := &frames[i]
+		var id libpf.FileID
+		if f.Mapping != nil {
+			id = f.Mapping.FileID
+		}
+		buf = append(buf, byte(f.Kind))
+		buf = append(buf, id[:]...)
+		buf = binary.LittleEndian.AppendUint64(buf, f.Address)
+		if id.IsZero() && f.Kind != libpf.FrameKernel {
+			buf = binary.LittleEndian.AppendUint32(buf, pid)
+		}
+	}
+	if truncated {
+		buf = append(buf, 1)
+	}
+	m.hashBuf = buf
+	h := xxh3.Hash128(buf)
+	return libpf.TraceHash{Hi: h.Hi, Lo: h.Lo}
+}

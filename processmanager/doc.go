@@ -1,0 +1,11 @@
+// Package processmanager owns the state of every profiled process — its
+// executable mappings, the files behind them, its process info — and turns
+// raw BPF traces (support.Trace) into user-space traces (libpf.Trace).
+//
+// A Manager reads /proc lazily: a process is looked at when its first trace
+// arrives, and its mappings are re-read (rate limited) when an address falls
+// outside every known one. Per-file data (file id, build ids, symbols) is
+// cached by file identity, so a library mapped by a thousand processes is
+// parsed once. A Handler sits in front of the Manager on the tracer's event
+// pump: it converts each distinct BPF trace once and reports every sample.
+package processmanager

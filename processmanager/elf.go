@@ -1,0 +1,208 @@
+package processmanager
+
+import (
+	"bytes"
+	"debug/elf"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+)
+
+// elfData is what the manager needs of an ELF file: where its segments load,
+// its build ids and its function symbols. It is a pure function of the file's
+// bytes.
+type elfData struct {
+	loads      []loadSegment
+	gnuBuildID string
+	goBuildID  string
+	// symbols is nil when the file has neither .symtab nor .dynsym.
+	symbols *symbolTable
+}
+
+// loadSegment is a PT_LOAD program header.
+type loadSegment struct {
+	vaddr, offset, filesz uint64
+	executable            bool
+}
+
+// maxNoteSize bounds how much of a note section or segment is read, so a
+// corrupt header cannot make us allocate gigabytes.
+const maxNoteSize = 1 << 20
+
+// pageMask masks the offset within a page.
+var pageMask = uint64(os.Getpagesize() - 1)
+
+var errNotELF = errors.New("not an ELF file")
+
+// isELF reports whether r starts with the ELF magic.
+func isELF(r io.ReaderAt) bool {
+	var magic [4]byte
+	_, err := r.ReadAt(magic[:], 0)
+	return err == nil && string(magic[:]) == elf.ELFMAG
+}
+
+// parseELF reads the load segments, build ids and symbols of an ELF file.
+// Corrupt files yield an error, never a panic: debug/elf is hardened and
+// fuzzed, and a recover turns any panic it still has into an error because
+// these bytes come from arbitrary files on the host.
+func parseELF(r io.ReaderAt) (d *elfData, err error) {
+	if !isELF(r) {
+		return nil, errNotELF
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			d, err = nil, fmt.Errorf("parsing ELF: panic: %v", p)
+		}
+	}()
+	f, err := elf.NewFile(r)
+	if err != nil {
+		return nil, fmt.Errorf("parsing ELF: %w", err)
+	}
+	d = &elfData{}
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_LOAD {
+			d.loads = append(d.loads, loadSegment{
+				vaddr:      p.Vaddr,
+				offset:     p.Off,
+				filesz:     p.Filesz,
+				executable: p.Flags&elf.PF_X != 0,
+			})
+		}
+	}
+	d.gnuBuildID, d.goBuildID = findBuildIDs(f)
+	syms, err := f.Symbols()
+	if len(syms) == 0 || err != nil {
+		syms, err = f.DynamicSymbols()
+	}
+	if err != nil && !errors.Is(err, elf.ErrNoSymbols) {
+		return nil, fmt.Errorf("reading ELF symbols: %w", err)
+	}
+	d.symbols = newSymbolTable(f, syms)
+	return d, nil
+}
+
+// bias returns the value to add to a file address (ELF virtual address) to
+// get the process address, for a mapping of the file at start from file
+// offset off. The mapping holds the PT_LOAD segment that covers off; its
+// file offset p_offset sits at p_vaddr, so a process address a is file
+// address a - start + off - p_offset + p_vaddr.
+func (d *elfData) bias(start, off uint64) (uint64, bool) {
+	var best *loadSegment
+	for i := range d.loads {
+		s := &d.loads[i]
+		// The kernel maps a segment from its page-aligned offset, which may
+		// be below p_offset; mappings start at page boundaries.
+		if off < s.offset&^pageMask || off >= s.offset+max(s.filesz, 1) {
+			continue
+		}
+		// Prefer the executable segment: that is the one we are asked about.
+		if best == nil || (s.executable && !best.executable) {
+			best = s
+		}
+	}
+	if best == nil {
+		return 0, false
+	}
+	return start - off + best.offset - best.vaddr, true
+}
+
+// findBuildIDs returns the hex GNU build id and the Go build id of a file,
+// from its note sections or, when section headers are missing, from its
+// PT_NOTE segments.
+func findBuildIDs(f *elf.File) (gnu, goID string) {
+	visit := func(data []byte, align uint64) {
+		for n := range elfNotes(data, align, f.ByteOrder) {
+			switch {
+			case n.name == "GNU" && n.typ == ntGNUBuildID && gnu == "":
+				gnu = hex.EncodeToString(n.desc)
+			case n.name == "Go" && n.typ == ntGoBuildID && goID == "":
+				goID = string(n.desc)
+			}
+		}
+	}
+	var found bool
+	for _, s := range f.Sections {
+		if s.Type == elf.SHT_NOTE && s.Size <= maxNoteSize {
+			found = true
+			if data, err := s.Data(); err == nil {
+				visit(data, s.Addralign)
+			}
+		}
+	}
+	if found {
+		return gnu, goID
+	}
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_NOTE && p.Filesz <= maxNoteSize {
+			data := make([]byte, p.Filesz)
+			if _, err := p.ReadAt(data, 0); err == nil {
+				visit(data, p.Align)
+			}
+		}
+	}
+	return gnu, goID
+}
+
+const (
+	// ntGNUBuildID is NT_GNU_BUILD_ID, the type of the "GNU" build id note.
+	ntGNUBuildID = 3
+	// ntGoBuildID is the type of the "Go" note the Go linker writes into
+	// .note.go.buildid.
+	ntGoBuildID = 4
+)
+
+type elfNote struct {
+	name string
+	typ  uint32
+	desc []byte
+}
+
+// elfNotes iterates over an ELF note stream (Elf_Nhdr records: namesz,
+// descsz, type, then name and desc each padded to the alignment, which is 4
+// except in notes aligned to 8). It stops at the first malformed record.
+func elfNotes(data []byte, align uint64, order binary.ByteOrder) func(yield func(elfNote) bool) {
+	pad := uint64(4)
+	if align == 8 {
+		pad = 8
+	}
+	roundUp := func(n uint64) uint64 { return (n + pad - 1) &^ (pad - 1) }
+	return func(yield func(elfNote) bool) {
+		for len(data) >= 12 {
+			nameSize := uint64(order.Uint32(data[0:]))
+			descSize := uint64(order.Uint32(data[4:]))
+			typ := order.Uint32(data[8:])
+			rest := data[12:]
+			nameEnd := roundUp(nameSize)
+			if nameEnd > uint64(len(rest)) {
+				return
+			}
+			descEnd := nameEnd + roundUp(descSize)
+			if descSize > uint64(len(rest)) || descEnd > uint64(len(rest)) {
+				// The last note's desc may lack its padding.
+				if nameEnd+descSize != uint64(len(rest)) {
+					return
+				}
+				descEnd = uint64(len(rest))
+			}
+			name := string(bytes.TrimRight(rest[:nameSize], "\x00"))
+			if !yield(elfNote{name: name, typ: typ, desc: rest[nameEnd : nameEnd+descSize]}) {
+				return
+			}
+			data = rest[descEnd:]
+		}
+	}
+}
+
+// gnuBuildIDFromNotes returns the hex GNU build id in a raw note stream such
+// as /sys/kernel/notes or a module's .note.gnu.build-id.
+func gnuBuildIDFromNotes(data []byte) (string, error) {
+	for n := range elfNotes(data, 4, binary.NativeEndian) {
+		if n.name == "GNU" && n.typ == ntGNUBuildID && len(n.desc) > 0 {
+			return hex.EncodeToString(n.desc), nil
+		}
+	}
+	return "", errors.New("no GNU build id note")
+}

@@ -1,0 +1,239 @@
+package processmanager
+
+import (
+	"bytes"
+	"encoding/binary"
+	"os"
+	"strings"
+	"testing"
+)
+
+// note encodes one ELF note record with 4-byte alignment.
+func note(name string, typ uint32, desc []byte) []byte {
+	pad := func(b []byte) []byte { return append(b, make([]byte, (4-len(b)%4)%4)...) }
+	var b []byte
+	b = binary.NativeEndian.AppendUint32(b, uint32(len(name)+1))
+	b = binary.NativeEndian.AppendUint32(b, uint32(len(desc)))
+	b = binary.NativeEndian.AppendUint32(b, typ)
+	b = append(b, pad(append([]byte(name), 0))...)
+	return append(b, pad(desc)...)
+}
+
+func TestGNUBuildIDFromNotes(t *testing.T) {
+	id := []byte{0xab, 0xf9, 0xec, 0x0e, 0xc5, 0x94, 0x66, 0x00, 0xc9, 0x06, 0x41, 0xcf, 0x5d, 0xb9, 0x98, 0x47, 0x2f, 0xac, 0x41, 0x0b}
+	const want = "abf9ec0ec5946600c90641cf5db998472fac410b"
+	linux := note("Linux", 0x100, []byte("6.1.102\x00"))
+	buildID := note("GNU", ntGNUBuildID, id)
+	tests := []struct {
+		name    string
+		data    []byte
+		want    string
+		wantErr bool
+	}{
+		{name: "alone", data: buildID, want: want},
+		{name: "after other notes", data: append(append(append([]byte{}, linux...), note("Xen", 6, []byte{1, 2, 3, 4, 5})...), buildID...), want: want},
+		{name: "wrong type", data: note("GNU", 1, id), wantErr: true},
+		{name: "wrong owner", data: note("GNX", ntGNUBuildID, id), wantErr: true},
+		{name: "desc cut short", data: buildID[:len(buildID)-4], wantErr: true},
+		{name: "empty", data: nil, wantErr: true},
+		{name: "huge sizes", data: []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 3, 0, 0, 0, 'G', 'N', 'U', 0}, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := gnuBuildIDFromNotes(tt.data)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
+			}
+			if got != tt.want {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestKernelNotes reads the running kernel's build id, if sysfs shows it.
+func TestKernelNotes(t *testing.T) {
+	data, err := os.ReadFile("/sys/kernel/notes")
+	if err != nil {
+		t.Skip(err)
+	}
+	id, err := gnuBuildIDFromNotes(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(id) < 16 || strings.Trim(id, "0123456789abcdef") != "" {
+		t.Errorf("kernel build id %q", id)
+	}
+}
+
+func TestBias(t *testing.T) {
+	// A typical PIE: read-only headers, then text at offset 0x1000 loaded at
+	// vaddr 0x1000; and a binary whose text segment's offset is not page
+	// aligned.
+	pie := &elfData{loads: []loadSegment{
+		{vaddr: 0, offset: 0, filesz: 0x600},
+		{vaddr: 0x1000, offset: 0x1000, filesz: 0x2000, executable: true},
+		{vaddr: 0x3000, offset: 0x3000, filesz: 0x500},
+	}}
+	unaligned := &elfData{loads: []loadSegment{
+		{vaddr: 0x400000, offset: 0, filesz: 0x2d0},
+		{vaddr: 0x4012d0, offset: 0x12d0, filesz: 0x5000, executable: true},
+	}}
+	tests := []struct {
+		name       string
+		d          *elfData
+		start, off uint64
+		want       uint64
+		wantOK     bool
+	}{
+		{"pie text", pie, 0x55550000_1000, 0x1000, 0x55550000_0000, true},
+		{"pie whole file mapped at 0", pie, 0x7f00_0000_0000, 0, 0x7f00_0000_0000, true},
+		{"non-pie aligned down", unaligned, 0x401000, 0x1000, 0, true},
+		{"offset past segments", pie, 0x1000, 0x9000, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := tt.d.bias(tt.start, tt.off)
+			if ok != tt.wantOK || got != tt.want {
+				t.Errorf("bias = %#x, %v; want %#x, %v", got, ok, tt.want, tt.wantOK)
+			}
+		})
+	}
+}
+
+func TestSymbolTable(t *testing.T) {
+	tab := buildSymbolTable([]symbolCandidate{
+		{start: 0x3000, size: 0x10, name: "c"},
+		{start: 0x1000, size: 0x100, name: "a_local", rank: 2},
+		{start: 0x1000, size: 0x100, name: "a"},
+		{start: 0x2000, size: 0, name: "asm_b", rank: 10},
+		{start: 0x4000, size: 0, name: "last_asm", sectionEnd: 0x4100, rank: 10},
+		{start: 0x5000, size: 0, name: "no_section", rank: 10},
+	})
+	tests := []struct {
+		addr uint64
+		want string
+	}{
+		{0xfff, ""},
+		{0x1000, "a"},
+		{0x10ff, "a"},
+		{0x1100, ""}, // past a's size
+		{0x2000, "asm_b"},
+		{0x2fff, "asm_b"}, // size 0 extends to the next symbol
+		{0x3008, "c"},
+		{0x3010, ""},
+		{0x40ff, "last_asm"}, // bounded by its section
+		{0x4100, ""},
+		{0x5000, "no_section"},
+		{0x5001, ""},
+	}
+	for _, tt := range tests {
+		if got, _ := tab.lookup(tt.addr); got != tt.want {
+			t.Errorf("lookup(%#x) = %q, want %q", tt.addr, got, tt.want)
+		}
+	}
+	if buildSymbolTable(nil) != nil {
+		t.Error("empty table is not nil")
+	}
+	var none *symbolTable
+	if _, ok := none.lookup(1); ok {
+		t.Error("nil table found a symbol")
+	}
+}
+
+// ownVDSO returns this process's vDSO image: a small, real ELF file with
+// .dynsym and notes.
+func ownVDSO(t testing.TB) []byte {
+	t.Helper()
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Skip(err)
+	}
+	for _, line := range strings.Split(string(maps), "\n") {
+		e, err := parseMapsLine(line)
+		if err != nil || !e.isVDSO() {
+			continue
+		}
+		mem, err := os.Open("/proc/self/mem")
+		if err != nil {
+			t.Skip(err)
+		}
+		defer mem.Close()
+		image := make([]byte, e.end-e.start)
+		if _, err := mem.ReadAt(image, int64(e.start)); err != nil {
+			t.Skip(err)
+		}
+		return image
+	}
+	t.Skip("no vdso")
+	return nil
+}
+
+func TestParseELFVDSO(t *testing.T) {
+	d, err := parseELF(bytes.NewReader(ownVDSO(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.symbols.len() == 0 {
+		t.Error("vdso has no function symbols")
+	}
+	if _, ok := d.bias(0x7fff_0000_0000, 0); !ok {
+		t.Error("no load segment at offset 0")
+	}
+}
+
+// TestParseELFTruncated cuts real ELF files short and corrupts their
+// headers: parsing must fail or succeed, never panic.
+func TestParseELFTruncated(t *testing.T) {
+	images := [][]byte{ownVDSO(t)}
+	if b, err := os.ReadFile("/bin/true"); err == nil {
+		images = append(images, b)
+	}
+	for _, image := range images {
+		for _, n := range []int{4, 16, 63, 64, 100, 500, 1000, len(image) / 2, len(image) - 1} {
+			if n > len(image) {
+				continue
+			}
+			_, err := parseELF(bytes.NewReader(image[:n]))
+			if n < 64 && err == nil {
+				t.Errorf("%d bytes: header cut short but no error", n)
+			}
+		}
+		// Point the section and program header tables far away, and make
+		// their counts huge.
+		for _, off := range []int{0x20, 0x28, 0x36, 0x38, 0x3a, 0x3c, 0x3e} {
+			bad := bytes.Clone(image)
+			for i := off; i < off+2 && i < len(bad); i++ {
+				bad[i] = 0xff
+			}
+			_, _ = parseELF(bytes.NewReader(bad))
+		}
+	}
+	if _, err := parseELF(bytes.NewReader([]byte("#!/bin/sh\necho hi\n"))); err != errNotELF {
+		t.Errorf("script: err = %v, want errNotELF", err)
+	}
+}
+
+// FuzzParseELF is seeded with an 8 KiB image; the fuzzer's minimization of
+// inputs that large is slow, so run it with -fuzzminimizetime=0.
+func FuzzParseELF(f *testing.F) {
+	f.Add(ownVDSO(f))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		d, err := parseELF(bytes.NewReader(data))
+		if err == nil && d.symbols != nil {
+			for _, e := range d.symbols.entries {
+				d.symbols.lookup(e.start)
+			}
+		}
+	})
+}
+
+func FuzzNotes(f *testing.F) {
+	f.Add(note("GNU", ntGNUBuildID, []byte{1, 2, 3, 4, 5, 6, 7, 8}))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for range elfNotes(data, 4, binary.LittleEndian) {
+		}
+		for range elfNotes(data, 8, binary.BigEndian) {
+		}
+	})
+}

@@ -1,0 +1,152 @@
+package processmanager
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+
+	"github.com/sirupsen/logrus"
+	"github.com/zeebo/xxh3"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+)
+
+// fileInfo is what is known about one executable file. It is immutable once
+// built and shared by every process that maps the file.
+type fileInfo struct {
+	id libpf.FileID
+	// elf is nil for files that are not ELF or failed to parse: their frames
+	// get the file id but no symbols.
+	elf *elfData
+}
+
+// fileKey identifies a file's content without reading it: a file replaced
+// in place (same inode, new size or mtime) gets a new key.
+type fileKey struct {
+	dev, ino      uint64
+	size, mtimeNs int64
+}
+
+// vdsoDev marks keys of vDSO images, which have no file: their ino is a
+// hash of the image instead.
+const vdsoDev = ^uint64(0)
+
+func keyFromStat(st *syscall.Stat_t) fileKey {
+	return fileKey{
+		dev: st.Dev, ino: st.Ino, size: st.Size,
+		mtimeNs: st.Mtim.Sec*1e9 + st.Mtim.Nsec,
+	}
+}
+
+// openMapping opens the file behind a mapping. /proc/PID/map_files works for
+// deleted files and files in other mount namespaces; /proc/PID/root/<path>
+// is the fallback for kernels or setups where map_files is not readable, and
+// is checked to still be the mapped inode.
+func openMapping(procFS string, pid uint32, e *mapsEntry) (*os.File, error) {
+	mapFile := fmt.Sprintf("%s/%d/map_files/%x-%x", procFS, pid, e.start, e.end)
+	f, err := os.Open(mapFile)
+	if err == nil {
+		return f, nil
+	}
+	if errors.Is(err, os.ErrNotExist) {
+		if _, statErr := os.Stat(fmt.Sprintf("%s/%d", procFS, pid)); statErr != nil {
+			return nil, procErr(mapFile, err)
+		}
+	}
+	if e.deleted {
+		return nil, fmt.Errorf("opening %s: %w", mapFile, err)
+	}
+	rootPath := fmt.Sprintf("%s/%d/root%s", procFS, pid, e.path)
+	f, err2 := os.Open(rootPath)
+	if err2 != nil {
+		return nil, fmt.Errorf("opening %s: %w; %s: %w", mapFile, err, rootPath, err2)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("stat %s: %w", rootPath, err)
+	}
+	if st.Ino != e.inode {
+		f.Close()
+		return nil, fmt.Errorf("opening %s: %w; %s is no longer the mapped file", mapFile, err, rootPath)
+	}
+	return f, nil
+}
+
+// fileCache holds per-file data for the most recently used files. Processes
+// keep the fileInfo of their mappings, so eviction only costs a re-parse when
+// a new process maps an evicted file.
+type fileCache struct {
+	lru          *lru[fileKey, *fileInfo]
+	log          logrus.FieldLogger
+	hits, misses uint64
+	elfErrors    uint64
+}
+
+// fileForMapping returns the data of the file behind a mapping, parsing it
+// on a cache miss.
+func (c *fileCache) fileForMapping(procFS string, pid uint32, e *mapsEntry) (*fileInfo, error) {
+	f, err := openMapping(procFS, pid, e)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, fmt.Errorf("stat %s: %w", e.path, err)
+	}
+	return c.get(keyFromStat(&st), f, e.path)
+}
+
+// vdsoForMapping reads the vDSO image from the process's memory. Every
+// process of one ABI shares the image, so it is cached by content.
+func (c *fileCache) vdsoForMapping(procFS string, pid uint32, e *mapsEntry) (*fileInfo, error) {
+	const maxVDSOSize = 1 << 20
+	size := e.end - e.start
+	if size == 0 || size > maxVDSOSize {
+		return nil, fmt.Errorf("vdso of %d bytes", size)
+	}
+	memPath := fmt.Sprintf("%s/%d/mem", procFS, pid)
+	mem, err := os.Open(memPath)
+	if err != nil {
+		return nil, procErr(memPath, err)
+	}
+	defer mem.Close()
+	image := make([]byte, size)
+	if _, err := mem.ReadAt(image, int64(e.start)); err != nil {
+		return nil, procErr(memPath, err)
+	}
+	key := fileKey{dev: vdsoDev, ino: xxh3.Hash(image), size: int64(size)}
+	return c.get(key, bytes.NewReader(image), vdsoPath)
+}
+
+type readSeekerAt interface {
+	io.ReadSeeker
+	io.ReaderAt
+}
+
+func (c *fileCache) get(key fileKey, r readSeekerAt, name string) (*fileInfo, error) {
+	if fi, ok := c.lru.Get(key); ok {
+		c.hits++
+		return fi, nil
+	}
+	c.misses++
+	id, err := libpf.FileIDFromExecutable(r)
+	if err != nil {
+		return nil, fmt.Errorf("file id of %s: %w", name, err)
+	}
+	fi := &fileInfo{id: id}
+	if isELF(r) {
+		// A corrupt ELF file still has a file id; it just cannot be
+		// symbolized locally.
+		if fi.elf, err = parseELF(r); err != nil {
+			c.elfErrors++
+			c.log.WithError(err).Debugf("not symbolizing %s", name)
+		}
+	}
+	c.lru.Add(key, fi)
+	return fi, nil
+}

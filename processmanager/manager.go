@@ -1,0 +1,389 @@
+package processmanager
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+)
+
+// ErrProcessExited says a process went away while we were reading it. It is
+// expected (short-lived processes, samples that arrive after the exit) and
+// counted rather than logged.
+var ErrProcessExited = errors.New("process exited")
+
+// Config configures a Manager. The zero value is usable.
+type Config struct {
+	// ProcFS and SysFS are where procfs and sysfs are mounted; "/proc" and
+	// "/sys" when empty (a containerized daemon may see the host's under
+	// another path).
+	ProcFS, SysFS string
+	// FileCacheSize bounds how many files' data (file id, build ids,
+	// symbols) are cached; 4096 when zero.
+	FileCacheSize int
+	// MapsRereadInterval is the least time between two reads of one
+	// process's maps triggered by unknown addresses; 1s when zero.
+	MapsRereadInterval time.Duration
+	// Logger receives warnings and debug messages; logrus's standard logger
+	// when nil.
+	Logger logrus.FieldLogger
+}
+
+const (
+	defaultFileCacheSize      = 4096
+	defaultMapsRereadInterval = time.Second
+)
+
+// Manager holds the state of every process seen in a trace and converts raw
+// traces. Its methods are safe for concurrent use; in the daemon they are
+// called from the tracer's event pump (traces, exits) and a timer (Sweep,
+// ReloadKernelSymbols, Stats). One mutex guards the state: reading a new
+// process's files happens under it, so a Stats call may wait for a large
+// file's symbols to be parsed.
+type Manager struct {
+	procFS, sysFS  string
+	rereadInterval time.Duration
+	log            logrus.FieldLogger
+	now            func() time.Time
+
+	mu     sync.Mutex
+	procs  map[uint32]*process
+	files  fileCache
+	kernel *kernel
+	// nextGen numbers process states. A cached conversion is valid only
+	// while its pid's state has the generation it was made with; 0 means
+	// "never valid".
+	nextGen  uint64
+	hashBuf  []byte
+	counters counters
+
+	warnHiddenKsyms sync.Once
+}
+
+// process is what the manager knows about one live process.
+type process struct {
+	pid uint32
+	gen uint64
+	// startTime tells a process from a later one with the same pid.
+	startTime uint64
+	info      *libpf.ProcessInfo
+	// mapsRead is set once the maps were read (or found unreadable).
+	mapsRead     bool
+	lastMapsRead time.Time
+	// mappings are the executable mappings, sorted by start address.
+	mappings []*mapping
+}
+
+// mapping is one executable mapping of a process.
+type mapping struct {
+	entry mapsEntry
+	// file is nil for anonymous memory and files we could not read.
+	file *fileInfo
+	// pf is the mapping frames point to, shared by all of them so the
+	// reporter can dedupe by pointer; nil for anonymous memory.
+	pf *libpf.Mapping
+}
+
+// New returns a Manager. It reads the kernel's symbols and build id once;
+// a kernel without readable symbols is logged, not fatal: kernel frames
+// then stay unsymbolized.
+func New(cfg Config) (*Manager, error) {
+	m := &Manager{
+		procFS:         cmp.Or(cfg.ProcFS, "/proc"),
+		sysFS:          cmp.Or(cfg.SysFS, "/sys"),
+		rereadInterval: cmp.Or(cfg.MapsRereadInterval, defaultMapsRereadInterval),
+		log:            cfg.Logger,
+		now:            time.Now,
+		procs:          map[uint32]*process{},
+		nextGen:        1,
+	}
+	if m.log == nil {
+		m.log = logrus.StandardLogger()
+	}
+	if _, err := os.Stat(m.procFS + "/self"); err != nil {
+		return nil, fmt.Errorf("procfs not usable at %s (mount it or set Config.ProcFS): %w", m.procFS, err)
+	}
+	m.files = fileCache{
+		lru: newLRU[fileKey, *fileInfo](cmp.Or(cfg.FileCacheSize, defaultFileCacheSize)),
+		log: m.log,
+	}
+	m.kernel = m.loadKernel()
+	return m, nil
+}
+
+// ReloadKernelSymbols re-reads /proc/kallsyms, e.g. after modules were
+// loaded. Traces converted earlier keep the old names.
+func (m *Manager) ReloadKernelSymbols() {
+	k := m.loadKernel()
+	m.mu.Lock()
+	m.kernel = k
+	m.mu.Unlock()
+}
+
+func (m *Manager) loadKernel() *kernel {
+	syms, err := loadKallsyms(m.procFS)
+	if err != nil {
+		m.log.WithError(err).Warn("kernel frames will not be symbolized")
+		syms = &kallsyms{modules: []moduleRange{{name: vmlinuxName}}}
+	}
+	if syms.hidden {
+		m.warnHiddenKsyms.Do(func() {
+			m.log.Warn("/proc/kallsyms shows only zero addresses (kernel.kptr_restrict hides them): " +
+				"kernel frames will not be symbolized; run as root with CAP_SYSLOG or set " +
+				"sysctl kernel.kptr_restrict=0")
+		})
+	}
+	k, err := newKernel(m.sysFS, syms)
+	if err != nil {
+		m.log.WithError(err).Warn("kernel frames will have no file id")
+	}
+	return k
+}
+
+// ProcessExited forgets a process. Traces converted for it stop being
+// served from the Handler's cache even if the pid is reused. Call it on exec
+// too: the new program's code may sit where the old one's mappings were.
+func (m *Manager) ProcessExited(pid libpf.PID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.procs[uint32(pid)]; ok {
+		delete(m.procs, uint32(pid))
+		m.counters.processesExited++
+	}
+}
+
+// Sweep forgets processes that are gone or whose pid now belongs to another
+// process, for exits whose event was lost. Call it from a timer; it returns
+// how many processes it forgot.
+func (m *Manager) Sweep() int {
+	type tracked struct {
+		p         *process
+		startTime uint64
+	}
+	m.mu.Lock()
+	all := make([]tracked, 0, len(m.procs))
+	for _, p := range m.procs {
+		if p.pid != 0 {
+			all = append(all, tracked{p, p.startTime})
+		}
+	}
+	m.mu.Unlock()
+
+	// Read /proc without the lock: thousands of processes take a while.
+	var gone []*process
+	for _, t := range all {
+		st, err := readProcStat(m.procFS, t.p.pid)
+		if errors.Is(err, ErrProcessExited) || (err == nil && st.startTime != t.startTime) {
+			gone = append(gone, t.p)
+		}
+	}
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, p := range gone {
+		if m.procs[p.pid] == p {
+			delete(m.procs, p.pid)
+			m.counters.processesExited++
+			n++
+		}
+	}
+	return n
+}
+
+// generation returns the generation of a pid's current state, 0 if the
+// pid is not tracked.
+func (m *Manager) generation(pid uint32) uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p, ok := m.procs[pid]; ok {
+		return p.gen
+	}
+	return 0
+}
+
+func (m *Manager) newGeneration() uint64 {
+	g := m.nextGen
+	m.nextGen++
+	return g
+}
+
+// processFor returns the state of pid, creating it on first sight. A
+// process that cannot be read (it already exited) gets a state that is used
+// for this trace only and not kept.
+func (m *Manager) processFor(pid uint32, comm string) *process {
+	if p, ok := m.procs[pid]; ok {
+		return p
+	}
+	p := &process{pid: pid, gen: m.newGeneration()}
+	if pid == 0 {
+		// The idle task: kernel frames only, and no /proc/0.
+		p.info = &libpf.ProcessInfo{PID: 0, ExecutableName: "swapper"}
+		p.mapsRead = true
+		m.procs[pid] = p
+		return p
+	}
+	st, err := readProcStat(m.procFS, pid)
+	if err != nil {
+		m.procError(pid, err)
+		p.info = &libpf.ProcessInfo{PID: libpf.PID(pid), ExecutableName: comm}
+		p.mapsRead = true
+		return p
+	}
+	p.startTime = st.startTime
+	p.info = readProcessInfo(m.procFS, pid, comm)
+	m.procs[pid] = p
+	m.counters.processesSeen++
+	return p
+}
+
+// procError counts a failure to read a process. A process that exited is
+// forgotten.
+func (m *Manager) procError(pid uint32, err error) {
+	if errors.Is(err, ErrProcessExited) {
+		m.counters.processesVanished++
+		delete(m.procs, pid)
+		return
+	}
+	m.counters.procErrors++
+	m.log.WithError(err).Debugf("reading process %d", pid)
+}
+
+// ensureMaps reads a process's mappings on first need.
+func (m *Manager) ensureMaps(p *process) {
+	if p.mapsRead {
+		return
+	}
+	if _, err := m.loadMaps(p); err != nil {
+		m.procError(p.pid, err)
+	}
+}
+
+// rereadMaps re-reads the mappings of a process after an address missed
+// them all, at most once per rereadInterval. It reports whether they
+// changed.
+func (m *Manager) rereadMaps(p *process) bool {
+	if m.procs[p.pid] != p || m.now().Sub(p.lastMapsRead) < m.rereadInterval {
+		m.counters.mapsRereadsLimited++
+		return false
+	}
+	changed, err := m.loadMaps(p)
+	if err != nil {
+		m.procError(p.pid, err)
+		return false
+	}
+	if changed {
+		// Cached conversions may name mappings that are gone, or leave
+		// addresses unmapped that are now known.
+		p.gen = m.newGeneration()
+	}
+	return changed
+}
+
+// loadMaps (re-)reads a process's executable mappings. Mappings that did not
+// change keep their state and their *libpf.Mapping.
+func (m *Manager) loadMaps(p *process) (changed bool, err error) {
+	p.mapsRead = true
+	p.lastMapsRead = m.now()
+	m.counters.mapsReads++
+	entries, err := readMaps(m.procFS, p.pid)
+	if err != nil {
+		return false, err
+	}
+	slices.SortFunc(entries, func(a, b mapsEntry) int { return cmp.Compare(a.start, b.start) })
+
+	old := p.mappings
+	fresh := make([]*mapping, 0, len(entries))
+	changed = len(old) != len(entries)
+	j := 0
+	for i := range entries {
+		e := &entries[i]
+		for j < len(old) && old[j].entry.start < e.start {
+			j++
+		}
+		if j < len(old) && old[j].entry.sameAs(e) {
+			fresh = append(fresh, old[j])
+			continue
+		}
+		changed = true
+		mp, err := m.newMapping(p.pid, e)
+		if err != nil {
+			return false, err
+		}
+		fresh = append(fresh, mp)
+	}
+	p.mappings = fresh
+	return changed, nil
+}
+
+// newMapping builds the state of one mapping, reading its file through the
+// file cache. Only a process exit is an error: a file that cannot be read
+// still gives a mapping, just without a file id.
+func (m *Manager) newMapping(pid uint32, e *mapsEntry) (*mapping, error) {
+	mp := &mapping{entry: *e}
+	var err error
+	switch {
+	case e.isFile():
+		mp.file, err = m.files.fileForMapping(m.procFS, pid, e)
+	case e.isVDSO():
+		mp.file, err = m.files.vdsoForMapping(m.procFS, pid, e)
+	default:
+		return mp, nil
+	}
+	if errors.Is(err, ErrProcessExited) {
+		return nil, err
+	}
+	if err != nil {
+		m.counters.fileErrors++
+		m.log.WithError(err).Debugf("process %d: mapping %s", pid, e.path)
+	}
+	mp.pf = &libpf.Mapping{
+		Start: e.start, End: e.end, FileOffset: e.offset,
+		// Without ELF segments, frames are reported as file offsets.
+		Bias: e.start - e.offset,
+		Path: e.path,
+	}
+	if mp.file == nil {
+		return mp, nil
+	}
+	mp.pf.FileID = mp.file.id
+	if d := mp.file.elf; d != nil {
+		mp.pf.GNUBuildID, mp.pf.GoBuildID = d.gnuBuildID, d.goBuildID
+		if bias, ok := d.bias(e.start, e.offset); ok {
+			mp.pf.Bias = bias
+		}
+	}
+	return mp, nil
+}
+
+// findMapping returns the mapping containing addr.
+func (p *process) findMapping(addr uint64) *mapping {
+	i, found := slices.BinarySearchFunc(p.mappings, addr, func(mp *mapping, a uint64) int {
+		return cmp.Compare(mp.entry.start, a)
+	})
+	if !found {
+		i--
+	}
+	if i < 0 || addr >= p.mappings[i].entry.end {
+		return nil
+	}
+	return p.mappings[i]
+}
+
+// findFile returns the mapping of the file whose 64-bit truncated id BPF
+// reported.
+func (p *process) findFile(low64 uint64) *mapping {
+	for _, mp := range p.mappings {
+		if mp.file != nil && mp.file.id.Low64() == low64 {
+			return mp
+		}
+	}
+	return nil
+}

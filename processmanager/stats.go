@@ -1,0 +1,78 @@
+package processmanager
+
+// Stats are the counters of a Manager and of the Handler in front of it.
+// Counts are totals since start; sizes are current.
+type Stats struct {
+	// Handler.
+	TracesReceived   uint64
+	TraceCacheHits   uint64
+	TraceCacheMisses uint64
+	TraceCacheSize   int
+	ConversionErrors uint64
+
+	// Manager.
+	TracesConverted uint64
+	TruncatedTraces uint64
+	// UnmappedFrames are user frames not attributed to a file: outside
+	// every mapping or in anonymous memory (JIT code).
+	UnmappedFrames   uint64
+	ProcessesTracked int
+	// ProcessesSeen counts processes whose state was created.
+	ProcessesSeen uint64
+	// ProcessesExited counts states freed by ProcessExited or Sweep.
+	ProcessesExited uint64
+	// ProcessesVanished counts processes that exited while being read.
+	ProcessesVanished uint64
+	// ProcessReadErrors counts other failures to read /proc/PID.
+	ProcessReadErrors uint64
+	MapsReads         uint64
+	// MapsRereadsLimited counts re-reads skipped by the rate limit.
+	MapsRereadsLimited uint64
+	FileCacheSize      int
+	FileCacheHits      uint64
+	FileCacheMisses    uint64
+	// FileErrors counts mapped files that could not be opened.
+	FileErrors uint64
+	// ELFErrors counts files that looked like ELF but did not parse.
+	ELFErrors     uint64
+	KernelSymbols int
+}
+
+// counters are the Manager's mutable counts, guarded by its mutex.
+type counters struct {
+	tracesConverted    uint64
+	truncatedTraces    uint64
+	unmappedFrames     uint64
+	processesSeen      uint64
+	processesExited    uint64
+	processesVanished  uint64
+	procErrors         uint64
+	mapsReads          uint64
+	mapsRereadsLimited uint64
+	fileErrors         uint64
+}
+
+// Stats returns the Manager's counters; the Handler fields are zero.
+func (m *Manager) Stats() Stats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := &m.counters
+	return Stats{
+		TracesConverted:    c.tracesConverted,
+		TruncatedTraces:    c.truncatedTraces,
+		UnmappedFrames:     c.unmappedFrames,
+		ProcessesTracked:   len(m.procs),
+		ProcessesSeen:      c.processesSeen,
+		ProcessesExited:    c.processesExited,
+		ProcessesVanished:  c.processesVanished,
+		ProcessReadErrors:  c.procErrors,
+		MapsReads:          c.mapsReads,
+		MapsRereadsLimited: c.mapsRereadsLimited,
+		FileCacheSize:      m.files.lru.Len(),
+		FileCacheHits:      m.files.hits,
+		FileCacheMisses:    m.files.misses,
+		FileErrors:         c.fileErrors,
+		ELFErrors:          m.files.elfErrors,
+		KernelSymbols:      len(m.kernel.syms.syms),
+	}
+}

@@ -1,0 +1,137 @@
+package processmanager
+
+import (
+	"cmp"
+	"debug/elf"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// symbolTable maps addresses to function names. Names live in one string and
+// entries refer to them by offset, so a table with a million symbols is a
+// few dozen megabytes and a handful of allocations.
+type symbolTable struct {
+	entries []symbolEntry
+	names   string
+}
+
+type symbolEntry struct {
+	start, end       uint64
+	nameOff, nameEnd uint32
+}
+
+// symbolCandidate is a function symbol before the table is built.
+type symbolCandidate struct {
+	start, size uint64
+	// sectionEnd bounds a symbol of unknown size that is last in the table.
+	sectionEnd uint64
+	name       string
+	rank       int
+}
+
+// newSymbolTable builds a table from the function symbols (STT_FUNC and
+// STT_GNU_IFUNC with an address) of a file. Of several symbols at one
+// address it keeps a sized one, then global before weak before local. A
+// symbol of size 0 (hand-written assembly often has no .size) is taken to
+// extend to the next symbol or the end of its section. It returns nil when
+// there are no function symbols.
+func newSymbolTable(f *elf.File, syms []elf.Symbol) *symbolTable {
+	var cands []symbolCandidate
+	for _, s := range syms {
+		typ := elf.ST_TYPE(s.Info)
+		if typ != elf.STT_FUNC && typ != elf.STT_GNU_IFUNC {
+			continue
+		}
+		if s.Value == 0 || s.Name == "" || s.Section == elf.SHN_UNDEF || s.Section >= elf.SHN_LORESERVE {
+			continue
+		}
+		c := symbolCandidate{start: s.Value, size: s.Size, name: s.Name, rank: symbolRank(s)}
+		if i := int(s.Section); i < len(f.Sections) {
+			sec := f.Sections[i]
+			c.sectionEnd = sec.Addr + sec.Size
+		}
+		cands = append(cands, c)
+	}
+	return buildSymbolTable(cands)
+}
+
+// symbolRank orders symbols at one address; lower is preferred.
+func symbolRank(s elf.Symbol) int {
+	rank := 0
+	if s.Size == 0 {
+		rank += 10
+	}
+	switch elf.ST_BIND(s.Info) {
+	case elf.STB_GLOBAL:
+	case elf.STB_WEAK:
+		rank++
+	default:
+		rank += 2
+	}
+	return rank
+}
+
+func buildSymbolTable(cands []symbolCandidate) *symbolTable {
+	if len(cands) == 0 {
+		return nil
+	}
+	slices.SortFunc(cands, func(a, b symbolCandidate) int {
+		return cmp.Or(cmp.Compare(a.start, b.start), cmp.Compare(a.rank, b.rank),
+			strings.Compare(a.name, b.name))
+	})
+	cands = slices.CompactFunc(cands, func(a, b symbolCandidate) bool { return a.start == b.start })
+
+	var names strings.Builder
+	t := &symbolTable{entries: make([]symbolEntry, 0, len(cands))}
+	for i, c := range cands {
+		end := c.start + c.size
+		if c.size == 0 {
+			end = c.start + 1
+			if i+1 < len(cands) {
+				end = cands[i+1].start
+			}
+			if c.sectionEnd > c.start && (i+1 == len(cands) || c.sectionEnd < end) {
+				end = c.sectionEnd
+			}
+		}
+		if end <= c.start {
+			continue
+		}
+		off := names.Len()
+		if off+len(c.name) > 1<<32-1 {
+			break
+		}
+		names.WriteString(c.name)
+		t.entries = append(t.entries, symbolEntry{
+			start: c.start, end: end,
+			nameOff: uint32(off), nameEnd: uint32(names.Len()),
+		})
+	}
+	t.names = names.String()
+	return t
+}
+
+// lookup returns the name of the function containing addr.
+func (t *symbolTable) lookup(addr uint64) (string, bool) {
+	if t == nil {
+		return "", false
+	}
+	i := sort.Search(len(t.entries), func(i int) bool { return t.entries[i].start > addr }) - 1
+	if i < 0 {
+		return "", false
+	}
+	e := &t.entries[i]
+	if addr >= e.end {
+		return "", false
+	}
+	return t.names[e.nameOff:e.nameEnd], true
+}
+
+// len is the number of symbols.
+func (t *symbolTable) len() int {
+	if t == nil {
+		return 0
+	}
+	return len(t.entries)
+}

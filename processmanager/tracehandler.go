@@ -1,0 +1,154 @@
+package processmanager
+
+import (
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/support"
+)
+
+// TraceReporter receives every sample. The trace and the process info are
+// shared between samples and must not be modified; the meta is the
+// reporter's to keep.
+type TraceReporter interface {
+	ReportSample(*libpf.Trace, *libpf.SampleMeta)
+}
+
+// DefaultTraceCacheSize is how many distinct BPF traces a Handler remembers
+// when NewHandler is given 0.
+const DefaultTraceCacheSize = 16384
+
+// clockResyncInterval is how often, in sample time, the monotonic to wall
+// clock offset is measured again, so NTP adjustments reach sample times.
+const clockResyncInterval = time.Minute
+
+// Handler converts each distinct BPF trace once and reports every sample.
+// HandleTrace must be called from one goroutine at a time (the tracer's
+// event pump); ProcessExited and Stats may be called from any goroutine.
+type Handler struct {
+	m        *Manager
+	reporter TraceReporter
+	// cache maps a BPF trace hash to its conversion. Only HandleTrace
+	// touches it.
+	cache *lru[uint64, cachedTrace]
+
+	// monoToWall is added to a CLOCK_MONOTONIC time to get Unix time, in ns;
+	// measured at monoSyncedAt (CLOCK_MONOTONIC ns).
+	monoToWall   int64
+	monoSyncedAt uint64
+
+	received, hits, misses, errors atomic.Uint64
+	cacheSize                      atomic.Int64
+}
+
+type cachedTrace struct {
+	trace *libpf.Trace
+	info  *libpf.ProcessInfo
+	pid   uint32
+	// gen is the generation of the process state the trace was made with.
+	gen uint64
+}
+
+// NewHandler returns a Handler that converts traces with m and reports them
+// to reporter, caching up to cacheSize conversions (DefaultTraceCacheSize
+// when 0).
+func NewHandler(m *Manager, reporter TraceReporter, cacheSize int) (*Handler, error) {
+	if cacheSize <= 0 {
+		cacheSize = DefaultTraceCacheSize
+	}
+	h := &Handler{m: m, reporter: reporter, cache: newLRU[uint64, cachedTrace](cacheSize)}
+	if err := h.syncClock(); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// syncClock measures the offset between CLOCK_MONOTONIC, which BPF stamps
+// samples with, and the wall clock. Reading the monotonic clock on both sides
+// of the wall clock and taking the midpoint halves the error.
+func (h *Handler) syncClock() error {
+	var mono1, wall, mono2 unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &mono1); err != nil {
+		return fmt.Errorf("reading CLOCK_MONOTONIC: %w", err)
+	}
+	if err := unix.ClockGettime(unix.CLOCK_REALTIME, &wall); err != nil {
+		return fmt.Errorf("reading CLOCK_REALTIME: %w", err)
+	}
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &mono2); err != nil {
+		return fmt.Errorf("reading CLOCK_MONOTONIC: %w", err)
+	}
+	mono := (mono1.Nano() + mono2.Nano()) / 2
+	h.monoToWall = wall.Nano() - mono
+	h.monoSyncedAt = uint64(mono)
+	return nil
+}
+
+// wallTime converts a sample's CLOCK_MONOTONIC time to wall-clock time.
+func (h *Handler) wallTime(ktime uint64) time.Time {
+	if ktime > h.monoSyncedAt+uint64(clockResyncInterval) {
+		// Keep the old offset if the clock cannot be read; it is still close.
+		_ = h.syncClock()
+	}
+	return time.Unix(0, int64(ktime)+h.monoToWall)
+}
+
+// HandleTrace converts a raw trace (or finds its earlier conversion) and
+// reports the sample.
+func (h *Handler) HandleTrace(raw *support.Trace) {
+	h.received.Add(1)
+	trace, info, ok := h.lookup(raw)
+	if !ok {
+		h.misses.Add(1)
+		var gen uint64
+		var err error
+		trace, info, gen, err = h.m.convert(raw)
+		if err != nil {
+			h.errors.Add(1)
+			return
+		}
+		if gen != 0 {
+			h.cache.Add(raw.Hash, cachedTrace{trace: trace, info: info, pid: raw.PID, gen: gen})
+			h.cacheSize.Store(int64(h.cache.Len()))
+		}
+	} else {
+		h.hits.Add(1)
+	}
+	h.reporter.ReportSample(trace, &libpf.SampleMeta{
+		Time:       h.wallTime(raw.KTime),
+		TID:        libpf.TID(raw.TID),
+		ThreadName: raw.Comm,
+		CPU:        int(raw.CPU),
+		Process:    info,
+	})
+}
+
+// lookup returns the cached conversion of raw if it is still valid: made
+// for the same pid, with the process state that pid has now.
+func (h *Handler) lookup(raw *support.Trace) (*libpf.Trace, *libpf.ProcessInfo, bool) {
+	if raw == nil {
+		return nil, nil, false
+	}
+	c, ok := h.cache.Get(raw.Hash)
+	if !ok || c.pid != raw.PID || h.m.generation(raw.PID) != c.gen {
+		return nil, nil, false
+	}
+	return c.trace, c.info, true
+}
+
+// ProcessExited forgets a process; see Manager.ProcessExited.
+func (h *Handler) ProcessExited(pid libpf.PID) { h.m.ProcessExited(pid) }
+
+// Stats returns the Handler's and the Manager's counters.
+func (h *Handler) Stats() Stats {
+	s := h.m.Stats()
+	s.TracesReceived = h.received.Load()
+	s.TraceCacheHits = h.hits.Load()
+	s.TraceCacheMisses = h.misses.Load()
+	s.TraceCacheSize = int(h.cacheSize.Load())
+	s.ConversionErrors = h.errors.Load()
+	return s
+}

@@ -1,0 +1,335 @@
+package processmanager
+
+import (
+	"bytes"
+	"debug/elf"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/support"
+)
+
+type sample struct {
+	trace *libpf.Trace
+	meta  *libpf.SampleMeta
+}
+
+type recordingReporter struct{ samples []sample }
+
+func (r *recordingReporter) ReportSample(t *libpf.Trace, m *libpf.SampleMeta) {
+	r.samples = append(r.samples, sample{t, m})
+}
+
+func (r *recordingReporter) last(t *testing.T) sample {
+	t.Helper()
+	if len(r.samples) == 0 {
+		t.Fatal("no sample reported")
+	}
+	return r.samples[len(r.samples)-1]
+}
+
+// fakeLib is an ELF file for fake processes to map (this process's vDSO
+// image) and one of its functions.
+type fakeLib struct {
+	path     string
+	fn       string
+	fnAddr   uint64
+	loadAddr uint64 // vaddr of the PT_LOAD at offset 0
+}
+
+func newFakeLib(t *testing.T, fs *fakeProcFS) fakeLib {
+	t.Helper()
+	image := ownVDSO(t)
+	f, err := elf.NewFile(bytes.NewReader(image))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lib := fakeLib{path: fs.writeFile("libfake.so", image)}
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_LOAD && p.Off == 0 {
+			lib.loadAddr = p.Vaddr
+		}
+	}
+	syms, err := f.DynamicSymbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range syms {
+		if elf.ST_TYPE(s.Info) == elf.STT_FUNC && elf.ST_BIND(s.Info) == elf.STB_GLOBAL && s.Size > 4 {
+			lib.fn, lib.fnAddr = s.Name, s.Value
+			return lib
+		}
+	}
+	t.Skip("vdso has no sized global function")
+	return lib
+}
+
+// mapAt maps the library at base; fnAbs is where its function lands.
+func (l fakeLib) mapAt(base uint64) (m fakeMapping, fnAbs uint64) {
+	return fakeMapping{start: base, end: base + 0x2000, file: l.path}, base + l.fnAddr - l.loadAddr
+}
+
+func newTestHandler(t *testing.T, fs *fakeProcFS) (*Handler, *recordingReporter) {
+	t.Helper()
+	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := &recordingReporter{}
+	h, err := NewHandler(m, rep, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, rep
+}
+
+// quietLogger drops the warnings a fake kernel without build id causes.
+func quietLogger() *logrus.Logger {
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	return l
+}
+
+func monotonicNow(t *testing.T) uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		t.Fatal(err)
+	}
+	return uint64(ts.Nano())
+}
+
+func TestHandlerCachesConversions(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	mapping, fnAbs := lib.mapAt(0x7f0000000000)
+	fs.setProcess(100, 1, "/usr/bin/fake app", mapping)
+	h, rep := newTestHandler(t, fs)
+
+	raw := &support.Trace{PID: 100, TID: 101, CPU: 3, Comm: "worker", Hash: 0xfeed,
+		KTime: monotonicNow(t),
+		Frames: []support.Frame{
+			{Kind: libpf.FrameNative, Addr: fnAbs + 2},
+			{Kind: libpf.FrameNative, Addr: fnAbs + 4, ReturnAddress: true},
+			{Kind: libpf.FrameAbort, Addr: 7},
+		}}
+	h.HandleTrace(raw)
+	first := rep.last(t)
+	h.HandleTrace(raw)
+	second := rep.last(t)
+	if first.trace != second.trace {
+		t.Error("second sample of one BPF trace was converted again")
+	}
+	if s := h.Stats(); s.TracesReceived != 2 || s.TraceCacheHits != 1 || s.TraceCacheMisses != 1 ||
+		s.ProcessesTracked != 1 || s.TraceCacheSize != 1 || s.FileCacheSize != 1 {
+		t.Errorf("stats %+v", s)
+	}
+
+	meta := second.meta
+	if meta.TID != 101 || meta.CPU != 3 || meta.ThreadName != "worker" {
+		t.Errorf("meta %+v", meta)
+	}
+	if d := time.Since(meta.Time); d < -time.Second || d > time.Second {
+		t.Errorf("sample time %v is %v away from now", meta.Time, d)
+	}
+	wantInfo := libpf.ProcessInfo{PID: 100, ExecutableName: "fake app", ExecutablePath: "/usr/bin/fake app",
+		ContainerID: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}
+	if *meta.Process != wantInfo {
+		t.Errorf("process %+v, want %+v", *meta.Process, wantInfo)
+	}
+
+	fr := first.trace.Frames
+	if len(fr) != 3 {
+		t.Fatalf("frames %+v", fr)
+	}
+	for i, want := range []uint64{lib.fnAddr + 2, lib.fnAddr + 3} {
+		if fr[i].FunctionName != lib.fn || fr[i].Address != want || fr[i].Mapping == nil ||
+			fr[i].Mapping.Path != lib.path || fr[i].AbsAddress() != fnAbs+want-lib.fnAddr {
+			t.Errorf("frame %d = %+v, want %s at %#x", i, fr[i], lib.fn, want)
+		}
+	}
+	if fr[0].Mapping != fr[1].Mapping {
+		t.Error("frames in one mapping do not share it")
+	}
+	if fr[2].Kind != libpf.FrameAbort || fr[2].Address != 7 || fr[2].Mapping != nil {
+		t.Errorf("abort frame %+v", fr[2])
+	}
+}
+
+func TestHandlerPIDReuse(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	mapping, fnAbs := lib.mapAt(0x7f0000000000)
+	fs.setProcess(100, 1, "/bin/old", mapping)
+	h, rep := newTestHandler(t, fs)
+	raw := &support.Trace{PID: 100, Hash: 0xbeef, Frames: []support.Frame{{Addr: fnAbs}}}
+
+	h.HandleTrace(raw)
+	old := rep.last(t)
+	if old.trace.Frames[0].FunctionName != lib.fn {
+		t.Fatalf("frame %+v", old.trace.Frames[0])
+	}
+
+	// The process exits and a new one with the same pid maps another file
+	// at the same address; BPF hashes its identical stack identically.
+	h.ProcessExited(100)
+	other := fs.writeFile("other.bin", []byte("not an ELF file, just data"))
+	fs.setProcess(100, 2, "/bin/new", fakeMapping{start: 0x7f0000000000, end: 0x7f0000002000, file: other})
+	h.HandleTrace(raw)
+	reused := rep.last(t)
+	if reused.trace == old.trace {
+		t.Fatal("served the exited process's trace to its pid's successor")
+	}
+	f := reused.trace.Frames[0]
+	if f.Mapping == nil || f.Mapping.Path != other || f.FunctionName != "" {
+		t.Errorf("frame %+v", f)
+	}
+	if reused.meta.Process.ExecutablePath != "/bin/new" {
+		t.Errorf("process %+v", reused.meta.Process)
+	}
+	if reused.trace.Hash == old.trace.Hash {
+		t.Error("different files, same trace hash")
+	}
+	if s := h.Stats(); s.ProcessesExited != 1 || s.TraceCacheMisses != 2 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+func TestMapsRereadInvalidatesCache(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	first, _ := lib.mapAt(0x7f0000000000)
+	second, fnAbs := lib.mapAt(0x7e0000000000)
+	fs.setProcess(100, 1, "/bin/app", first)
+	h, rep := newTestHandler(t, fs)
+	now := time.Unix(1000, 0)
+	h.m.now = func() time.Time { return now }
+	raw := &support.Trace{PID: 100, Hash: 1, Frames: []support.Frame{{Addr: fnAbs}}}
+
+	h.HandleTrace(raw)
+	if f := rep.last(t).trace.Frames[0]; f.Mapping != nil || f.Address != fnAbs {
+		t.Fatalf("unmapped frame %+v", f)
+	}
+
+	// The library gets mapped (dlopen) but the re-read is rate limited.
+	fs.setProcess(100, 1, "/bin/app", first, second)
+	now = now.Add(time.Second / 2)
+	h.HandleTrace(raw) // cache hit: nothing changed as far as we know
+	if _, _, err := h.m.ConvertTrace(raw); err != nil {
+		t.Fatal(err)
+	}
+	if s := h.Stats(); s.MapsRereadsLimited == 0 || s.MapsReads != 1 {
+		t.Errorf("stats %+v", s)
+	}
+
+	kept := h.m.procs[100].mappings[0].pf
+	now = now.Add(time.Second)
+	tr, _, err := h.m.ConvertTrace(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := tr.Frames[0]; f.FunctionName != lib.fn || f.Mapping == nil || f.Mapping.Start != second.start {
+		t.Errorf("after re-read, frame %+v", f)
+	}
+	// The re-read changed the mappings: the cached, unmapped conversion is
+	// stale.
+	h.HandleTrace(raw)
+	if f := rep.last(t).trace.Frames[0]; f.FunctionName != lib.fn {
+		t.Errorf("handler served stale frame %+v", f)
+	}
+	// The mapping that did not change keeps its *libpf.Mapping.
+	p := h.m.procs[100]
+	if len(p.mappings) != 2 || p.mappings[1].pf != kept {
+		t.Errorf("mappings %+v; unchanged one was %p", p.mappings, kept)
+	}
+}
+
+func TestExitedProcessNotCached(t *testing.T) {
+	fs := newFakeProcFS(t)
+	h, rep := newTestHandler(t, fs)
+	raw := &support.Trace{PID: 4242, Comm: "gone", Hash: 5, Frames: []support.Frame{{Addr: 0x1234}}}
+	h.HandleTrace(raw)
+	h.HandleTrace(raw)
+	s := h.Stats()
+	if s.TraceCacheMisses != 2 || s.ProcessesTracked != 0 || s.ProcessesVanished != 2 || s.UnmappedFrames != 2 {
+		t.Errorf("stats %+v", s)
+	}
+	smp := rep.last(t)
+	if smp.meta.Process.ExecutableName != "gone" || smp.trace.Frames[0].Address != 0x1234 {
+		t.Errorf("sample %+v %+v", smp.trace.Frames, smp.meta.Process)
+	}
+}
+
+func TestSweep(t *testing.T) {
+	fs := newFakeProcFS(t)
+	for _, pid := range []uint32{1, 2, 3} {
+		fs.setProcess(pid, 10, "")
+	}
+	h, _ := newTestHandler(t, fs)
+	for _, pid := range []uint32{1, 2, 3} {
+		h.HandleTrace(&support.Trace{PID: pid, Hash: uint64(pid)})
+	}
+	fs.removeProcess(1)
+	fs.setProcess(2, 11, "") // pid 2 was reused
+	if n := h.m.Sweep(); n != 2 {
+		t.Errorf("Sweep forgot %d processes, want 2", n)
+	}
+	if s := h.Stats(); s.ProcessesTracked != 1 || s.ProcessesExited != 2 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+func TestTraceHash(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	mapA, fnA := lib.mapAt(0x7f0000000000)
+	mapB, fnB := lib.mapAt(0x7e0000000000)
+	fs.setProcess(1, 1, "", mapA)
+	fs.setProcess(2, 1, "", mapB)
+	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hash := func(pid uint32, addrs ...uint64) libpf.TraceHash {
+		t.Helper()
+		raw := &support.Trace{PID: pid}
+		for _, a := range addrs {
+			raw.Frames = append(raw.Frames, support.Frame{Addr: a})
+		}
+		tr, _, err := m.ConvertTrace(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tr.Hash
+	}
+	same := []struct {
+		name string
+		a, b libpf.TraceHash
+	}{
+		{"stable", hash(1, fnA, fnA+8), hash(1, fnA, fnA+8)},
+		{"same file, other process and address", hash(1, fnA, fnA+8), hash(2, fnB, fnB+8)},
+	}
+	for _, tt := range same {
+		if tt.a != tt.b {
+			t.Errorf("%s: %v != %v", tt.name, tt.a, tt.b)
+		}
+	}
+	distinct := []struct {
+		name string
+		a, b libpf.TraceHash
+	}{
+		{"other address", hash(1, fnA, fnA+8), hash(1, fnA, fnA+9)},
+		{"other order", hash(1, fnA, fnA+8), hash(1, fnA+8, fnA)},
+		{"extra frame", hash(1, fnA), hash(1, fnA, fnA)},
+		{"unmapped in other process", hash(1, 0x1000), hash(2, 0x1000)},
+	}
+	for _, tt := range distinct {
+		if tt.a == tt.b {
+			t.Errorf("%s: both %v", tt.name, tt.a)
+		}
+	}
+}
