@@ -142,6 +142,10 @@ func (h *Handler) lookup(raw *support.Trace) (*libpf.Trace, *libpf.ProcessInfo, 
 // ProcessExited forgets a process; see Manager.ProcessExited.
 func (h *Handler) ProcessExited(pid libpf.PID) { h.m.ProcessExited(pid) }
 
+// ProcessExeced forgets a process whose image was replaced, so that its next
+// trace reads the new mappings.
+func (h *Handler) ProcessExeced(pid libpf.PID) { h.m.ProcessExited(pid) }
+
 // Stats returns the Handler's and the Manager's counters.
 func (h *Handler) Stats() Stats {
 	s := h.m.Stats()

@@ -29,7 +29,7 @@ type traceLayout struct {
 	typ, pid, tid, cpu, ktime, hash, comm, flags, numKernelFrames, numFrames, frames int
 	frameSize, frameFileID, frameAddr, frameKind, frameFlags                         int
 	maxFrames                                                                        int
-	eventTrace, eventProcessExit                                                     uint32
+	eventTrace, eventProcessExit, eventProcessExec                                   uint32
 	flagTruncated, frameFlagReturn                                                   uint8
 }
 
@@ -140,6 +140,7 @@ func (l *traceLayout) read(types *btf.Spec) error {
 	}
 	l.eventTrace = uint32(events["EVENT_TRACE"])
 	l.eventProcessExit = uint32(events["EVENT_PROCESS_EXIT"])
+	l.eventProcessExec = uint32(events["EVENT_PROCESS_EXEC"])
 	traceFlags, err := enumValues(types, "trace_flag")
 	if err != nil {
 		return err
@@ -150,17 +151,20 @@ func (l *traceLayout) read(types *btf.Spec) error {
 		return err
 	}
 	l.frameFlagReturn = uint8(frameFlags["FRAME_FLAG_RETURN_ADDRESS"])
-	if l.eventTrace == 0 || l.eventProcessExit == 0 || l.flagTruncated == 0 || l.frameFlagReturn == 0 {
+	if l.eventTrace == 0 || l.eventProcessExit == 0 || l.eventProcessExec == 0 || l.flagTruncated == 0 || l.frameFlagReturn == 0 {
 		return errors.New("BPF object lacks event, trace flag or frame flag values")
 	}
 	return nil
 }
 
-// Event is one decoded record of the events ring buffer: a trace, or the
-// exit of process ExitedPID.
+// Event is one decoded record of the events ring buffer: a trace, or a
+// process event.
 type Event struct {
-	Trace     *Trace
-	ExitedPID libpf.PID
+	// Trace is set for trace records.
+	Trace *Trace
+	// PID exited, or (Exec) replaced its image, when Trace is nil.
+	PID  libpf.PID
+	Exec bool
 }
 
 // ErrMalformedEvent is returned for records that do not decode.
@@ -175,8 +179,8 @@ func (s *Shared) DecodeEvent(raw []byte, trace *Trace) (Event, error) {
 	}
 	le := binary.LittleEndian
 	switch le.Uint32(raw[l.typ:]) {
-	case l.eventProcessExit:
-		return Event{ExitedPID: libpf.PID(le.Uint32(raw[4:]))}, nil
+	case l.eventProcessExit, l.eventProcessExec:
+		return Event{PID: libpf.PID(le.Uint32(raw[4:])), Exec: le.Uint32(raw[l.typ:]) == l.eventProcessExec}, nil
 	case l.eventTrace:
 	default:
 		return Event{}, fmt.Errorf("%w: type %d", ErrMalformedEvent, le.Uint32(raw))

@@ -19,6 +19,8 @@ type Handler interface {
 	// HandleTrace is given a trace that is only valid during the call.
 	HandleTrace(trace *support.Trace)
 	ProcessExited(pid libpf.PID)
+	// ProcessExeced says pid replaced its image: all its mappings changed.
+	ProcessExeced(pid libpf.PID)
 }
 
 // pollInterval bounds how long a trace waits in the ring buffer: BPF wakes
@@ -54,10 +56,13 @@ func (t *Tracer) Run(ctx context.Context, h Handler) error {
 			log.Debugf("Dropping BPF event: %v", err)
 			continue
 		}
-		if ev.Trace != nil {
+		switch {
+		case ev.Trace != nil:
 			h.HandleTrace(ev.Trace)
-		} else {
-			h.ProcessExited(ev.ExitedPID)
+		case ev.Exec:
+			h.ProcessExeced(ev.PID)
+		default:
+			h.ProcessExited(ev.PID)
 		}
 	}
 }

@@ -43,8 +43,9 @@ type Tracer struct {
 	coll       *ebpf.Collection
 	reader     *ringbuf.Reader
 	perfEvents []*perfEvent
-	exitLink   link.Link
-	cpus       []int
+	// procLinks attach the process exit and exec probes.
+	procLinks []link.Link
+	cpus      []int
 	// malformed counts ring buffer records that did not decode.
 	malformed atomic.Uint64
 }
@@ -169,16 +170,20 @@ func (t *Tracer) fillProgArray() error {
 	return nil
 }
 
-// Attach starts sampling every online CPU and watching process exits.
+// Attach starts sampling every online CPU and watching process exits and
+// execs.
 func (t *Tracer) Attach() error {
-	exitLink, err := link.AttachRawTracepoint(link.RawTracepointOptions{
-		Name:    "sched_process_exit",
-		Program: t.coll.Programs["process_exit"],
-	})
-	if err != nil {
-		return fmt.Errorf("attaching to the sched_process_exit tracepoint: %w", err)
+	for tp, prog := range map[string]string{
+		"sched_process_exit": "process_exit",
+		"sched_process_exec": "process_exec",
+	} {
+		l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: tp, Program: t.coll.Programs[prog]})
+		if err != nil {
+			t.Detach()
+			return fmt.Errorf("attaching to the %s tracepoint: %w", tp, err)
+		}
+		t.procLinks = append(t.procLinks, l)
 	}
-	t.exitLink = exitLink
 	entry := t.coll.Programs["sample_entry"]
 	for _, cpu := range t.cpus {
 		pe, err := openPerfEvent(cpu, t.cfg.SamplesPerSecond, entry)
@@ -199,10 +204,10 @@ func (t *Tracer) Detach() {
 		pe.close()
 	}
 	t.perfEvents = nil
-	if t.exitLink != nil {
-		t.exitLink.Close()
-		t.exitLink = nil
+	for _, l := range t.procLinks {
+		l.Close()
 	}
+	t.procLinks = nil
 }
 
 // Metrics returns the BPF counters summed over CPUs, by name.

@@ -29,7 +29,7 @@ func newMonitor(tr *tracer.Tracer, h *processmanager.Handler, pm *processmanager
 }
 
 // lossCounters are the BPF counters that mean samples were lost.
-var lossCounters = []string{"err_trace_dropped", "err_exit_event_dropped", "err_record_lookup", "err_tail_call"}
+var lossCounters = []string{"err_trace_dropped", "err_process_event_dropped", "err_record_lookup", "err_tail_call"}
 
 func (m *monitor) check() {
 	m.pm.Sweep()

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 // The one compilation unit of the BPF object: every program of the unwind
-// chain plus the process-exit probe, sharing the maps of tracemgmt.h.
+// chain plus the process exit and exec probes, sharing the maps of tracemgmt.h.
 #include "sample_entry.ebpf.c"
 #include "native_stack.ebpf.c"
 #include "unwind_stop.ebpf.c"
-#include "process_exit.ebpf.c"
+#include "process_events.ebpf.c"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

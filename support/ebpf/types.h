@@ -78,8 +78,10 @@ enum metric_id {
   METRIC_ERR_TRACE_DROPPED,
   // Process exits reported.
   METRIC_PROCESS_EXITS,
-  // The events ring buffer was full: a process exit was dropped.
-  METRIC_ERR_EXIT_EVENT_DROPPED,
+  // Process execs reported.
+  METRIC_PROCESS_EXECS,
+  // The events ring buffer was full: a process exit or exec was dropped.
+  METRIC_ERR_PROCESS_EVENT_DROPPED,
   METRIC_COUNT,
 };
 
@@ -109,6 +111,8 @@ struct frame {
 enum event_type {
   EVENT_TRACE = 1,
   EVENT_PROCESS_EXIT = 2,
+  // The process replaced its image: its mappings are all new.
+  EVENT_PROCESS_EXEC = 3,
 };
 
 // A trace as handed to user space: the header, then num_frames frames (kernel
@@ -146,7 +150,7 @@ struct record {
   struct trace trace;
 };
 
-// A process event (EVENT_PROCESS_EXIT).
+// A process event (EVENT_PROCESS_EXIT, EVENT_PROCESS_EXEC).
 struct process_event {
   u32 type; // enum event_type
   u32 pid;

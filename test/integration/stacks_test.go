@@ -2,6 +2,7 @@ package integration
 
 import (
 	"math"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -135,5 +136,42 @@ func TestProcessExitReported(t *testing.T) {
 	}
 	if after := s.pm.Stats().ProcessesExited; after <= before {
 		t.Errorf("process exits seen: %d before, %d after the workload exited", before, after)
+	}
+}
+
+// TestExecReplacesMappings runs a program that execs a copy of itself with
+// renamed functions, with address randomization off: both images have all
+// their code at the same addresses, so samples after the exec are only right
+// if the exec event made the manager re-read the mappings.
+func TestExecReplacesMappings(t *testing.T) {
+	requireRoot(t)
+	flags := []string{"-O0", "-fno-omit-frame-pointer", "-no-pie"}
+	first := buildWorkload(t, "fpchain", flags...)
+	second := buildWorkload(t, "fpchain", append(flags, "-Dcf_leaf=xf_leaf", "-Dcf_mid=xf_mid", "-Dcf_top=xf_top")...)
+	s := startSession(t, testHz)
+	cmd := exec.Command("setarch", "-R", first, "1.5", second, "1.5")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v: %v\n%s", cmd, err, out)
+	}
+	s.stop(t)
+
+	// setarch execs the first program, which execs the second: one pid.
+	samples := s.rec.ofPID(cmd.Process.Pid)
+	before, after := 0, 0
+	for _, smp := range samples {
+		names := functionNames(smp.trace)
+		switch {
+		case hasChain(names, []string{"cf_leaf", "cf_mid", "cf_top", "main"}):
+			before++
+		case hasChain(names, []string{"xf_leaf", "xf_mid", "xf_top", "main"}):
+			after++
+		}
+	}
+	t.Logf("%d samples: %d before the exec, %d after", len(samples), before, after)
+	if before < testHz || after < testHz {
+		t.Errorf("want >= %d samples on both sides of the exec", testHz)
+	}
+	if before+after < len(samples)*9/10 {
+		t.Errorf("only %d of %d samples attributed to the right program", before+after, len(samples))
 	}
 }

@@ -1,7 +1,9 @@
 // A CPU-bound workload whose hot path is main -> cf_top -> cf_mid -> cf_leaf.
-// Usage: fpchain SECONDS
+// Usage: fpchain SECONDS [PROGRAM ARGS...]
+// With PROGRAM, it execs PROGRAM ARGS... when the time is up.
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 volatile unsigned long sink;
 
@@ -37,5 +39,9 @@ int main(int argc, char **argv)
   double end = now() + seconds;
   while (now() < end)
     cf_top();
+  if (argc > 2) {
+    execv(argv[2], &argv[2]);
+    return 1;
+  }
   return 0;
 }

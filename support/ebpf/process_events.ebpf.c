@@ -1,0 +1,31 @@
+// Tells user space when a process exits or replaces its image with exec, so
+// that its state is freed or re-read. Raw tracepoints need no tracefs.
+#include "tracemgmt.h"
+
+static __always_inline void emit_process_event(u32 type, u32 metric)
+{
+  u32 pid = bpf_get_current_pid_tgid() >> 32;
+  struct process_event ev = {.type = type, .pid = pid};
+  if (emit_event(&ev, sizeof(ev)))
+    increment_metric(METRIC_ERR_PROCESS_EVENT_DROPPED);
+  else
+    increment_metric(metric);
+}
+
+SEC("raw_tracepoint/sched_process_exit")
+int process_exit(void *ctx)
+{
+  // Only the thread-group leader's exit ends the process.
+  u64 pid_tgid = bpf_get_current_pid_tgid();
+  if ((pid_tgid >> 32) == (u32)pid_tgid)
+    emit_process_event(EVENT_PROCESS_EXIT, METRIC_PROCESS_EXITS);
+  return 0;
+}
+
+SEC("raw_tracepoint/sched_process_exec")
+int process_exec(void *ctx)
+{
+  // After exec the calling thread is the leader: its tgid is the process.
+  emit_process_event(EVENT_PROCESS_EXEC, METRIC_PROCESS_EXECS);
+  return 0;
+}

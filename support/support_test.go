@@ -1,0 +1,160 @@
+package support
+
+import (
+	"bytes"
+	"encoding/binary"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+)
+
+// TestObjectsUpToDate rebuilds the BPF objects with the pinned compiler and
+// checks the committed ones are identical: stale objects fail CI.
+func TestObjectsUpToDate(t *testing.T) {
+	if _, err := exec.LookPath("clang-16"); err != nil {
+		t.Fatal("clang-16 is needed to check the committed BPF objects: run `make test-deps`")
+	}
+	out := t.TempDir()
+	cmd := exec.Command("make", "-s", "-C", "ebpf", "-B", "OUT="+out)
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building BPF objects: %v\n%s", err, msg)
+	}
+	for _, name := range []string{"tracer.ebpf.amd64.o", "tracer.ebpf.arm64.o"} {
+		committed, err := os.ReadFile(filepath.Join("ebpf", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fresh, err := os.ReadFile(filepath.Join(out, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(committed, fresh) {
+			t.Errorf("support/ebpf/%s is stale: run `make ebpf` and commit it", name)
+		}
+	}
+}
+
+func TestReadSharedBothArches(t *testing.T) {
+	for _, name := range []string{"tracer.ebpf.amd64.o", "tracer.ebpf.arm64.o"} {
+		t.Run(name, func(t *testing.T) {
+			spec, err := ebpf.LoadCollectionSpec(filepath.Join("ebpf", name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := ReadShared(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, prog := range []string{"unwind_stop", "unwind_native"} {
+				if _, ok := s.Programs[prog]; !ok {
+					t.Errorf("tail-call target %s missing from prog_id", prog)
+				}
+				if _, ok := spec.Programs[prog]; !ok {
+					t.Errorf("program %s missing from the object", prog)
+				}
+			}
+			for i, m := range s.Metrics {
+				if m == "" {
+					t.Errorf("metric id %d has no name", i)
+				}
+			}
+		})
+	}
+}
+
+// encodeTrace builds a ring buffer record the way BPF lays it out, using
+// the offsets read from BTF.
+func encodeTrace(l *traceLayout, pid uint32, kernel []uint64, user []Frame, truncated bool) []byte {
+	n := len(kernel) + len(user)
+	b := make([]byte, l.frames+n*l.frameSize)
+	le := binary.LittleEndian
+	le.PutUint32(b[l.typ:], l.eventTrace)
+	le.PutUint32(b[l.pid:], pid)
+	le.PutUint32(b[l.tid:], pid+1)
+	le.PutUint32(b[l.cpu:], 1)
+	le.PutUint64(b[l.ktime:], 12345)
+	le.PutUint64(b[l.hash:], 0xabcdef)
+	copy(b[l.comm:], "worker")
+	if truncated {
+		b[l.flags] = l.flagTruncated
+	}
+	le.PutUint32(b[l.numKernelFrames:], uint32(len(kernel)))
+	le.PutUint32(b[l.numFrames:], uint32(n))
+	for i, addr := range kernel {
+		le.PutUint64(b[l.frames+i*l.frameSize+l.frameAddr:], addr)
+	}
+	for i, f := range user {
+		off := l.frames + (len(kernel)+i)*l.frameSize
+		le.PutUint64(b[off+l.frameAddr:], f.Addr)
+		le.PutUint64(b[off+l.frameFileID:], f.FileID)
+		b[off+l.frameKind] = byte(f.Kind)
+		if f.ReturnAddress {
+			b[off+l.frameFlags] = l.frameFlagReturn
+		}
+	}
+	return b
+}
+
+func TestDecodeEvent(t *testing.T) {
+	spec, err := LoadSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ReadShared(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := []Frame{
+		{Kind: libpf.FrameNative, Addr: 0x401000},
+		{Kind: libpf.FrameNative, Addr: 0x401234, ReturnAddress: true},
+	}
+	raw := encodeTrace(&s.trace, 42, []uint64{0xffffffff81000000}, user, true)
+	var tr Trace
+	ev, err := s.DecodeEvent(raw, &tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := ev.Trace
+	if got == nil || got.PID != 42 || got.TID != 43 || got.CPU != 1 || got.KTime != 12345 ||
+		got.Hash != 0xabcdef || got.Comm != "worker" || !got.Truncated {
+		t.Fatalf("header decoded wrong: %+v", got)
+	}
+	if len(got.KernelStack) != 1 || got.KernelStack[0] != 0xffffffff81000000 {
+		t.Errorf("kernel stack: %x", got.KernelStack)
+	}
+	if len(got.Frames) != 2 || got.Frames[0] != user[0] || got.Frames[1] != user[1] {
+		t.Errorf("user frames: %+v", got.Frames)
+	}
+
+	exit := make([]byte, 8)
+	binary.LittleEndian.PutUint32(exit, s.trace.eventProcessExit)
+	binary.LittleEndian.PutUint32(exit[4:], 77)
+	if ev, err := s.DecodeEvent(exit, &tr); err != nil || ev.PID != 77 || ev.Exec || ev.Trace != nil {
+		t.Errorf("exit event: %+v, %v", ev, err)
+	}
+	binary.LittleEndian.PutUint32(exit, s.trace.eventProcessExec)
+	if ev, err := s.DecodeEvent(exit, &tr); err != nil || ev.PID != 77 || !ev.Exec || ev.Trace != nil {
+		t.Errorf("exec event: %+v, %v", ev, err)
+	}
+
+	for name, bad := range map[string][]byte{
+		"short":        raw[:4],
+		"unknown type": {9, 0, 0, 0, 0, 0, 0, 0},
+		"cut header":   raw[:s.trace.frames-1],
+		"cut frames":   raw[:len(raw)-1],
+		"too many frames": func() []byte {
+			b := bytes.Clone(raw)
+			binary.LittleEndian.PutUint32(b[s.trace.numFrames:], libpf.MaxFrames+1)
+			return b
+		}(),
+	} {
+		if _, err := s.DecodeEvent(bad, &tr); err == nil {
+			t.Errorf("%s: malformed record decoded", name)
+		}
+	}
+}
