@@ -33,9 +33,6 @@ type config struct {
 // this list as they are implemented.
 var knownTracers = []string{"native"}
 
-// errHelp is returned for -h/-help: usage was printed, exit 0.
-var errHelp = flag.ErrHelp
-
 // parseFlags parses and validates the command line; usage and errors go to
 // out.
 func parseFlags(args []string, out io.Writer) (*config, error) {
@@ -88,11 +85,12 @@ func (c *config) validate() error {
 	if c.samplesPerSecond < 1 || c.samplesPerSecond > 10000 {
 		errs = append(errs, fmt.Errorf("-samples-per-second=%d: want 1 to 10000", c.samplesPerSecond))
 	}
-	for name, d := range map[string]time.Duration{
-		"reporter-interval": c.reporterInterval, "monitor-interval": c.monitorInterval,
-	} {
-		if d < time.Second || d > time.Hour {
-			errs = append(errs, fmt.Errorf("-%s=%v: want 1s to 1h", name, d))
+	for _, iv := range []struct {
+		name string
+		d    time.Duration
+	}{{"reporter-interval", c.reporterInterval}, {"monitor-interval", c.monitorInterval}} {
+		if iv.d < time.Second || iv.d > time.Hour {
+			errs = append(errs, fmt.Errorf("-%s=%v: want 1s to 1h", iv.name, iv.d))
 		}
 	}
 	if c.bpfLogLevel > 2 {
