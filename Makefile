@@ -28,8 +28,11 @@ lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet ./...
 
+# Everything but the root-only suites under test/.
+UNIT_PACKAGES = $$($(GO) list ./... | grep -v /test/)
+
 unit-test:
-	$(GO) test ./...
+	$(GO) test -count=1 $(UNIT_PACKAGES)
 
 # BPF integration and end-to-end tests: root only, run one package at a time
 # so that their perf events do not share the CPUs.
@@ -38,7 +41,7 @@ integration-test: build
 		$(GO) test -p 1 -count=1 -v -timeout 20m ./test/...
 
 test: test-deps lint
-	$(SUDO) $(GO) test -count=1 ./...
+	$(SUDO) $(GO) test -count=1 $(UNIT_PACKAGES)
 	$(MAKE) integration-test
 
 bench: build
