@@ -63,6 +63,7 @@ func (m *monitor) summary() {
 	rs := m.rep.Stats()
 	log.WithFields(log.Fields{
 		"bpf_samples":      m.last["samples"],
+		"bpf_idle_samples": m.last["idle_samples"],
 		"bpf_traces_sent":  m.last["traces_sent"],
 		"bpf_traces_lost":  m.last["err_trace_dropped"],
 		"traces_received":  hs.TracesReceived,

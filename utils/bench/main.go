@@ -39,25 +39,27 @@ func main() {
 	stopLoad := busyLoad(runtime.NumCPU())
 	defer stopLoad()
 	fmt.Printf("%d CPUs kept busy; %v per rate\n\n", runtime.NumCPU(), *duration)
-	fmt.Printf("%6s %12s %12s %9s %9s %9s %10s %10s %12s\n",
-		"Hz", "CPU s/min", "BPF s/min", "RSS MiB", "peak MiB", "maps MiB", "delivered", "attach s", "1st export")
+	fmt.Printf("%6s %10s %10s %8s %9s %9s %10s %6s %6s %9s %12s\n",
+		"Hz", "CPU s/min", "BPF s/min", "RSS MiB", "peak MiB", "maps MiB", "delivered", "lost", "idle", "attach s", "1st export")
 	for _, r := range strings.Split(*rates, ",") {
 		hz, err := strconv.Atoi(strings.TrimSpace(r))
 		if err != nil {
 			fatalf("bad rate %q", r)
 		}
 		m := measure(*bin, hz, *duration)
-		fmt.Printf("%6d %12.3f %12.3f %9.1f %9.1f %9.2f %9.2f%% %10.2f %5.2fs/%.2fs\n",
+		fmt.Printf("%6d %10.3f %10.3f %8.1f %9.1f %9.2f %9.2f%% %6.0f %6.0f %9.2f %5.2fs/%.2fs\n",
 			hz, m.cpuPerMin, m.bpfPerMin, m.rssMiB, m.peakMiB, m.mapMiB, 100*m.delivered,
-			m.attach.Seconds(), m.firstExport.Seconds(), m.startupCPU.Seconds())
+			m.lost, m.idle, m.attach.Seconds(), m.firstExport.Seconds(), m.startupCPU.Seconds())
 	}
-	fmt.Println("\n1st export: wall time / daemon CPU time from exec until the first profile was written.")
+	fmt.Println("\ndelivered: traces user space received / (CPUs × Hz × seconds from attach to SIGTERM).")
+	fmt.Println("lost: samples BPF started to unwind that never reached user space; idle: idle-task samples, not reported.")
+	fmt.Println("1st export: wall time / daemon CPU time from exec until the first profile was written.")
 }
 
 type result struct {
 	cpuPerMin, bpfPerMin    float64
 	rssMiB, peakMiB, mapMiB float64
-	delivered               float64
+	delivered, lost, idle   float64
 	attach, firstExport     time.Duration
 	startupCPU              time.Duration
 }
@@ -120,6 +122,7 @@ func measure(bin string, hz int, d time.Duration) result {
 	r.cpuPerMin = (cpu1 - cpu0).Seconds() * perMin
 	r.bpfPerMin = (bpf1 - bpf0).Seconds() * perMin
 
+	sampled := time.Since(start) - r.attach
 	check(cmd.Process.Signal(syscall.SIGTERM))
 	for l := range lines {
 		log = append(log, l)
@@ -127,12 +130,13 @@ func measure(bin string, hz int, d time.Duration) result {
 	if err := cmd.Wait(); err != nil {
 		fatalf("daemon: %v\n%s", err, strings.Join(log, "\n"))
 	}
-	total := time.Since(start)
 	// Delivered: traces user space received over the samples the CPUs could
 	// have produced while the perf events were attached.
 	received := field(log, "traces_received")
-	expected := float64(runtime.NumCPU()*hz) * (total - r.attach).Seconds()
+	expected := float64(runtime.NumCPU()*hz) * sampled.Seconds()
 	r.delivered = received / expected
+	r.lost = field(log, "bpf_samples") - received
+	r.idle = field(log, "bpf_idle_samples")
 	return r
 }
 
