@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -24,10 +25,13 @@ type kallsyms struct {
 	hidden bool
 }
 
+// ksym is kept to 16 bytes: a kernel has over 100k text symbols.
 type ksym struct {
-	addr             uint64
-	nameOff, nameEnd uint32
-	module           uint32
+	addr    uint64
+	nameOff uint32
+	// nameLen fits: kernel symbol names are at most KSYM_NAME_LEN (512).
+	nameLen uint16
+	module  uint16
 }
 
 // moduleRange is a module's name and the span of its text symbols.
@@ -45,7 +49,7 @@ const vmlinuxName = "vmlinux"
 // table is sorted here.
 func parseKallsyms(r io.Reader) (*kallsyms, error) {
 	k := &kallsyms{modules: []moduleRange{{name: vmlinuxName}}}
-	moduleIndex := map[string]uint32{}
+	moduleIndex := map[string]uint16{}
 	type rankedSym struct {
 		ksym
 		rank int
@@ -74,27 +78,31 @@ func parseKallsyms(r io.Reader) (*kallsyms, error) {
 		name, module, _ := strings.Cut(rest, "\t")
 		name = strings.TrimSpace(name)
 		module = strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(module), "["), "]")
-		var modIdx uint32
+		var modIdx uint16
 		if module != "" {
 			idx, ok := moduleIndex[module]
 			if !ok {
-				idx = uint32(len(k.modules))
+				if len(k.modules) > math.MaxUint16 {
+					return nil, fmt.Errorf("kallsyms line %d: more than %d modules", lineNo, math.MaxUint16)
+				}
+				idx = uint16(len(k.modules))
 				moduleIndex[module] = idx
 				k.modules = append(k.modules, moduleRange{name: module, low: ^uint64(0)})
 			}
 			modIdx = idx
 		}
 		off := names.Len()
-		if off+len(name) > 1<<32-1 {
-			return nil, fmt.Errorf("kallsyms: names exceed 4 GiB")
+		if off+len(name) > math.MaxUint32 || len(name) > math.MaxUint16 {
+			return nil, fmt.Errorf("kallsyms line %d: name too long or names exceed 4 GiB", lineNo)
 		}
 		names.WriteString(name)
-		syms = append(syms, rankedSym{ksym{addr, uint32(off), uint32(names.Len()), modIdx}, rank})
+		syms = append(syms, rankedSym{ksym{addr, uint32(off), uint16(len(name)), modIdx}, rank})
 	}
 	if err := s.Err(); err != nil {
 		return nil, fmt.Errorf("reading kallsyms: %w", err)
 	}
-	k.names = names.String()
+	// Clone drops the builder's spare capacity: names are megabytes.
+	k.names = strings.Clone(names.String())
 	if !nonZero {
 		k.hidden = len(syms) > 0
 		return k, nil
@@ -130,7 +138,7 @@ func (k *kallsyms) lookup(addr uint64) (name string, module uint32, ok bool) {
 		return "", 0, false
 	}
 	s := &k.syms[i]
-	return k.names[s.nameOff:s.nameEnd], s.module, true
+	return k.names[s.nameOff : s.nameOff+uint32(s.nameLen)], uint32(s.module), true
 }
 
 // kernel symbolizes kernel frames: kallsyms for names, sysfs notes for the

@@ -20,7 +20,8 @@ type lruNode[K comparable, V any] struct {
 func newLRU[K comparable, V any](capacity int) *lru[K, V] {
 	capacity = max(capacity, 1)
 	return &lru[K, V]{
-		index:    make(map[K]int32, capacity),
+		// Not presized: most hosts never fill the cache.
+		index:    make(map[K]int32),
 		capacity: capacity,
 		head:     -1,
 		tail:     -1,

@@ -27,6 +27,7 @@ type config struct {
 	version          bool
 	outputDir        string
 	maxOutputFiles   int
+	pprofAddr        string
 }
 
 // knownTracers are the values -tracers accepts. Interpreter unwinders join
@@ -58,6 +59,7 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 	fs.StringVar(&c.outputDir, "output-dir", defaultOutputDir,
 		"Directory for gzipped pprof files, one per reporter interval (default only without -collection-agent; \"\" disables).")
 	fs.IntVar(&c.maxOutputFiles, "max-output-files", 720, "Most pprof files kept in -output-dir; older ones are deleted (0 = keep all).")
+	fs.StringVar(&c.pprofAddr, "pprof", "", "Serve the daemon's own Go pprof data on this address (e.g. localhost:6060).")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -80,6 +82,11 @@ func (c *config) validate() error {
 	if c.collectionAgent != "" {
 		if _, port, err := net.SplitHostPort(c.collectionAgent); err != nil || port == "" {
 			errs = append(errs, fmt.Errorf("-collection-agent=%q: want host:port", c.collectionAgent))
+		}
+	}
+	if c.pprofAddr != "" {
+		if _, _, err := net.SplitHostPort(c.pprofAddr); err != nil {
+			errs = append(errs, fmt.Errorf("-pprof=%q: want host:port", c.pprofAddr))
 		}
 	}
 	if c.samplesPerSecond < 1 || c.samplesPerSecond > 10000 {

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -27,6 +28,7 @@ func main() {
 	bin := flag.String("bin", "./ebpf-profiler", "daemon binary")
 	duration := flag.Duration("duration", time.Minute, "profiling time per rate")
 	rates := flag.String("rates", "20,100,1000", "sampling rates to measure")
+	runs := flag.Int("runs", 3, "runs per rate; the table shows each figure's median")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fatalf("run as root")
@@ -38,7 +40,7 @@ func main() {
 
 	stopLoad := busyLoad(runtime.NumCPU())
 	defer stopLoad()
-	fmt.Printf("%d CPUs kept busy; %v per rate\n\n", runtime.NumCPU(), *duration)
+	fmt.Printf("%d CPUs kept busy; medians of %d runs of %v per rate\n\n", runtime.NumCPU(), *runs, *duration)
 	fmt.Printf("%6s %10s %10s %8s %9s %9s %10s %6s %6s %9s %12s\n",
 		"Hz", "CPU s/min", "BPF s/min", "RSS MiB", "peak MiB", "maps MiB", "delivered", "lost", "idle", "attach s", "1st export")
 	for _, r := range strings.Split(*rates, ",") {
@@ -46,7 +48,11 @@ func main() {
 		if err != nil {
 			fatalf("bad rate %q", r)
 		}
-		m := measure(*bin, hz, *duration)
+		var all []result
+		for range *runs {
+			all = append(all, measure(*bin, hz, *duration))
+		}
+		m := medians(all)
 		fmt.Printf("%6d %10.3f %10.3f %8.1f %9.1f %9.2f %9.2f%% %6.0f %6.0f %9.2f %5.2fs/%.2fs\n",
 			hz, m.cpuPerMin, m.bpfPerMin, m.rssMiB, m.peakMiB, m.mapMiB, 100*m.delivered,
 			m.lost, m.idle, m.attach.Seconds(), m.firstExport.Seconds(), m.startupCPU.Seconds())
@@ -138,6 +144,34 @@ func measure(bin string, hz int, d time.Duration) result {
 	r.lost = field(log, "bpf_samples") - received
 	r.idle = field(log, "bpf_idle_samples")
 	return r
+}
+
+// medians returns, field by field, the median of the runs.
+func medians(runs []result) result {
+	med := func(get func(*result) float64) float64 {
+		v := make([]float64, len(runs))
+		for i := range runs {
+			v[i] = get(&runs[i])
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	dur := func(get func(*result) time.Duration) time.Duration {
+		return time.Duration(med(func(r *result) float64 { return float64(get(r)) }))
+	}
+	return result{
+		cpuPerMin:   med(func(r *result) float64 { return r.cpuPerMin }),
+		bpfPerMin:   med(func(r *result) float64 { return r.bpfPerMin }),
+		rssMiB:      med(func(r *result) float64 { return r.rssMiB }),
+		peakMiB:     med(func(r *result) float64 { return r.peakMiB }),
+		mapMiB:      med(func(r *result) float64 { return r.mapMiB }),
+		delivered:   med(func(r *result) float64 { return r.delivered }),
+		lost:        med(func(r *result) float64 { return r.lost }),
+		idle:        med(func(r *result) float64 { return r.idle }),
+		attach:      dur(func(r *result) time.Duration { return r.attach }),
+		firstExport: dur(func(r *result) time.Duration { return r.firstExport }),
+		startupCPU:  dur(func(r *result) time.Duration { return r.startupCPU }),
+	}
 }
 
 var fieldRE = regexp.MustCompile(`(\w+)=(\d+)`)
