@@ -9,8 +9,11 @@ import (
 
 // sampleKey identifies the samples of one interval that are counted together.
 type sampleKey struct {
-	hash       libpf.TraceHash
-	pid        libpf.PID
+	hash libpf.TraceHash
+	pid  libpf.PID
+	// process tells apart the images one pid runs within an interval (exec,
+	// pid reuse): the process manager makes a new ProcessInfo for each.
+	process    *libpf.ProcessInfo
 	tid        libpf.TID
 	threadName string
 	cpu        int
@@ -20,8 +23,6 @@ type sampleKey struct {
 type sampleGroup struct {
 	key   sampleKey
 	trace *libpf.Trace
-	// process is the first ProcessInfo seen for the key; nil if unknown.
-	process *libpf.ProcessInfo
 	// timestamps are unix nanoseconds, one per sample, in arrival order.
 	timestamps []uint64
 }
@@ -63,6 +64,7 @@ func (a *aggregator) add(t *libpf.Trace, meta *libpf.SampleMeta, ts uint64) bool
 	}
 	if meta.Process != nil {
 		key.pid = meta.Process.PID
+		key.process = meta.Process
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -73,7 +75,7 @@ func (a *aggregator) add(t *libpf.Trace, meta *libpf.SampleMeta, ts uint64) bool
 	}
 	g := iv.groups[key]
 	if g == nil {
-		g = &sampleGroup{key: key, trace: t, process: meta.Process}
+		g = &sampleGroup{key: key, trace: t}
 		iv.groups[key] = g
 	}
 	g.timestamps = append(g.timestamps, ts)

@@ -77,7 +77,7 @@ func (c Config) withDefaults() (Config, error) {
 		errs = append(errs, fmt.Errorf("flush timeout must not be negative, got %v", c.FlushTimeout))
 	}
 	if c.CollectionAgent != "" {
-		if err := checkHostPort(c.CollectionAgent); err != nil {
+		if err := CheckEndpoint(c.CollectionAgent); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -105,7 +105,10 @@ func (c Config) withDefaults() (Config, error) {
 // period is the sampling period in nanoseconds.
 func (c Config) period() int64 { return int64(time.Second) / int64(c.SamplesPerSecond) }
 
-func checkHostPort(addr string) error {
+// CheckEndpoint checks a collection agent address: host:port with a host
+// and a port in 1-65535.
+
+func CheckEndpoint(addr string) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("collection agent %q is not host:port: %w", addr, err)

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"crypto/rand"
 	"encoding/binary"
-	"maps"
 	"slices"
 
 	collectorpb "go.opentelemetry.io/proto/slim/otlp/collector/profiles/v1development"
@@ -143,7 +142,11 @@ func (b *dictBuilder) mapping(m *libpf.Mapping) int32 {
 		limit:    m.End,
 		offset:   m.FileOffset,
 		filename: b.str(m.Path),
-		htl:      b.attrStr(attrBuildIDHTL, m.FileID.String()),
+	}
+	// A zero file id means the file could not be read: sending it would
+	// give unrelated files one shared id for symbolization.
+	if !m.FileID.IsZero() {
+		k.htl = b.attrStr(attrBuildIDHTL, m.FileID.String())
 	}
 	if m.GNUBuildID != "" {
 		k.gnu = b.attrStr(attrBuildIDGNU, m.GNUBuildID)
@@ -152,8 +155,8 @@ func (b *dictBuilder) mapping(m *libpf.Mapping) int32 {
 		k.goID = b.attrStr(attrBuildIDGo, m.GoBuildID)
 	}
 	i := b.mappings.add(k, func() *profilespb.Mapping {
-		attrs := []int32{k.htl}
-		for _, a := range []int32{k.gnu, k.goID} {
+		var attrs []int32
+		for _, a := range []int32{k.htl, k.gnu, k.goID} {
 			if a != 0 {
 				attrs = append(attrs, a)
 			}
@@ -230,10 +233,9 @@ func (b *dictBuilder) dictionary() *profilespb.ProfilesDictionary {
 func buildRequest(iv *interval, opts buildOptions) otlpRequest {
 	b := newDictBuilder()
 	start, end := profileWindow(iv)
-	byPID := groupsByPID(iv)
+	byProcess := groupsByProcess(iv)
 	req := &collectorpb.ExportProfilesServiceRequest{}
-	for _, pid := range slices.Sorted(maps.Keys(byPID)) {
-		groups := byPID[pid]
+	for _, groups := range byProcess {
 		prof := &profilespb.Profile{
 			SampleType:   &profilespb.ValueType{TypeStrindex: b.str("samples"), UnitStrindex: b.str("count")},
 			PeriodType:   &profilespb.ValueType{TypeStrindex: b.str("cpu"), UnitStrindex: b.str("nanoseconds")},
@@ -244,7 +246,7 @@ func buildRequest(iv *interval, opts buildOptions) otlpRequest {
 			Samples:      b.samples(groups, start, end),
 		}
 		req.ResourceProfiles = append(req.ResourceProfiles, &profilespb.ResourceProfiles{
-			Resource: resource(pid, processOf(groups), opts),
+			Resource: resource(groups[0].key.pid, groups[0].key.process, opts),
 			ScopeProfiles: []*profilespb.ScopeProfiles{{
 				Scope:    &commonpb.InstrumentationScope{Name: scopeName, Version: opts.version},
 				Profiles: []*profilespb.Profile{prof},
@@ -252,7 +254,7 @@ func buildRequest(iv *interval, opts buildOptions) otlpRequest {
 		})
 	}
 	req.Dictionary = b.dictionary()
-	return otlpRequest{req: req, samples: iv.samples, profiles: len(byPID)}
+	return otlpRequest{req: req, samples: iv.samples, profiles: len(byProcess)}
 }
 
 // sampleIdent is an OTLP sample's identity within a profile. Distinct trace
@@ -329,14 +331,21 @@ func clampTime(ts, start, end uint64) uint64 {
 	return min(max(ts, start), end-1)
 }
 
-// groupsByPID splits an interval's groups per process, each list in a
-// deterministic order so requests are reproducible.
-func groupsByPID(iv *interval) map[libpf.PID][]*sampleGroup {
-	byPID := make(map[libpf.PID][]*sampleGroup)
-	for _, g := range iv.groups {
-		byPID[g.key.pid] = append(byPID[g.key.pid], g)
+// groupsByProcess splits an interval's groups per process image (pid and
+// ProcessInfo), each list and the lists themselves in a deterministic order
+// so requests are reproducible.
+func groupsByProcess(iv *interval) [][]*sampleGroup {
+	type ident struct {
+		pid     libpf.PID
+		process *libpf.ProcessInfo
 	}
-	for _, gs := range byPID {
+	byProcess := make(map[ident][]*sampleGroup)
+	for _, g := range iv.groups {
+		id := ident{g.key.pid, g.key.process}
+		byProcess[id] = append(byProcess[id], g)
+	}
+	out := make([][]*sampleGroup, 0, len(byProcess))
+	for _, gs := range byProcess {
 		slices.SortFunc(gs, func(a, b *sampleGroup) int {
 			return cmp.Or(
 				cmp.Compare(a.key.tid, b.key.tid),
@@ -346,17 +355,22 @@ func groupsByPID(iv *interval) map[libpf.PID][]*sampleGroup {
 				cmp.Compare(a.key.hash.Lo, b.key.hash.Lo),
 			)
 		})
+		out = append(out, gs)
 	}
-	return byPID
+	// Images of one pid follow each other in the order they were first seen.
+	slices.SortFunc(out, func(a, b []*sampleGroup) int {
+		return cmp.Or(cmp.Compare(a[0].key.pid, b[0].key.pid), cmp.Compare(firstSeen(a), firstSeen(b)))
+	})
+	return out
 }
 
-func processOf(groups []*sampleGroup) *libpf.ProcessInfo {
-	for _, g := range groups {
-		if g.process != nil {
-			return g.process
-		}
+// firstSeen is the earliest sample time of a process's groups.
+func firstSeen(gs []*sampleGroup) uint64 {
+	first := ^uint64(0)
+	for _, g := range gs {
+		first = min(first, slices.Min(g.timestamps))
 	}
-	return nil
+	return first
 }
 
 func resource(pid libpf.PID, proc *libpf.ProcessInfo, opts buildOptions) *resourcepb.Resource {

@@ -347,3 +347,50 @@ func TestProfileWindow(t *testing.T) {
 		})
 	}
 }
+
+// TestBuildRequestPIDReused: one pid runs two images in an interval (exec or
+// pid reuse); each gets its own resource with its own executable.
+func TestBuildRequestPIDReused(t *testing.T) {
+	f := newFixture()
+	before := &libpf.ProcessInfo{PID: 300, ExecutableName: "bash", ExecutablePath: "/bin/bash"}
+	after := &libpf.ProcessInfo{PID: 300, ExecutableName: "ls", ExecutablePath: "/bin/ls"}
+	a := newAggregator(f.start, 100)
+	ts := uint64(f.start.UnixNano())
+	a.add(f.t1, &libpf.SampleMeta{Process: before, TID: 300}, ts+1)
+	a.add(f.t1, &libpf.SampleMeta{Process: after, TID: 300}, ts+2)
+	a.add(f.t1, &libpf.SampleMeta{Process: after, TID: 300}, ts+3)
+	r := mustBuild(t, a.swap(f.end))
+	if len(r.req.ResourceProfiles) != 2 {
+		t.Fatalf("%d resources, want one per image", len(r.req.ResourceProfiles))
+	}
+	for i, want := range []struct {
+		name    string
+		samples int
+	}{{"bash", 1}, {"ls", 2}} {
+		rp := r.req.ResourceProfiles[i]
+		attrs := resourceAttrs(rp.Resource.Attributes)
+		n := len(rp.ScopeProfiles[0].Profiles[0].Samples[0].TimestampsUnixNano)
+		if attrs[attrExeName] != want.name || attrs[attrProcessPID] != int64(300) || n != want.samples {
+			t.Errorf("resource %d: %v with %d samples, want %s with %d", i, attrs, n, want.name, want.samples)
+		}
+	}
+}
+
+// TestBuildRequestUnreadableFile: a mapping whose file could not be read has
+// no file id, so it gets no htlhash rather than a shared zero id.
+func TestBuildRequestUnreadableFile(t *testing.T) {
+	f := newFixture()
+	unread := &libpf.Mapping{Path: "/gone/lib.so", Start: 0x10000, End: 0x20000}
+	tr := &libpf.Trace{Hash: libpf.TraceHash{Hi: 9}, Frames: []libpf.Frame{
+		{Kind: libpf.FrameNative, Address: 0x10, Mapping: unread}}}
+	a := newAggregator(f.start, 10)
+	a.add(tr, &libpf.SampleMeta{Process: f.procA}, uint64(f.start.UnixNano()))
+	r := mustBuild(t, a.swap(f.end))
+	d := r.req.Dictionary
+	if len(d.MappingTable) != 2 {
+		t.Fatalf("%d mappings, want the zero one and /gone/lib.so", len(d.MappingTable))
+	}
+	if attrs := attrsOf(d, d.MappingTable[1].AttributeIndices); len(attrs) != 0 {
+		t.Errorf("mapping of an unreadable file has attributes %v", attrs)
+	}
+}

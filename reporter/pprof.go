@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -40,9 +39,8 @@ func buildPprof(iv *interval, period int64) *profile.Profile {
 		locations: make(map[pprofLocKey]*profile.Location),
 		stacks:    make(map[*libpf.Trace][]*profile.Location),
 	}
-	byPID := groupsByPID(iv)
-	for _, pid := range slices.Sorted(maps.Keys(byPID)) {
-		for _, g := range byPID[pid] {
+	for _, groups := range groupsByProcess(iv) {
+		for _, g := range groups {
 			n := int64(len(g.timestamps))
 			p.Sample = append(p.Sample, &profile.Sample{
 				Value:    []int64{n, n * period},
@@ -69,8 +67,8 @@ func pprofLabels(g *sampleGroup) map[string][]string {
 	if g.key.threadName != "" {
 		labels["thread_name"] = []string{g.key.threadName}
 	}
-	if g.process != nil && g.process.ExecutableName != "" {
-		labels["process"] = []string{g.process.ExecutableName}
+	if g.key.process != nil && g.key.process.ExecutableName != "" {
+		labels["process"] = []string{g.key.process.ExecutableName}
 	}
 	return labels
 }

@@ -69,7 +69,7 @@ func TestReportSampleAccounting(t *testing.T) {
 			}
 			for _, g := range iv.groups {
 				for _, ts := range g.timestamps {
-					if g.process == nil && ts < uint64(before.UnixNano()) {
+					if g.key.process == nil && ts < uint64(before.UnixNano()) {
 						t.Errorf("sample without time not stamped on arrival: %d", ts)
 					}
 				}

@@ -23,8 +23,8 @@ func topFunctions(iv *interval, n int) []topEntry {
 	counts := make(map[[2]string]int)
 	for _, g := range iv.groups {
 		proc := "unknown"
-		if g.process != nil && g.process.ExecutableName != "" {
-			proc = g.process.ExecutableName
+		if g.key.process != nil && g.key.process.ExecutableName != "" {
+			proc = g.key.process.ExecutableName
 		}
 		counts[[2]string{leafName(g.trace), proc}] += len(g.timestamps)
 	}

@@ -2,6 +2,7 @@ package reporter
 
 import (
 	"bytes"
+	"encoding/hex"
 	"errors"
 	"fmt"
 
@@ -72,6 +73,9 @@ func (v *validator) dictionary() error {
 	}
 	for i, m := range d.MappingTable {
 		err := errors.Join(v.str("filename_strindex", m.FilenameStrindex), v.attrList(m.AttributeIndices))
+		if err == nil {
+			err = v.fileID(m.AttributeIndices)
+		}
 		if err != nil {
 			return fmt.Errorf("mapping_table[%d]: %w", i, err)
 		}
@@ -94,6 +98,24 @@ func (v *validator) dictionary() error {
 		}
 		if n := len(l.SpanId); n != 0 && n != 8 {
 			return fmt.Errorf("link_table[%d]: span_id has %d bytes, want 8", i, n)
+		}
+	}
+	return nil
+}
+
+// fileID checks a mapping's htlhash: 32 hex digits of a real (non-zero) id.
+func (v *validator) fileID(attrs []int32) error {
+	for _, i := range attrs {
+		a := v.d.AttributeTable[i]
+		if v.d.StringTable[a.KeyStrindex] != attrBuildIDHTL {
+			continue
+		}
+		id, err := hex.DecodeString(a.GetValue().GetStringValue())
+		switch {
+		case err != nil || len(id) != 16:
+			return fmt.Errorf("%s %q is not 32 hex digits", attrBuildIDHTL, a.GetValue().GetStringValue())
+		case bytes.Equal(id, make([]byte, 16)):
+			return fmt.Errorf("%s is the zero file id", attrBuildIDHTL)
 		}
 	}
 	return nil

@@ -1,6 +1,7 @@
 package reporter
 
 import (
+	"github.com/hostprof/ebpf-profiler/libpf"
 	"strings"
 	"testing"
 
@@ -56,6 +57,14 @@ func TestValidateRejects(t *testing.T) {
 		{"duplicate string", func(r *req) { d := dict(r); d.StringTable = append(d.StringTable, d.StringTable[1]) },
 			"duplicates string_table[1]"},
 		{"empty mapping table", func(r *req) { dict(r).MappingTable = nil }, "mapping_table is empty"},
+		{"zero htlhash", func(r *req) {
+			a := dict(r).AttributeTable[attrWithKey(r, attrBuildIDHTL)]
+			a.Value = stringValue(libpf.FileID{}.String())
+		}, "zero file id"},
+		{"short htlhash", func(r *req) {
+			a := dict(r).AttributeTable[attrWithKey(r, attrBuildIDHTL)]
+			a.Value = stringValue("abcd")
+		}, "not 32 hex digits"},
 		{"mapping 0 not zero", func(r *req) { dict(r).MappingTable[0] = &profilespb.Mapping{MemoryStart: 1} },
 			"mapping_table[0] is not the zero value"},
 		{"location 0 not zero", func(r *req) { dict(r).LocationTable[0] = &profilespb.Location{Address: 1} },

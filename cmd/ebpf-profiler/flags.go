@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/hostprof/ebpf-profiler/reporter"
 )
 
 // defaultOutputDir is where pprof files go when no collection agent is set.
@@ -80,8 +82,8 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 func (c *config) validate() error {
 	var errs []error
 	if c.collectionAgent != "" {
-		if _, port, err := net.SplitHostPort(c.collectionAgent); err != nil || port == "" {
-			errs = append(errs, fmt.Errorf("-collection-agent=%q: want host:port", c.collectionAgent))
+		if err := reporter.CheckEndpoint(c.collectionAgent); err != nil {
+			errs = append(errs, fmt.Errorf("-collection-agent: %w", err))
 		}
 	}
 	if c.pprofAddr != "" {
