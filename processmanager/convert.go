@@ -3,6 +3,7 @@ package processmanager
 import (
 	"encoding/binary"
 	"errors"
+	"time"
 
 	"github.com/zeebo/xxh3"
 
@@ -17,15 +18,27 @@ import (
 // A process that is already gone still gets a trace: its kernel frames are
 // symbolized and its user frames carry absolute addresses without mappings.
 func (m *Manager) ConvertTrace(raw *support.Trace) (*libpf.Trace, *libpf.ProcessInfo, error) {
-	t, info, _, err := m.convert(raw)
-	return t, info, err
+	c, err := m.convert(raw)
+	return c.trace, c.info, err
 }
 
-// convert is ConvertTrace that also returns the generation of the process
-// state the trace was converted with (0 when it must not be cached).
-func (m *Manager) convert(raw *support.Trace) (*libpf.Trace, *libpf.ProcessInfo, uint64, error) {
+// conversion is a converted trace and how long it may be cached.
+type conversion struct {
+	trace *libpf.Trace
+	info  *libpf.ProcessInfo
+	// gen is the generation of the process state the trace was converted
+	// with; 0 when it must not be cached.
+	gen uint64
+	// retryAt is set when some address was outside every known mapping:
+	// from then on a maps re-read is allowed again, and converting anew may
+	// resolve the address (code mapped since).
+	retryAt time.Time
+}
+
+// convert is ConvertTrace that also says how long the result may be cached.
+func (m *Manager) convert(raw *support.Trace) (conversion, error) {
 	if raw == nil {
-		return nil, nil, 0, errors.New("converting trace: nil trace")
+		return conversion{}, errors.New("converting trace: nil trace")
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -39,6 +52,7 @@ func (m *Manager) convert(raw *support.Trace) (*libpf.Trace, *libpf.ProcessInfo,
 			frames = append(frames, m.kernel.frame(addr, i > 0))
 		}
 	}
+	var retryAt time.Time
 	if len(raw.Frames) > 0 {
 		m.ensureMaps(p)
 		nKernel := len(frames)
@@ -48,6 +62,9 @@ func (m *Manager) convert(raw *support.Trace) (*libpf.Trace, *libpf.ProcessInfo,
 			// An unknown address may be in code mapped since we last looked.
 			if unknown == 0 || attempt > 0 || !m.rereadMaps(p) {
 				m.counters.unmappedFrames += uint64(unattributed)
+				if unknown > 0 {
+					retryAt = p.lastMapsRead.Add(m.rereadInterval)
+				}
 				break
 			}
 		}
@@ -66,11 +83,11 @@ func (m *Manager) convert(raw *support.Trace) (*libpf.Trace, *libpf.ProcessInfo,
 		Frames:    frames,
 		Truncated: truncated,
 	}
-	gen := p.gen
+	c := conversion{trace: t, info: p.info, gen: p.gen, retryAt: retryAt}
 	if m.procs[p.pid] != p {
-		gen = 0
+		c.gen = 0
 	}
-	return t, p.info, gen, nil
+	return c, nil
 }
 
 // appendUserFrames converts user frames. It returns how many addresses were

@@ -147,6 +147,14 @@ func (m *Manager) loadKernel() *kernel {
 	return k
 }
 
+// Tracks reports whether the manager holds state for pid.
+func (m *Manager) Tracks(pid libpf.PID) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.procs[uint32(pid)]
+	return ok
+}
+
 // ProcessExited forgets a process. Traces converted for it stop being
 // served from the Handler's cache even if the pid is reused. Call it on exec
 // too: the new program's code may sit where the old one's mappings were.
@@ -270,7 +278,10 @@ func (m *Manager) ensureMaps(p *process) {
 // them all, at most once per rereadInterval. It reports whether they
 // changed.
 func (m *Manager) rereadMaps(p *process) bool {
-	if m.procs[p.pid] != p || m.now().Sub(p.lastMapsRead) < m.rereadInterval {
+	if m.procs[p.pid] != p {
+		return false // the process is gone
+	}
+	if m.now().Sub(p.lastMapsRead) < m.rereadInterval {
 		m.counters.mapsRereadsLimited++
 		return false
 	}

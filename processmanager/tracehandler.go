@@ -51,6 +51,8 @@ type cachedTrace struct {
 	pid   uint32
 	// gen is the generation of the process state the trace was made with.
 	gen uint64
+	// retryAt: see conversion.retryAt.
+	retryAt time.Time
 }
 
 // NewHandler returns a Handler that converts traces with m and reports them
@@ -103,15 +105,14 @@ func (h *Handler) HandleTrace(raw *support.Trace) {
 	trace, info, ok := h.lookup(raw)
 	if !ok {
 		h.misses.Add(1)
-		var gen uint64
-		var err error
-		trace, info, gen, err = h.m.convert(raw)
+		c, err := h.m.convert(raw)
 		if err != nil {
 			h.errors.Add(1)
 			return
 		}
-		if gen != 0 {
-			h.cache.Add(raw.Hash, cachedTrace{trace: trace, info: info, pid: raw.PID, gen: gen})
+		trace, info = c.trace, c.info
+		if c.gen != 0 {
+			h.cache.Add(raw.Hash, cachedTrace{trace: trace, info: info, pid: raw.PID, gen: c.gen, retryAt: c.retryAt})
 			h.cacheSize.Store(int64(h.cache.Len()))
 		}
 	} else {
@@ -134,6 +135,9 @@ func (h *Handler) lookup(raw *support.Trace) (*libpf.Trace, *libpf.ProcessInfo, 
 	}
 	c, ok := h.cache.Get(raw.Hash)
 	if !ok || c.pid != raw.PID || h.m.generation(raw.PID) != c.gen {
+		return nil, nil, false
+	}
+	if !c.retryAt.IsZero() && !h.m.now().Before(c.retryAt) {
 		return nil, nil, false
 	}
 	return c.trace, c.info, true

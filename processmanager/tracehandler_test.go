@@ -333,3 +333,35 @@ func TestTraceHash(t *testing.T) {
 		}
 	}
 }
+
+// TestUnknownFramesRetriedThroughHandler: a conversion with an address
+// outside every mapping is served from the cache only until a maps re-read
+// is allowed again; then the handler itself converts anew and finds code
+// mapped in the meantime (no direct ConvertTrace call to force it).
+func TestUnknownFramesRetriedThroughHandler(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	first, _ := lib.mapAt(0x7f0000000000)
+	second, fnAbs := lib.mapAt(0x7e0000000000)
+	fs.setProcess(100, 1, "/bin/app", first)
+	h, rep := newTestHandler(t, fs)
+	now := time.Unix(1000, 0)
+	h.m.now = func() time.Time { return now }
+	raw := &support.Trace{PID: 100, Hash: 1, Frames: []support.Frame{{Addr: fnAbs}}}
+
+	h.HandleTrace(raw)
+	fs.setProcess(100, 1, "/bin/app", first, second)
+	now = now.Add(time.Second / 2)
+	h.HandleTrace(raw) // within the rate limit: the cached conversion
+	if f := rep.last(t).trace.Frames[0]; f.Mapping != nil {
+		t.Fatalf("frame resolved before a re-read was allowed: %+v", f)
+	}
+	now = now.Add(time.Second)
+	h.HandleTrace(raw)
+	if f := rep.last(t).trace.Frames[0]; f.FunctionName != lib.fn || f.Mapping == nil {
+		t.Errorf("handler kept serving the unmapped frame: %+v", f)
+	}
+	if s := h.Stats(); s.TraceCacheMisses != 2 || s.TraceCacheHits != 1 {
+		t.Errorf("stats %+v", s)
+	}
+}
