@@ -30,6 +30,7 @@ type traceLayout struct {
 	frameSize, frameFileID, frameAddr, frameKind, frameFlags                         int
 	maxFrames                                                                        int
 	eventTrace, eventProcessExit, eventProcessExec                                   uint32
+	processEventPID                                                                  int
 	flagTruncated, frameFlagReturn                                                   uint8
 }
 
@@ -134,6 +135,11 @@ func (l *traceLayout) read(types *btf.Spec) error {
 	if l.maxFrames != libpf.MaxFrames {
 		return fmt.Errorf("BPF MAX_FRAMES is %d, libpf.MaxFrames is %d", l.maxFrames, libpf.MaxFrames)
 	}
+	pe, _, err := memberOffsets(types, "process_event")
+	if err != nil {
+		return err
+	}
+	l.processEventPID = pe["pid"]
 	events, err := enumValues(types, "event_type")
 	if err != nil {
 		return err
@@ -174,13 +180,14 @@ var ErrMalformedEvent = errors.New("malformed BPF event")
 // as the destination of a trace record to avoid allocating per sample.
 func (s *Shared) DecodeEvent(raw []byte, trace *Trace) (Event, error) {
 	l := &s.trace
-	if len(raw) < 8 {
+	if len(raw) < l.processEventPID+4 {
 		return Event{}, fmt.Errorf("%w: %d bytes", ErrMalformedEvent, len(raw))
 	}
 	le := binary.LittleEndian
 	switch le.Uint32(raw[l.typ:]) {
 	case l.eventProcessExit, l.eventProcessExec:
-		return Event{PID: libpf.PID(le.Uint32(raw[4:])), Exec: le.Uint32(raw[l.typ:]) == l.eventProcessExec}, nil
+		pid := libpf.PID(le.Uint32(raw[l.processEventPID:]))
+		return Event{PID: pid, Exec: le.Uint32(raw[l.typ:]) == l.eventProcessExec}, nil
 	case l.eventTrace:
 	default:
 		return Event{}, fmt.Errorf("%w: type %d", ErrMalformedEvent, le.Uint32(raw))

@@ -228,12 +228,6 @@ func (t *Tracer) Metrics() (map[string]uint64, error) {
 	return out, nil
 }
 
-// Programs returns the loaded programs by name (for tests and benchmarks).
-func (t *Tracer) Programs() map[string]*ebpf.Program { return t.coll.Programs }
-
-// Maps returns the loaded maps by name (for tests and benchmarks).
-func (t *Tracer) Maps() map[string]*ebpf.Map { return t.coll.Maps }
-
 // Close detaches and unloads everything.
 func (t *Tracer) Close() error {
 	t.Detach()

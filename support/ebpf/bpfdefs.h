@@ -51,9 +51,17 @@ static long (*bpf_task_pt_regs)(struct task_struct *task) = (void *)175;
 // The kernel fields we read, relocated by CO-RE against the running kernel's
 // BTF when the object is loaded.
 #define PF_KTHREAD 0x00200000
+typedef struct {
+  int counter;
+} atomic_t;
+struct signal_struct {
+  // Live threads of the group; zero once the last one is exiting.
+  atomic_t live;
+} __attribute__((preserve_access_index));
 struct task_struct {
   unsigned int flags;
   void *stack;
+  struct signal_struct *signal;
 } __attribute__((preserve_access_index));
 
 // Reads a kernel field through a CO-RE relocated address.

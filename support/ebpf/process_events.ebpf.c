@@ -12,12 +12,26 @@ static __always_inline void emit_process_event(u32 type, u32 metric)
     increment_metric(metric);
 }
 
+// Whether the exiting thread is the last of its group: do_exit() drops
+// signal->live before this tracepoint fires, so the process ends when it is
+// zero, whichever thread exits last (the leader may exit first).
+static __always_inline int group_dead(void)
+{
+  struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+  struct signal_struct *signal;
+  int live;
+  if (CORE_READ_KERNEL(&signal, &task->signal) || CORE_READ_KERNEL(&live, &signal->live.counter)) {
+    increment_metric(METRIC_ERR_EXIT_GROUP_READ);
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    return (pid_tgid >> 32) == (u32)pid_tgid;
+  }
+  return live == 0;
+}
+
 SEC("raw_tracepoint/sched_process_exit")
 int process_exit(void *ctx)
 {
-  // Only the thread-group leader's exit ends the process.
-  u64 pid_tgid = bpf_get_current_pid_tgid();
-  if ((pid_tgid >> 32) == (u32)pid_tgid)
+  if (group_dead())
     emit_process_event(EVENT_PROCESS_EXIT, METRIC_PROCESS_EXITS);
   return 0;
 }

@@ -42,7 +42,7 @@ static __always_inline void add_kernel_frames(struct bpf_perf_event_data *ctx, s
     t->frames[i].file_id = 0;
     t->frames[i].addr = r->kernel_stack[i];
     t->frames[i].kind = FRAME_KIND_KERNEL;
-    t->frames[i].flags = i ? FRAME_FLAG_RETURN_ADDRESS : 0;
+    t->frames[i].flags = 0;
   }
   if (n > MAX_FRAMES)
     n = MAX_FRAMES;
@@ -85,7 +85,6 @@ int sample_entry(struct bpf_perf_event_data *ctx)
   unsigned int task_flags = 0;
   CORE_READ_KERNEL(&task_flags, &task->flags);
   if (task_flags & PF_KTHREAD) {
-    t->flags |= TRACE_FLAG_KERNEL_THREAD;
     increment_metric(METRIC_KERNEL_THREAD_SAMPLES);
     return tail_call_stop(ctx);
   }

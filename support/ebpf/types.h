@@ -22,7 +22,8 @@ enum frame_kind {
   FRAME_KIND_ABORT = 3,
 };
 
-// Per-frame flags.
+// Per-frame flags of user frames. (Kernel frames carry none: all but the
+// first are return addresses.)
 enum frame_flag {
   // The address is a return address: it follows a call instruction.
   FRAME_FLAG_RETURN_ADDRESS = 1,
@@ -32,8 +33,6 @@ enum frame_flag {
 enum trace_flag {
   // The stack had more than MAX_FRAMES frames; the outermost were dropped.
   TRACE_FLAG_TRUNCATED = 1,
-  // The thread is a kernel thread: it has no user stack.
-  TRACE_FLAG_KERNEL_THREAD = 2,
 };
 
 // Tail-call targets, indices into the progs map. User space loads the program
@@ -78,6 +77,9 @@ enum metric_id {
   METRIC_ERR_TRACE_DROPPED,
   // Process exits reported.
   METRIC_PROCESS_EXITS,
+  // The thread group's live count could not be read at a thread's exit;
+  // the exit counted as the process's only if the leader exited.
+  METRIC_ERR_EXIT_GROUP_READ,
   // Process execs reported.
   METRIC_PROCESS_EXECS,
   // The events ring buffer was full: a process exit or exec was dropped.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/processmanager"
+	"github.com/hostprof/ebpf-profiler/support"
 	"github.com/hostprof/ebpf-profiler/tracer"
 )
 
@@ -57,15 +58,62 @@ func (r *recorder) ofPID(pid int) []sample {
 	return out
 }
 
+// eventLog sits between the tracer and the trace handler and records, in
+// order, which pid each trace and process event was for.
+type eventLog struct {
+	*processmanager.Handler
+	mu     sync.Mutex
+	events []pidEvent
+}
+
+type pidEvent struct {
+	kind string // "trace", "exit" or "exec"
+	pid  libpf.PID
+}
+
+func (l *eventLog) record(kind string, pid libpf.PID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, pidEvent{kind, pid})
+}
+
+func (l *eventLog) HandleTrace(raw *support.Trace) {
+	l.record("trace", libpf.PID(raw.PID))
+	l.Handler.HandleTrace(raw)
+}
+
+func (l *eventLog) ProcessExited(pid libpf.PID) {
+	l.record("exit", pid)
+	l.Handler.ProcessExited(pid)
+}
+
+func (l *eventLog) ProcessExeced(pid libpf.PID) {
+	l.record("exec", pid)
+	l.Handler.ProcessExeced(pid)
+}
+
+// of returns the kinds of events for one pid, in order.
+func (l *eventLog) of(pid int) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var kinds []string
+	for _, e := range l.events {
+		if int(e.pid) == pid {
+			kinds = append(kinds, e.kind)
+		}
+	}
+	return kinds
+}
+
 // session is the real pipeline minus the reporter: tracer, process manager
-// and trace handler, recording every sample.
+// and trace handler, recording every sample and event.
 type session struct {
-	tr      *tracer.Tracer
-	pm      *processmanager.Manager
-	handler *processmanager.Handler
-	rec     *recorder
-	cancel  context.CancelFunc
-	done    chan error
+	tr     *tracer.Tracer
+	pm     *processmanager.Manager
+	log    *eventLog
+	rec    *recorder
+	cancel context.CancelFunc
+	done   chan error
 }
 
 func startSession(t *testing.T, hz int) *session {
@@ -90,8 +138,8 @@ func startSession(t *testing.T, hz int) *session {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &session{tr: tr, pm: pm, handler: h, rec: rec, cancel: cancel, done: make(chan error, 1)}
-	go func() { s.done <- tr.Run(ctx, h) }()
+	s := &session{tr: tr, pm: pm, log: &eventLog{Handler: h}, rec: rec, cancel: cancel, done: make(chan error, 1)}
+	go func() { s.done <- tr.Run(ctx, s.log) }()
 	t.Cleanup(func() { s.stop(t) })
 	return s
 }

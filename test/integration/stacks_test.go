@@ -93,8 +93,10 @@ func TestKernelFramesAboveUser(t *testing.T) {
 				break
 			}
 		}
-		for i := firstUser; i < len(frames) && frames[i].Kind == libpf.FrameKernel; i++ {
-			t.Fatalf("kernel frame after a user frame: %v", functionNames(smp.trace))
+		for _, f := range frames[firstUser:] {
+			if f.Kind == libpf.FrameKernel {
+				t.Fatalf("kernel frame after a user frame: %v", functionNames(smp.trace))
+			}
 		}
 		// The libc wrapper sets up no frame, so sc_read (whose frame pointer
 		// the walk starts from) is skipped: sc_top and main must follow.
@@ -102,13 +104,13 @@ func TestKernelFramesAboveUser(t *testing.T) {
 			ordered++
 		}
 		for _, f := range frames[:firstUser] {
-			if strings.Contains(f.FunctionName, "read") {
+			if strings.HasSuffix(f.FunctionName, "sys_read") || f.FunctionName == "vfs_read" {
 				readSyscall++
 				break
 			}
 		}
 	}
-	t.Logf("%d samples: %d with kernel frames, %d of those with sc_top → main below, %d in a *read* kernel function",
+	t.Logf("%d samples: %d with kernel frames, %d of those with sc_top → main below, %d under vfs_read or *sys_read",
 		len(samples), withKernel, ordered, readSyscall)
 	if withKernel < len(samples)/2 {
 		t.Errorf("only %d of %d samples have kernel frames", withKernel, len(samples))
@@ -121,22 +123,58 @@ func TestKernelFramesAboveUser(t *testing.T) {
 	}
 }
 
-// TestProcessExitReported checks that the exit of a profiled process reaches
-// the process manager and frees its state.
+// TestProcessExitReported checks that the exit of a profiled process
+// reaches the process manager once, after its last trace, and frees its
+// state.
 func TestProcessExitReported(t *testing.T) {
 	requireRoot(t)
 	bin := buildWorkload(t, "fpchain", "-O0", "-fno-omit-frame-pointer")
 	s := startSession(t, testHz)
-	before := s.pm.Stats().ProcessesExited
 	pid, _ := runWorkload(t, bin, time.Second)
 	time.Sleep(500 * time.Millisecond) // the exit event waits for the next poll
 	s.stop(t)
-	if len(s.rec.ofPID(pid)) == 0 {
-		t.Fatal("no samples of the workload")
+	checkExitedOnce(t, s, pid)
+}
+
+// checkExitedOnce checks a finished workload's events: traces, then exactly
+// one exit, and no state left behind.
+func checkExitedOnce(t *testing.T, s *session, pid int) {
+	t.Helper()
+	events := s.log.of(pid)
+	traces, exits := 0, 0
+	for i, kind := range events {
+		switch kind {
+		case "exit":
+			exits++
+		case "trace":
+			traces++
+			if exits > 0 {
+				t.Fatalf("trace after the exit event (event %d of %d)", i, len(events))
+			}
+		}
 	}
-	if after := s.pm.Stats().ProcessesExited; after <= before {
-		t.Errorf("process exits seen: %d before, %d after the workload exited", before, after)
+	if traces == 0 || exits != 1 {
+		t.Errorf("workload events: %d traces, %d exits; want traces, then one exit", traces, exits)
 	}
+	if s.pm.Tracks(libpf.PID(pid)) {
+		t.Error("the process manager still tracks the exited workload")
+	}
+}
+
+// TestLeaderExitsFirst runs a process whose main thread exits at once while
+// another thread goes on: the process ends with its last thread, so the exit
+// event must come then, not when the leader left.
+func TestLeaderExitsFirst(t *testing.T) {
+	requireRoot(t)
+	bin := buildWorkload(t, "leaderexit", "-O0", "-fno-omit-frame-pointer", "-pthread")
+	s := startSession(t, testHz)
+	pid, cpu := runWorkload(t, bin, 1500*time.Millisecond)
+	time.Sleep(500 * time.Millisecond)
+	s.stop(t)
+	if n := len(s.rec.ofPID(pid)); float64(n) < 0.8*testHz*cpu.Seconds() {
+		t.Errorf("%d samples for %.2f CPU-seconds", n, cpu.Seconds())
+	}
+	checkExitedOnce(t, s, pid)
 }
 
 // TestExecReplacesMappings runs a program that execs a copy of itself with
