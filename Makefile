@@ -1,7 +1,8 @@
 # The two commands the README promises:
 #   make run   build the profiler and run it with the local default (pprof files)
 #   make test  install what the tests need, then run the whole suite
-GO       ?= go
+# An absolute path: sudo's secure_path would not find /usr/local/go/bin.
+GO       ?= $(shell command -v go || echo go)
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X main.version=$(VERSION)
 BINARY   := ebpf-profiler

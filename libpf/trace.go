@@ -15,7 +15,7 @@ const (
 	FrameNative
 	FrameKernel
 	// FrameAbort marks where an unwinder gave up; its Address carries the
-	// support.ErrorCode of the failure.
+	// unwind_error code of the failure (support/ebpf/types.h).
 	FrameAbort
 )
 

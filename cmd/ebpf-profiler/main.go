@@ -77,6 +77,7 @@ func profile(ctx context.Context, cfg *config) error {
 	start := time.Now()
 	log.Infof("Starting ebpf-profiler %s", version)
 
+	warnMissingCapabilities()
 	tr, err := tracer.New(tracer.Config{
 		SamplesPerSecond: cfg.samplesPerSecond,
 		BPFLogLevel:      uint32(cfg.bpfLogLevel),
@@ -114,7 +115,9 @@ func profile(ctx context.Context, cfg *config) error {
 		return err
 	}
 
-	if err := rep.Start(ctx); err != nil {
+	// Not ctx: on a signal an export in flight must finish, and Close
+	// flushes what is left.
+	if err := rep.Start(context.Background()); err != nil {
 		return err
 	}
 	if err := tr.Attach(); err != nil {
@@ -135,6 +138,7 @@ func profile(ctx context.Context, cfg *config) error {
 	ticker := time.NewTicker(cfg.monitorInterval)
 	defer ticker.Stop()
 	var pumpErr error
+	pumpFinished := false
 loop:
 	for {
 		select {
@@ -142,6 +146,7 @@ loop:
 			log.Info("Stopping: flushing the last interval")
 			break loop
 		case pumpErr = <-pumpDone:
+			pumpFinished = true
 			break loop
 		case <-ticker.C:
 			mon.check()
@@ -151,7 +156,7 @@ loop:
 	// Stop sampling first, then drain what BPF already emitted, then flush.
 	tr.Detach()
 	stopPump()
-	if pumpErr == nil {
+	if !pumpFinished {
 		pumpErr = <-pumpDone
 	}
 	if err := rep.Close(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	log "github.com/sirupsen/logrus"
 
@@ -21,11 +22,21 @@ type monitor struct {
 	pm      *processmanager.Manager
 	rep     *reporter.Reporter
 	last    map[string]uint64
+	// malformed is the tracer's count of undecodable events at the last
+	// check.
+	malformed uint64
+	// lastKsymsReload is when kernel symbols were last read.
+	lastKsymsReload time.Time
 }
+
+// ksymsReloadInterval is how often kernel symbols are read again, so that
+// modules and BPF programs loaded since are symbolized. Reading them costs
+// tens of milliseconds.
+const ksymsReloadInterval = 10 * time.Minute
 
 func newMonitor(tr *tracer.Tracer, h *processmanager.Handler, pm *processmanager.Manager,
 	rep *reporter.Reporter) *monitor {
-	return &monitor{tr: tr, handler: h, pm: pm, rep: rep, last: map[string]uint64{}}
+	return &monitor{tr: tr, handler: h, pm: pm, rep: rep, last: map[string]uint64{}, lastKsymsReload: time.Now()}
 }
 
 // lossCounters are the BPF counters that mean samples were lost.
@@ -33,6 +44,14 @@ var lossCounters = []string{"err_trace_dropped", "err_process_event_dropped", "e
 
 func (m *monitor) check() {
 	m.pm.Sweep()
+	if time.Since(m.lastKsymsReload) >= ksymsReloadInterval {
+		m.pm.ReloadKernelSymbols()
+		m.lastKsymsReload = time.Now()
+	}
+	if n := m.tr.MalformedEvents(); n > m.malformed {
+		log.Warnf("%d BPF events did not decode (BPF object and daemon out of step?)", n-m.malformed)
+		m.malformed = n
+	}
 	counters, err := m.tr.Metrics()
 	if err != nil {
 		log.Warnf("Reading BPF counters: %v", err)

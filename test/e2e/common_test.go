@@ -6,52 +6,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
-	"time"
 )
 
 const (
-	envE2E = "EBPF_PROFILER_E2E"
-	// envBusyLoop makes the test binary act as a CPU-burning workload
-	// (see TestMain) instead of running tests.
-	envBusyLoop = "EBPF_PROFILER_E2E_BUSY_LOOP"
-	modulePath  = "github.com/hostprof/ebpf-profiler"
+	envE2E     = "EBPF_PROFILER_E2E"
+	modulePath = "github.com/hostprof/ebpf-profiler"
 )
-
-func TestMain(m *testing.M) {
-	if v := os.Getenv(envBusyLoop); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "bad %s=%q: %v\n", envBusyLoop, v, err)
-			os.Exit(2)
-		}
-		busyLoop(d)
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
-
-// busyLoop keeps every CPU busy for d.
-func busyLoop(d time.Duration) {
-	deadline := time.Now().Add(d)
-	done := make(chan uint64)
-	for range runtime.NumCPU() {
-		go func() {
-			var x uint64 = 1
-			for time.Now().Before(deadline) {
-				for i := 0; i < 1_000_000; i++ {
-					x = x*6364136223846793005 + 1442695040888963407
-				}
-			}
-			done <- x
-		}()
-	}
-	for range runtime.NumCPU() {
-		<-done
-	}
-}
 
 // requireE2E skips the test unless the end-to-end tests were enabled.
 func requireE2E(t *testing.T) {

@@ -96,11 +96,16 @@ func parseExportLog(path string) (exportedTotals, error) {
 	return tot, sc.Err()
 }
 
-// startBusyWorkload re-runs this test binary as a CPU burner (see TestMain).
-func startBusyWorkload(t *testing.T, d time.Duration) *exec.Cmd {
+// startWorkload builds utils/workloads/fpchain.c with frame pointers and
+// runs it for d: a process whose hot chain the exported stacks must show.
+func startWorkload(t *testing.T, d time.Duration) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envBusyLoop+"="+d.String())
+	bin := filepath.Join(t.TempDir(), "fpchain")
+	src := filepath.Join(repoRoot(t), "utils", "workloads", "fpchain.c")
+	if out, err := exec.Command("gcc", "-O0", "-fno-omit-frame-pointer", "-o", bin, src).CombinedOutput(); err != nil {
+		t.Fatalf("building the workload: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin, strconv.FormatFloat(d.Seconds(), 'f', 3, 64))
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting workload: %v", err)
@@ -160,7 +165,7 @@ func TestProfilerExportsToCollector(t *testing.T) {
 	case <-time.After(profilerStartGrace):
 	}
 
-	workload := startBusyWorkload(t, workloadDuration)
+	workload := startWorkload(t, workloadDuration)
 	if err := workload.Wait(); err != nil {
 		t.Fatalf("workload: %v", err)
 	}
@@ -203,4 +208,5 @@ func TestProfilerExportsToCollector(t *testing.T) {
 	if got.Samples != exported.Samples {
 		t.Errorf("collector received %d samples, daemon reported %d exported (must match exactly)", got.Samples, exported.Samples)
 	}
+	checkExportedContent(t, pds, workload.Process.Pid)
 }

@@ -9,7 +9,6 @@
 package main
 
 import (
-	"bufio"
 	"flag"
 	"fmt"
 	"os"
@@ -36,10 +35,10 @@ func main() {
 	if err := os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", []byte("1"), 0); err != nil {
 		fatalf("enabling BPF run-time stats: %v", err)
 	}
-	defer os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", []byte("0"), 0)
 
-	stopLoad := busyLoad(runtime.NumCPU())
-	defer stopLoad()
+	atExit(func() { os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", []byte("0"), 0) })
+	atExit(busyLoad(runtime.NumCPU()))
+	defer runAtExit()
 	fmt.Printf("%d CPUs kept busy; medians of %d runs of %v per rate\n\n", runtime.NumCPU(), *runs, *duration)
 	fmt.Printf("%6s %10s %10s %8s %9s %9s %10s %6s %6s %9s %12s\n",
 		"Hz", "CPU s/min", "BPF s/min", "RSS MiB", "peak MiB", "maps MiB", "delivered", "lost", "idle", "attach s", "1st export")
@@ -74,36 +73,36 @@ func measure(bin string, hz int, d time.Duration) result {
 	out, err := os.MkdirTemp("", "bench-pprof")
 	check(err)
 	defer os.RemoveAll(out)
+	// The log goes to a file, not a pipe: a pipe nobody drains during a
+	// long run would block the daemon's logging.
+	logPath := filepath.Join(out, "daemon.log")
+	logFile, err := os.Create(logPath)
+	check(err)
+	defer logFile.Close()
 	cmd := exec.Command(bin, "-samples-per-second", strconv.Itoa(hz), "-output-dir", out,
 		"-reporter-interval", "5s")
-	stderr, err := cmd.StderrPipe()
-	check(err)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
 	start := time.Now()
 	check(cmd.Start())
 	pid := cmd.Process.Pid
-	lines := make(chan string, 1024)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
+	atExit(func() { cmd.Process.Kill() })
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	readLog := func() []string {
+		b, _ := os.ReadFile(logPath)
+		return strings.Split(strings.TrimSpace(string(b)), "\n")
+	}
 
 	var r result
-	var log []string
-	// Wait for attach and the first export, collecting the log.
+	// Wait for attach and the first export.
 	for r.attach == 0 || r.firstExport == 0 {
 		select {
-		case l, ok := <-lines:
-			if !ok {
-				fatalf("daemon exited early:\n%s", strings.Join(log, "\n"))
-			}
-			log = append(log, l)
-			if r.attach == 0 && strings.Contains(l, "Sampling ") {
-				r.attach = time.Since(start)
-			}
-		case <-time.After(50 * time.Millisecond):
+		case <-exited:
+			fatalf("daemon exited early:\n%s", strings.Join(readLog(), "\n"))
+		case <-time.After(20 * time.Millisecond):
+		}
+		if r.attach == 0 && slices.ContainsFunc(readLog(), func(l string) bool { return strings.Contains(l, "Sampling ") }) {
+			r.attach = time.Since(start)
 		}
 		if r.firstExport == 0 {
 			if files, _ := filepath.Glob(filepath.Join(out, "profile-*.pb.gz")); len(files) > 0 {
@@ -112,7 +111,7 @@ func measure(bin string, hz int, d time.Duration) result {
 			}
 		}
 		if time.Since(start) > time.Minute {
-			fatalf("no export within a minute:\n%s", strings.Join(log, "\n"))
+			fatalf("no export within a minute:\n%s", strings.Join(readLog(), "\n"))
 		}
 	}
 
@@ -130,12 +129,10 @@ func measure(bin string, hz int, d time.Duration) result {
 
 	sampled := time.Since(start) - r.attach
 	check(cmd.Process.Signal(syscall.SIGTERM))
-	for l := range lines {
-		log = append(log, l)
+	if err := <-exited; err != nil {
+		fatalf("daemon: %v\n%s", err, strings.Join(readLog(), "\n"))
 	}
-	if err := cmd.Wait(); err != nil {
-		fatalf("daemon: %v\n%s", err, strings.Join(log, "\n"))
-	}
+	log := readLog()
 	// Delivered: traces user space received over the samples the CPUs could
 	// have produced while the perf events were attached.
 	received := field(log, "traces_received")
@@ -296,7 +293,21 @@ func check(err error) {
 	}
 }
 
+// cleanups undo what the benchmark started (load, daemons, the BPF stats
+// sysctl), also when it fails.
+var cleanups []func()
+
+func atExit(f func()) { cleanups = append(cleanups, f) }
+
+func runAtExit() {
+	for i := len(cleanups) - 1; i >= 0; i-- {
+		cleanups[i]()
+	}
+	cleanups = nil
+}
+
 func fatalf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+	runAtExit()
 	os.Exit(1)
 }
