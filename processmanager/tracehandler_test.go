@@ -199,25 +199,46 @@ func TestHandlerPIDReuse(t *testing.T) {
 	}
 }
 
+// dlopenFixture is pid 100 with one copy of a library mapped and a trace
+// whose frame is in a second copy that mapLib maps later (a dlopen). now is
+// the manager's clock.
+type dlopenFixture struct {
+	fs            *fakeProcFS
+	lib           fakeLib
+	first, second fakeMapping
+	fnAbs         uint64
+	h             *Handler
+	rep           *recordingReporter
+	now           time.Time
+	raw           *support.Trace
+}
+
+func newDlopenFixture(t *testing.T) *dlopenFixture {
+	f := &dlopenFixture{fs: newFakeProcFS(t), now: time.Unix(1000, 0)}
+	f.lib = newFakeLib(t, f.fs)
+	f.first, _ = f.lib.mapAt(0x7f0000000000)
+	f.second, f.fnAbs = f.lib.mapAt(0x7e0000000000)
+	f.fs.setProcess(100, 1, "/bin/app", f.first)
+	f.h, f.rep = newTestHandler(t, f.fs)
+	f.h.m.now = func() time.Time { return f.now }
+	f.raw = &support.Trace{PID: 100, Hash: 1, Frames: []support.Frame{{Addr: f.fnAbs}}}
+	return f
+}
+
+func (f *dlopenFixture) mapLib() { f.fs.setProcess(100, 1, "/bin/app", f.first, f.second) }
+
 func TestMapsRereadInvalidatesCache(t *testing.T) {
-	fs := newFakeProcFS(t)
-	lib := newFakeLib(t, fs)
-	first, _ := lib.mapAt(0x7f0000000000)
-	second, fnAbs := lib.mapAt(0x7e0000000000)
-	fs.setProcess(100, 1, "/bin/app", first)
-	h, rep := newTestHandler(t, fs)
-	now := time.Unix(1000, 0)
-	h.m.now = func() time.Time { return now }
-	raw := &support.Trace{PID: 100, Hash: 1, Frames: []support.Frame{{Addr: fnAbs}}}
+	f := newDlopenFixture(t)
+	h, rep, raw := f.h, f.rep, f.raw
 
 	h.HandleTrace(raw)
-	if f := rep.last(t).trace.Frames[0]; f.Mapping != nil || f.Address != fnAbs {
-		t.Fatalf("unmapped frame %+v", f)
+	if fr := rep.last(t).trace.Frames[0]; fr.Mapping != nil || fr.Address != f.fnAbs {
+		t.Fatalf("unmapped frame %+v", fr)
 	}
 
 	// The library gets mapped (dlopen) but the re-read is rate limited.
-	fs.setProcess(100, 1, "/bin/app", first, second)
-	now = now.Add(time.Second / 2)
+	f.mapLib()
+	f.now = f.now.Add(time.Second / 2)
 	h.HandleTrace(raw) // cache hit: nothing changed as far as we know
 	if _, _, err := h.m.ConvertTrace(raw); err != nil {
 		t.Fatal(err)
@@ -227,19 +248,19 @@ func TestMapsRereadInvalidatesCache(t *testing.T) {
 	}
 
 	kept := h.m.procs[100].mappings[0].pf
-	now = now.Add(time.Second)
+	f.now = f.now.Add(time.Second)
 	tr, _, err := h.m.ConvertTrace(raw)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := tr.Frames[0]; f.FunctionName != lib.fn || f.Mapping == nil || f.Mapping.Start != second.start {
-		t.Errorf("after re-read, frame %+v", f)
+	if fr := tr.Frames[0]; fr.FunctionName != f.lib.fn || fr.Mapping == nil || fr.Mapping.Start != f.second.start {
+		t.Errorf("after re-read, frame %+v", fr)
 	}
 	// The re-read changed the mappings: the cached, unmapped conversion is
 	// stale.
 	h.HandleTrace(raw)
-	if f := rep.last(t).trace.Frames[0]; f.FunctionName != lib.fn {
-		t.Errorf("handler served stale frame %+v", f)
+	if fr := rep.last(t).trace.Frames[0]; fr.FunctionName != f.lib.fn {
+		t.Errorf("handler served stale frame %+v", fr)
 	}
 	// The mapping that did not change keeps its *libpf.Mapping.
 	p := h.m.procs[100]
@@ -339,29 +360,20 @@ func TestTraceHash(t *testing.T) {
 // is allowed again; then the handler itself converts anew and finds code
 // mapped in the meantime (no direct ConvertTrace call to force it).
 func TestUnknownFramesRetriedThroughHandler(t *testing.T) {
-	fs := newFakeProcFS(t)
-	lib := newFakeLib(t, fs)
-	first, _ := lib.mapAt(0x7f0000000000)
-	second, fnAbs := lib.mapAt(0x7e0000000000)
-	fs.setProcess(100, 1, "/bin/app", first)
-	h, rep := newTestHandler(t, fs)
-	now := time.Unix(1000, 0)
-	h.m.now = func() time.Time { return now }
-	raw := &support.Trace{PID: 100, Hash: 1, Frames: []support.Frame{{Addr: fnAbs}}}
-
-	h.HandleTrace(raw)
-	fs.setProcess(100, 1, "/bin/app", first, second)
-	now = now.Add(time.Second / 2)
-	h.HandleTrace(raw) // within the rate limit: the cached conversion
-	if f := rep.last(t).trace.Frames[0]; f.Mapping != nil {
-		t.Fatalf("frame resolved before a re-read was allowed: %+v", f)
+	f := newDlopenFixture(t)
+	f.h.HandleTrace(f.raw)
+	f.mapLib()
+	f.now = f.now.Add(time.Second / 2)
+	f.h.HandleTrace(f.raw) // within the rate limit: the cached conversion
+	if fr := f.rep.last(t).trace.Frames[0]; fr.Mapping != nil {
+		t.Fatalf("frame resolved before a re-read was allowed: %+v", fr)
 	}
-	now = now.Add(time.Second)
-	h.HandleTrace(raw)
-	if f := rep.last(t).trace.Frames[0]; f.FunctionName != lib.fn || f.Mapping == nil {
-		t.Errorf("handler kept serving the unmapped frame: %+v", f)
+	f.now = f.now.Add(time.Second)
+	f.h.HandleTrace(f.raw)
+	if fr := f.rep.last(t).trace.Frames[0]; fr.FunctionName != f.lib.fn || fr.Mapping == nil {
+		t.Errorf("handler kept serving the unmapped frame: %+v", fr)
 	}
-	if s := h.Stats(); s.TraceCacheMisses != 2 || s.TraceCacheHits != 1 {
+	if s := f.h.Stats(); s.TraceCacheMisses != 2 || s.TraceCacheHits != 1 {
 		t.Errorf("stats %+v", s)
 	}
 }

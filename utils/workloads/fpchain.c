@@ -2,8 +2,9 @@
 // Usage: fpchain SECONDS [PROGRAM ARGS...]
 // With PROGRAM, it execs PROGRAM ARGS... when the time is up.
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "workload.h"
 
 volatile unsigned long sink;
 
@@ -24,13 +25,6 @@ __attribute__((noinline)) void cf_top(void)
 {
   cf_mid();
   __asm__ volatile("");
-}
-
-static double now(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 int main(int argc, char **argv)

@@ -3,16 +3,10 @@
 // Usage: leaderexit SECONDS
 #include <pthread.h>
 #include <stdlib.h>
-#include <time.h>
+
+#include "workload.h"
 
 volatile unsigned long sink;
-
-static double now(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 __attribute__((noinline)) static void *le_spin(void *arg)
 {

@@ -2,8 +2,9 @@
 // reading large blocks from /dev/zero. Usage: syscalls SECONDS
 #include <fcntl.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "workload.h"
 
 static char buf[1 << 20];
 
@@ -19,13 +20,6 @@ __attribute__((noinline)) void sc_top(int fd)
 {
   sc_read(fd);
   __asm__ volatile("");
-}
-
-static double now(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 int main(int argc, char **argv)
