@@ -9,7 +9,7 @@ BINARY   := ebpf-profiler
 ARGS     ?=
 SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: build run ebpf test test-deps unit-test integration-test e2e-test bench lint clean
+.PHONY: build run ebpf test test-deps unit-test integration-test fuzz bench lint clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BINARY) ./cmd/ebpf-profiler
@@ -41,8 +41,20 @@ integration-test: build
 	$(SUDO) env EBPF_PROFILER_INTEGRATION=1 EBPF_PROFILER_E2E=1 EBPF_PROFILER_BIN=$(CURDIR)/$(BINARY) \
 		$(GO) test -p 1 -count=1 -v -timeout 20m ./test/...
 
+# A few seconds of coverage-guided fuzzing per parser of outside input
+# (go test alone only replays the seed corpus).
+FUZZ_TIME    ?= 5s
+FUZZ_TARGETS := FuzzParseELF FuzzNotes FuzzParseKallsyms FuzzParseMapsLine FuzzContainerIDFromCgroup
+
+fuzz:
+	@for f in $(FUZZ_TARGETS); do \
+		echo "fuzzing $$f for $(FUZZ_TIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZ_TIME) -fuzzminimizetime 0 ./processmanager || exit 1; \
+	done
+
 test: test-deps lint
 	$(SUDO) $(GO) test -count=1 $(UNIT_PACKAGES)
+	$(MAKE) fuzz
 	$(MAKE) integration-test
 
 bench: build
