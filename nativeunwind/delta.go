@@ -1,0 +1,105 @@
+package nativeunwind
+
+import "fmt"
+
+// CFABase says how the canonical frame address (CFA, the stack pointer
+// value in the caller just before the call) is found, or that it cannot be.
+type CFABase uint8
+
+const (
+	// CFAUnknown: no unwind information covers the address; the unwinder
+	// may try frame pointers.
+	CFAUnknown CFABase = iota
+	// CFASP: CFA = SP + CFAOffset.
+	CFASP
+	// CFAFP: CFA = FP + CFAOffset.
+	CFAFP
+	// CFAStop: the outermost frame of a thread or process (_start, the
+	// clone child, start_thread, runtime.goexit): the trace ends here.
+	CFAStop
+	// CFASignal: the signal-return trampoline: the interrupted registers
+	// are in the signal frame at SP (struct rt_sigframe).
+	CFASignal
+	// CFAPLT: an x86_64 PLT stub, whose CFA depends on where in the
+	// 16-byte entry the PC is: CFA = SP + 8, plus 8 once the stub has
+	// pushed (PC & 15 >= 11).
+	CFAPLT
+)
+
+func (b CFABase) String() string {
+	switch b {
+	case CFAUnknown:
+		return "unknown"
+	case CFASP:
+		return "sp"
+	case CFAFP:
+		return "fp"
+	case CFAStop:
+		return "stop"
+	case CFASignal:
+		return "signal"
+	case CFAPLT:
+		return "plt"
+	default:
+		return fmt.Sprintf("CFABase(%d)", uint8(b))
+	}
+}
+
+// Rule is how to unwind one frame at a given address.
+type Rule struct {
+	CFA       CFABase
+	CFAOffset int32
+	// FPOffset is where the caller's frame pointer is saved, relative to
+	// the CFA; 0 means the frame pointer register still holds it.
+	FPOffset int32
+	// RAOffset is where the return address is saved, relative to the CFA;
+	// 0 means it is still in the link register (arm64 leaf code). On
+	// x86_64 it is always -8.
+	RAOffset int32
+}
+
+func (r Rule) String() string {
+	switch r.CFA {
+	case CFASP, CFAFP:
+		return fmt.Sprintf("cfa=%s%+d fp=%s ra=%s", r.CFA, r.CFAOffset, slot(r.FPOffset), slot(r.RAOffset))
+	default:
+		return r.CFA.String()
+	}
+}
+
+func slot(off int32) string {
+	if off == 0 {
+		return "reg"
+	}
+	return fmt.Sprintf("c%+d", off)
+}
+
+// Delta says that Rule applies from Address (a file virtual address) up to
+// the next delta's address.
+type Delta struct {
+	Address uint64
+	Rule    Rule
+}
+
+// Deltas are a file's stack deltas sorted by address, with no two
+// neighbours carrying the same rule. A gap in the unwind information is a
+// delta with CFAUnknown.
+type Deltas []Delta
+
+// Lookup returns the rule for addr and whether any delta covers it.
+func (d Deltas) Lookup(addr uint64) (Rule, bool) {
+	lo, hi := 0, len(d)
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if d[mid].Address <= addr {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	if lo == 0 {
+		return Rule{}, false
+	}
+	r := d[lo-1].Rule
+	return r, r.CFA != CFAUnknown
+}
