@@ -22,7 +22,8 @@ const (
 	CFASignal
 	// CFAPLT: an x86_64 PLT stub, whose CFA depends on where in the
 	// 16-byte entry the PC is: CFA = SP + 8, plus 8 once the stub has
-	// pushed (PC & 15 >= 11).
+	// pushed (PC & 15 >= CFAOffset). CFAOffset is 11 for classic PLTs and
+	// 10 for IBT PLTs, as the linker's CFI expression says.
 	CFAPLT
 )
 
@@ -47,7 +48,11 @@ func (b CFABase) String() string {
 
 // Rule is how to unwind one frame at a given address.
 type Rule struct {
-	CFA       CFABase
+	CFA CFABase
+	// RASigned: arm64 pointer authentication has signed the return
+	// address (DW_CFA_AARCH64_negate_ra_state); strip the PAC bits
+	// before using it. (Next to CFA so that a Rule takes 16 bytes.)
+	RASigned  bool
 	CFAOffset int32
 	// FPOffset is where the caller's frame pointer is saved, relative to
 	// the CFA; 0 means the frame pointer register still holds it.
@@ -61,7 +66,13 @@ type Rule struct {
 func (r Rule) String() string {
 	switch r.CFA {
 	case CFASP, CFAFP:
-		return fmt.Sprintf("cfa=%s%+d fp=%s ra=%s", r.CFA, r.CFAOffset, slot(r.FPOffset), slot(r.RAOffset))
+		s := fmt.Sprintf("cfa=%s%+d fp=%s ra=%s", r.CFA, r.CFAOffset, slot(r.FPOffset), slot(r.RAOffset))
+		if r.RASigned {
+			s += " pac"
+		}
+		return s
+	case CFAPLT:
+		return fmt.Sprintf("plt(push at %d)", r.CFAOffset)
 	default:
 		return r.CFA.String()
 	}

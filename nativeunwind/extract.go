@@ -1,0 +1,443 @@
+package nativeunwind
+
+import (
+	"debug/elf"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+)
+
+// ErrUnsupportedArch is returned for ELF files of machines other than
+// x86_64 and arm64.
+var ErrUnsupportedArch = errors.New("nativeunwind: unsupported architecture")
+
+// Stats describes one extraction, for tools and tests.
+type Stats struct {
+	CIEs, FDEs int
+	// Rows is the number of CFA table rows read from FDEs.
+	Rows int
+	// SkippedFDEs are FDEs not used: empty, outside the file's code, or
+	// whose CIE has an augmentation we do not understand.
+	SkippedFDEs int
+	// Overlaps counts FDEs cut short because another covered part of their
+	// range (the first in address order wins; .eh_frame beats .debug_frame).
+	Overlaps int
+	// Unsupported counts CFA table rows mapped to CFAUnknown, by reason.
+	Unsupported map[string]int
+	// StopSymbols are the entry point symbols marked CFAStop (or, for
+	// signal trampolines, CFASignal).
+	StopSymbols []string
+}
+
+// Extract returns the stack deltas of an x86_64 or arm64 ELF file: from
+// its .eh_frame, .gopclntab (Go executables) and .debug_frame, with the
+// entry points of processes and threads marked CFAStop.
+func Extract(f *elf.File) (Deltas, error) {
+	d, _, err := ExtractWithStats(f)
+	return d, err
+}
+
+// ExtractReader is Extract for an ELF file read from r.
+func ExtractReader(r io.ReaderAt) (Deltas, error) {
+	f, err := elf.NewFile(r)
+	if err != nil {
+		return nil, fmt.Errorf("nativeunwind: %w", err)
+	}
+	return Extract(f)
+}
+
+// ExtractWithStats is Extract that also says what it met.
+func ExtractWithStats(f *elf.File) (Deltas, Stats, error) {
+	return extract(f, true)
+}
+
+// extract merges, in this order of precedence: .eh_frame; the .gopclntab
+// (if withGo), since the .debug_frame Go's linker writes does not say
+// where the frame pointer is saved; .debug_frame.
+func extract(f *elf.File, withGo bool) (d Deltas, st Stats, err error) {
+	defer func() {
+		// A last resort: the parsers check their bounds, but a file must
+		// never take the daemon down.
+		if p := recover(); p != nil {
+			d, err = nil, fmt.Errorf("nativeunwind: internal error: %v", p)
+		}
+	}()
+	st.Unsupported = map[string]int{}
+	arch := archFor(f.Machine)
+	if arch == nil || f.Class != elf.ELFCLASS64 {
+		return nil, st, fmt.Errorf("%w: %v %v", ErrUnsupportedArch, f.Class, f.Machine)
+	}
+	code := codeRanges(f)
+	sources := []func() (*layer, error){
+		func() (*layer, error) { return cfiLayer(f, ".eh_frame", arch, code, &st) },
+		func() (*layer, error) { return goLayer(f, withGo) },
+		func() (*layer, error) { return cfiLayer(f, ".debug_frame", arch, code, &st) },
+	}
+	var layers []layer // highest precedence first
+	for _, src := range sources {
+		l, err := src()
+		if err != nil {
+			return nil, st, err
+		}
+		if l != nil {
+			layers = append(layers, *l)
+		}
+	}
+	d, err = mergeLayers(layers, &st)
+	if err != nil {
+		return nil, st, err
+	}
+	d = markEntryPoints(f, d, &st)
+	return d, st, nil
+}
+
+// cfiLayer parses a CFI section, or returns nil if the file has none.
+func cfiLayer(f *elf.File, name string, arch *archInfo, code []addrRange, st *Stats) (*layer, error) {
+	sec, err := cfiSectionOf(f, name, arch)
+	if sec == nil || err != nil {
+		return nil, err
+	}
+	l, err := sec.layer(st, code)
+	if err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
+// goLayer returns the deltas of a Go executable's .gopclntab, or nil if f
+// is not one.
+func goLayer(f *elf.File, enabled bool) (*layer, error) {
+	if !enabled {
+		return nil, nil
+	}
+	d, err := goDeltas(f)
+	if errors.Is(err, ErrNoGoPclntab) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("nativeunwind: .gopclntab: %w", err)
+	}
+	l := layerOf(d)
+	return &l, nil
+}
+
+// layerOf turns deltas into a layer whose spans are the runs of known
+// rules.
+func layerOf(d Deltas) layer {
+	l := layer{rows: d}
+	for i := 0; i < len(d); {
+		if d[i].Rule.CFA == CFAUnknown {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(d) && d[j].Rule.CFA != CFAUnknown {
+			j++
+		}
+		if j == len(d) {
+			break // no end: the deltas always end with CFAUnknown
+		}
+		l.spans = append(l.spans, span{start: d[i].Address, end: d[j].Address, first: i, last: j})
+		i = j
+	}
+	return l
+}
+
+// addrRange is [start, end).
+type addrRange struct{ start, end uint64 }
+
+// codeRanges returns the executable address ranges of f, sorted, or nil
+// if f has no program headers (then FDEs are not filtered).
+func codeRanges(f *elf.File) []addrRange {
+	var rs []addrRange
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_LOAD && p.Flags&elf.PF_X != 0 && p.Memsz > 0 {
+			rs = append(rs, addrRange{p.Vaddr, p.Vaddr + p.Memsz})
+		}
+	}
+	slices.SortFunc(rs, func(a, b addrRange) int { return cmpUint(a.start, b.start) })
+	return rs
+}
+
+func cmpUint(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// clipToCode returns the part of [start, end) in the code range holding
+// start, or false if start is not in code.
+func clipToCode(code []addrRange, start, end uint64) (uint64, bool) {
+	if code == nil {
+		return end, true
+	}
+	i, _ := slices.BinarySearchFunc(code, start, func(r addrRange, a uint64) int { return cmpUint(r.start, a) })
+	if i < len(code) && code[i].start == start {
+		return min(end, code[i].end), true
+	}
+	if i > 0 && start < code[i-1].end {
+		return min(end, code[i-1].end), true
+	}
+	return 0, false
+}
+
+// span is one FDE's range with its rows: rows[first:last] of its layer,
+// ascending, the first at start.
+type span struct {
+	start, end  uint64
+	first, last int
+}
+
+// layer is the deltas of one source (a section), spans sorted by start and
+// not overlapping.
+type layer struct {
+	spans []span
+	rows  []Delta
+}
+
+// removeOverlaps sorts the spans and cuts each to start where the previous
+// one ended. Linkers emit overlapping FDEs only for discarded code, so the
+// choice of winner hardly matters; address order keeps it deterministic.
+func (l *layer) removeOverlaps(st *Stats) {
+	slices.SortStableFunc(l.spans, func(a, b span) int { return cmpUint(a.start, b.start) })
+	out := l.spans[:0]
+	var prevEnd uint64
+	for i, sp := range l.spans {
+		if i > 0 && sp.start < prevEnd {
+			st.Overlaps++
+			if sp.end <= prevEnd {
+				continue
+			}
+			sp = l.cut(sp, prevEnd)
+		}
+		out = append(out, sp)
+		prevEnd = sp.end
+	}
+	l.spans = out
+}
+
+// cut returns the part of sp from start on, whose first row is the one in
+// force at start.
+func (l *layer) cut(sp span, start uint64) span {
+	rows := l.rows[sp.first:sp.last]
+	i, found := slices.BinarySearchFunc(rows, start, func(d Delta, a uint64) int { return cmpUint(d.Address, a) })
+	if !found {
+		i-- // rows[0] is at sp.start < start, so i > 0
+	}
+	return span{start: start, end: sp.end, first: sp.first + i, last: sp.last}
+}
+
+// piece is the part of a layer's span that ends up in the deltas.
+type piece struct {
+	span
+	layer int
+}
+
+// mergeLayers overlays the layers, each filling only what the ones before
+// it left uncovered, and turns the result into compact deltas with
+// CFAUnknown in the gaps.
+func mergeLayers(layers []layer, st *Stats) (Deltas, error) {
+	var covered []addrRange // sorted, disjoint
+	nSpans := 0
+	for _, l := range layers {
+		nSpans += len(l.spans)
+	}
+	pieces := make([]piece, 0, nSpans)
+	for li, l := range layers {
+		added := make([]addrRange, 0, len(l.spans))
+		j := 0
+		for _, sp := range l.spans {
+			for j < len(covered) && covered[j].end <= sp.start {
+				j++
+			}
+			cur, cut := sp.start, false
+			for k := j; k < len(covered) && covered[k].start < sp.end; k++ {
+				cut = true
+				if covered[k].start > cur {
+					pieces = append(pieces, piece{l.cut(sp, cur).withEnd(covered[k].start), li})
+					added = append(added, addrRange{cur, covered[k].start})
+				}
+				cur = max(cur, covered[k].end)
+			}
+			if cur < sp.end {
+				pieces = append(pieces, piece{l.cut(sp, cur), li})
+				added = append(added, addrRange{cur, sp.end})
+			}
+			if cut {
+				st.Overlaps++
+			}
+		}
+		covered = mergeRanges(covered, added)
+	}
+	slices.SortFunc(pieces, func(a, b piece) int { return cmpUint(a.start, b.start) })
+
+	n := len(pieces)
+	for _, l := range layers {
+		n += len(l.rows)
+	}
+	d := make(Deltas, 0, n)
+	for i, pc := range pieces {
+		rows := layers[pc.layer].rows[pc.first:pc.last]
+		d = append(d, Delta{Address: pc.start, Rule: rows[0].Rule})
+		for _, r := range rows[1:] {
+			if r.Address >= pc.end {
+				break
+			}
+			d = append(d, r)
+		}
+		if i+1 == len(pieces) || pieces[i+1].start > pc.end {
+			d = append(d, Delta{Address: pc.end})
+		}
+		if len(d) > maxRows {
+			return nil, fmt.Errorf("nativeunwind: more than %d deltas", maxRows)
+		}
+	}
+	return compact(d), nil
+}
+
+func (sp span) withEnd(end uint64) span {
+	sp.end = end
+	return sp
+}
+
+// mergeRanges merges two sorted lists of disjoint ranges.
+func mergeRanges(a, b []addrRange) []addrRange {
+	if len(b) == 0 {
+		return a
+	}
+	all := append(slices.Clip(a), b...)
+	slices.SortFunc(all, func(x, y addrRange) int { return cmpUint(x.start, y.start) })
+	out := all[:0]
+	for _, r := range all {
+		if n := len(out); n > 0 && r.start <= out[n-1].end {
+			out[n-1].end = max(out[n-1].end, r.end)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// compact drops deltas whose rule equals the previous one's.
+func compact(d Deltas) Deltas {
+	out := d[:0]
+	for _, x := range d {
+		if n := len(out); n > 0 && out[n-1].Rule == x.Rule {
+			continue
+		}
+		out = append(out, x)
+	}
+	return out
+}
+
+// maxEntryPointSymbols bounds the symbols markEntryPoints applies (each
+// costs a pass over the deltas); real files have a handful.
+const maxEntryPointSymbols = 64
+
+// Entry points: the outermost frames of processes and threads. The whole
+// function stops the unwinding.
+var stopSymbols = map[string]bool{
+	"_start":         true,
+	"start_thread":   true,
+	"runtime.goexit": true,
+	"runtime.mstart": true,
+	"runtime.rt0_go": true,
+}
+
+// The clone system call wrappers run both in the parent, where they are
+// ordinary functions, and as the child's outermost frame. glibc's CFI says
+// which part is the child's (its return address rule is undefined, which
+// becomes CFAStop); what the CFI leaves uncovered, around the system call
+// itself, may be either, and stopping there is the safe choice.
+var cloneSymbols = map[string]bool{
+	"__clone": true, "clone": true, "__clone3": true, "clone3": true,
+}
+
+// Signal trampolines, where the CFI may be missing (musl) or describe only
+// the frame record (the arm64 vDSO).
+var signalSymbols = map[string]bool{
+	"__restore_rt": true, "__kernel_rt_sigreturn": true,
+}
+
+// symbolName strips the version (clone@@GLIBC_2.2.5) and Go's ABI suffix
+// (runtime.goexit.abi0) from a symbol name.
+func symbolName(name string) string {
+	if i := strings.IndexByte(name, '@'); i >= 0 {
+		name = name[:i]
+	}
+	return strings.TrimSuffix(name, ".abi0")
+}
+
+// markEntryPoints applies the stop and signal symbols of f's symbol tables
+// to d.
+func markEntryPoints(f *elf.File, d Deltas, st *Stats) Deltas {
+	syms, _ := f.Symbols()
+	dyn, _ := f.DynamicSymbols()
+	seen := map[addrRange]bool{}
+	for _, s := range append(syms, dyn...) {
+		t := elf.ST_TYPE(s.Info)
+		if (t != elf.STT_FUNC && t != elf.STT_NOTYPE) || s.Section == elf.SHN_UNDEF || s.Size == 0 {
+			continue
+		}
+		name := symbolName(s.Name)
+		var mark func(Rule) Rule
+		switch {
+		case stopSymbols[name]:
+			mark = func(Rule) Rule { return Rule{CFA: CFAStop} }
+		case cloneSymbols[name]:
+			mark = func(r Rule) Rule {
+				if r.CFA == CFAUnknown {
+					return Rule{CFA: CFAStop}
+				}
+				return r
+			}
+		case signalSymbols[name]:
+			mark = func(Rule) Rule { return Rule{CFA: CFASignal} }
+		default:
+			continue
+		}
+		rg := addrRange{s.Value, s.Value + s.Size}
+		if rg.end < rg.start || seen[rg] || len(seen) == maxEntryPointSymbols {
+			continue
+		}
+		seen[rg] = true
+		st.StopSymbols = append(st.StopSymbols, name)
+		d = overlay(d, rg.start, rg.end, mark)
+	}
+	return d
+}
+
+// overlay rewrites the rules of d in [start, end) with mark.
+func overlay(d Deltas, start, end uint64, mark func(Rule) Rule) Deltas {
+	search := func(a uint64) int {
+		i, _ := slices.BinarySearchFunc(d, a, func(x Delta, a uint64) int { return cmpUint(x.Address, a) })
+		return i
+	}
+	i, j := search(start), search(end)
+	var before, after Rule // in force at start and at end
+	if i > 0 {
+		before = d[i-1].Rule
+	}
+	if j > 0 {
+		after = d[j-1].Rule
+	}
+	out := make(Deltas, 0, len(d)+2)
+	out = append(out, d[:i]...)
+	if i == len(d) || d[i].Address > start {
+		out = append(out, Delta{Address: start, Rule: mark(before)})
+	}
+	for _, x := range d[i:j] {
+		out = append(out, Delta{Address: x.Address, Rule: mark(x.Rule)})
+	}
+	if j == len(d) || d[j].Address > end {
+		out = append(out, Delta{Address: end, Rule: after})
+	}
+	out = append(out, d[j:]...)
+	return compact(out)
+}

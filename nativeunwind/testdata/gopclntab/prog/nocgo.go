@@ -1,0 +1,5 @@
+//go:build !cgo
+
+package main
+
+func cgoWork() int { return 0 }
