@@ -44,12 +44,15 @@ integration-test: build
 # A few seconds of coverage-guided fuzzing per parser of outside input
 # (go test alone only replays the seed corpus).
 FUZZ_TIME    ?= 5s
-FUZZ_TARGETS := FuzzParseELF FuzzNotes FuzzParseKallsyms FuzzParseMapsLine FuzzContainerIDFromCgroup
+FUZZ_TARGETS := processmanager:FuzzParseELF processmanager:FuzzNotes processmanager:FuzzParseKallsyms \
+	processmanager:FuzzParseMapsLine processmanager:FuzzContainerIDFromCgroup \
+	nativeunwind:FuzzEhFrame nativeunwind:FuzzCFAProgram nativeunwind:FuzzGoPclntab
 
 fuzz:
-	@for f in $(FUZZ_TARGETS); do \
-		echo "fuzzing $$f for $(FUZZ_TIME)"; \
-		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZ_TIME) -fuzzminimizetime 0 ./processmanager || exit 1; \
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; f=$${t#*:}; \
+		echo "fuzzing $$pkg $$f for $(FUZZ_TIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZ_TIME) -fuzzminimizetime 0 ./$$pkg || exit 1; \
 	done
 
 test: test-deps lint

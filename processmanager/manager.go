@@ -34,6 +34,9 @@ type Config struct {
 	// Logger receives warnings and debug messages; logrus's standard logger
 	// when nil.
 	Logger logrus.FieldLogger
+	// Unwinding, when set, mirrors process mappings and their files' stack
+	// deltas into the native unwinder's BPF maps.
+	Unwinding *Unwinding
 }
 
 const (
@@ -52,6 +55,9 @@ type Manager struct {
 	rereadInterval time.Duration
 	log            logrus.FieldLogger
 	now            func() time.Time
+
+	// unwind is nil unless Config.Unwinding is set.
+	unwind *unwindSync
 
 	mu     sync.Mutex
 	procs  map[uint32]*process
@@ -115,7 +121,26 @@ func New(cfg Config) (*Manager, error) {
 		log: m.log,
 	}
 	m.kernel = m.loadKernel()
+	if cfg.Unwinding != nil {
+		m.unwind = newUnwindSync(*cfg.Unwinding, m.log)
+	}
 	return m, nil
+}
+
+// Close stops the background loading of stack deltas.
+func (m *Manager) Close() {
+	if m.unwind != nil {
+		m.unwind.close()
+	}
+}
+
+// forget drops a process's state (and its BPF mappings). The caller holds
+// m.mu.
+func (m *Manager) forget(pid uint32) {
+	delete(m.procs, pid)
+	if m.unwind != nil {
+		m.unwind.forget(pid)
+	}
 }
 
 // ReloadKernelSymbols re-reads /proc/kallsyms, e.g. after modules were
@@ -147,6 +172,20 @@ func (m *Manager) loadKernel() *kernel {
 	return k
 }
 
+// RefreshMappings reads a process's mappings now if it is new, or re-reads
+// them if the rate limit allows, so that its code is mapped for BPF before
+// its next samples.
+func (m *Manager) RefreshMappings(pid libpf.PID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p := m.processFor(uint32(pid), "")
+	if !p.mapsRead {
+		m.ensureMaps(p)
+		return
+	}
+	m.rereadMaps(p)
+}
+
 // Tracks reports whether the manager holds state for pid.
 func (m *Manager) Tracks(pid libpf.PID) bool {
 	m.mu.Lock()
@@ -162,7 +201,7 @@ func (m *Manager) ProcessExited(pid libpf.PID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.procs[uint32(pid)]; ok {
-		delete(m.procs, uint32(pid))
+		m.forget(uint32(pid))
 		m.counters.processesExited++
 	}
 }
@@ -198,7 +237,7 @@ func (m *Manager) Sweep() int {
 	n := 0
 	for _, p := range gone {
 		if m.procs[p.pid] == p {
-			delete(m.procs, p.pid)
+			m.forget(p.pid)
 			m.counters.processesExited++
 			n++
 		}
@@ -257,7 +296,7 @@ func (m *Manager) processFor(pid uint32, comm string) *process {
 func (m *Manager) procError(pid uint32, err error) {
 	if errors.Is(err, ErrProcessExited) {
 		m.counters.processesVanished++
-		delete(m.procs, pid)
+		m.forget(pid)
 		return
 	}
 	m.counters.procErrors++
@@ -330,8 +369,33 @@ func (m *Manager) loadMaps(p *process) (changed bool, err error) {
 		}
 		fresh = append(fresh, mp)
 	}
+	if m.unwind != nil && changed {
+		m.syncUnwind(p.pid, old, fresh)
+	}
 	p.mappings = fresh
 	return changed, nil
+}
+
+// syncUnwind tells the unwinder maps which mappings went and came.
+func (m *Manager) syncUnwind(pid uint32, old, fresh []*mapping) {
+	kept := make(map[*mapping]bool, len(fresh))
+	for _, mp := range fresh {
+		kept[mp] = true
+	}
+	for _, mp := range old {
+		if !kept[mp] {
+			m.unwind.detach(pid, mp)
+		}
+	}
+	was := make(map[*mapping]bool, len(old))
+	for _, mp := range old {
+		was[mp] = true
+	}
+	for _, mp := range fresh {
+		if !was[mp] {
+			m.unwind.attach(pid, mp, m.procFS)
+		}
+	}
 }
 
 // newMapping builds the state of one mapping, reading its file through the

@@ -36,6 +36,17 @@ type Stats struct {
 	// ELFErrors counts files that looked like ELF but did not parse.
 	ELFErrors     uint64
 	KernelSymbols int
+
+	// Stack deltas (with Config.Unwinding).
+	// DeltaFilesLoaded counts files whose deltas were extracted and loaded.
+	DeltaFilesLoaded uint64
+	// DeltaExtractErrors counts files whose unwind information did not parse.
+	DeltaExtractErrors uint64
+	// DeltaLoadErrors counts mappings left to frame pointers: extraction or
+	// map errors, a full pool or rule table.
+	DeltaLoadErrors uint64
+	// DeltaMappingsDropped counts mappings not queued: the queue was full.
+	DeltaMappingsDropped uint64
 }
 
 // counters are the Manager's mutable counts, guarded by its mutex.
@@ -57,7 +68,7 @@ func (m *Manager) Stats() Stats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := &m.counters
-	return Stats{
+	st := Stats{
 		TracesConverted:    c.tracesConverted,
 		TruncatedTraces:    c.truncatedTraces,
 		UnmappedFrames:     c.unmappedFrames,
@@ -75,4 +86,11 @@ func (m *Manager) Stats() Stats {
 		ELFErrors:          m.files.elfErrors,
 		KernelSymbols:      len(m.kernel.syms.syms),
 	}
+	if u := m.unwind; u != nil {
+		st.DeltaFilesLoaded = u.filesLoaded.Load()
+		st.DeltaExtractErrors = u.extractErrors.Load()
+		st.DeltaLoadErrors = u.loadErrors.Load()
+		st.DeltaMappingsDropped = u.dropped.Load()
+	}
+	return st
 }

@@ -150,6 +150,10 @@ func (h *Handler) ProcessExited(pid libpf.PID) { h.m.ProcessExited(pid) }
 // trace reads the new mappings.
 func (h *Handler) ProcessExeced(pid libpf.PID) { h.m.ProcessExited(pid) }
 
+// UnknownPC reads the mappings of a process BPF found a PC of outside every
+// mapping it knows: a new process, or new code.
+func (h *Handler) UnknownPC(pid libpf.PID) { h.m.RefreshMappings(pid) }
+
 // Stats returns the Handler's and the Manager's counters.
 func (h *Handler) Stats() Stats {
 	s := h.m.Stats()

@@ -20,6 +20,10 @@ type Shared struct {
 	Programs map[string]uint32
 	// Metrics are the counter names, indexed by metric id.
 	Metrics []string
+	// DeltaPageBits: a delta page covers 1 << DeltaPageBits addresses.
+	DeltaPageBits uint
+	// RuleFlagRASigned is enum unwind_rule_flag's UNWIND_RULE_RA_SIGNED.
+	RuleFlagRASigned uint8
 
 	trace traceLayout
 }
@@ -29,7 +33,7 @@ type traceLayout struct {
 	typ, pid, tid, cpu, ktime, hash, comm, flags, numKernelFrames, numFrames, frames int
 	frameSize, frameFileID, frameAddr, frameKind, frameFlags                         int
 	maxFrames                                                                        int
-	eventTrace, eventProcessExit, eventProcessExec                                   uint32
+	eventTrace, eventProcessExit, eventProcessExec, eventUnknownPC                   uint32
 	processEventPID                                                                  int
 	flagTruncated, frameFlagReturn                                                   uint8
 }
@@ -64,6 +68,19 @@ func ReadShared(spec *ebpf.CollectionSpec) (*Shared, error) {
 	if err := checkFrameKinds(spec.Types); err != nil {
 		return nil, err
 	}
+	if err := checkDeltaLayout(spec.Types); err != nil {
+		return nil, err
+	}
+	layout, err := enumValues(spec.Types, "delta_layout")
+	if err != nil {
+		return nil, err
+	}
+	s.DeltaPageBits = uint(layout["DELTA_PAGE_BITS"])
+	flags, err := enumValues(spec.Types, "unwind_rule_flag")
+	if err != nil {
+		return nil, err
+	}
+	s.RuleFlagRASigned = uint8(flags["UNWIND_RULE_RA_SIGNED"])
 	return s, nil
 }
 
@@ -147,6 +164,7 @@ func (l *traceLayout) read(types *btf.Spec) error {
 	l.eventTrace = uint32(events["EVENT_TRACE"])
 	l.eventProcessExit = uint32(events["EVENT_PROCESS_EXIT"])
 	l.eventProcessExec = uint32(events["EVENT_PROCESS_EXEC"])
+	l.eventUnknownPC = uint32(events["EVENT_UNKNOWN_PC"])
 	traceFlags, err := enumValues(types, "trace_flag")
 	if err != nil {
 		return err
@@ -157,20 +175,33 @@ func (l *traceLayout) read(types *btf.Spec) error {
 		return err
 	}
 	l.frameFlagReturn = uint8(frameFlags["FRAME_FLAG_RETURN_ADDRESS"])
-	if l.eventTrace == 0 || l.eventProcessExit == 0 || l.eventProcessExec == 0 || l.flagTruncated == 0 || l.frameFlagReturn == 0 {
+	if l.eventTrace == 0 || l.eventProcessExit == 0 || l.eventProcessExec == 0 || l.eventUnknownPC == 0 || l.flagTruncated == 0 || l.frameFlagReturn == 0 {
 		return errors.New("BPF object lacks event, trace flag or frame flag values")
 	}
 	return nil
 }
 
-// Event is one decoded record of the events ring buffer: a trace, or a
-// process event.
+// EventKind says what an Event is.
+type EventKind uint8
+
+const (
+	EventTrace EventKind = iota
+	// EventProcessExit: the process PID exited.
+	EventProcessExit
+	// EventProcessExec: PID replaced its image; all its mappings changed.
+	EventProcessExec
+	// EventUnknownPC: a PC of PID was in no mapping loaded into BPF: a new
+	// process or new code whose mappings should be read.
+	EventUnknownPC
+)
+
+// Event is one decoded record of the events ring buffer.
 type Event struct {
-	// Trace is set for trace records.
+	Kind EventKind
+	// Trace is set for EventTrace.
 	Trace *Trace
-	// PID exited, or (Exec) replaced its image, when Trace is nil.
-	PID  libpf.PID
-	Exec bool
+	// PID is the process of the other kinds.
+	PID libpf.PID
 }
 
 // ErrMalformedEvent is returned for records that do not decode.
@@ -185,9 +216,12 @@ func (s *Shared) DecodeEvent(raw []byte, trace *Trace) (Event, error) {
 	}
 	le := binary.LittleEndian
 	switch le.Uint32(raw[l.typ:]) {
-	case l.eventProcessExit, l.eventProcessExec:
-		pid := libpf.PID(le.Uint32(raw[l.processEventPID:]))
-		return Event{PID: pid, Exec: le.Uint32(raw[l.typ:]) == l.eventProcessExec}, nil
+	case l.eventProcessExit:
+		return Event{Kind: EventProcessExit, PID: libpf.PID(le.Uint32(raw[l.processEventPID:]))}, nil
+	case l.eventProcessExec:
+		return Event{Kind: EventProcessExec, PID: libpf.PID(le.Uint32(raw[l.processEventPID:]))}, nil
+	case l.eventUnknownPC:
+		return Event{Kind: EventUnknownPC, PID: libpf.PID(le.Uint32(raw[l.processEventPID:]))}, nil
 	case l.eventTrace:
 	default:
 		return Event{}, fmt.Errorf("%w: type %d", ErrMalformedEvent, le.Uint32(raw))
@@ -223,7 +257,7 @@ func (s *Shared) DecodeEvent(raw []byte, trace *Trace) (Event, error) {
 			Addr:          le.Uint64(f[l.frameAddr:]),
 		})
 	}
-	return Event{Trace: trace}, nil
+	return Event{Kind: EventTrace, Trace: trace}, nil
 }
 
 func cString(b []byte) string {

@@ -120,7 +120,7 @@ func TestDecodeEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := ev.Trace
-	if got == nil || got.PID != 42 || got.TID != 43 || got.CPU != 1 || got.KTime != 12345 ||
+	if ev.Kind != EventTrace || got == nil || got.PID != 42 || got.TID != 43 || got.CPU != 1 || got.KTime != 12345 ||
 		got.Hash != 0xabcdef || got.Comm != "worker" || !got.Truncated {
 		t.Fatalf("header decoded wrong: %+v", got)
 	}
@@ -134,12 +134,15 @@ func TestDecodeEvent(t *testing.T) {
 	exit := make([]byte, 8)
 	binary.LittleEndian.PutUint32(exit, s.trace.eventProcessExit)
 	binary.LittleEndian.PutUint32(exit[4:], 77)
-	if ev, err := s.DecodeEvent(exit, &tr); err != nil || ev.PID != 77 || ev.Exec || ev.Trace != nil {
-		t.Errorf("exit event: %+v, %v", ev, err)
-	}
-	binary.LittleEndian.PutUint32(exit, s.trace.eventProcessExec)
-	if ev, err := s.DecodeEvent(exit, &tr); err != nil || ev.PID != 77 || !ev.Exec || ev.Trace != nil {
-		t.Errorf("exec event: %+v, %v", ev, err)
+	for typ, kind := range map[uint32]EventKind{
+		s.trace.eventProcessExit: EventProcessExit,
+		s.trace.eventProcessExec: EventProcessExec,
+		s.trace.eventUnknownPC:   EventUnknownPC,
+	} {
+		binary.LittleEndian.PutUint32(exit, typ)
+		if ev, err := s.DecodeEvent(exit, &tr); err != nil || ev.PID != 77 || ev.Kind != kind || ev.Trace != nil {
+			t.Errorf("process event of type %d: %+v, %v", typ, ev, err)
+		}
 	}
 
 	for name, bad := range map[string][]byte{

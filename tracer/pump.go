@@ -21,6 +21,8 @@ type Handler interface {
 	ProcessExited(pid libpf.PID)
 	// ProcessExeced says pid replaced its image: all its mappings changed.
 	ProcessExeced(pid libpf.PID)
+	// UnknownPC says a PC of pid was in no mapping loaded into BPF.
+	UnknownPC(pid libpf.PID)
 }
 
 // pollInterval bounds how long a trace waits in the ring buffer: BPF wakes
@@ -59,13 +61,15 @@ func (t *Tracer) Run(ctx context.Context, h Handler) error {
 			log.Debugf("Dropping BPF event: %v", err)
 			continue
 		}
-		switch {
-		case ev.Trace != nil:
+		switch ev.Kind {
+		case support.EventTrace:
 			h.HandleTrace(ev.Trace)
-		case ev.Exec:
+		case support.EventProcessExec:
 			h.ProcessExeced(ev.PID)
-		default:
+		case support.EventProcessExit:
 			h.ProcessExited(ev.PID)
+		case support.EventUnknownPC:
+			h.UnknownPC(ev.PID)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math/bits"
 	"sync/atomic"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -87,6 +88,8 @@ func New(cfg Config) (*Tracer, error) {
 	if err := setConstants(spec, map[string]any{
 		"have_task_pt_regs":   boolToU32(feats.taskPtRegs),
 		"events_wakeup_bytes": uint64(bufBytes / 2),
+		// As often as the process manager re-reads a process's maps.
+		"unknown_pc_report_interval": uint64(time.Second),
 	}); err != nil {
 		return nil, err
 	}

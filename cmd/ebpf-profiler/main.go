@@ -18,6 +18,7 @@ import (
 
 	log "github.com/sirupsen/logrus"
 
+	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/processmanager"
 	"github.com/hostprof/ebpf-profiler/reporter"
 	"github.com/hostprof/ebpf-profiler/tracer"
@@ -106,10 +107,11 @@ func profile(ctx context.Context, cfg *config) error {
 	if err != nil {
 		return err
 	}
-	pm, err := processmanager.New(processmanager.Config{})
+	pm, err := processmanager.New(processmanager.Config{Unwinding: unwinding(tr)})
 	if err != nil {
 		return err
 	}
+	defer pm.Close()
 	handler, err := processmanager.NewHandler(pm, rep, 0)
 	if err != nil {
 		return err
@@ -176,6 +178,11 @@ func servePprof(addr string) {
 	if err := http.ListenAndServe(addr, nil); err != nil {
 		log.Warnf("pprof server: %v", err)
 	}
+}
+
+// unwinding connects the process manager to the native unwinder's maps.
+func unwinding(tr *tracer.Tracer) *processmanager.Unwinding {
+	return &processmanager.Unwinding{Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader}
 }
 
 // topN logs the per-interval summary only in the local default, where the

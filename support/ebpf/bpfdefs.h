@@ -21,12 +21,16 @@ typedef signed long long s64;
 
 // Map types and flags from include/uapi/linux/bpf.h.
 enum {
+  BPF_MAP_TYPE_HASH = 1,
   BPF_MAP_TYPE_ARRAY = 2,
   BPF_MAP_TYPE_PROG_ARRAY = 3,
   BPF_MAP_TYPE_PERCPU_ARRAY = 6,
+  BPF_MAP_TYPE_LPM_TRIE = 11,
+  BPF_MAP_TYPE_LRU_HASH = 9,
   BPF_MAP_TYPE_RINGBUF = 27,
 };
-#define BPF_ANY 0
+#define BPF_ANY           0
+#define BPF_F_NO_PREALLOC 1
 // bpf_ringbuf_output flags and bpf_ringbuf_query selectors.
 #define BPF_RB_NO_WAKEUP    1
 #define BPF_RB_FORCE_WAKEUP 2
@@ -34,6 +38,8 @@ enum {
 
 // Helper ids from include/uapi/linux/bpf.h (enum bpf_func_id).
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
+static long (*bpf_map_update_elem)(void *map, const void *key, const void *value, u64 flags) = (void *)2;
+static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)3;
 static u64 (*bpf_ktime_get_ns)(void) = (void *)5;
 static u32 (*bpf_get_smp_processor_id)(void) = (void *)8;
 static long (*bpf_tail_call)(void *ctx, void *prog_array_map, u32 index) = (void *)12;
@@ -80,6 +86,8 @@ static __always_inline int regs_in_kernel(const struct pt_regs *r) { return (r->
   #define REGS_PC(r) ((r)->ip)
   #define REGS_SP(r) ((r)->sp)
   #define REGS_FP(r) ((r)->bp)
+  #define REGS_LR(r)        0
+  #define USER_ADDRESS_MASK (~0ULL)
 #elif defined(__TARGET_ARCH_arm64)
 struct pt_regs {
   u64 regs[31];
@@ -91,6 +99,9 @@ static __always_inline int regs_in_kernel(const struct pt_regs *r) { return (r->
   #define REGS_PC(r) ((r)->pc)
   #define REGS_SP(r) ((r)->sp)
   #define REGS_FP(r) ((r)->regs[29])
+  #define REGS_LR(r) ((r)->regs[30])
+// User addresses fit in 48 bits; a signed pointer carries its PAC above.
+  #define USER_ADDRESS_MASK 0x0000ffffffffffffULL
 #else
   #error "define __TARGET_ARCH_x86 or __TARGET_ARCH_arm64"
 #endif

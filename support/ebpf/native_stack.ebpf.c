@@ -1,6 +1,7 @@
-// The native unwinder. It walks frame-pointer chains: each frame record on
-// the stack holds the caller's frame pointer and the return address. Later
-// unwinders (stack deltas, interpreters) take over from here by tail call.
+// The native unwinder. For each frame it looks up the stack delta user space
+// extracted from the PC's file (package nativeunwind) and applies its rule;
+// where no delta covers the PC it follows the frame-pointer chain. Later
+// unwinders (interpreters) take over from here by tail call.
 #include "tracemgmt.h"
 
 // Addresses below this are never code: a zero or tiny return address ends
@@ -35,6 +36,137 @@ static __always_inline int step_frame_pointer(struct unwind_state *state)
   return 0;
 }
 
+// The mapping of pc in process pid, or NULL.
+static __always_inline struct pid_mapping *find_mapping(u32 pid, u64 pc)
+{
+  struct pid_mapping_key key = {
+    .prefix_len = 8 * (sizeof(key) - sizeof(key.prefix_len)),
+    .pid = pid,
+    .addr_be = __builtin_bswap64(pc),
+  };
+  return bpf_map_lookup_elem(&pid_mappings, &key);
+}
+
+// Tells user space, at most once per unknown_pc_report_interval per
+// process and at once, that a PC of pid is in no mapping it loaded: a new
+// process, or new code, whose mappings it should read.
+static __always_inline void report_unknown_pc(u32 pid)
+{
+  u64 now = bpf_ktime_get_ns();
+  u64 *last = bpf_map_lookup_elem(&unknown_pc_reports, &pid);
+  if (last && now - *last < unknown_pc_report_interval)
+    return;
+  if (emit_process_event(EVENT_UNKNOWN_PC, pid, METRIC_UNKNOWN_PC_REPORTS, 1) == 0)
+    bpf_map_update_elem(&unknown_pc_reports, &pid, &now, BPF_ANY);
+}
+
+// The rule of the delta covering file address addr of file file_id, or NULL.
+static __always_inline struct unwind_rule *find_rule(u64 file_id, u64 addr)
+{
+  struct delta_page_key key = {.file_id = file_id, .page = addr >> DELTA_PAGE_BITS};
+  struct delta_page *page = bpf_map_lookup_elem(&delta_pages, &key);
+  if (!page) {
+    increment_metric(METRIC_ERR_NO_DELTAS);
+    return 0;
+  }
+  // Binary search for the last delta at or below addr: the page's first
+  // delta starts at the page start, so there is one.
+  u16 low = addr & ((1 << DELTA_PAGE_BITS) - 1);
+  u32 first = page->first, lo = 0, hi = page->count;
+  for (int i = 0; i < DELTA_SEARCH_STEPS && lo < hi; i++) {
+    u32 mid = (lo + hi) / 2;
+    u32 idx = first + mid;
+    struct stack_delta *d = bpf_map_lookup_elem(&stack_deltas, &idx);
+    if (!d)
+      return 0;
+    if (d->addr_low <= low)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  u32 idx = first + lo - 1;
+  struct stack_delta *d = bpf_map_lookup_elem(&stack_deltas, &idx);
+  if (!d || lo == 0)
+    return 0;
+  u32 rule = d->rule;
+  return bpf_map_lookup_elem(&unwind_rules, &rule);
+}
+
+// Continues below a signal handler from the register set the kernel saved
+// in the signal frame. Same contract as step_frame_pointer.
+static __always_inline int step_signal_frame(struct unwind_state *state)
+{
+#if defined(__TARGET_ARCH_x86)
+  // At __restore_rt the handler has returned into the trampoline, so SP
+  // points at the ucontext of struct rt_sigframe; its mcontext (struct
+  // sigcontext, arch/x86/include/uapi/asm/sigcontext.h) starts 40 bytes in
+  // with r8..r15, rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip.
+  const u64 mcontext = state->sp + 40;
+  u64 bp, sp_ip[2];
+  if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(mcontext + 10 * 8)) ||
+      bpf_probe_read_user(sp_ip, sizeof(sp_ip), (void *)(mcontext + 15 * 8))) {
+    increment_metric(METRIC_ERR_DELTA_READ);
+    return -1;
+  }
+  state->fp = bp;
+  state->sp = sp_ip[0];
+  state->pc = sp_ip[1];
+  // The interrupted PC is where the thread was, not after a call.
+  state->return_address = 0;
+  return 0;
+#else
+  increment_metric(METRIC_ERR_BAD_RULE);
+  return -1;
+#endif
+}
+
+// Steps to the caller with a stack delta's rule. Same contract as
+// step_frame_pointer.
+static __always_inline int step_delta(struct unwind_state *state, const struct unwind_rule *rule)
+{
+  u64 cfa;
+  switch (rule->cfa_base) {
+  case CFA_SP:
+    cfa = state->sp + rule->cfa_offset;
+    break;
+  case CFA_FP:
+    cfa = state->fp + rule->cfa_offset;
+    break;
+  case CFA_PLT:
+    // An x86_64 PLT entry has pushed its argument from byte cfa_offset on.
+    cfa = state->sp + 8 + ((s64)(state->pc & 15) >= rule->cfa_offset ? 8 : 0);
+    break;
+  case CFA_SIGNAL:
+    return step_signal_frame(state);
+  case CFA_STOP:
+    increment_metric(METRIC_STOP_DELTAS);
+    return 1;
+  default:
+    increment_metric(METRIC_ERR_BAD_RULE);
+    return -1;
+  }
+  if (cfa <= state->sp) {
+    increment_metric(METRIC_ERR_SP_NOT_INCREASING);
+    return -1;
+  }
+  u64 ra = state->lr;
+  if (rule->ra_offset && bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa + rule->ra_offset))) {
+    increment_metric(METRIC_ERR_DELTA_READ);
+    return -1;
+  }
+  if (rule->flags & UNWIND_RULE_RA_SIGNED)
+    ra &= USER_ADDRESS_MASK;
+  if (rule->fp_offset &&
+      bpf_probe_read_user(&state->fp, sizeof(state->fp), (void *)(cfa + rule->fp_offset))) {
+    increment_metric(METRIC_ERR_DELTA_READ);
+    return -1;
+  }
+  state->sp = cfa;
+  state->pc = ra;
+  state->return_address = 1;
+  return ra < MIN_CODE_ADDRESS ? 1 : 0;
+}
+
 SEC("perf_event")
 int unwind_native(struct bpf_perf_event_data *ctx)
 {
@@ -45,12 +177,32 @@ int unwind_native(struct bpf_perf_event_data *ctx)
   struct trace *t = &r->trace;
 
   for (int i = 0; i < NATIVE_FRAMES_PER_PROGRAM; i++) {
+    // A return address follows its call: look up the call instruction.
+    u64 lookup_pc = state->pc - (state->return_address ? 1 : 0);
+    struct pid_mapping *m = find_mapping(t->pid, lookup_pc);
+    u64 file_id = 0, addr = state->pc;
+    if (m) {
+      file_id = m->file_id;
+      addr = state->pc - m->bias;
+    } else {
+      increment_metric(METRIC_ERR_NO_MAPPING);
+      report_unknown_pc(t->pid);
+    }
     u8 flags = state->return_address ? FRAME_FLAG_RETURN_ADDRESS : 0;
-    if (push_frame(t, FRAME_KIND_NATIVE, flags, 0, state->pc)) {
+    if (push_frame(t, FRAME_KIND_NATIVE, flags, file_id, addr)) {
       increment_metric(METRIC_TRUNCATED_TRACES);
       return tail_call_stop(ctx);
     }
-    if (step_frame_pointer(state))
+    struct unwind_rule *rule = file_id ? find_rule(file_id, lookup_pc - m->bias) : 0;
+    int rc;
+    if (rule && rule->cfa_base != CFA_UNKNOWN) {
+      increment_metric(METRIC_DELTA_FRAMES);
+      rc = step_delta(state, rule);
+    } else {
+      increment_metric(METRIC_FP_FRAMES);
+      rc = step_frame_pointer(state);
+    }
+    if (rc)
       return tail_call_stop(ctx);
   }
 

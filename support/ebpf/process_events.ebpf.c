@@ -2,16 +2,6 @@
 // that its state is freed or re-read. Raw tracepoints need no tracefs.
 #include "tracemgmt.h"
 
-static __always_inline void emit_process_event(u32 type, u32 metric)
-{
-  u32 pid = bpf_get_current_pid_tgid() >> 32;
-  struct process_event ev = {.type = type, .pid = pid};
-  if (emit_event(&ev, sizeof(ev)))
-    increment_metric(METRIC_ERR_PROCESS_EVENT_DROPPED);
-  else
-    increment_metric(metric);
-}
-
 // Whether the exiting thread is the last of its group: do_exit() drops
 // signal->live before this tracepoint fires, so the process ends when it is
 // zero, whichever thread exits last (the leader may exit first).
@@ -32,7 +22,7 @@ SEC("raw_tracepoint/sched_process_exit")
 int process_exit(void *ctx)
 {
   if (group_dead())
-    emit_process_event(EVENT_PROCESS_EXIT, METRIC_PROCESS_EXITS);
+    emit_process_event(EVENT_PROCESS_EXIT, bpf_get_current_pid_tgid() >> 32, METRIC_PROCESS_EXITS, 0);
   return 0;
 }
 
@@ -40,6 +30,12 @@ SEC("raw_tracepoint/sched_process_exec")
 int process_exec(void *ctx)
 {
   // After exec the calling thread is the leader: its tgid is the process.
-  emit_process_event(EVENT_PROCESS_EXEC, METRIC_PROCESS_EXECS);
+  // Urgent: until user space drops the old image's mappings, BPF would
+  // unwind the new image's code with them.
+  u32 pid = bpf_get_current_pid_tgid() >> 32;
+  emit_process_event(EVENT_PROCESS_EXEC, pid, METRIC_PROCESS_EXECS, 1);
+  // The new image's first unknown PC must be reported at once, whatever
+  // the old image reported.
+  bpf_map_delete_elem(&unknown_pc_reports, &pid);
   return 0;
 }

@@ -98,6 +98,7 @@ int sample_entry(struct bpf_perf_event_data *ctx)
   r->state.pc = REGS_PC(&regs);
   r->state.sp = REGS_SP(&regs);
   r->state.fp = REGS_FP(&regs);
+  r->state.lr = REGS_LR(&regs);
 
   bpf_tail_call(ctx, &progs, PROG_UNWIND_NATIVE);
   increment_metric(METRIC_ERR_TAIL_CALL);

@@ -13,6 +13,10 @@ volatile const u32 have_task_pt_regs = 0;
 // timer, so busy hosts do not pay one wake-up per sample.
 volatile const u64 events_wakeup_bytes = 0;
 
+// Set by user space before load: the least time between two unknown-PC
+// reports for one process, in nanoseconds.
+volatile const u64 unknown_pc_report_interval = 0;
+
 // Never read: it puts the shared enums and structs into the object's BTF,
 // where user space reads their names, values and layouts.
 volatile const struct btf_exports {
@@ -23,7 +27,16 @@ volatile const struct btf_exports {
   enum metric_id metric_id;
   enum unwind_error unwind_error;
   enum event_type event_type;
+  enum cfa_base cfa_base;
+  enum delta_layout delta_layout;
+  enum unwind_rule_flag unwind_rule_flag;
   struct process_event process_event;
+  struct unwind_rule unwind_rule;
+  struct stack_delta stack_delta;
+  struct delta_page_key delta_page_key;
+  struct delta_page delta_page;
+  struct pid_mapping_key pid_mapping_key;
+  struct pid_mapping pid_mapping;
 } btf_exports __attribute__((used));
 
 // The per-CPU scratch record a sample is built in.
@@ -49,6 +62,49 @@ struct {
   __type(key, u32);
   __type(value, u32);
 } progs SEC(".maps");
+
+// Per-process executable mappings: address -> (file, bias). Filled by user
+// space from /proc/PID/maps.
+struct {
+  __uint(type, BPF_MAP_TYPE_LPM_TRIE);
+  __uint(max_entries, 1 << 16);
+  __uint(map_flags, BPF_F_NO_PREALLOC);
+  __type(key, struct pid_mapping_key);
+  __type(value, struct pid_mapping);
+} pid_mappings SEC(".maps");
+
+// Unwind rules, shared by all files; indexed by stack_delta.rule.
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, 1 << 14);
+  __type(key, u32);
+  __type(value, struct unwind_rule);
+} unwind_rules SEC(".maps");
+
+// The pool every file's deltas are allocated from.
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, 1 << 20);
+  __type(key, u32);
+  __type(value, struct stack_delta);
+} stack_deltas SEC(".maps");
+
+// (file, page) -> that page's run of deltas.
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 1 << 16);
+  __uint(map_flags, BPF_F_NO_PREALLOC);
+  __type(key, struct delta_page_key);
+  __type(value, struct delta_page);
+} delta_pages SEC(".maps");
+
+// When each process last had an unknown PC reported (ktime ns).
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, 4096);
+  __type(key, u32);
+  __type(value, u64);
+} unknown_pc_reports SEC(".maps");
 
 // Finished traces and process events, in the order they happened. User
 // space sizes it for the sampling rate before load.
@@ -89,13 +145,23 @@ static __always_inline int push_frame(struct trace *t, u8 kind, u8 flags, u64 fi
   return 0;
 }
 
-// Emits a record on the events ring buffer; returns non-zero when it is full.
-static __always_inline long emit_event(void *data, u64 size)
+// Emits a record on the events ring buffer; returns non-zero when it is
+// full. The reader is woken when urgent or when the buffer fills up.
+static __always_inline long emit_event(void *data, u64 size, int urgent)
 {
   u64 flags = BPF_RB_NO_WAKEUP;
-  if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= events_wakeup_bytes)
+  if (urgent || bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= events_wakeup_bytes)
     flags = BPF_RB_FORCE_WAKEUP;
   return bpf_ringbuf_output(&events, data, size, flags);
+}
+
+// Emits a process event; returns non-zero (counted) when the buffer is full.
+static __always_inline long emit_process_event(u32 type, u32 pid, u32 metric, int urgent)
+{
+  struct process_event ev = {.type = type, .pid = pid};
+  long err = emit_event(&ev, sizeof(ev), urgent);
+  increment_metric(err ? METRIC_ERR_PROCESS_EVENT_DROPPED : metric);
+  return err;
 }
 
 // Ends the unwind: hands the trace to unwind_stop.

@@ -14,6 +14,81 @@
 #define NATIVE_FRAMES_PER_PROGRAM 16
 #define MAX_TAIL_CALLS            29
 
+// Stack deltas (package nativeunwind), laid out by user space per file: the
+// deltas of each 64 KiB page of a file's addresses are a sorted run in the
+// stack_deltas pool, found through delta_pages, so a lookup is one hash
+// lookup and a binary search of at most DELTA_SEARCH_STEPS steps.
+enum delta_layout {
+  DELTA_PAGE_BITS = 16,
+  // log2 of the most deltas a page can hold, plus one.
+  DELTA_SEARCH_STEPS = DELTA_PAGE_BITS + 1,
+};
+
+// How a frame's CFA is found (values of nativeunwind.CFABase).
+enum cfa_base {
+  CFA_UNKNOWN = 0,
+  CFA_SP = 1,
+  CFA_FP = 2,
+  CFA_STOP = 3,
+  CFA_SIGNAL = 4,
+  CFA_PLT = 5,
+};
+
+// Flags of an unwind rule.
+enum unwind_rule_flag {
+  // arm64: the saved return address is signed (pointer authentication):
+  // strip the PAC bits before using it.
+  UNWIND_RULE_RA_SIGNED = 1,
+};
+
+// One unwind rule, shared by every delta that uses it.
+struct unwind_rule {
+  u8 cfa_base; // enum cfa_base
+  u8 flags;    // enum unwind_rule_flag
+  u16 pad;
+  // CFA_SP, CFA_FP: added to the register. CFA_PLT: the offset in the
+  // 16-byte entry from which on the stub has pushed (11, or 10 with IBT).
+  s32 cfa_offset;
+  // Where the caller's frame pointer is saved, relative to the CFA; 0 when
+  // the register still holds it.
+  s32 fp_offset;
+  // Where the return address is saved, relative to the CFA; 0 when it is
+  // still in the link register (arm64).
+  s32 ra_offset;
+};
+
+// A delta: from addr_low (within its page) on, rule applies.
+struct stack_delta {
+  u16 addr_low;
+  u16 rule;
+};
+
+struct delta_page_key {
+  u64 file_id;
+  u64 page; // file address >> DELTA_PAGE_BITS
+};
+
+// The run of a page's deltas in stack_deltas. Its first delta starts at the
+// page's first address, so a lookup never needs the page before.
+struct delta_page {
+  u32 first;
+  u32 count;
+};
+
+// Key of the per-process mapping trie: pid, then the address in big-endian
+// so that prefixes of it are address ranges.
+struct pid_mapping_key {
+  u32 prefix_len;
+  u32 pid;
+  u64 addr_be;
+};
+
+// A mapped file: file address = process address - bias.
+struct pid_mapping {
+  u64 file_id;
+  u64 bias;
+};
+
 // Kinds of frames (values of libpf.FrameKind).
 enum frame_kind {
   FRAME_KIND_UNKNOWN = 0,
@@ -61,6 +136,24 @@ enum metric_id {
   METRIC_ERR_KERNEL_STACK,
   // The user registers of a thread interrupted in the kernel could not be read.
   METRIC_ERR_USER_REGS,
+  // User frames unwound with stack deltas.
+  METRIC_DELTA_FRAMES,
+  // User frames unwound with frame pointers (no delta covered the PC).
+  METRIC_FP_FRAMES,
+  // Unwinds that ended at a stop delta (thread or process entry point).
+  METRIC_STOP_DELTAS,
+  // The PC was in no mapping user space had loaded for the process.
+  METRIC_ERR_NO_MAPPING,
+  // Unknown-PC events sent to user space.
+  METRIC_UNKNOWN_PC_REPORTS,
+  // The PC's file has no deltas for its page.
+  METRIC_ERR_NO_DELTAS,
+  // The delta's rule could not be read or made no sense.
+  METRIC_ERR_BAD_RULE,
+  // Reading the return address, frame pointer or signal frame failed.
+  METRIC_ERR_DELTA_READ,
+  // The unwound stack pointer did not move towards the stack base.
+  METRIC_ERR_SP_NOT_INCREASING,
   // Reading a frame record from the user stack failed.
   METRIC_ERR_FP_READ,
   // The frame pointer did not move towards the stack base.
@@ -82,7 +175,7 @@ enum metric_id {
   METRIC_ERR_EXIT_GROUP_READ,
   // Process execs reported.
   METRIC_PROCESS_EXECS,
-  // The events ring buffer was full: a process exit or exec was dropped.
+  // The events ring buffer was full: a process event was dropped.
   METRIC_ERR_PROCESS_EVENT_DROPPED,
   METRIC_COUNT,
 };
@@ -115,6 +208,9 @@ enum event_type {
   EVENT_PROCESS_EXIT = 2,
   // The process replaced its image: its mappings are all new.
   EVENT_PROCESS_EXEC = 3,
+  // A PC of the process was in no mapping user space had loaded: new
+  // process or new code (dlopen). Rate-limited per process.
+  EVENT_UNKNOWN_PC = 4,
 };
 
 // A trace as handed to user space: the header, then num_frames frames (kernel
@@ -140,6 +236,8 @@ struct unwind_state {
   u64 pc;
   u64 sp;
   u64 fp;
+  // The link register (arm64): the return address of a leaf frame.
+  u64 lr;
   u32 tail_calls;
   // Set once pc is a return address rather than the interrupted pc.
   u32 return_address;
@@ -152,7 +250,7 @@ struct record {
   struct trace trace;
 };
 
-// A process event (EVENT_PROCESS_EXIT, EVENT_PROCESS_EXEC).
+// A process event (EVENT_PROCESS_EXIT, EVENT_PROCESS_EXEC, EVENT_UNKNOWN_PC).
 struct process_event {
   u32 type; // enum event_type
   u32 pid;

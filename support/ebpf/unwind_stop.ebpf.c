@@ -33,7 +33,7 @@ int unwind_stop(struct bpf_perf_event_data *ctx)
   if (n > MAX_FRAMES)
     n = MAX_FRAMES;
   u64 size = __builtin_offsetof(struct trace, frames) + n * sizeof(struct frame);
-  if (emit_event(t, size))
+  if (emit_event(t, size, 0))
     increment_metric(METRIC_ERR_TRACE_DROPPED);
   else
     increment_metric(METRIC_TRACES_SENT);

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/processmanager"
 	"github.com/hostprof/ebpf-profiler/support"
 	"github.com/hostprof/ebpf-profiler/tracer"
@@ -92,6 +93,11 @@ func (l *eventLog) ProcessExeced(pid libpf.PID) {
 	l.Handler.ProcessExeced(pid)
 }
 
+func (l *eventLog) UnknownPC(pid libpf.PID) {
+	l.record("unknown-pc", pid)
+	l.Handler.UnknownPC(pid)
+}
+
 // of returns the kinds of events for one pid, in order.
 func (l *eventLog) of(pid int) []string {
 	l.mu.Lock()
@@ -122,7 +128,9 @@ func startSession(t *testing.T, hz int) *session {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pm, err := processmanager.New(processmanager.Config{})
+	pm, err := processmanager.New(processmanager.Config{Unwinding: &processmanager.Unwinding{
+		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader,
+	}})
 	if err != nil {
 		tr.Close()
 		t.Fatal(err)
@@ -155,6 +163,7 @@ func (s *session) stop(t *testing.T) {
 	if err := <-s.done; err != nil {
 		t.Errorf("event pump: %v", err)
 	}
+	s.pm.Close()
 	s.tr.Close()
 }
 

@@ -1,0 +1,222 @@
+package processmanager
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+
+	"github.com/hostprof/ebpf-profiler/nativeunwind"
+	"github.com/hostprof/ebpf-profiler/support"
+)
+
+// DeltaMaps writes the BPF maps the native unwinder reads; the tracer
+// implements it.
+type DeltaMaps interface {
+	SetUnwindRule(id uint16, r support.UnwindRule) error
+	SetStackDeltas(first uint32, deltas []support.StackDelta) error
+	SetDeltaPage(k support.DeltaPageKey, v support.DeltaPage) error
+	DeleteDeltaPage(k support.DeltaPageKey) error
+	SetPidMapping(k support.PidMappingKey, v support.PidMapping) error
+	DeletePidMapping(k support.PidMappingKey) error
+}
+
+// ErrDeltaPoolFull says a file's deltas did not fit in the BPF pool.
+var ErrDeltaPoolFull = errors.New("stack delta pool full")
+
+// deltaLoader keeps each file's deltas in BPF while some process maps it:
+// loaded once per file id, reference counted, freed with the last user.
+type deltaLoader struct {
+	maps     DeltaMaps
+	pageBits uint
+	maxRules int
+	// flagRASigned is the BPF rule flag for Rule.RASigned.
+	flagRASigned uint8
+	rules        map[nativeunwind.Rule]uint16
+	pool         spanAllocator
+	files        map[uint64]*loadedFile
+}
+
+type loadedFile struct {
+	refs  int
+	span  span
+	pages []uint64
+}
+
+func newDeltaLoader(maps DeltaMaps, c support.DeltaCapacity) *deltaLoader {
+	return &deltaLoader{
+		maps:         maps,
+		pageBits:     c.PageBits,
+		maxRules:     int(c.Rules),
+		flagRASigned: c.FlagRASigned,
+		rules:        map[nativeunwind.Rule]uint16{},
+		pool:         newSpanAllocator(c.Deltas),
+		files:        map[uint64]*loadedFile{},
+	}
+}
+
+// loaded reports whether a file's deltas are in BPF.
+func (l *deltaLoader) loaded(fileID uint64) bool { return l.files[fileID] != nil }
+
+// acquire takes a reference on a file's deltas, loading them with extract
+// on the first reference.
+func (l *deltaLoader) acquire(fileID uint64, extract func() (nativeunwind.Deltas, error)) error {
+	if f := l.files[fileID]; f != nil {
+		f.refs++
+		return nil
+	}
+	deltas, err := extract()
+	if err != nil {
+		return err
+	}
+	runs, err := layoutDeltas(deltas, l.pageBits, l.intern)
+	if err != nil {
+		return err
+	}
+	total := 0
+	for _, r := range runs {
+		total += len(r.deltas)
+	}
+	sp, ok := l.pool.alloc(uint32(total))
+	if !ok {
+		return fmt.Errorf("%w: %d deltas", ErrDeltaPoolFull, total)
+	}
+	f := &loadedFile{refs: 1, span: sp}
+	next := sp.start
+	for _, r := range runs {
+		if err := l.maps.SetStackDeltas(next, r.deltas); err != nil {
+			l.unload(fileID, f)
+			return fmt.Errorf("writing stack deltas: %w", err)
+		}
+		key := support.DeltaPageKey{FileID: fileID, Page: r.page}
+		if err := l.maps.SetDeltaPage(key, support.DeltaPage{First: next, Count: uint32(len(r.deltas))}); err != nil {
+			l.unload(fileID, f)
+			return fmt.Errorf("writing delta page: %w", err)
+		}
+		f.pages = append(f.pages, r.page)
+		next += uint32(len(r.deltas))
+	}
+	l.files[fileID] = f
+	return nil
+}
+
+// release drops a reference; the last one unloads the file.
+func (l *deltaLoader) release(fileID uint64) {
+	f := l.files[fileID]
+	if f == nil {
+		return
+	}
+	if f.refs--; f.refs == 0 {
+		delete(l.files, fileID)
+		l.unload(fileID, f)
+	}
+}
+
+func (l *deltaLoader) unload(fileID uint64, f *loadedFile) {
+	for _, page := range f.pages {
+		_ = l.maps.DeleteDeltaPage(support.DeltaPageKey{FileID: fileID, Page: page})
+	}
+	l.pool.free(f.span)
+}
+
+// intern returns the rule table index of a rule, writing new rules to BPF.
+// Index 0 is the zero rule (CFA unknown). Rules are few and shared by all
+// files, so they are never freed.
+func (l *deltaLoader) intern(r nativeunwind.Rule) (uint16, error) {
+	if r.CFA == nativeunwind.CFAUnknown {
+		return 0, nil
+	}
+	if id, ok := l.rules[r]; ok {
+		return id, nil
+	}
+	id := len(l.rules) + 1
+	if id >= l.maxRules || id > 0xffff {
+		return 0, errTooManyRules
+	}
+	rule := support.UnwindRule{
+		CFABase: uint8(r.CFA), CFAOffset: r.CFAOffset, FPOffset: r.FPOffset, RAOffset: r.RAOffset,
+	}
+	if r.RASigned {
+		rule.Flags |= l.flagRASigned
+	}
+	err := l.maps.SetUnwindRule(uint16(id), rule)
+	if err != nil {
+		return 0, fmt.Errorf("writing unwind rule: %w", err)
+	}
+	l.rules[r] = uint16(id)
+	return uint16(id), nil
+}
+
+// rangePrefixes covers [start, end) with aligned power-of-two blocks, each
+// given as its first address and the number of leading address bits that
+// identify it: the keys of an LPM trie.
+func rangePrefixes(start, end uint64) [][2]uint64 {
+	var out [][2]uint64
+	for start < end {
+		size := uint64(1) << 63
+		if start != 0 {
+			size = start & -start
+		}
+		for size > end-start {
+			size >>= 1
+		}
+		out = append(out, [2]uint64{start, uint64(64 - bits.TrailingZeros64(size))})
+		start += size
+		if start == 0 {
+			break
+		}
+	}
+	return out
+}
+
+// span is a run of slots in the delta pool.
+type span struct{ start, len uint32 }
+
+// spanAllocator hands out runs of pool slots, first fit.
+type spanAllocator struct {
+	holes []span // free runs, sorted by start, never adjacent
+}
+
+func newSpanAllocator(size uint32) spanAllocator {
+	return spanAllocator{holes: []span{{0, size}}}
+}
+
+func (a *spanAllocator) alloc(n uint32) (span, bool) {
+	if n == 0 {
+		return span{}, true
+	}
+	for i, f := range a.holes {
+		if f.len < n {
+			continue
+		}
+		got := span{f.start, n}
+		if f.len == n {
+			a.holes = append(a.holes[:i], a.holes[i+1:]...)
+		} else {
+			a.holes[i] = span{f.start + n, f.len - n}
+		}
+		return got, true
+	}
+	return span{}, false
+}
+
+func (a *spanAllocator) free(s span) {
+	if s.len == 0 {
+		return
+	}
+	i := 0
+	for i < len(a.holes) && a.holes[i].start < s.start {
+		i++
+	}
+	a.holes = append(a.holes, span{})
+	copy(a.holes[i+1:], a.holes[i:])
+	a.holes[i] = s
+	// Merge with the neighbours.
+	if i+1 < len(a.holes) && a.holes[i].start+a.holes[i].len == a.holes[i+1].start {
+		a.holes[i].len += a.holes[i+1].len
+		a.holes = append(a.holes[:i+1], a.holes[i+2:]...)
+	}
+	if i > 0 && a.holes[i-1].start+a.holes[i-1].len == a.holes[i].start {
+		a.holes[i-1].len += a.holes[i].len
+		a.holes = append(a.holes[:i], a.holes[i+1:]...)
+	}
+}

@@ -1,0 +1,189 @@
+package processmanager
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/hostprof/ebpf-profiler/nativeunwind"
+	"github.com/hostprof/ebpf-profiler/support"
+)
+
+// fakeDeltaMaps records what the loader writes.
+type fakeDeltaMaps struct {
+	rules    map[uint16]support.UnwindRule
+	deltas   map[uint32]support.StackDelta
+	pages    map[support.DeltaPageKey]support.DeltaPage
+	mappings map[support.PidMappingKey]support.PidMapping
+}
+
+func newFakeDeltaMaps() *fakeDeltaMaps {
+	return &fakeDeltaMaps{
+		rules:    map[uint16]support.UnwindRule{},
+		deltas:   map[uint32]support.StackDelta{},
+		pages:    map[support.DeltaPageKey]support.DeltaPage{},
+		mappings: map[support.PidMappingKey]support.PidMapping{},
+	}
+}
+
+func (f *fakeDeltaMaps) SetUnwindRule(id uint16, r support.UnwindRule) error {
+	f.rules[id] = r
+	return nil
+}
+
+func (f *fakeDeltaMaps) SetStackDeltas(first uint32, d []support.StackDelta) error {
+	for i, x := range d {
+		f.deltas[first+uint32(i)] = x
+	}
+	return nil
+}
+
+func (f *fakeDeltaMaps) SetDeltaPage(k support.DeltaPageKey, v support.DeltaPage) error {
+	f.pages[k] = v
+	return nil
+}
+
+func (f *fakeDeltaMaps) DeleteDeltaPage(k support.DeltaPageKey) error {
+	delete(f.pages, k)
+	return nil
+}
+
+func (f *fakeDeltaMaps) SetPidMapping(k support.PidMappingKey, v support.PidMapping) error {
+	f.mappings[k] = v
+	return nil
+}
+
+func (f *fakeDeltaMaps) DeletePidMapping(k support.PidMappingKey) error {
+	delete(f.mappings, k)
+	return nil
+}
+
+// bpfLookup does what the BPF unwinder does with the maps.
+func (f *fakeDeltaMaps) bpfLookup(fileID, addr uint64, pageBits uint) (support.UnwindRule, bool) {
+	page, ok := f.pages[support.DeltaPageKey{FileID: fileID, Page: addr >> pageBits}]
+	if !ok {
+		return support.UnwindRule{}, false
+	}
+	low := uint16(addr & (1<<pageBits - 1))
+	var rule uint16
+	for i := page.First; i < page.First+page.Count; i++ {
+		if f.deltas[i].AddrLow > low {
+			break
+		}
+		rule = f.deltas[i].Rule
+	}
+	return f.rules[rule], true
+}
+
+func TestDeltaLoaderRefcounts(t *testing.T) {
+	maps := newFakeDeltaMaps()
+	l := newDeltaLoader(maps, support.DeltaCapacity{Rules: 16, Deltas: 64, PageBits: 12})
+	sp8 := nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8, RAOffset: -8}
+	sp32 := nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 32, RAOffset: -8, FPOffset: -16}
+	deltas := nativeunwind.Deltas{{Address: 0x1000, Rule: sp8}, {Address: 0x1004, Rule: sp32},
+		{Address: 0x2100, Rule: sp8}, {Address: 0x2200, Rule: nativeunwind.Rule{}}}
+	extractions := 0
+	extract := func() (nativeunwind.Deltas, error) { extractions++; return deltas, nil }
+
+	for range 2 {
+		if err := l.acquire(7, extract); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if extractions != 1 {
+		t.Errorf("%d extractions for one file, want 1", extractions)
+	}
+	for addr, want := range map[uint64]nativeunwind.Rule{0x1000: sp8, 0x1008: sp32, 0x1fff: sp32, 0x2050: sp32, 0x2100: sp8} {
+		got, ok := maps.bpfLookup(7, addr, 12)
+		if !ok || got.CFAOffset != want.CFAOffset || got.FPOffset != want.FPOffset || got.CFABase != uint8(want.CFA) {
+			t.Errorf("address %#x: rule %+v (found %v), want %v", addr, got, ok, want)
+		}
+	}
+	if got, ok := maps.bpfLookup(7, 0x2200, 12); !ok || got.CFABase != 0 {
+		t.Errorf("address in a gap: %+v (found %v), want the unknown rule", got, ok)
+	}
+
+	l.release(7)
+	if len(maps.pages) == 0 {
+		t.Fatal("deltas unloaded while a reference remains")
+	}
+	l.release(7)
+	if len(maps.pages) != 0 || l.loaded(7) {
+		t.Errorf("pages left after the last release: %v", maps.pages)
+	}
+	if len(l.pool.holes) != 1 || l.pool.holes[0] != (span{0, 64}) {
+		t.Errorf("pool not whole again: %+v", l.pool.holes)
+	}
+}
+
+func TestDeltaLoaderPoolFull(t *testing.T) {
+	l := newDeltaLoader(newFakeDeltaMaps(), support.DeltaCapacity{Rules: 16, Deltas: 2, PageBits: 12})
+	deltas := nativeunwind.Deltas{{Address: 0x1000, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8}},
+		{Address: 0x1004, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 16}},
+		{Address: 0x1008, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8}}}
+	err := l.acquire(1, func() (nativeunwind.Deltas, error) { return deltas, nil })
+	if !errors.Is(err, ErrDeltaPoolFull) || l.loaded(1) {
+		t.Errorf("error %v (loaded %v), want ErrDeltaPoolFull", err, l.loaded(1))
+	}
+}
+
+func TestSpanAllocator(t *testing.T) {
+	a := newSpanAllocator(10)
+	x, _ := a.alloc(3)
+	y, _ := a.alloc(3)
+	z, _ := a.alloc(4)
+	if _, ok := a.alloc(1); ok {
+		t.Fatal("allocated from a full pool")
+	}
+	a.free(y)
+	if s, ok := a.alloc(4); ok {
+		t.Fatalf("allocated %+v across a used span", s)
+	}
+	a.free(x)
+	a.free(z)
+	if !slices.Equal(a.holes, []span{{0, 10}}) {
+		t.Errorf("holes %+v, want the whole pool", a.holes)
+	}
+}
+
+func TestRangePrefixes(t *testing.T) {
+	tests := []struct {
+		start, end uint64
+		want       [][2]uint64
+	}{
+		{0x400000, 0x401000, [][2]uint64{{0x400000, 52}}},
+		{0x1000, 0x4000, [][2]uint64{{0x1000, 52}, {0x2000, 51}}},
+		{0x7f0000001000, 0x7f0000003800, [][2]uint64{{0x7f0000001000, 52}, {0x7f0000002000, 52}, {0x7f0000003000, 53}}},
+	}
+	for _, tt := range tests {
+		got := rangePrefixes(tt.start, tt.end)
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("rangePrefixes(%#x, %#x) = %x, want %x", tt.start, tt.end, got, tt.want)
+		}
+	}
+	// Exhaustively: the prefixes cover exactly the range.
+	start, end := uint64(0x12345), uint64(0x9876f)
+	covered := uint64(0)
+	for _, p := range rangePrefixes(start, end) {
+		size := uint64(1) << (64 - p[1])
+		if p[0]%size != 0 {
+			t.Fatalf("prefix %x not aligned", p)
+		}
+		covered += size
+	}
+	if covered != end-start {
+		t.Errorf("prefixes cover %#x bytes, want %#x", covered, end-start)
+	}
+}
+
+func TestDeltaLoaderSignedReturnAddress(t *testing.T) {
+	maps := newFakeDeltaMaps()
+	l := newDeltaLoader(maps, support.DeltaCapacity{Rules: 4, Deltas: 4, PageBits: 12, FlagRASigned: 1})
+	id, err := l.intern(nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 16, RAOffset: -8, RASigned: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := maps.rules[id]; got.Flags != 1 || got.CFAOffset != 16 {
+		t.Errorf("BPF rule %+v, want the signed-RA flag", got)
+	}
+}

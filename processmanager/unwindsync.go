@@ -1,0 +1,208 @@
+package processmanager
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/hostprof/ebpf-profiler/nativeunwind"
+	"github.com/hostprof/ebpf-profiler/support"
+)
+
+// ExtractFunc turns a file's bytes into its stack deltas.
+type ExtractFunc func(r io.ReaderAt) (nativeunwind.Deltas, error)
+
+// Unwinding says how the native unwinder's maps are kept: where to write
+// them, how big they are, and how to extract a file's deltas.
+type Unwinding struct {
+	Maps     DeltaMaps
+	Capacity support.DeltaCapacity
+	Extract  ExtractFunc
+}
+
+// maxPendingAttaches bounds the mappings waiting for their deltas; beyond
+// it new mappings are dropped (and counted) and unwind with frame pointers.
+const maxPendingAttaches = 4096
+
+// unwindSync mirrors every process's file mappings into the BPF mapping
+// trie and keeps their files' stack deltas loaded. Extraction can take
+// seconds for a large library, so it runs on its own goroutine, never on
+// the trace path: the manager only queues jobs.
+type unwindSync struct {
+	u      Unwinding
+	log    logrus.FieldLogger
+	loader *deltaLoader
+
+	jobs    chan unwindJob
+	pending atomic.Int64
+	done    chan struct{}
+	once    sync.Once
+
+	// attached is the worker's record of what it wrote, per pid and
+	// mapping start.
+	attached map[uint32]map[uint64]attachedMapping
+
+	dropped, extractErrors, loadErrors, filesLoaded atomic.Uint64
+}
+
+type unwindJob struct {
+	pid uint32
+	// detachAll forgets the pid; otherwise the job attaches or (detach)
+	// removes one mapping.
+	detachAll, detach bool
+	m                 attachedMapping
+	// open reads the mapped file; called only when its deltas are not
+	// loaded yet.
+	open func() (*os.File, error)
+	// barrier, when set, is closed once every earlier job is done.
+	barrier chan struct{}
+}
+
+type attachedMapping struct {
+	start, end, bias uint64
+	fileID           uint64
+}
+
+func newUnwindSync(u Unwinding, log logrus.FieldLogger) *unwindSync {
+	s := &unwindSync{
+		u:        u,
+		log:      log,
+		loader:   newDeltaLoader(u.Maps, u.Capacity),
+		jobs:     make(chan unwindJob, maxPendingAttaches),
+		done:     make(chan struct{}),
+		attached: map[uint32]map[uint64]attachedMapping{},
+	}
+	go s.run()
+	return s
+}
+
+// attach queues a mapping; when the queue is full it is dropped and its
+// frames unwind with frame pointers.
+func (s *unwindSync) attach(pid uint32, mp *mapping, procFS string) {
+	if mp.pf == nil || mp.pf.FileID.IsZero() || mp.file == nil || mp.file.elf == nil {
+		return
+	}
+	if s.pending.Load() >= maxPendingAttaches/2 {
+		s.dropped.Add(1)
+		return
+	}
+	e := mp.entry
+	s.send(unwindJob{
+		pid:  pid,
+		m:    attachedMapping{start: e.start, end: e.end, bias: mp.pf.Bias, fileID: mp.pf.FileID.Low64()},
+		open: func() (*os.File, error) { return openMapping(procFS, pid, &e) },
+	})
+}
+
+// detach queues the removal of a mapping. Removals are never dropped: the
+// queue keeps half its room for them.
+func (s *unwindSync) detach(pid uint32, mp *mapping) {
+	s.send(unwindJob{pid: pid, detach: true, m: attachedMapping{start: mp.entry.start}})
+}
+
+// forget queues the removal of everything of pid.
+func (s *unwindSync) forget(pid uint32) { s.send(unwindJob{pid: pid, detachAll: true}) }
+
+func (s *unwindSync) send(j unwindJob) {
+	s.pending.Add(1)
+	s.jobs <- j
+}
+
+// close stops the worker after the queued jobs.
+func (s *unwindSync) close() {
+	s.once.Do(func() { close(s.jobs) })
+	<-s.done
+}
+
+func (s *unwindSync) run() {
+	defer close(s.done)
+	for j := range s.jobs {
+		s.handle(j)
+		s.pending.Add(-1)
+	}
+}
+
+// wait returns once every job queued before it is done.
+func (s *unwindSync) wait() {
+	b := make(chan struct{})
+	s.send(unwindJob{barrier: b})
+	<-b
+}
+
+func (s *unwindSync) handle(j unwindJob) {
+	switch {
+	case j.barrier != nil:
+		close(j.barrier)
+	case j.detachAll:
+		for start := range s.attached[j.pid] {
+			s.remove(j.pid, start)
+		}
+		delete(s.attached, j.pid)
+	case j.detach:
+		s.remove(j.pid, j.m.start)
+	default:
+		if err := s.add(j); err != nil {
+			s.log.WithError(err).Debugf("process %d: no stack deltas for mapping at %#x", j.pid, j.m.start)
+		}
+	}
+}
+
+func (s *unwindSync) add(j unwindJob) error {
+	if _, ok := s.attached[j.pid][j.m.start]; ok {
+		s.remove(j.pid, j.m.start)
+	}
+	err := s.loader.acquire(j.m.fileID, func() (nativeunwind.Deltas, error) {
+		f, err := j.open()
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		d, err := s.u.Extract(f)
+		if err != nil {
+			s.extractErrors.Add(1)
+			return nil, fmt.Errorf("extracting stack deltas: %w", err)
+		}
+		s.filesLoaded.Add(1)
+		return d, nil
+	})
+	if err != nil {
+		s.loadErrors.Add(1)
+		return err
+	}
+	for _, p := range rangePrefixes(j.m.start, j.m.end) {
+		key := support.NewPidMappingKey(j.pid, p[0], int(p[1]))
+		if err := s.u.Maps.SetPidMapping(key, support.PidMapping{FileID: j.m.fileID, Bias: j.m.bias}); err != nil {
+			s.loadErrors.Add(1)
+			s.attachedFor(j.pid)[j.m.start] = j.m
+			s.remove(j.pid, j.m.start)
+			return fmt.Errorf("writing the mapping trie: %w", err)
+		}
+	}
+	s.attachedFor(j.pid)[j.m.start] = j.m
+	return nil
+}
+
+func (s *unwindSync) attachedFor(pid uint32) map[uint64]attachedMapping {
+	m := s.attached[pid]
+	if m == nil {
+		m = map[uint64]attachedMapping{}
+		s.attached[pid] = m
+	}
+	return m
+}
+
+func (s *unwindSync) remove(pid uint32, start uint64) {
+	m, ok := s.attached[pid][start]
+	if !ok {
+		return
+	}
+	delete(s.attached[pid], start)
+	for _, p := range rangePrefixes(m.start, m.end) {
+		_ = s.u.Maps.DeletePidMapping(support.NewPidMappingKey(pid, p[0], int(p[1])))
+	}
+	s.loader.release(m.fileID)
+}

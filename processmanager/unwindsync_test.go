@@ -1,0 +1,72 @@
+package processmanager
+
+import (
+	"io"
+	"testing"
+
+	"github.com/hostprof/ebpf-profiler/nativeunwind"
+	"github.com/hostprof/ebpf-profiler/support"
+)
+
+// TestUnwindSyncFollowsProcesses: the manager mirrors a process's file
+// mappings into the trie and loads the file's deltas once for two
+// processes; exits remove everything again.
+func TestUnwindSyncFollowsProcesses(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	first, fnAbs := lib.mapAt(0x7f0000000000)
+	second, _ := lib.mapAt(0x7e0000000000)
+	fs.setProcess(100, 1, "/bin/app", first)
+	fs.setProcess(200, 1, "/bin/app", second)
+
+	maps := newFakeDeltaMaps()
+	extractions := 0
+	extract := func(io.ReaderAt) (nativeunwind.Deltas, error) {
+		extractions++
+		return nativeunwind.Deltas{
+			{Address: 0, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8, RAOffset: -8}},
+		}, nil
+	}
+	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger(),
+		Unwinding: &Unwinding{Maps: maps, Capacity: support.DeltaCapacity{Rules: 8, Deltas: 1024, PageBits: 16}, Extract: extract}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for _, pid := range []uint32{100, 200} {
+		if _, _, err := m.ConvertTrace(&support.Trace{PID: pid, Frames: []support.Frame{{Addr: fnAbs}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.unwind.wait()
+	if extractions != 1 {
+		t.Errorf("%d extractions of one file, want 1", extractions)
+	}
+	if len(maps.pages) == 0 {
+		t.Fatal("no delta pages loaded")
+	}
+	trie := map[uint32]int{}
+	for k, v := range maps.mappings {
+		trie[k.PID]++
+		if v.FileID == 0 {
+			t.Errorf("trie entry %+v without a file id", k)
+		}
+	}
+	if trie[100] == 0 || trie[200] == 0 {
+		t.Fatalf("trie entries per pid: %v", trie)
+	}
+
+	m.ProcessExited(100)
+	m.unwind.wait()
+	if len(maps.pages) == 0 {
+		t.Error("deltas unloaded while pid 200 still maps the file")
+	}
+	m.ProcessExited(200)
+	m.unwind.wait()
+	if len(maps.pages) != 0 || len(maps.mappings) != 0 {
+		t.Errorf("left behind: %d pages, %d trie entries", len(maps.pages), len(maps.mappings))
+	}
+	if s := m.Stats(); s.DeltaFilesLoaded != 1 || s.DeltaLoadErrors != 0 {
+		t.Errorf("stats %+v", s)
+	}
+}

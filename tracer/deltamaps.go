@@ -1,0 +1,77 @@
+package tracer
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/hostprof/ebpf-profiler/support"
+)
+
+// Typed writers for the maps the native unwinder reads: stack deltas and
+// the per-process mapping trie. What goes into them is the process
+// manager's business.
+
+// DeltaCapacity says how big the stack-delta maps are and how they are
+// laid out.
+func (t *Tracer) DeltaCapacity() support.DeltaCapacity {
+	return support.DeltaCapacity{
+		Rules:        t.coll.Maps["unwind_rules"].MaxEntries(),
+		Deltas:       t.coll.Maps["stack_deltas"].MaxEntries(),
+		PageBits:     t.shared.DeltaPageBits,
+		FlagRASigned: t.shared.RuleFlagRASigned,
+	}
+}
+
+// SetUnwindRule writes rule id.
+func (t *Tracer) SetUnwindRule(id uint16, r support.UnwindRule) error {
+	return t.coll.Maps["unwind_rules"].Put(uint32(id), r)
+}
+
+// SetStackDeltas writes deltas to the pool from index first on.
+func (t *Tracer) SetStackDeltas(first uint32, deltas []support.StackDelta) error {
+	m := t.coll.Maps["stack_deltas"]
+	keys := make([]uint32, len(deltas))
+	for i := range keys {
+		keys[i] = first + uint32(i)
+	}
+	_, err := m.BatchUpdate(keys, deltas, nil)
+	if !errors.Is(err, ebpf.ErrNotSupported) {
+		return err
+	}
+	// Kernels before 5.6 have no batch operations on arrays.
+	for i, d := range deltas {
+		if err := m.Put(keys[i], d); err != nil {
+			return fmt.Errorf("stack delta %d: %w", keys[i], err)
+		}
+	}
+	return nil
+}
+
+// SetDeltaPage writes the location of a page's deltas.
+func (t *Tracer) SetDeltaPage(k support.DeltaPageKey, v support.DeltaPage) error {
+	return t.coll.Maps["delta_pages"].Put(k, v)
+}
+
+// DeleteDeltaPage removes a page; a missing one is not an error.
+func (t *Tracer) DeleteDeltaPage(k support.DeltaPageKey) error {
+	return ignoreMissing(t.coll.Maps["delta_pages"].Delete(k))
+}
+
+// SetPidMapping writes one prefix of a process's mapping.
+func (t *Tracer) SetPidMapping(k support.PidMappingKey, v support.PidMapping) error {
+	return t.coll.Maps["pid_mappings"].Put(k, v)
+}
+
+// DeletePidMapping removes one prefix; a missing one is not an error.
+func (t *Tracer) DeletePidMapping(k support.PidMappingKey) error {
+	return ignoreMissing(t.coll.Maps["pid_mappings"].Delete(k))
+}
+
+func ignoreMissing(err error) error {
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil
+	}
+	return err
+}
