@@ -82,7 +82,7 @@ type stepper struct {
 	failed  map[string]int
 	covered map[uint64]bool
 	pages   map[uint64][]byte // stack pages read at this step
-	traced  []int             // threads kept stopped
+	seized  []int             // threads ever attached to
 }
 
 func stepAndUnwind(t *testing.T, path string) {
@@ -138,8 +138,8 @@ func stepAndUnwind(t *testing.T, path string) {
 		t.Fatalf("PTRACE_INTERRUPT: %v", err)
 	}
 	s.wait(s.tid)
-	s.traced = append(s.traced, s.tid)
-	defer s.detach()
+	s.seized = append(s.seized, s.tid)
+	defer s.release(cmd)
 	// Nothing here may hang the test: a stuck step ends with the child.
 	watchdog := time.AfterFunc(3*time.Minute, func() { _ = cmd.Process.Kill() })
 	defer watchdog.Stop()
@@ -150,11 +150,16 @@ func stepAndUnwind(t *testing.T, path string) {
 	s.run()
 }
 
-// detach lets the stopped threads go, so that the child can be killed
-// and reaped like any other.
-func (s *stepper) detach() {
-	for _, tid := range s.traced {
-		_ = unix.PtraceDetach(tid)
+// release kills the child and reaps the other threads it traced: a
+// traced thread's exit goes to its tracer, and the process's exit (which
+// cmd.Wait reaps) only comes after that.
+func (s *stepper) release(cmd *exec.Cmd) {
+	_ = cmd.Process.Kill()
+	for _, tid := range s.seized {
+		if tid != cmd.Process.Pid {
+			var ws unix.WaitStatus
+			_, _ = unix.Wait4(tid, &ws, unix.WALL, nil)
+		}
 	}
 }
 
@@ -176,7 +181,8 @@ func (s *stepper) wait(tid int) {
 // runtime.sysmon, which holds no lock there.
 func (s *stepper) stopSysmon(pid int) {
 	t := s.t
-	for attempt := 0; attempt < 100; attempt++ {
+	var seen []string
+	for attempt := 0; attempt < 200; attempt++ {
 		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 		if err != nil {
 			t.Fatal(err)
@@ -186,6 +192,9 @@ func (s *stepper) stopSysmon(pid int) {
 			if err != nil || tid == s.tid {
 				continue
 			}
+			if !slices.Contains(s.seized, tid) {
+				s.seized = append(s.seized, tid)
+			}
 			if unix.PtraceSeize(tid) != nil || unix.PtraceInterrupt(tid) != nil {
 				continue
 			}
@@ -194,11 +203,11 @@ func (s *stepper) stopSysmon(pid int) {
 			if err := unix.PtraceGetRegs(tid, &regs); err == nil {
 				clear(s.pages)
 				frames, err := s.unwind(regs)
-				if err == nil && len(frames) > 1 && frames[0].name == "runtime.usleep" && frames[1].name == "runtime.sysmon" {
+				if err == nil && len(frames) > 1 && inSysmonSleep(frames) {
 					t.Logf("stopped runtime.sysmon's thread %d: %s", tid, frameChain(frames))
-					s.traced = append(s.traced, tid)
 					return
 				}
+				seen = append(seen, fmt.Sprintf("%d: %s (%v)", tid, frameChain(frames), err))
 			}
 			if err := unix.PtraceDetach(tid); err != nil {
 				t.Fatalf("PTRACE_DETACH %d: %v", tid, err)
@@ -206,7 +215,22 @@ func (s *stepper) stopSysmon(pid int) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	t.Fatal("found no thread in runtime.sysmon")
+	t.Fatalf("found no thread sleeping in runtime.sysmon; last seen:\n%s", strings.Join(seen[max(len(seen)-8, 0):], "\n"))
+}
+
+// inSysmonSleep says whether a stack is runtime.sysmon sleeping, between
+// rounds (usleep) or until there is work again (notetsleep on a futex).
+func inSysmonSleep(frames []unwoundFrame) bool {
+	for i, f := range frames {
+		switch f.name {
+		case "runtime.usleep", "runtime.futex", "runtime.futexsleep", "runtime.notetsleep_internal", "runtime.notetsleep":
+			continue
+		case "runtime.sysmon":
+			return i > 0
+		}
+		return false
+	}
+	return false
 }
 
 func (s *stepper) run() {
