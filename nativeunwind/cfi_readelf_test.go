@@ -500,15 +500,7 @@ func TestReadelfAgreementGo(t *testing.T) {
 		}
 		bin := buildGo(t)
 		compareWithReadelf(t, bin)
-		f, err := elf.Open(bin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		d, err := Extract(f)
-		if err != nil {
-			t.Fatal(err)
-		}
+		f, d := openAndExtract(t, bin)
 		for _, s := range []string{"runtime.goexit.abi0", "runtime.mstart.abi0", "runtime.rt0_go.abi0"} {
 			checkStop(t, f, d, s)
 		}

@@ -97,15 +97,7 @@ __attribute__((noinline)) void *start_thread(void *arg) { return (void *)(long)r
 void *use_start_thread(void *arg) { return start_thread(arg); }
 `
 		bin := buildC(t, t.TempDir(), "stops", src, "-O2", "-fomit-frame-pointer")
-		f, err := elf.Open(bin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		d, err := Extract(f)
-		if err != nil {
-			t.Fatal(err)
-		}
+		f, d := openAndExtract(t, bin)
 		checkStop(t, f, d, "_start")
 		checkStop(t, f, d, "start_thread")
 		if r, _ := d.Lookup(symbolAddr(t, f, "main")); r.CFA != CFASP {
@@ -113,16 +105,7 @@ void *use_start_thread(void *arg) { return start_thread(arg); }
 		}
 	})
 	t.Run("clone in libc", func(t *testing.T) {
-		const libc = "/lib/x86_64-linux-gnu/libc.so.6"
-		f, err := elf.Open(libc)
-		if err != nil {
-			t.Skip(err)
-		}
-		defer f.Close()
-		d, err := Extract(f)
-		if err != nil {
-			t.Fatal(err)
-		}
+		f, d := openAndExtract(t, "/lib/x86_64-linux-gnu/libc.so.6")
 		start := symbolAddr(t, f, "__clone")
 		syms, _ := f.DynamicSymbols()
 		var size uint64
@@ -353,4 +336,20 @@ func TestExtractErrors(t *testing.T) {
 	if !errors.As(err, &fe) || fe.Section != ".eh_frame" || fe.Offset != fdeAt+4 {
 		t.Errorf("corrupt length: %v, want a FormatError at .eh_frame+%#x", err, fdeAt+4)
 	}
+}
+
+// openAndExtract opens an ELF file for the test's duration and extracts
+// its deltas.
+func openAndExtract(t *testing.T, path string) (*elf.File, Deltas) {
+	t.Helper()
+	f, err := elf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	d, err := Extract(f)
+	if err != nil {
+		t.Fatalf("extracting %s: %v", path, err)
+	}
+	return f, d
 }
