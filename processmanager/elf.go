@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/hostprof/ebpf-profiler/nativeunwind"
 )
 
 // elfData is what the manager needs of an ELF file: where its segments load,
@@ -18,7 +20,8 @@ type elfData struct {
 	loads      []loadSegment
 	gnuBuildID string
 	goBuildID  string
-	// symbols is nil when the file has neither .symtab nor .dynsym.
+	// symbols is nil when the file has no function symbols: none in
+	// .symtab, .dynsym or, for Go binaries, .gopclntab.
 	symbols *symbolTable
 }
 
@@ -80,7 +83,14 @@ func parseELF(r io.ReaderAt) (d *elfData, err error) {
 	if err != nil && !errors.Is(err, elf.ErrNoSymbols) {
 		return nil, fmt.Errorf("reading ELF symbols: %w", err)
 	}
-	d.symbols = newSymbolTable(f, syms)
+	cands := elfSymbolCandidates(f, syms)
+	// Go binaries are often stripped; their .gopclntab still names every
+	// Go function. A damaged table costs the names it could not give.
+	if goSyms, err := nativeunwind.ReadGoSymbols(f); err == nil {
+		goCands, _ := goSymbolCandidates(goSyms)
+		cands = append(cands, goCands...)
+	}
+	d.symbols = buildSymbolTable(cands)
 	return d, nil
 }
 

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+
+	"github.com/hostprof/ebpf-profiler/nativeunwind"
 )
 
 // symbolTable maps addresses to function names. Names live in one string and
@@ -30,13 +32,11 @@ type symbolCandidate struct {
 	rank       int
 }
 
-// newSymbolTable builds a table from the function symbols (STT_FUNC and
-// STT_GNU_IFUNC with an address) of a file. Of several symbols at one
-// address it keeps a sized one, then global before weak before local. A
-// symbol of size 0 (hand-written assembly often has no .size) is taken to
-// extend to the next symbol or the end of its section. It returns nil when
-// there are no function symbols.
-func newSymbolTable(f *elf.File, syms []elf.Symbol) *symbolTable {
+// elfSymbolCandidates returns the function symbols (STT_FUNC and
+// STT_GNU_IFUNC with an address) of a file. A symbol of size 0 (hand-written
+// assembly often has no .size) is taken to extend to the next symbol or the
+// end of its section.
+func elfSymbolCandidates(f *elf.File, syms []elf.Symbol) []symbolCandidate {
 	var cands []symbolCandidate
 	for _, s := range syms {
 		typ := elf.ST_TYPE(s.Info)
@@ -53,7 +53,28 @@ func newSymbolTable(f *elf.File, syms []elf.Symbol) *symbolTable {
 		}
 		cands = append(cands, c)
 	}
-	return buildSymbolTable(cands)
+	return cands
+}
+
+// goSymbolRank puts functions named by .gopclntab behind any ELF symbol at
+// the same address: a Go binary that kept .symtab has the same names there.
+const goSymbolRank = 100
+
+// goSymbolCandidates returns the functions of a Go binary's .gopclntab,
+// which names them even when the binary is stripped. It stops at the first
+// function the table cannot describe.
+func goSymbolCandidates(syms *nativeunwind.GoSymbols) ([]symbolCandidate, error) {
+	cands := make([]symbolCandidate, 0, syms.Len())
+	for i := range syms.Len() {
+		fn, err := syms.Func(i)
+		if err != nil {
+			return cands, err
+		}
+		if fn.End > fn.Entry && fn.Name != "" {
+			cands = append(cands, symbolCandidate{start: fn.Entry, size: fn.End - fn.Entry, name: fn.Name, rank: goSymbolRank})
+		}
+	}
+	return cands, nil
 }
 
 // symbolRank orders symbols at one address; lower is preferred.
@@ -72,6 +93,8 @@ func symbolRank(s elf.Symbol) int {
 	return rank
 }
 
+// buildSymbolTable builds a table from candidates; of several at one address
+// it keeps the lowest rank. It returns nil when there are none.
 func buildSymbolTable(cands []symbolCandidate) *symbolTable {
 	if len(cands) == 0 {
 		return nil
