@@ -52,8 +52,12 @@ type Rule struct {
 	// RASigned: arm64 pointer authentication has signed the return
 	// address (DW_CFA_AARCH64_negate_ra_state); strip the PAC bits
 	// before using it. (Next to CFA so that a Rule takes 16 bytes.)
-	RASigned  bool
-	CFAOffset int32
+	RASigned bool
+	// StackSwitch: the CFA may lie below SP, because the frame switched
+	// to another stack (Go's runtime.systemstack, runtime.asmcgocall);
+	// unwinders otherwise take a CFA that does not grow as corruption.
+	StackSwitch bool
+	CFAOffset   int32
 	// FPOffset is where the caller's frame pointer is saved, relative to
 	// the CFA; 0 means the frame pointer register still holds it.
 	FPOffset int32
@@ -69,6 +73,9 @@ func (r Rule) String() string {
 		s := fmt.Sprintf("cfa=%s%+d fp=%s ra=%s", r.CFA, r.CFAOffset, slot(r.FPOffset), slot(r.RAOffset))
 		if r.RASigned {
 			s += " pac"
+		}
+		if r.StackSwitch {
+			s += " switch"
 		}
 		return s
 	case CFAPLT:

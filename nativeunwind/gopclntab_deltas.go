@@ -33,8 +33,9 @@ type goArch struct {
 	// keeps the frame pointer (and on arm64 the link register) where
 	// compiled Go code does.
 	rule func(spDelta int32, saved bool) Rule
-	// fpRule is the same rule based on the frame pointer, for functions
-	// that move SP to another stack while their frame pointer stays.
+	// fpRule is the same rule based on the frame pointer, marked
+	// StackSwitch, for functions that move SP to another stack while their
+	// frame pointer stays.
 	fpRule func(spDelta int32) Rule
 	// frame inspects the code [pc-before, pc+after) of an assembly
 	// function, where pc is the first with a frame. It says whether the
@@ -74,7 +75,7 @@ var goAMD64 = goArch{
 		return r
 	},
 	fpRule: func(int32) Rule {
-		return Rule{CFA: CFAFP, CFAOffset: 16, FPOffset: -16, RAOffset: -8}
+		return Rule{CFA: CFAFP, StackSwitch: true, CFAOffset: 16, FPOffset: -16, RAOffset: -8}
 	},
 	before: 1,
 	after:  3,
@@ -112,7 +113,7 @@ var goARM64 = goArch{
 		return r
 	},
 	fpRule: func(sp int32) Rule {
-		return Rule{CFA: CFAFP, CFAOffset: sp + 8, FPOffset: -sp - 8, RAOffset: -sp}
+		return Rule{CFA: CFAFP, StackSwitch: true, CFAOffset: sp + 8, FPOffset: -sp - 8, RAOffset: -sp}
 	},
 	before: 4,
 	after:  8,

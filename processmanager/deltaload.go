@@ -29,11 +29,12 @@ type deltaLoader struct {
 	maps     DeltaMaps
 	pageBits uint
 	maxRules int
-	// flagRASigned is the BPF rule flag for Rule.RASigned.
-	flagRASigned uint8
-	rules        map[nativeunwind.Rule]uint16
-	pool         spanAllocator
-	files        map[uint64]*loadedFile
+	// flagRASigned and flagStackSwitch are the BPF rule flags for
+	// Rule.RASigned and Rule.StackSwitch.
+	flagRASigned, flagStackSwitch uint8
+	rules                         map[nativeunwind.Rule]uint16
+	pool                          spanAllocator
+	files                         map[uint64]*loadedFile
 }
 
 type loadedFile struct {
@@ -44,13 +45,14 @@ type loadedFile struct {
 
 func newDeltaLoader(maps DeltaMaps, c support.DeltaCapacity) *deltaLoader {
 	return &deltaLoader{
-		maps:         maps,
-		pageBits:     c.PageBits,
-		maxRules:     int(c.Rules),
-		flagRASigned: c.FlagRASigned,
-		rules:        map[nativeunwind.Rule]uint16{},
-		pool:         newSpanAllocator(c.Deltas),
-		files:        map[uint64]*loadedFile{},
+		maps:            maps,
+		pageBits:        c.PageBits,
+		maxRules:        int(c.Rules),
+		flagRASigned:    c.FlagRASigned,
+		flagStackSwitch: c.FlagStackSwitch,
+		rules:           map[nativeunwind.Rule]uint16{},
+		pool:            newSpanAllocator(c.Deltas),
+		files:           map[uint64]*loadedFile{},
 	}
 }
 
@@ -137,6 +139,9 @@ func (l *deltaLoader) intern(r nativeunwind.Rule) (uint16, error) {
 	}
 	if r.RASigned {
 		rule.Flags |= l.flagRASigned
+	}
+	if r.StackSwitch {
+		rule.Flags |= l.flagStackSwitch
 	}
 	err := l.maps.SetUnwindRule(uint16(id), rule)
 	if err != nil {

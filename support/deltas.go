@@ -16,8 +16,9 @@ type DeltaCapacity struct {
 	Rules, Deltas uint32
 	// PageBits: a delta page covers 1 << PageBits addresses.
 	PageBits uint
-	// FlagRASigned is the rule flag for a signed return address.
-	FlagRASigned uint8
+	// FlagRASigned is the rule flag for a signed return address,
+	// FlagStackSwitch the one for a frame that switched stacks.
+	FlagRASigned, FlagStackSwitch uint8
 }
 
 // UnwindRule mirrors struct unwind_rule.

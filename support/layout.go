@@ -24,6 +24,8 @@ type Shared struct {
 	DeltaPageBits uint
 	// RuleFlagRASigned is enum unwind_rule_flag's UNWIND_RULE_RA_SIGNED.
 	RuleFlagRASigned uint8
+	// RuleFlagStackSwitch is UNWIND_RULE_STACK_SWITCH.
+	RuleFlagStackSwitch uint8
 
 	trace traceLayout
 }
@@ -81,6 +83,10 @@ func ReadShared(spec *ebpf.CollectionSpec) (*Shared, error) {
 		return nil, err
 	}
 	s.RuleFlagRASigned = uint8(flags["UNWIND_RULE_RA_SIGNED"])
+	s.RuleFlagStackSwitch = uint8(flags["UNWIND_RULE_STACK_SWITCH"])
+	if s.RuleFlagRASigned == 0 || s.RuleFlagStackSwitch == 0 {
+		return nil, fmt.Errorf("BPF object's enum unwind_rule_flag lacks a flag: %v", flags)
+	}
 	return s, nil
 }
 

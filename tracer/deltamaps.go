@@ -17,10 +17,11 @@ import (
 // laid out.
 func (t *Tracer) DeltaCapacity() support.DeltaCapacity {
 	return support.DeltaCapacity{
-		Rules:        t.coll.Maps["unwind_rules"].MaxEntries(),
-		Deltas:       t.coll.Maps["stack_deltas"].MaxEntries(),
-		PageBits:     t.shared.DeltaPageBits,
-		FlagRASigned: t.shared.RuleFlagRASigned,
+		Rules:           t.coll.Maps["unwind_rules"].MaxEntries(),
+		Deltas:          t.coll.Maps["stack_deltas"].MaxEntries(),
+		PageBits:        t.shared.DeltaPageBits,
+		FlagRASigned:    t.shared.RuleFlagRASigned,
+		FlagStackSwitch: t.shared.RuleFlagStackSwitch,
 	}
 }
 

@@ -39,6 +39,10 @@ enum unwind_rule_flag {
   // arm64: the saved return address is signed (pointer authentication):
   // strip the PAC bits before using it.
   UNWIND_RULE_RA_SIGNED = 1,
+  // The CFA may lie below SP: the frame switched stacks (Go's systemstack
+  // and asmcgocall run on the system stack while their frame pointer stays
+  // on the goroutine's stack).
+  UNWIND_RULE_STACK_SWITCH = 2,
 };
 
 // One unwind rule, shared by every delta that uses it.
