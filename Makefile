@@ -35,11 +35,12 @@ UNIT_PACKAGES = $$($(GO) list ./... | grep -v /test/)
 unit-test:
 	$(GO) test -count=1 $(UNIT_PACKAGES)
 
-# BPF integration and end-to-end tests: root only, run one package at a time
-# so that their perf events do not share the CPUs.
+# BPF integration and end-to-end tests, and the tracer's map-loading tests:
+# root only, run one package at a time so that their perf events do not
+# share the CPUs.
 integration-test: build
 	$(SUDO) env EBPF_PROFILER_INTEGRATION=1 EBPF_PROFILER_E2E=1 EBPF_PROFILER_BIN=$(CURDIR)/$(BINARY) \
-		$(GO) test -p 1 -count=1 -v -timeout 20m ./test/...
+		$(GO) test -p 1 -count=1 -v -timeout 20m ./tracer ./test/...
 
 # A few seconds of coverage-guided fuzzing per parser of outside input
 # (go test alone only replays the seed corpus).

@@ -27,6 +27,10 @@ type Config struct {
 	SamplesPerSecond int
 	// BPFLogLevel is passed to the verifier (0 = only on failure).
 	BPFLogLevel uint32
+	// MapScaleFactor doubles the maps that hold stack deltas and process
+	// mappings once per step, from 0 (the compiled sizes) to
+	// MaxMapScaleFactor.
+	MapScaleFactor uint
 }
 
 // Bounds of the events ring buffer: it holds about half a second of traces
@@ -57,6 +61,9 @@ func New(cfg Config) (*Tracer, error) {
 	if cfg.SamplesPerSecond <= 0 {
 		return nil, fmt.Errorf("samples per second must be positive, got %d", cfg.SamplesPerSecond)
 	}
+	if cfg.MapScaleFactor > MaxMapScaleFactor {
+		return nil, fmt.Errorf("map scale factor must be 0 to %d, got %d", MaxMapScaleFactor, cfg.MapScaleFactor)
+	}
 	if err := checkPrivileges(); err != nil {
 		return nil, err
 	}
@@ -85,6 +92,9 @@ func New(cfg Config) (*Tracer, error) {
 	}
 	bufBytes := eventBufferBytes(len(cpus), cfg.SamplesPerSecond)
 	spec.Maps["events"].MaxEntries = bufBytes
+	if err := scaleMaps(spec, cfg.MapScaleFactor); err != nil {
+		return nil, err
+	}
 	if err := setConstants(spec, map[string]any{
 		"have_task_pt_regs":   boolToU32(feats.taskPtRegs),
 		"events_wakeup_bytes": uint64(bufBytes / 2),
@@ -94,9 +104,15 @@ func New(cfg Config) (*Tracer, error) {
 		return nil, err
 	}
 
+	scaled, err := createScaledMaps(spec, cfg.MapScaleFactor)
+	if err != nil {
+		return nil, err
+	}
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
-		Programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevel(cfg.BPFLogLevel)},
+		MapReplacements: scaled,
+		Programs:        ebpf.ProgramOptions{LogLevel: ebpf.LogLevel(cfg.BPFLogLevel)},
 	})
+	closeMaps(scaled)
 	if err != nil {
 		return nil, loadError(err)
 	}
@@ -114,8 +130,9 @@ func New(cfg Config) (*Tracer, error) {
 		t.Close()
 		return nil, fmt.Errorf("opening the events ring buffer: %w", err)
 	}
-	log.Debugf("Loaded BPF programs for %d CPUs (events buffer %d KiB, bpf_task_pt_regs %v)",
-		len(cpus), bufBytes>>10, feats.taskPtRegs)
+	log.Debugf("Loaded BPF programs for %d CPUs (events buffer %d KiB, bpf_task_pt_regs %v, "+
+		"stack delta pool %d entries, map scale factor %d)",
+		len(cpus), bufBytes>>10, feats.taskPtRegs, spec.Maps["stack_deltas"].MaxEntries, cfg.MapScaleFactor)
 	return t, nil
 }
 

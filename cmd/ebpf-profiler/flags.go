@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/reporter"
+	"github.com/hostprof/ebpf-profiler/tracer"
 )
 
 // defaultOutputDir is where pprof files go when no collection agent is set.
@@ -25,6 +26,7 @@ type config struct {
 	monitorInterval  time.Duration
 	tracers          []string
 	bpfLogLevel      uint
+	mapScaleFactor   uint
 	verbose          bool
 	version          bool
 	outputDir        string
@@ -55,6 +57,11 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 	fs.StringVar(&tracers, "tracers", "all",
 		"Comma-separated unwinders to enable: all, or any of "+strings.Join(knownTracers, ", ")+".")
 	fs.UintVar(&c.bpfLogLevel, "bpf-log-level", 0, "BPF verifier log level (0-2); logs are printed with -v.")
+	fs.UintVar(&c.mapScaleFactor, "map-scale-factor", 0,
+		fmt.Sprintf("Scaling factor for eBPF map sizes (0-%d): every increase by 1 doubles the maps of stack deltas "+
+			"and process mappings. Increase if stack deltas fail to load for lack of room. "+
+			"0 holds about 1M stack deltas in 8 MiB of kernel memory; %d holds 256M in 2 GiB.",
+			tracer.MaxMapScaleFactor, tracer.MaxMapScaleFactor))
 	fs.BoolVar(&c.verbose, "verbose", false, "Log debug messages.")
 	fs.BoolVar(&c.verbose, "v", false, "Shorthand for -verbose.")
 	fs.BoolVar(&c.version, "version", false, "Print the version and exit.")
@@ -104,6 +111,9 @@ func (c *config) validate() error {
 	}
 	if c.bpfLogLevel > 2 {
 		errs = append(errs, fmt.Errorf("-bpf-log-level=%d: want 0, 1 or 2", c.bpfLogLevel))
+	}
+	if c.mapScaleFactor > tracer.MaxMapScaleFactor {
+		errs = append(errs, fmt.Errorf("-map-scale-factor=%d: want 0 to %d", c.mapScaleFactor, tracer.MaxMapScaleFactor))
 	}
 	if c.maxOutputFiles < 0 {
 		errs = append(errs, fmt.Errorf("-max-output-files=%d: want 0 or more", c.maxOutputFiles))

@@ -17,8 +17,11 @@ func TestParseFlags(t *testing.T) {
 	}{
 		{name: "local default", check: func(c *config) bool {
 			return c.outputDir == defaultOutputDir && c.samplesPerSecond == 20 &&
-				c.reporterInterval == 5*time.Second && slices.Equal(c.tracers, []string{"native"})
+				c.reporterInterval == 5*time.Second && slices.Equal(c.tracers, []string{"native"}) &&
+				c.mapScaleFactor == 0
 		}},
+		{name: "largest map scale factor", args: []string{"-map-scale-factor=8"},
+			check: func(c *config) bool { return c.mapScaleFactor == 8 }},
 		{name: "collector turns off the default output dir",
 			args:  []string{"-collection-agent=127.0.0.1:4317", "-disable-tls"},
 			check: func(c *config) bool { return c.outputDir == "" && c.disableTLS }},
@@ -38,6 +41,8 @@ func TestParseFlags(t *testing.T) {
 		{name: "bad duration syntax", args: []string{"-reporter-interval=5"}, wantErr: "invalid value"},
 		{name: "unknown tracer", args: []string{"-tracers=native,cobol"}, wantErr: `unknown tracer "cobol"`},
 		{name: "bad log level", args: []string{"-bpf-log-level=3"}, wantErr: "want 0, 1 or 2"},
+		{name: "map scale factor too large", args: []string{"-map-scale-factor=9"}, wantErr: "-map-scale-factor=9: want 0 to 8"},
+		{name: "negative map scale factor", args: []string{"-map-scale-factor=-1"}, wantErr: "invalid value"},
 		{name: "nowhere to report", args: []string{"-output-dir="}, wantErr: "nothing to report to"},
 	}
 	for _, tt := range tests {

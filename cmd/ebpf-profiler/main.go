@@ -82,6 +82,7 @@ func profile(ctx context.Context, cfg *config) error {
 	tr, err := tracer.New(tracer.Config{
 		SamplesPerSecond: cfg.samplesPerSecond,
 		BPFLogLevel:      uint32(cfg.bpfLogLevel),
+		MapScaleFactor:   cfg.mapScaleFactor,
 	})
 	if err != nil {
 		return err
