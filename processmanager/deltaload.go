@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"syscall"
+	"time"
 
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/support"
@@ -23,6 +25,33 @@ type DeltaMaps interface {
 // ErrDeltaPoolFull says a file's deltas did not fit in the BPF pool.
 var ErrDeltaPoolFull = errors.New("stack delta pool full")
 
+// isMapFull reports whether err says a BPF map or the pool inside one has no
+// room: the delta pool, the rule table, a hash map (E2BIG) or the mapping
+// trie (ENOSPC).
+func isMapFull(err error) bool {
+	return errors.Is(err, ErrDeltaPoolFull) || errors.Is(err, errTooManyRules) ||
+		errors.Is(err, syscall.E2BIG) || errors.Is(err, syscall.ENOSPC)
+}
+
+// Files whose deltas failed to load are not retried for a while, so a
+// malformed library mapped by every new process, or a full pool, costs one
+// extraction per retry period rather than one per process.
+const (
+	maxFailedFiles    = 4096
+	failedFileBackoff = 5 * time.Minute
+)
+
+// transientError wraps a failure that says nothing about the file, such as
+// its process exiting while it was opened; it is not remembered.
+type transientError struct{ error }
+
+func (e transientError) Unwrap() error { return e.error }
+
+type failedFile struct {
+	at  time.Time
+	err error
+}
+
 // deltaLoader keeps each file's deltas in BPF while some process maps it:
 // loaded once per file id, reference counted, freed with the last user.
 type deltaLoader struct {
@@ -35,6 +64,8 @@ type deltaLoader struct {
 	rules                         map[nativeunwind.Rule]uint16
 	pool                          spanAllocator
 	files                         map[uint64]*loadedFile
+	failed                        *lru[uint64, failedFile]
+	now                           func() time.Time
 }
 
 type loadedFile struct {
@@ -53,6 +84,8 @@ func newDeltaLoader(maps DeltaMaps, c support.DeltaCapacity) *deltaLoader {
 		rules:           map[nativeunwind.Rule]uint16{},
 		pool:            newSpanAllocator(c.Deltas),
 		files:           map[uint64]*loadedFile{},
+		failed:          newLRU[uint64, failedFile](maxFailedFiles),
+		now:             time.Now,
 	}
 }
 
@@ -66,6 +99,19 @@ func (l *deltaLoader) acquire(fileID uint64, extract func() (nativeunwind.Deltas
 		f.refs++
 		return nil
 	}
+	if f, ok := l.failed.Get(fileID); ok && l.now().Sub(f.at) < failedFileBackoff {
+		return f.err
+	}
+	err := l.load(fileID, extract)
+	var transient transientError
+	if err != nil && !errors.As(err, &transient) {
+		l.failed.Add(fileID, failedFile{at: l.now(), err: err})
+	}
+	return err
+}
+
+// load extracts a file's deltas and writes them to BPF.
+func (l *deltaLoader) load(fileID uint64, extract func() (nativeunwind.Deltas, error)) error {
 	deltas, err := extract()
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/support"
@@ -124,6 +125,42 @@ func TestDeltaLoaderPoolFull(t *testing.T) {
 	err := l.acquire(1, func() (nativeunwind.Deltas, error) { return deltas, nil })
 	if !errors.Is(err, ErrDeltaPoolFull) || l.loaded(1) {
 		t.Errorf("error %v (loaded %v), want ErrDeltaPoolFull", err, l.loaded(1))
+	}
+}
+
+// TestDeltaLoaderRemembersFailures checks that a file whose deltas failed
+// is extracted once per backoff period, however many processes map it,
+// while a failure to open it is retried at once.
+func TestDeltaLoaderRemembersFailures(t *testing.T) {
+	l := newDeltaLoader(newFakeDeltaMaps(), support.DeltaCapacity{Rules: 16, Deltas: 64, PageBits: 12})
+	now := time.Unix(1000, 0)
+	l.now = func() time.Time { return now }
+	bad := errors.New("truncated .eh_frame")
+	extractions := 0
+	failing := func() (nativeunwind.Deltas, error) { extractions++; return nil, bad }
+	for range 3 {
+		if err := l.acquire(1, failing); !errors.Is(err, bad) {
+			t.Fatalf("error %v, want %v", err, bad)
+		}
+	}
+	if extractions != 1 {
+		t.Errorf("%d extractions of a failing file within the backoff, want 1", extractions)
+	}
+	now = now.Add(failedFileBackoff)
+	if err := l.acquire(1, failing); !errors.Is(err, bad) || extractions != 2 {
+		t.Errorf("after the backoff: error %v, %d extractions, want a retry", err, extractions)
+	}
+
+	gone := transientError{ErrProcessExited}
+	opens := 0
+	for range 2 {
+		err := l.acquire(2, func() (nativeunwind.Deltas, error) { opens++; return nil, gone })
+		if !errors.Is(err, ErrProcessExited) {
+			t.Fatalf("error %v, want ErrProcessExited", err)
+		}
+	}
+	if opens != 2 {
+		t.Errorf("%d attempts after transient failures, want 2", opens)
 	}
 }
 

@@ -104,6 +104,17 @@ func (c *fileCache) fileForMapping(procFS string, pid uint32, e *mapsEntry) (*fi
 // vdsoForMapping reads the vDSO image from the process's memory. Every
 // process of one ABI shares the image, so it is cached by content.
 func (c *fileCache) vdsoForMapping(procFS string, pid uint32, e *mapsEntry) (*fileInfo, error) {
+	image, err := readVDSO(procFS, pid, e)
+	if err != nil {
+		return nil, err
+	}
+	key := fileKey{dev: vdsoDev, ino: xxh3.Hash(image), size: int64(len(image))}
+	return c.get(key, bytes.NewReader(image), vdsoPath)
+}
+
+// readVDSO copies a process's vDSO image out of its memory: the vDSO has no
+// file to open.
+func readVDSO(procFS string, pid uint32, e *mapsEntry) ([]byte, error) {
 	const maxVDSOSize = 1 << 20
 	size := e.end - e.start
 	if size == 0 || size > maxVDSOSize {
@@ -119,8 +130,30 @@ func (c *fileCache) vdsoForMapping(procFS string, pid uint32, e *mapsEntry) (*fi
 	if _, err := mem.ReadAt(image, int64(e.start)); err != nil {
 		return nil, procErr(memPath, err)
 	}
-	key := fileKey{dev: vdsoDev, ino: xxh3.Hash(image), size: int64(size)}
-	return c.get(key, bytes.NewReader(image), vdsoPath)
+	return image, nil
+}
+
+// mappedImage is the bytes behind an executable mapping: its file, or a
+// copy of the vDSO.
+type mappedImage interface {
+	io.ReaderAt
+	io.Closer
+}
+
+type vdsoImage struct{ *bytes.Reader }
+
+func (vdsoImage) Close() error { return nil }
+
+// openImage opens what a mapping maps, to extract its stack deltas.
+func openImage(procFS string, pid uint32, e *mapsEntry) (mappedImage, error) {
+	if e.isVDSO() {
+		image, err := readVDSO(procFS, pid, e)
+		if err != nil {
+			return nil, err
+		}
+		return vdsoImage{bytes.NewReader(image)}, nil
+	}
+	return openMapping(procFS, pid, e)
 }
 
 type readSeekerAt interface {

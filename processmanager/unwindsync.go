@@ -3,7 +3,6 @@ package processmanager
 import (
 	"fmt"
 	"io"
-	"os"
 	"sync"
 	"sync/atomic"
 
@@ -47,6 +46,8 @@ type unwindSync struct {
 	attached map[uint32]map[uint64]attachedMapping
 
 	dropped, extractErrors, loadErrors, filesLoaded atomic.Uint64
+	// warnedFull is set once a full map has been logged (worker only).
+	warnedFull bool
 }
 
 type unwindJob struct {
@@ -57,7 +58,7 @@ type unwindJob struct {
 	m                 attachedMapping
 	// open reads the mapped file; called only when its deltas are not
 	// loaded yet.
-	open func() (*os.File, error)
+	open func() (mappedImage, error)
 	// barrier, when set, is closed once every earlier job is done.
 	barrier chan struct{}
 }
@@ -94,7 +95,7 @@ func (s *unwindSync) attach(pid uint32, mp *mapping, procFS string) {
 	s.send(unwindJob{
 		pid:  pid,
 		m:    attachedMapping{start: e.start, end: e.end, bias: mp.pf.Bias, fileID: mp.pf.FileID.Low64()},
-		open: func() (*os.File, error) { return openMapping(procFS, pid, &e) },
+		open: func() (mappedImage, error) { return openImage(procFS, pid, &e) },
 	})
 }
 
@@ -145,7 +146,14 @@ func (s *unwindSync) handle(j unwindJob) {
 	case j.detach:
 		s.remove(j.pid, j.m.start)
 	default:
-		if err := s.add(j); err != nil {
+		err := s.add(j)
+		switch {
+		case err == nil:
+		case isMapFull(err) && !s.warnedFull:
+			s.warnedFull = true
+			s.log.WithError(err).Warn("A BPF map for stack deltas is full: further files are unwound with frame pointers only " +
+				"(logged once; raise -map-scale-factor)")
+		default:
 			s.log.WithError(err).Debugf("process %d: no stack deltas for mapping at %#x", j.pid, j.m.start)
 		}
 	}
@@ -158,7 +166,7 @@ func (s *unwindSync) add(j unwindJob) error {
 	err := s.loader.acquire(j.m.fileID, func() (nativeunwind.Deltas, error) {
 		f, err := j.open()
 		if err != nil {
-			return nil, err
+			return nil, transientError{err}
 		}
 		defer f.Close()
 		d, err := s.u.Extract(f)

@@ -129,6 +129,16 @@ var unwindCases = []unwindCase{
 		minShare: 0.90,
 	},
 	{
+		// The vDSO is no file: its deltas come from its image in memory.
+		name: "vDSO clock_gettime",
+		build: func(t *testing.T) (string, *nmSymbols) {
+			bin := buildWorkload(t, "vdsoclock", "-O2", "-fomit-frame-pointer")
+			return bin, stripCopy(t, bin)
+		},
+		stack:    regexp.MustCompile(`^(([^;]*vdso[^;]*);)*((__)?clock_gettime[^;]*;|\?libc\.so\.6;)?vc_top;` + cRoot + `$`),
+		minShare: 0.95,
+	},
+	{
 		name:     "C++ recursion 50 deep through its own library",
 		build:    buildRecursion,
 		stack:    regexp.MustCompile(`^rec_leaf;(rec_lib;rec_exe;){25}` + cRoot + `$`),
