@@ -47,6 +47,8 @@ type Stats struct {
 	DeltaLoadErrors uint64
 	// DeltaMappingsDropped counts mappings not queued: the queue was full.
 	DeltaMappingsDropped uint64
+	// DeltasResident is what the maps hold now.
+	DeltasResident DeltaResidency
 }
 
 // counters are the Manager's mutable counts, guarded by its mutex.
@@ -91,6 +93,9 @@ func (m *Manager) Stats() Stats {
 		st.DeltaExtractErrors = u.extractErrors.Load()
 		st.DeltaLoadErrors = u.loadErrors.Load()
 		st.DeltaMappingsDropped = u.dropped.Load()
+		if r := u.resident.Load(); r != nil {
+			st.DeltasResident = *r
+		}
 	}
 	return st
 }

@@ -48,6 +48,39 @@ type unwindSync struct {
 	dropped, extractErrors, loadErrors, filesLoaded atomic.Uint64
 	// warnedFull is set once a full map has been logged (worker only).
 	warnedFull bool
+	// resident holds the sizes for Stats, published by the worker when
+	// its queue runs empty.
+	resident atomic.Pointer[DeltaResidency]
+}
+
+// DeltaResidency is what the stack-delta maps hold now.
+type DeltaResidency struct {
+	// Files with deltas loaded, and their deltas, pages and the distinct
+	// rules they use (rules are never freed).
+	Files, Deltas, Pages, Rules int
+	// MappingPrefixes are the mapping trie's entries: a mapping takes
+	// one per aligned power-of-two block of its address range.
+	MappingPrefixes int
+	// Mappings is the number of process mappings with deltas.
+	Mappings int
+}
+
+// publish stores the current sizes for Stats.
+func (s *unwindSync) publish() {
+	r := &DeltaResidency{
+		Files: len(s.loader.files), Rules: len(s.loader.rules),
+	}
+	for _, f := range s.loader.files {
+		r.Deltas += int(f.span.len)
+		r.Pages += len(f.pages)
+	}
+	for _, ms := range s.attached {
+		r.Mappings += len(ms)
+		for _, m := range ms {
+			r.MappingPrefixes += len(rangePrefixes(m.start, m.end))
+		}
+	}
+	s.resident.Store(r)
 }
 
 type unwindJob struct {
@@ -122,7 +155,12 @@ func (s *unwindSync) close() {
 func (s *unwindSync) run() {
 	defer close(s.done)
 	for j := range s.jobs {
-		s.handle(j)
+		if j.barrier != nil {
+			s.publish()
+			close(j.barrier)
+		} else if s.handle(j); len(s.jobs) == 0 {
+			s.publish()
+		}
 		s.pending.Add(-1)
 	}
 }
@@ -136,8 +174,6 @@ func (s *unwindSync) wait() {
 
 func (s *unwindSync) handle(j unwindJob) {
 	switch {
-	case j.barrier != nil:
-		close(j.barrier)
 	case j.detachAll:
 		for start := range s.attached[j.pid] {
 			s.remove(j.pid, start)

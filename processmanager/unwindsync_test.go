@@ -55,6 +55,11 @@ func TestUnwindSyncFollowsProcesses(t *testing.T) {
 	if trie[100] == 0 || trie[200] == 0 {
 		t.Fatalf("trie entries per pid: %v", trie)
 	}
+	res := m.Stats().DeltasResident
+	if want := (DeltaResidency{Files: 1, Deltas: len(maps.deltas), Pages: len(maps.pages), Rules: 1,
+		MappingPrefixes: len(maps.mappings), Mappings: 2}); res != want {
+		t.Errorf("resident %+v, want %+v", res, want)
+	}
 
 	m.ProcessExited(100)
 	m.unwind.wait()
@@ -66,7 +71,7 @@ func TestUnwindSyncFollowsProcesses(t *testing.T) {
 	if len(maps.pages) != 0 || len(maps.mappings) != 0 {
 		t.Errorf("left behind: %d pages, %d trie entries", len(maps.pages), len(maps.mappings))
 	}
-	if s := m.Stats(); s.DeltaFilesLoaded != 1 || s.DeltaLoadErrors != 0 {
+	if s := m.Stats(); s.DeltaFilesLoaded != 1 || s.DeltaLoadErrors != 0 || s.DeltasResident != (DeltaResidency{Rules: 1}) {
 		t.Errorf("stats %+v", s)
 	}
 }

@@ -87,6 +87,10 @@ func (m *monitor) summary() {
 		"bpf_traces_lost":  m.last["err_trace_dropped"],
 		"traces_received":  hs.TracesReceived,
 		"samples_exported": rs.SamplesExported,
+		"processes":        hs.ProcessesSeen,
+		"delta_files":      hs.DeltasResident.Files,
+		"deltas":           hs.DeltasResident.Deltas,
+		"delta_mappings":   hs.DeltasResident.Mappings,
 		"requests_dropped": rs.RequestsDropped,
 	}).Info("Stopped")
 }
