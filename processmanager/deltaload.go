@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"syscall"
 	"time"
 
@@ -64,14 +65,34 @@ type deltaLoader struct {
 	rules                         map[nativeunwind.Rule]uint16
 	pool                          spanAllocator
 	files                         map[uint64]*loadedFile
-	failed                        *lru[uint64, failedFile]
-	now                           func() time.Time
+	// idle lists files that went idle, oldest first; an entry is stale
+	// when its file was used again since (see isIdle).
+	idle      []idleEntry
+	idleFiles int
+	failed    *lru[uint64, failedFile]
+	now       func() time.Time
 }
 
 type loadedFile struct {
 	refs  int
 	span  span
 	pages []uint64
+	// idleSince is when refs last dropped to 0.
+	idleSince time.Time
+}
+
+// A file no process maps any more stays loaded for a while, so that short
+// processes running the same binaries one after another (shell scripts,
+// builds) do not extract and write libc's deltas for each of them. Idle
+// files make room when the pool is full.
+const (
+	idleFileKeep = time.Minute
+	maxIdleFiles = 256
+)
+
+type idleEntry struct {
+	fileID uint64
+	since  time.Time
 }
 
 func newDeltaLoader(maps DeltaMaps, c support.DeltaCapacity) *deltaLoader {
@@ -95,7 +116,11 @@ func (l *deltaLoader) loaded(fileID uint64) bool { return l.files[fileID] != nil
 // acquire takes a reference on a file's deltas, loading them with extract
 // on the first reference.
 func (l *deltaLoader) acquire(fileID uint64, extract func() (nativeunwind.Deltas, error)) error {
+	l.expireIdle(l.now())
 	if f := l.files[fileID]; f != nil {
+		if f.refs == 0 {
+			l.idleFiles--
+		}
 		f.refs++
 		return nil
 	}
@@ -125,6 +150,9 @@ func (l *deltaLoader) load(fileID uint64, extract func() (nativeunwind.Deltas, e
 		total += len(r.deltas)
 	}
 	sp, ok := l.pool.alloc(uint32(total))
+	for !ok && l.evictIdle(func(idleEntry) bool { return true }) {
+		sp, ok = l.pool.alloc(uint32(total))
+	}
 	if !ok {
 		return fmt.Errorf("%w: %d deltas", ErrDeltaPoolFull, total)
 	}
@@ -147,16 +175,58 @@ func (l *deltaLoader) load(fileID uint64, extract func() (nativeunwind.Deltas, e
 	return nil
 }
 
-// release drops a reference; the last one unloads the file.
+// release drops a reference. After the last one the file stays loaded
+// while idle (see idleFileKeep).
 func (l *deltaLoader) release(fileID uint64) {
 	f := l.files[fileID]
-	if f == nil {
+	if f == nil || f.refs == 0 {
 		return
 	}
+	now := l.now()
 	if f.refs--; f.refs == 0 {
-		delete(l.files, fileID)
-		l.unload(fileID, f)
+		f.idleSince = now
+		l.idle = append(l.idle, idleEntry{fileID, now})
+		l.idleFiles++
 	}
+	l.expireIdle(now)
+}
+
+// expireIdle unloads files idle for longer than idleFileKeep and the
+// oldest beyond maxIdleFiles.
+func (l *deltaLoader) expireIdle(now time.Time) {
+	for l.evictIdle(func(e idleEntry) bool { return l.idleFiles > maxIdleFiles || now.Sub(e.since) >= idleFileKeep }) {
+	}
+	if len(l.idle) > 2*l.idleFiles+16 {
+		l.idle = slices.DeleteFunc(l.idle, func(e idleEntry) bool { return !l.isIdle(e) })
+	}
+}
+
+// isIdle reports whether e still describes an idle file.
+func (l *deltaLoader) isIdle(e idleEntry) bool {
+	f := l.files[e.fileID]
+	return f != nil && f.refs == 0 && f.idleSince.Equal(e.since)
+}
+
+// evictIdle unloads the file that has been idle longest if evict agrees,
+// dropping stale entries on the way. It reports whether it unloaded one.
+func (l *deltaLoader) evictIdle(evict func(idleEntry) bool) bool {
+	for len(l.idle) > 0 {
+		e := l.idle[0]
+		if !l.isIdle(e) {
+			l.idle = l.idle[1:]
+			continue
+		}
+		if !evict(e) {
+			return false
+		}
+		l.idle = l.idle[1:]
+		l.idleFiles--
+		f := l.files[e.fileID]
+		delete(l.files, e.fileID)
+		l.unload(e.fileID, f)
+		return true
+	}
+	return false
 }
 
 func (l *deltaLoader) unload(fileID uint64, f *loadedFile) {

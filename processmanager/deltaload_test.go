@@ -104,16 +104,54 @@ func TestDeltaLoaderRefcounts(t *testing.T) {
 		t.Errorf("address in a gap: %+v (found %v), want the unknown rule", got, ok)
 	}
 
+	now := time.Unix(1000, 0)
+	l.now = func() time.Time { return now }
 	l.release(7)
 	if len(maps.pages) == 0 {
 		t.Fatal("deltas unloaded while a reference remains")
 	}
 	l.release(7)
-	if len(maps.pages) != 0 || l.loaded(7) {
-		t.Errorf("pages left after the last release: %v", maps.pages)
+	if len(maps.pages) == 0 || l.idleFiles != 1 {
+		t.Fatalf("idle file unloaded at once (%d idle)", l.idleFiles)
+	}
+	// A new user of an idle file takes it back without extracting.
+	if err := l.acquire(7, extract); err != nil || extractions != 1 || l.idleFiles != 0 {
+		t.Fatalf("reacquiring an idle file: %v, %d extractions, %d idle", err, extractions, l.idleFiles)
+	}
+	l.release(7)
+	now = now.Add(idleFileKeep)
+	l.expireIdle(now)
+	if len(maps.pages) != 0 || l.loaded(7) || l.idleFiles != 0 {
+		t.Errorf("pages left after the idle time: %v", maps.pages)
 	}
 	if len(l.pool.holes) != 1 || l.pool.holes[0] != (span{0, 64}) {
 		t.Errorf("pool not whole again: %+v", l.pool.holes)
+	}
+}
+
+// TestDeltaLoaderEvictsIdleForRoom: a full pool unloads idle files,
+// oldest first, before it refuses a file.
+func TestDeltaLoaderEvictsIdleForRoom(t *testing.T) {
+	l := newDeltaLoader(newFakeDeltaMaps(), support.DeltaCapacity{Rules: 16, Deltas: 4, PageBits: 12})
+	now := time.Unix(1000, 0)
+	l.now = func() time.Time { return now }
+	sp8 := nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8}
+	two := func() (nativeunwind.Deltas, error) {
+		return nativeunwind.Deltas{{Address: 0x1000, Rule: sp8}, {Address: 0x1010, Rule: nativeunwind.Rule{}}}, nil
+	}
+	for id := uint64(1); id <= 2; id++ {
+		if err := l.acquire(id, two); err != nil {
+			t.Fatal(err)
+		}
+		now = now.Add(time.Second)
+	}
+	l.release(1)
+	l.release(2)
+	if err := l.acquire(3, two); err != nil {
+		t.Fatal(err)
+	}
+	if l.loaded(1) || !l.loaded(2) || !l.loaded(3) {
+		t.Errorf("loaded 1/2/3: %v %v %v, want the oldest idle file evicted", l.loaded(1), l.loaded(2), l.loaded(3))
 	}
 }
 

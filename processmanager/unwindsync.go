@@ -5,6 +5,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -56,8 +57,9 @@ type unwindSync struct {
 // DeltaResidency is what the stack-delta maps hold now.
 type DeltaResidency struct {
 	// Files with deltas loaded, and their deltas, pages and the distinct
-	// rules they use (rules are never freed).
-	Files, Deltas, Pages, Rules int
+	// rules they use (rules are never freed). Files includes IdleFiles,
+	// which no process maps any more but are kept for a while.
+	Files, IdleFiles, Deltas, Pages, Rules int
 	// MappingPrefixes are the mapping trie's entries: a mapping takes
 	// one per aligned power-of-two block of its address range.
 	MappingPrefixes int
@@ -65,10 +67,12 @@ type DeltaResidency struct {
 	Mappings int
 }
 
-// publish stores the current sizes for Stats.
+// publish unloads expired idle files and stores the current sizes for
+// Stats.
 func (s *unwindSync) publish() {
+	s.loader.expireIdle(s.loader.now())
 	r := &DeltaResidency{
-		Files: len(s.loader.files), Rules: len(s.loader.rules),
+		Files: len(s.loader.files), IdleFiles: s.loader.idleFiles, Rules: len(s.loader.rules),
 	}
 	for _, f := range s.loader.files {
 		r.Deltas += int(f.span.len)
@@ -152,16 +156,28 @@ func (s *unwindSync) close() {
 	<-s.done
 }
 
+// run is the worker. It also wakes up now and then with nothing to do, to
+// unload files that stayed idle.
 func (s *unwindSync) run() {
 	defer close(s.done)
-	for j := range s.jobs {
-		if j.barrier != nil {
-			s.publish()
-			close(j.barrier)
-		} else if s.handle(j); len(s.jobs) == 0 {
+	tick := time.NewTicker(idleFileKeep / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case j, ok := <-s.jobs:
+			if !ok {
+				return
+			}
+			if j.barrier != nil {
+				s.publish()
+				close(j.barrier)
+			} else if s.handle(j); len(s.jobs) == 0 {
+				s.publish()
+			}
+			s.pending.Add(-1)
+		case <-tick.C:
 			s.publish()
 		}
-		s.pending.Add(-1)
 	}
 }
 

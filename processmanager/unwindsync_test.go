@@ -3,6 +3,7 @@ package processmanager
 import (
 	"io"
 	"testing"
+	"time"
 
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/support"
@@ -68,8 +69,18 @@ func TestUnwindSyncFollowsProcesses(t *testing.T) {
 	}
 	m.ProcessExited(200)
 	m.unwind.wait()
-	if len(maps.pages) != 0 || len(maps.mappings) != 0 {
-		t.Errorf("left behind: %d pages, %d trie entries", len(maps.pages), len(maps.mappings))
+	if len(maps.mappings) != 0 {
+		t.Errorf("left behind: %d trie entries", len(maps.mappings))
+	}
+	if res := m.Stats().DeltasResident; res.Files != 1 || res.IdleFiles != 1 || res.Mappings != 0 || res.MappingPrefixes != 0 {
+		t.Errorf("after the exits: %+v, want the file idle and no mappings", res)
+	}
+	// Once idle long enough, the next job unloads it.
+	m.unwind.loader.now = func() time.Time { return time.Now().Add(idleFileKeep) }
+	m.unwind.forget(300)
+	m.unwind.wait()
+	if len(maps.pages) != 0 {
+		t.Errorf("left behind: %d pages", len(maps.pages))
 	}
 	if s := m.Stats(); s.DeltaFilesLoaded != 1 || s.DeltaLoadErrors != 0 || s.DeltasResident != (DeltaResidency{Rules: 1}) {
 		t.Errorf("stats %+v", s)
