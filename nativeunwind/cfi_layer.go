@@ -7,8 +7,16 @@ import (
 )
 
 // cfiSectionOf reads a CFI section, or returns nil if the file has none.
+// Pointer bases it cannot find (.text and .got without section headers)
+// stay 0: x86_64 and arm64 compilers do not use those encodings.
 func cfiSectionOf(f *elf.File, name string, arch *archInfo) (*cfiSection, error) {
 	s := f.Section(name)
+	if s == nil && name == ".eh_frame" {
+		// Without section headers, or with ones that leave .eh_frame out.
+		// A NOBITS .eh_frame (a separate debug file) does not come here:
+		// its program headers describe another file's contents.
+		return ehFrameFromSegments(f, arch)
+	}
 	if s == nil || s.Type == elf.SHT_NOBITS || s.Size == 0 {
 		return nil, nil
 	}

@@ -33,7 +33,9 @@ type Stats struct {
 
 // Extract returns the stack deltas of an x86_64 or arm64 ELF file: from
 // its .eh_frame, .gopclntab (Go executables) and .debug_frame, with the
-// entry points of processes and threads marked CFAStop.
+// entry points of processes and threads marked CFAStop. Without section
+// headers, .eh_frame is found through PT_GNU_EH_FRAME; then there is no
+// .debug_frame, and no symbol table for the entry points.
 func Extract(f *elf.File) (Deltas, error) {
 	d, _, err := ExtractWithStats(f)
 	return d, err
@@ -53,9 +55,8 @@ func ExtractWithStats(f *elf.File) (Deltas, Stats, error) {
 	return extract(f, true)
 }
 
-// extract merges, in this order of precedence: .eh_frame; the .gopclntab
-// (if withGo), since the .debug_frame Go's linker writes does not say
-// where the frame pointer is saved; .debug_frame.
+// extract is extractUnmarked with the entry points of f's symbol tables
+// marked.
 func extract(f *elf.File, withGo bool) (d Deltas, st Stats, err error) {
 	defer func() {
 		// A last resort: the parsers check their bounds, but a file must
@@ -64,7 +65,19 @@ func extract(f *elf.File, withGo bool) (d Deltas, st Stats, err error) {
 			d, err = nil, fmt.Errorf("nativeunwind: internal error: %v", p)
 		}
 	}()
-	st.Unsupported = map[string]int{}
+	d, st, err = extractUnmarked(f, withGo)
+	if err != nil {
+		return nil, st, err
+	}
+	d = markEntryPoints(f, d, &st)
+	return d, st, nil
+}
+
+// extractUnmarked merges, in this order of precedence: .eh_frame; the
+// .gopclntab (if withGo), since the .debug_frame Go's linker writes does
+// not say where the frame pointer is saved; .debug_frame.
+func extractUnmarked(f *elf.File, withGo bool) (Deltas, Stats, error) {
+	st := Stats{Unsupported: map[string]int{}}
 	arch := archFor(f.Machine)
 	if arch == nil || f.Class != elf.ELFCLASS64 {
 		return nil, st, fmt.Errorf("%w: %v %v", ErrUnsupportedArch, f.Class, f.Machine)
@@ -85,11 +98,10 @@ func extract(f *elf.File, withGo bool) (d Deltas, st Stats, err error) {
 			layers = append(layers, *l)
 		}
 	}
-	d, err = mergeLayers(layers, &st)
+	d, err := mergeLayers(layers, &st)
 	if err != nil {
 		return nil, st, err
 	}
-	d = markEntryPoints(f, d, &st)
 	return d, st, nil
 }
 
