@@ -64,7 +64,9 @@ type deltaLoader struct {
 	flagRASigned, flagStackSwitch uint8
 	rules                         map[nativeunwind.Rule]uint16
 	pool                          spanAllocator
-	files                         map[uint64]*loadedFile
+	// slot: spans are multiples of it, so each file starts a pool slot.
+	slot  uint32
+	files map[uint64]*loadedFile
 	// idle lists files that went idle, oldest first; an entry is stale
 	// when its file was used again since (see isIdle).
 	idle      []idleEntry
@@ -104,6 +106,7 @@ func newDeltaLoader(maps DeltaMaps, c support.DeltaCapacity) *deltaLoader {
 		flagStackSwitch: c.FlagStackSwitch,
 		rules:           map[nativeunwind.Rule]uint16{},
 		pool:            newSpanAllocator(c.Deltas),
+		slot:            max(c.DeltasPerSlot, 1),
 		files:           map[uint64]*loadedFile{},
 		failed:          newLRU[uint64, failedFile](maxFailedFiles),
 		now:             time.Now,
@@ -145,24 +148,25 @@ func (l *deltaLoader) load(fileID uint64, extract func() (nativeunwind.Deltas, e
 	if err != nil {
 		return err
 	}
-	total := 0
+	var all []support.StackDelta
 	for _, r := range runs {
-		total += len(r.deltas)
+		all = append(all, r.deltas...)
 	}
-	sp, ok := l.pool.alloc(uint32(total))
+	size := (uint32(len(all)) + l.slot - 1) / l.slot * l.slot
+	sp, ok := l.pool.alloc(size)
 	for !ok && l.evictIdle(func(idleEntry) bool { return true }) {
-		sp, ok = l.pool.alloc(uint32(total))
+		sp, ok = l.pool.alloc(size)
 	}
 	if !ok {
-		return fmt.Errorf("%w: %d deltas", ErrDeltaPoolFull, total)
+		return fmt.Errorf("%w: %d deltas", ErrDeltaPoolFull, len(all))
 	}
 	f := &loadedFile{refs: 1, span: sp}
+	if err := l.maps.SetStackDeltas(sp.start, all); err != nil {
+		l.unload(fileID, f)
+		return fmt.Errorf("writing stack deltas: %w", err)
+	}
 	next := sp.start
 	for _, r := range runs {
-		if err := l.maps.SetStackDeltas(next, r.deltas); err != nil {
-			l.unload(fileID, f)
-			return fmt.Errorf("writing stack deltas: %w", err)
-		}
 		key := support.DeltaPageKey{FileID: fileID, Page: r.page}
 		if err := l.maps.SetDeltaPage(key, support.DeltaPage{First: next, Count: uint32(len(r.deltas))}); err != nil {
 			l.unload(fileID, f)

@@ -16,6 +16,10 @@ type DeltaCapacity struct {
 	Rules, Deltas uint32
 	// PageBits: a delta page covers 1 << PageBits addresses.
 	PageBits uint
+	// DeltasPerSlot: the pool is written in slots of this many deltas, so
+	// every file's run of deltas must start at a multiple of it (0 means
+	// 1).
+	DeltasPerSlot uint32
 	// FlagRASigned is the rule flag for a signed return address,
 	// FlagStackSwitch the one for a frame that switched stacks.
 	FlagRASigned, FlagStackSwitch uint8
@@ -30,6 +34,10 @@ type UnwindRule struct {
 	FPOffset  int32
 	RAOffset  int32
 }
+
+// DeltaSlot mirrors struct delta_slot, an element of the stack_deltas
+// pool.
+type DeltaSlot [2]StackDelta
 
 // StackDelta mirrors struct stack_delta.
 type StackDelta struct {
@@ -87,6 +95,7 @@ func checkDeltaLayout(types *btf.Spec) error {
 		// Size, then the offsets of the named fields in order.
 		"unwind_rule":     {16, 0, 1, 4, 8, 12},
 		"stack_delta":     {4, 0, 2},
+		"delta_slot":      {8, 0},
 		"delta_page_key":  {16, 0, 8},
 		"delta_page":      {8, 0, 4},
 		"pid_mapping_key": {16, 0, 4, 8},

@@ -78,6 +78,9 @@ func ReadShared(spec *ebpf.CollectionSpec) (*Shared, error) {
 		return nil, err
 	}
 	s.DeltaPageBits = uint(layout["DELTA_PAGE_BITS"])
+	if n := layout["DELTAS_PER_SLOT"]; n != uint64(len(DeltaSlot{})) {
+		return nil, fmt.Errorf("BPF object stores %d deltas per slot, the Go mirror %d", n, len(DeltaSlot{}))
+	}
 	flags, err := enumValues(spec.Types, "unwind_rule_flag")
 	if err != nil {
 		return nil, err

@@ -18,7 +18,8 @@ import (
 func (t *Tracer) DeltaCapacity() support.DeltaCapacity {
 	return support.DeltaCapacity{
 		Rules:           t.coll.Maps["unwind_rules"].MaxEntries(),
-		Deltas:          t.coll.Maps["stack_deltas"].MaxEntries(),
+		Deltas:          t.coll.Maps["stack_deltas"].MaxEntries() * uint32(len(support.DeltaSlot{})),
+		DeltasPerSlot:   uint32(len(support.DeltaSlot{})),
 		PageBits:        t.shared.DeltaPageBits,
 		FlagRASigned:    t.shared.RuleFlagRASigned,
 		FlagStackSwitch: t.shared.RuleFlagStackSwitch,
@@ -30,21 +31,28 @@ func (t *Tracer) SetUnwindRule(id uint16, r support.UnwindRule) error {
 	return t.coll.Maps["unwind_rules"].Put(uint32(id), r)
 }
 
-// SetStackDeltas writes deltas to the pool from index first on.
+// SetStackDeltas writes deltas to the pool from delta index first on, which
+// must start a slot; a last slot left half full is padded.
 func (t *Tracer) SetStackDeltas(first uint32, deltas []support.StackDelta) error {
-	m := t.coll.Maps["stack_deltas"]
-	keys := make([]uint32, len(deltas))
-	for i := range keys {
-		keys[i] = first + uint32(i)
+	const perSlot = uint32(len(support.DeltaSlot{}))
+	if first%perSlot != 0 {
+		return fmt.Errorf("stack deltas at %d do not start a slot of %d", first, perSlot)
 	}
-	_, err := m.BatchUpdate(keys, deltas, nil)
+	slots := make([]support.DeltaSlot, (uint32(len(deltas))+perSlot-1)/perSlot)
+	keys := make([]uint32, len(slots))
+	for i := range slots {
+		keys[i] = first/perSlot + uint32(i)
+		copy(slots[i][:], deltas[uint32(i)*perSlot:])
+	}
+	m := t.coll.Maps["stack_deltas"]
+	_, err := m.BatchUpdate(keys, slots, nil)
 	if !errors.Is(err, ebpf.ErrNotSupported) {
 		return err
 	}
 	// Kernels before 5.6 have no batch operations on arrays.
-	for i, d := range deltas {
-		if err := m.Put(keys[i], d); err != nil {
-			return fmt.Errorf("stack delta %d: %w", keys[i], err)
+	for i, s := range slots {
+		if err := m.Put(keys[i], s); err != nil {
+			return fmt.Errorf("stack delta slot %d: %w", keys[i], err)
 		}
 	}
 	return nil

@@ -13,7 +13,7 @@ import (
 )
 
 // MaxMapScaleFactor is the largest Config.MapScaleFactor. At 8 the stack
-// delta pool has 1<<28 entries, which the kernel stores in 2 GiB.
+// delta pool holds 1<<30 deltas, which the kernel stores in 4 GiB.
 const MaxMapScaleFactor = 8
 
 // scaledMap is a map that fills with the host's executables and processes,
@@ -30,9 +30,9 @@ type scaledMap struct {
 // evicts instead of failing.
 func scaledMaps() []scaledMap {
 	return []scaledMap{
-		// Indexed by delta_page.first plus an offset, both u32: every map
-		// size (itself a u32) is addressable.
-		{"stack_deltas", math.MaxUint32},
+		// Delta indexes (delta_page.first plus an offset) are u32; an
+		// element holds DELTAS_PER_SLOT of them.
+		{"stack_deltas", math.MaxUint32 / uint64(len(support.DeltaSlot{}))},
 		// Hash and trie: keyed, not indexed.
 		{"delta_pages", math.MaxUint32},
 		{"pid_mappings", math.MaxUint32},

@@ -36,15 +36,16 @@ func TestMapScaleFactorRange(t *testing.T) {
 
 func TestScaleMaps(t *testing.T) {
 	tests := []struct {
-		factor                         uint
-		deltas, pages, mappings, rules uint32
+		factor uint
+		// slots holds two deltas each.
+		slots, pages, mappings, rules uint32
 	}{
-		{0, 1 << 20, 1 << 16, 1 << 16, 1 << 14},
-		{1, 1 << 21, 1 << 17, 1 << 17, 1 << 15},
-		{2, 1 << 22, 1 << 18, 1 << 18, 1 << 16},
+		{0, 1 << 21, 1 << 16, 1 << 16, 1 << 14},
+		{1, 1 << 22, 1 << 17, 1 << 17, 1 << 15},
+		{2, 1 << 23, 1 << 18, 1 << 18, 1 << 16},
 		// stack_delta.rule is a u16: the rule table stops at 1<<16.
-		{3, 1 << 23, 1 << 19, 1 << 19, 1 << 16},
-		{MaxMapScaleFactor, 1 << 28, 1 << 24, 1 << 24, 1 << 16},
+		{3, 1 << 24, 1 << 19, 1 << 19, 1 << 16},
+		{MaxMapScaleFactor, 1 << 29, 1 << 24, 1 << 24, 1 << 16},
 	}
 	for _, tt := range tests {
 		spec, err := support.LoadSpec()
@@ -56,8 +57,8 @@ func TestScaleMaps(t *testing.T) {
 		}
 		got := [4]uint32{spec.Maps["stack_deltas"].MaxEntries, spec.Maps["delta_pages"].MaxEntries,
 			spec.Maps["pid_mappings"].MaxEntries, spec.Maps["unwind_rules"].MaxEntries}
-		if want := [4]uint32{tt.deltas, tt.pages, tt.mappings, tt.rules}; got != want {
-			t.Errorf("factor %d: deltas, pages, mappings, rules = %v, want %v", tt.factor, got, want)
+		if want := [4]uint32{tt.slots, tt.pages, tt.mappings, tt.rules}; got != want {
+			t.Errorf("factor %d: delta slots, pages, mappings, rules = %v, want %v", tt.factor, got, want)
 		}
 		if n := spec.Maps["unknown_pc_reports"].MaxEntries; n != 4096 {
 			t.Errorf("factor %d: unknown_pc_reports scaled to %d", tt.factor, n)
@@ -109,7 +110,7 @@ func TestMaxMapScaleFactor(t *testing.T) {
 		return
 	}
 	defer tr.Close()
-	if c := tr.DeltaCapacity(); c.Deltas != 1<<28 || c.Rules != 1<<16 {
+	if c := tr.DeltaCapacity(); c.Deltas != 1<<30 || c.Rules != 1<<16 {
 		t.Errorf("capacity at factor %d: %+v", MaxMapScaleFactor, c)
 	}
 	logMapMemory(t, tr, MaxMapScaleFactor)
@@ -127,13 +128,13 @@ func TestMapCreateError(t *testing.T) {
 		t.Fatal(err)
 	}
 	ms := spec.Maps["stack_deltas"]
-	ms.Key, ms.Value, ms.ValueSize = nil, nil, 1<<12 // 1<<28 of them: 1 TiB
+	ms.Key, ms.Value, ms.ValueSize = nil, nil, 1<<12 // 1<<29 of them: 2 TiB
 	maps, err := createScaledMaps(spec, MaxMapScaleFactor)
 	if err == nil {
 		closeMaps(maps)
 		t.Fatal("a 1 TiB map was created")
 	}
-	want := "creating BPF map stack_deltas of 268435456 entries (1048576 MiB) (map scale factor 8)"
+	want := "creating BPF map stack_deltas of 536870912 entries (2097152 MiB) (map scale factor 8)"
 	if !strings.Contains(err.Error(), want) || !errors.Is(err, unix.ENOMEM) ||
 		!strings.Contains(err.Error(), "lower the map scale factor") {
 		t.Errorf("error %v, want ENOMEM containing %q and advice", err, want)
@@ -160,7 +161,7 @@ func TestMapMemory(t *testing.T) {
 	// and the trie grow by entry.
 	tr := newTestTracer(t, 0)
 	deltas := tr.coll.Maps["stack_deltas"]
-	perDelta := float64(mapMemlock(t, deltas)) / float64(deltas.MaxEntries())
+	perDelta := float64(mapMemlock(t, deltas)) / float64(tr.DeltaCapacity().Deltas)
 	const n = 1 << 15
 	perPage := growth(t, tr.coll.Maps["delta_pages"], n, func(i uint64) error {
 		return tr.SetDeltaPage(support.DeltaPageKey{FileID: 1, Page: i}, support.DeltaPage{})

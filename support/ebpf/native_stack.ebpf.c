@@ -60,6 +60,16 @@ static __always_inline void report_unknown_pc(u32 pid)
     bpf_map_update_elem(&unknown_pc_reports, &pid, &now, BPF_ANY);
 }
 
+// Delta idx of the stack_deltas pool, or NULL.
+static __always_inline struct stack_delta *get_delta(u32 idx)
+{
+  u32 slot = idx / DELTAS_PER_SLOT;
+  struct delta_slot *s = bpf_map_lookup_elem(&stack_deltas, &slot);
+  if (!s)
+    return 0;
+  return &s->d[idx % DELTAS_PER_SLOT];
+}
+
 // The rule of the delta covering file address addr of file file_id, or NULL.
 static __always_inline struct unwind_rule *find_rule(u64 file_id, u64 addr)
 {
@@ -75,8 +85,7 @@ static __always_inline struct unwind_rule *find_rule(u64 file_id, u64 addr)
   u32 first = page->first, lo = 0, hi = page->count;
   for (int i = 0; i < DELTA_SEARCH_STEPS && lo < hi; i++) {
     u32 mid = (lo + hi) / 2;
-    u32 idx = first + mid;
-    struct stack_delta *d = bpf_map_lookup_elem(&stack_deltas, &idx);
+    struct stack_delta *d = get_delta(first + mid);
     if (!d)
       return 0;
     if (d->addr_low <= low)
@@ -84,9 +93,8 @@ static __always_inline struct unwind_rule *find_rule(u64 file_id, u64 addr)
     else
       hi = mid;
   }
-  u32 idx = first + lo - 1;
-  struct stack_delta *d = bpf_map_lookup_elem(&stack_deltas, &idx);
-  if (!d || lo == 0)
+  struct stack_delta *d = lo ? get_delta(first + lo - 1) : 0;
+  if (!d)
     return 0;
   u32 rule = d->rule;
   return bpf_map_lookup_elem(&unwind_rules, &rule);

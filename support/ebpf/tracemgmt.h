@@ -33,6 +33,7 @@ volatile const struct btf_exports {
   struct process_event process_event;
   struct unwind_rule unwind_rule;
   struct stack_delta stack_delta;
+  struct delta_slot delta_slot;
   struct delta_page_key delta_page_key;
   struct delta_page delta_page;
   struct pid_mapping_key pid_mapping_key;
@@ -81,12 +82,14 @@ struct {
   __type(value, struct unwind_rule);
 } unwind_rules SEC(".maps");
 
-// The pool every file's deltas are allocated from.
+// The pool every file's deltas are allocated from: 4M deltas in 16 MiB,
+// room for libLLVM (1M deltas), node (370k) and libjvm (190k) together
+// with a host's usual libraries.
 struct {
   __uint(type, BPF_MAP_TYPE_ARRAY);
-  __uint(max_entries, 1 << 20);
+  __uint(max_entries, (1 << 22) / DELTAS_PER_SLOT);
   __type(key, u32);
-  __type(value, struct stack_delta);
+  __type(value, struct delta_slot);
 } stack_deltas SEC(".maps");
 
 // (file, page) -> that page's run of deltas.

@@ -22,6 +22,10 @@ enum delta_layout {
   DELTA_PAGE_BITS = 16,
   // log2 of the most deltas a page can hold, plus one.
   DELTA_SEARCH_STEPS = DELTA_PAGE_BITS + 1,
+  // Deltas per stack_deltas element (struct delta_slot): the kernel
+  // stores array values in multiples of 8 bytes, so a lone 4-byte delta
+  // would take twice its size.
+  DELTAS_PER_SLOT = 2,
 };
 
 // How a frame's CFA is found (values of nativeunwind.CFABase).
@@ -67,12 +71,19 @@ struct stack_delta {
   u16 rule;
 };
 
+// An element of the stack_deltas pool. Delta i of the pool is
+// d[i % DELTAS_PER_SLOT] of element i / DELTAS_PER_SLOT.
+struct delta_slot {
+  struct stack_delta d[DELTAS_PER_SLOT];
+};
+
 struct delta_page_key {
   u64 file_id;
   u64 page; // file address >> DELTA_PAGE_BITS
 };
 
-// The run of a page's deltas in stack_deltas. Its first delta starts at the
+// The run of a page's deltas in stack_deltas, by delta index (not element).
+// Its first delta starts at the
 // page's first address, so a lookup never needs the page before.
 struct delta_page {
   u32 first;

@@ -12,7 +12,7 @@ __attribute__((noinline)) static int qs_compare(const void *a, const void *b)
 {
   // Make each comparison expensive so samples land in the callback.
   unsigned long x = *(const unsigned long *)a, y = *(const unsigned long *)b;
-  for (int i = 0; i < 64; i++) {
+  for (int i = 0; i < 256; i++) {
     x = x * 6364136223846793005UL + 1;
     y = y * 6364136223846793005UL + 1;
   }
