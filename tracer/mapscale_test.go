@@ -90,13 +90,25 @@ func TestMapScaleFactorLoads(t *testing.T) {
 		}
 	}
 	// The scaled maps are the ones the programs use: the last slot of the
-	// larger pool is writable.
-	if err := scaled.SetStackDeltas(sc.Deltas-1, []support.StackDelta{{AddrLow: 1, Rule: 1}}); err != nil {
-		t.Errorf("writing the last stack delta at factor 2: %v", err)
+	// larger pool is writable. Three deltas fill one slot and half of the
+	// next, whose second half is padding.
+	deltas := []support.StackDelta{{AddrLow: 1, Rule: 1}, {AddrLow: 2, Rule: 2}, {AddrLow: 3, Rule: 3}}
+	if err := scaled.SetStackDeltas(sc.Deltas-4, deltas); err != nil {
+		t.Fatalf("writing the last stack deltas at factor 2: %v", err)
+	}
+	var last support.DeltaSlot
+	if err := scaled.coll.Maps["stack_deltas"].Lookup(sc.Deltas/2-1, &last); err != nil {
+		t.Fatal(err)
+	}
+	if last != (support.DeltaSlot{deltas[2], {}}) {
+		t.Errorf("last slot %v, want %v and padding", last, deltas[2])
+	}
+	if err := scaled.SetStackDeltas(1, deltas); err == nil {
+		t.Error("deltas written from the middle of a slot")
 	}
 }
 
-// TestMaxMapScaleFactor loads the largest factor: it needs about 2.3 GiB of
+// TestMaxMapScaleFactor loads the largest factor: it needs about 4.3 GiB of
 // kernel memory. Where the host or cgroup has less, the error must say
 // which map did not fit and how big it was.
 func TestMaxMapScaleFactor(t *testing.T) {
