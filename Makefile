@@ -47,7 +47,7 @@ integration-test: build
 FUZZ_TIME    ?= 5s
 FUZZ_TARGETS := processmanager:FuzzParseELF processmanager:FuzzNotes processmanager:FuzzParseKallsyms \
 	processmanager:FuzzParseMapsLine processmanager:FuzzContainerIDFromCgroup \
-	nativeunwind:FuzzEhFrame nativeunwind:FuzzCFAProgram nativeunwind:FuzzGoPclntab
+	nativeunwind:FuzzEhFrame nativeunwind:FuzzCFAProgram nativeunwind:FuzzEhFrameSegments nativeunwind:FuzzGoPclntab
 
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
