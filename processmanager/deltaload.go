@@ -21,6 +21,8 @@ type DeltaMaps interface {
 	DeleteDeltaPage(k support.DeltaPageKey) error
 	SetPidMapping(k support.PidMappingKey, v support.PidMapping) error
 	DeletePidMapping(k support.PidMappingKey) error
+	SetKnownFile(k support.FileKey, v support.KnownFile) error
+	DeleteKnownFile(k support.FileKey) error
 }
 
 // ErrDeltaPoolFull says a file's deltas did not fit in the BPF pool.
@@ -72,13 +74,18 @@ type deltaLoader struct {
 	idle      []idleEntry
 	idleFiles int
 	failed    *lru[uint64, failedFile]
-	now       func() time.Time
+	// keyOwner is the file each key in BPF's known_files names: a key
+	// can move to another file when an inode number is reused.
+	keyOwner map[support.FileKey]uint64
+	now      func() time.Time
 }
 
 type loadedFile struct {
 	refs  int
 	span  span
 	pages []uint64
+	// keys are the kernel's names for the file that BPF knows it by.
+	keys []support.FileKey
 	// idleSince is when refs last dropped to 0.
 	idleSince time.Time
 }
@@ -109,6 +116,7 @@ func newDeltaLoader(maps DeltaMaps, c support.DeltaCapacity) *deltaLoader {
 		slot:            max(c.DeltasPerSlot, 1),
 		files:           map[uint64]*loadedFile{},
 		failed:          newLRU[uint64, failedFile](maxFailedFiles),
+		keyOwner:        map[support.FileKey]uint64{},
 		now:             time.Now,
 	}
 }
@@ -233,7 +241,29 @@ func (l *deltaLoader) evictIdle(evict func(idleEntry) bool) bool {
 	return false
 }
 
+// knownAs tells BPF that key names a loaded file, whose executable segment
+// has the given p_vaddr - p_offset, so that it can resolve the file's PCs
+// from a task's VMAs before the process's mappings are in the trie.
+func (l *deltaLoader) knownAs(fileID uint64, key support.FileKey, vaddrAdjust int64) error {
+	f := l.files[fileID]
+	if f == nil || l.keyOwner[key] == fileID {
+		return nil
+	}
+	if err := l.maps.SetKnownFile(key, support.KnownFile{FileID: fileID, VaddrAdjust: vaddrAdjust}); err != nil {
+		return fmt.Errorf("writing known file: %w", err)
+	}
+	l.keyOwner[key] = fileID
+	f.keys = append(f.keys, key)
+	return nil
+}
+
 func (l *deltaLoader) unload(fileID uint64, f *loadedFile) {
+	for _, k := range f.keys {
+		if l.keyOwner[k] == fileID {
+			_ = l.maps.DeleteKnownFile(k)
+			delete(l.keyOwner, k)
+		}
+	}
 	for _, page := range f.pages {
 		_ = l.maps.DeleteDeltaPage(support.DeltaPageKey{FileID: fileID, Page: page})
 	}

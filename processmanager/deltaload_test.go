@@ -16,6 +16,7 @@ type fakeDeltaMaps struct {
 	deltas   map[uint32]support.StackDelta
 	pages    map[support.DeltaPageKey]support.DeltaPage
 	mappings map[support.PidMappingKey]support.PidMapping
+	known    map[support.FileKey]support.KnownFile
 }
 
 func newFakeDeltaMaps() *fakeDeltaMaps {
@@ -24,6 +25,7 @@ func newFakeDeltaMaps() *fakeDeltaMaps {
 		deltas:   map[uint32]support.StackDelta{},
 		pages:    map[support.DeltaPageKey]support.DeltaPage{},
 		mappings: map[support.PidMappingKey]support.PidMapping{},
+		known:    map[support.FileKey]support.KnownFile{},
 	}
 }
 
@@ -56,6 +58,16 @@ func (f *fakeDeltaMaps) SetPidMapping(k support.PidMappingKey, v support.PidMapp
 
 func (f *fakeDeltaMaps) DeletePidMapping(k support.PidMappingKey) error {
 	delete(f.mappings, k)
+	return nil
+}
+
+func (f *fakeDeltaMaps) SetKnownFile(k support.FileKey, v support.KnownFile) error {
+	f.known[k] = v
+	return nil
+}
+
+func (f *fakeDeltaMaps) DeleteKnownFile(k support.FileKey) error {
+	delete(f.known, k)
 	return nil
 }
 
@@ -260,5 +272,48 @@ func TestDeltaLoaderSignedReturnAddress(t *testing.T) {
 	}
 	if got := maps.rules[id]; got.Flags != 1 || got.CFAOffset != 16 {
 		t.Errorf("BPF rule %+v, want the signed-RA flag", got)
+	}
+}
+
+// TestDeltaLoaderKnownFiles: BPF learns a loaded file's kernel names and
+// forgets them when the file unloads, except a name that moved on to
+// another file (an inode number reused).
+func TestDeltaLoaderKnownFiles(t *testing.T) {
+	maps := newFakeDeltaMaps()
+	l := newDeltaLoader(maps, support.DeltaCapacity{Rules: 16, Deltas: 64, PageBits: 12})
+	now := time.Unix(1000, 0)
+	l.now = func() time.Time { return now }
+	one := func() (nativeunwind.Deltas, error) {
+		return nativeunwind.Deltas{{Address: 0x1000, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8}}}, nil
+	}
+	a, b := support.FileKey{Dev: 1, Ino: 10}, support.FileKey{Dev: 1, Ino: 11}
+	for _, id := range []uint64{1, 2} {
+		if err := l.acquire(id, one); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.knownAs(1, a, 0x400000); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.knownAs(1, b, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := maps.known[a]; got != (support.KnownFile{FileID: 1, VaddrAdjust: 0x400000}) {
+		t.Errorf("known file %+v", got)
+	}
+	if err := l.knownAs(2, b, 0); err != nil { // b's inode now holds file 2
+		t.Fatal(err)
+	}
+	l.release(1)
+	now = now.Add(idleFileKeep)
+	l.expireIdle(now)
+	if _, ok := maps.known[a]; ok {
+		t.Error("key of an unloaded file left in BPF")
+	}
+	if got := maps.known[b]; got.FileID != 2 {
+		t.Errorf("key moved to file 2 was %+v after file 1 unloaded", got)
+	}
+	if err := l.knownAs(3, a, 0); err != nil || len(maps.known) != 1 {
+		t.Errorf("a key for a file not loaded was written: %v, %v", err, maps.known)
 	}
 }

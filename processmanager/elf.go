@@ -119,6 +119,25 @@ func (d *elfData) bias(start, off uint64) (uint64, bool) {
 	return start - off + best.offset - best.vaddr, true
 }
 
+// execVaddrAdjust returns p_vaddr - p_offset of the executable segments, or
+// false if there are none or they disagree: what turns a file offset in
+// executable code into a file address.
+func (d *elfData) execVaddrAdjust() (int64, bool) {
+	var adjust int64
+	found := false
+	for _, s := range d.loads {
+		if !s.executable {
+			continue
+		}
+		a := int64(s.vaddr - s.offset)
+		if found && a != adjust {
+			return 0, false
+		}
+		adjust, found = a, true
+	}
+	return adjust, found
+}
+
 // findBuildIDs returns the hex GNU build id and the Go build id of a file,
 // from its note sections or, when section headers are missing, from its
 // PT_NOTE segments.

@@ -26,6 +26,8 @@ type Stats struct {
 	// ProcessReadErrors counts other failures to read /proc/PID.
 	ProcessReadErrors uint64
 	MapsReads         uint64
+	// MappingsAdded counts executable mappings added as BPF reported them.
+	MappingsAdded uint64
 	// MapsRereadsLimited counts re-reads skipped by the rate limit.
 	MapsRereadsLimited uint64
 	FileCacheSize      int
@@ -63,6 +65,7 @@ type counters struct {
 	mapsReads          uint64
 	mapsRereadsLimited uint64
 	fileErrors         uint64
+	mappingsAdded      uint64
 }
 
 // Stats returns the Manager's counters; the Handler fields are zero.
@@ -81,6 +84,7 @@ func (m *Manager) Stats() Stats {
 		ProcessReadErrors:  c.procErrors,
 		MapsReads:          c.mapsReads,
 		MapsRereadsLimited: c.mapsRereadsLimited,
+		MappingsAdded:      c.mappingsAdded,
 		FileCacheSize:      m.files.lru.Len(),
 		FileCacheHits:      m.files.hits,
 		FileCacheMisses:    m.files.misses,

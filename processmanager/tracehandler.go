@@ -146,9 +146,13 @@ func (h *Handler) lookup(raw *support.Trace) (*libpf.Trace, *libpf.ProcessInfo, 
 // ProcessExited forgets a process; see Manager.ProcessExited.
 func (h *Handler) ProcessExited(pid libpf.PID) { h.m.ProcessExited(pid) }
 
-// ProcessExeced forgets a process whose image was replaced, so that its next
-// trace reads the new mappings.
-func (h *Handler) ProcessExeced(pid libpf.PID) { h.m.ProcessExited(pid) }
+// ProcessExeced replaces the state of a process whose image was replaced;
+// see Manager.ProcessExeced.
+func (h *Handler) ProcessExeced(pid libpf.PID) { h.m.ProcessExeced(pid) }
+
+// ExecMapped adds a process's new executable mapping; see
+// Manager.ExecMapped.
+func (h *Handler) ExecMapped(pid libpf.PID, m support.ExecMapping) { h.m.ExecMapped(pid, m) }
 
 // UnknownPC reads the mappings of a process BPF found a PC of outside every
 // mapping it knows: a new process, or new code.

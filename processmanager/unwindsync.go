@@ -93,6 +93,12 @@ type unwindJob struct {
 	// removes one mapping.
 	detachAll, detach bool
 	m                 attachedMapping
+	// key names the file for BPF, with its executable segment's
+	// p_vaddr - p_offset; hasKey is false for the vDSO and files whose
+	// executable segments disagree on it.
+	key         support.FileKey
+	vaddrAdjust int64
+	hasKey      bool
 	// open reads the mapped file; called only when its deltas are not
 	// loaded yet.
 	open func() (mappedImage, error)
@@ -129,11 +135,16 @@ func (s *unwindSync) attach(pid uint32, mp *mapping, procFS string) {
 		return
 	}
 	e := mp.entry
-	s.send(unwindJob{
+	j := unwindJob{
 		pid:  pid,
 		m:    attachedMapping{start: e.start, end: e.end, bias: mp.pf.Bias, fileID: mp.pf.FileID.Low64()},
 		open: func() (mappedImage, error) { return openImage(procFS, pid, &e) },
-	})
+	}
+	if e.isFile() {
+		j.vaddrAdjust, j.hasKey = mp.file.elf.execVaddrAdjust()
+		j.key = support.NewFileKey(e.dev, e.inode)
+	}
+	s.send(j)
 }
 
 // detach queues the removal of a mapping. Removals are never dropped: the
@@ -232,6 +243,11 @@ func (s *unwindSync) add(j unwindJob) error {
 	if err != nil {
 		s.loadErrors.Add(1)
 		return err
+	}
+	if j.hasKey {
+		if err := s.loader.knownAs(j.m.fileID, j.key, j.vaddrAdjust); err != nil {
+			s.log.WithError(err).Debugf("process %d: mapping at %#x", j.pid, j.m.start)
+		}
 	}
 	for _, p := range rangePrefixes(j.m.start, j.m.end) {
 		key := support.NewPidMappingKey(j.pid, p[0], int(p[1]))

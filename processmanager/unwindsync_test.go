@@ -86,3 +86,46 @@ func TestUnwindSyncFollowsProcesses(t *testing.T) {
 		t.Errorf("stats %+v", s)
 	}
 }
+
+// TestExecMappedAddsMapping: a mapping BPF reports joins the process's
+// state and the trie without a read of its maps, and BPF learns the file's
+// kernel name.
+func TestExecMappedAddsMapping(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	first, fnAbs := lib.mapAt(0x7f0000000000)
+	second, _ := lib.mapAt(0x7e0000000000)
+	fs.setProcess(100, 1, "/bin/app", first)
+	maps := newFakeDeltaMaps()
+	extract := func(io.ReaderAt) (nativeunwind.Deltas, error) {
+		return nativeunwind.Deltas{{Address: 0, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8, RAOffset: -8}}}, nil
+	}
+	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger(),
+		Unwinding: &Unwinding{Maps: maps, Capacity: support.DeltaCapacity{Rules: 8, Deltas: 1024, PageBits: 16}, Extract: extract}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, _, err := m.ConvertTrace(&support.Trace{PID: 100, Frames: []support.Frame{{Addr: fnAbs}}}); err != nil {
+		t.Fatal(err)
+	}
+	m.unwind.wait()
+	// The process maps the library a second time.
+	fs.setProcess(100, 1, "/bin/app", first, second)
+	m.ExecMapped(100, support.ExecMapping{Start: second.start, End: second.end, Offset: second.offset, Dev: 7, Ino: 42})
+	m.ExecMapped(100, support.ExecMapping{Start: 0x1000, End: 0x2000, Dev: 7, Ino: 43}) // already unmapped
+	m.unwind.wait()
+
+	if s := m.Stats(); s.MapsReads != 1 || s.MappingsAdded != 1 || s.ProcessesVanished != 0 {
+		t.Errorf("stats %+v: want one maps read and one mapping added", s)
+	}
+	if !m.Tracks(100) {
+		t.Fatal("process forgotten after a mapping that was gone")
+	}
+	if got := m.Stats().DeltasResident.Mappings; got != 2 {
+		t.Errorf("%d mappings in the trie, want 2", got)
+	}
+	if _, ok := maps.known[support.NewFileKey(7, 42)]; !ok {
+		t.Errorf("known files %v lack the reported one", maps.known)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"math/bits"
 
 	"github.com/cilium/ebpf/btf"
+	"golang.org/x/sys/unix"
 )
 
 // The records user space writes into the stack-delta and mapping maps; their
@@ -23,6 +24,24 @@ type DeltaCapacity struct {
 	// FlagRASigned is the rule flag for a signed return address,
 	// FlagStackSwitch the one for a frame that switched stacks.
 	FlagRASigned, FlagStackSwitch uint8
+}
+
+// FileKey mirrors struct file_key: a file as the kernel names it.
+type FileKey struct {
+	Dev, Ino uint64
+}
+
+// NewFileKey returns the key of the file with user-space device number dev
+// (as stat and /proc/PID/maps give it) and inode ino. The kernel encodes
+// devices as MAJOR << 20 | MINOR.
+func NewFileKey(dev, ino uint64) FileKey {
+	return FileKey{Dev: uint64(unix.Major(dev))<<20 | uint64(unix.Minor(dev)), Ino: ino}
+}
+
+// KnownFile mirrors struct known_file.
+type KnownFile struct {
+	FileID      uint64
+	VaddrAdjust int64
 }
 
 // UnwindRule mirrors struct unwind_rule.
@@ -100,6 +119,8 @@ func checkDeltaLayout(types *btf.Spec) error {
 		"delta_page":      {8, 0, 4},
 		"pid_mapping_key": {16, 0, 4, 8},
 		"pid_mapping":     {16, 0, 8},
+		"file_key":        {16, 0, 8},
+		"known_file":      {16, 0, 8},
 	} {
 		var st *btf.Struct
 		if err := types.TypeByName(name, &st); err != nil {

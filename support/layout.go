@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
+	"os"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -37,7 +39,11 @@ type traceLayout struct {
 	maxFrames                                                                        int
 	eventTrace, eventProcessExit, eventProcessExec, eventUnknownPC                   uint32
 	processEventPID                                                                  int
-	flagTruncated, frameFlagReturn                                                   uint8
+	eventExecMapped                                                                  uint32
+	// mmapEvent are struct mmap_event's offsets and size.
+	mmapEvent                      map[string]int
+	mmapEventSize                  int
+	flagTruncated, frameFlagReturn uint8
 }
 
 // ReadShared extracts the shared definitions from the object's BTF and checks
@@ -166,6 +172,16 @@ func (l *traceLayout) read(types *btf.Spec) error {
 		return err
 	}
 	l.processEventPID = pe["pid"]
+	me, mst, err := memberOffsets(types, "mmap_event")
+	if err != nil {
+		return err
+	}
+	for _, field := range []string{"start", "end", "pgoff", "dev", "ino"} {
+		if _, ok := me[field]; !ok {
+			return fmt.Errorf("BPF struct mmap_event lacks %s", field)
+		}
+	}
+	l.mmapEvent, l.mmapEventSize = me, int(mst.Size)
 	events, err := enumValues(types, "event_type")
 	if err != nil {
 		return err
@@ -174,6 +190,7 @@ func (l *traceLayout) read(types *btf.Spec) error {
 	l.eventProcessExit = uint32(events["EVENT_PROCESS_EXIT"])
 	l.eventProcessExec = uint32(events["EVENT_PROCESS_EXEC"])
 	l.eventUnknownPC = uint32(events["EVENT_UNKNOWN_PC"])
+	l.eventExecMapped = uint32(events["EVENT_EXEC_MAPPED"])
 	traceFlags, err := enumValues(types, "trace_flag")
 	if err != nil {
 		return err
@@ -184,7 +201,8 @@ func (l *traceLayout) read(types *btf.Spec) error {
 		return err
 	}
 	l.frameFlagReturn = uint8(frameFlags["FRAME_FLAG_RETURN_ADDRESS"])
-	if l.eventTrace == 0 || l.eventProcessExit == 0 || l.eventProcessExec == 0 || l.eventUnknownPC == 0 || l.flagTruncated == 0 || l.frameFlagReturn == 0 {
+	if l.eventTrace == 0 || l.eventProcessExit == 0 || l.eventProcessExec == 0 || l.eventUnknownPC == 0 ||
+		l.eventExecMapped == 0 || l.flagTruncated == 0 || l.frameFlagReturn == 0 {
 		return errors.New("BPF object lacks event, trace flag or frame flag values")
 	}
 	return nil
@@ -202,7 +220,17 @@ const (
 	// EventUnknownPC: a PC of PID was in no mapping loaded into BPF: a new
 	// process or new code whose mappings should be read.
 	EventUnknownPC
+	// EventExecMapped: PID mapped a file executable (Event.Mapping).
+	EventExecMapped
 )
+
+// ExecMapping is a new executable file mapping: [Start, End) maps the file
+// Dev/Ino (user-space device encoding, as in /proc/PID/maps) from byte
+// Offset on.
+type ExecMapping struct {
+	Start, End, Offset uint64
+	Dev, Ino           uint64
+}
 
 // Event is one decoded record of the events ring buffer.
 type Event struct {
@@ -211,6 +239,8 @@ type Event struct {
 	Trace *Trace
 	// PID is the process of the other kinds.
 	PID libpf.PID
+	// Mapping is set for EventExecMapped.
+	Mapping ExecMapping
 }
 
 // ErrMalformedEvent is returned for records that do not decode.
@@ -231,6 +261,8 @@ func (s *Shared) DecodeEvent(raw []byte, trace *Trace) (Event, error) {
 		return Event{Kind: EventProcessExec, PID: libpf.PID(le.Uint32(raw[l.processEventPID:]))}, nil
 	case l.eventUnknownPC:
 		return Event{Kind: EventUnknownPC, PID: libpf.PID(le.Uint32(raw[l.processEventPID:]))}, nil
+	case l.eventExecMapped:
+		return s.decodeExecMapped(raw)
 	case l.eventTrace:
 	default:
 		return Event{}, fmt.Errorf("%w: type %d", ErrMalformedEvent, le.Uint32(raw))
@@ -274,4 +306,24 @@ func cString(b []byte) string {
 		b = b[:i]
 	}
 	return string(b)
+}
+
+// pageSize is what vm_pgoff counts in.
+var pageSize = uint64(os.Getpagesize())
+
+func (s *Shared) decodeExecMapped(raw []byte) (Event, error) {
+	l := &s.trace
+	if len(raw) < l.mmapEventSize {
+		return Event{}, fmt.Errorf("%w: mapping event of %d bytes", ErrMalformedEvent, len(raw))
+	}
+	u64 := func(field string) uint64 { return binary.LittleEndian.Uint64(raw[l.mmapEvent[field]:]) }
+	dev := u64("dev")
+	m := ExecMapping{
+		Start: u64("start"), End: u64("end"), Offset: u64("pgoff") * pageSize,
+		Dev: unix.Mkdev(uint32(dev>>20), uint32(dev&(1<<20-1))), Ino: u64("ino"),
+	}
+	if m.End <= m.Start {
+		return Event{}, fmt.Errorf("%w: mapping [%#x, %#x)", ErrMalformedEvent, m.Start, m.End)
+	}
+	return Event{Kind: EventExecMapped, PID: libpf.PID(binary.LittleEndian.Uint32(raw[l.processEventPID:])), Mapping: m}, nil
 }

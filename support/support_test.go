@@ -3,6 +3,7 @@ package support
 import (
 	"bytes"
 	"encoding/binary"
+	"golang.org/x/sys/unix"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -145,8 +146,24 @@ func TestDecodeEvent(t *testing.T) {
 		}
 	}
 
+	mapped := make([]byte, s.trace.mmapEventSize)
+	le := binary.LittleEndian
+	le.PutUint32(mapped, s.trace.eventExecMapped)
+	le.PutUint32(mapped[s.trace.processEventPID:], 78)
+	for field, v := range map[string]uint64{"start": 0x7f0000001000, "end": 0x7f0000003000, "pgoff": 1,
+		"dev": 259<<20 | 1, "ino": 4242} {
+		le.PutUint64(mapped[s.trace.mmapEvent[field]:], v)
+	}
+	ev, err = s.DecodeEvent(mapped, &tr)
+	want := ExecMapping{Start: 0x7f0000001000, End: 0x7f0000003000, Offset: pageSize,
+		Dev: unix.Mkdev(259, 1), Ino: 4242}
+	if err != nil || ev.Kind != EventExecMapped || ev.PID != 78 || ev.Mapping != want {
+		t.Errorf("mapping event: %+v, %v; want %+v", ev, err, want)
+	}
+
 	for name, bad := range map[string][]byte{
 		"short":        raw[:4],
+		"cut mapping":  mapped[:len(mapped)-1],
 		"unknown type": {9, 0, 0, 0, 0, 0, 0, 0},
 		"cut header":   raw[:s.trace.frames-1],
 		"cut frames":   raw[:len(raw)-1],

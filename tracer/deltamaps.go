@@ -68,6 +68,16 @@ func (t *Tracer) DeleteDeltaPage(k support.DeltaPageKey) error {
 	return ignoreMissing(t.coll.Maps["delta_pages"].Delete(k))
 }
 
+// SetKnownFile says which loaded file the kernel's file key names.
+func (t *Tracer) SetKnownFile(k support.FileKey, v support.KnownFile) error {
+	return t.coll.Maps["known_files"].Put(k, v)
+}
+
+// DeleteKnownFile forgets a file key; a missing one is not an error.
+func (t *Tracer) DeleteKnownFile(k support.FileKey) error {
+	return ignoreMissing(t.coll.Maps["known_files"].Delete(k))
+}
+
 // SetPidMapping writes one prefix of a process's mapping.
 func (t *Tracer) SetPidMapping(k support.PidMappingKey, v support.PidMapping) error {
 	return t.coll.Maps["pid_mappings"].Put(k, v)

@@ -23,6 +23,8 @@ type Handler interface {
 	ProcessExeced(pid libpf.PID)
 	// UnknownPC says a PC of pid was in no mapping loaded into BPF.
 	UnknownPC(pid libpf.PID)
+	// ExecMapped says pid mapped a file executable.
+	ExecMapped(pid libpf.PID, m support.ExecMapping)
 }
 
 // pollInterval bounds how long a trace waits in the ring buffer: BPF wakes
@@ -70,6 +72,8 @@ func (t *Tracer) Run(ctx context.Context, h Handler) error {
 			h.ProcessExited(ev.PID)
 		case support.EventUnknownPC:
 			h.UnknownPC(ev.PID)
+		case support.EventExecMapped:
+			h.ExecMapped(ev.PID, ev.Mapping)
 		}
 	}
 }

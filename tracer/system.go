@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -40,6 +41,9 @@ func checkPrivileges() error {
 
 type kernelFeatures struct {
 	taskPtRegs bool
+	// findVMA: bpf_find_vma (5.17), whose callback is a BPF subprogram in
+	// programs that also tail call, which the arm64 JIT allows from 6.0.
+	findVMA bool
 }
 
 // probeFeatures checks what the programs need and what they can use.
@@ -55,7 +59,19 @@ func probeFeatures() (kernelFeatures, error) {
 		return f, fmt.Errorf("bpf_get_stack is unavailable on kernel %s: %w", kernelRelease(), err)
 	}
 	f.taskPtRegs = features.HaveProgramHelper(ebpf.PerfEvent, asm.FnTaskPtRegs) == nil
+	f.findVMA = features.HaveProgramHelper(ebpf.PerfEvent, asm.FnFindVma) == nil &&
+		(runtime.GOARCH != "arm64" || kernelAtLeast(kernelRelease(), 6, 0))
 	return f, nil
+}
+
+// kernelAtLeast reports whether a kernel release ("6.1.0-18-amd64") is at
+// least major.minor; an unparsable one is not.
+func kernelAtLeast(release string, major, minor int) bool {
+	var maj, mnr int
+	if _, err := fmt.Sscanf(release, "%d.%d", &maj, &mnr); err != nil {
+		return false
+	}
+	return maj > major || (maj == major && mnr >= minor)
 }
 
 const onlineCPUsPath = "/sys/devices/system/cpu/online"

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -48,8 +49,14 @@ type Tracer struct {
 	coll       *ebpf.Collection
 	reader     *ringbuf.Reader
 	perfEvents []*perfEvent
-	// procLinks attach the process exit and exec probes.
+	// procLinks attach the process exit, exec and mapping probes.
 	procLinks []link.Link
+	// mapWatch is the fexit program that reports new executable mappings,
+	// nil with mapWatchErr where it did not load; mapWatchMode says which
+	// watch Attach attached.
+	mapWatch     *ebpf.Program
+	mapWatchErr  error
+	mapWatchMode string
 	cpus      []int
 	// malformed counts ring buffer records that did not decode.
 	malformed atomic.Uint64
@@ -97,6 +104,8 @@ func New(cfg Config) (*Tracer, error) {
 	}
 	if err := setConstants(spec, map[string]any{
 		"have_task_pt_regs":   boolToU32(feats.taskPtRegs),
+		"have_find_vma":       boolToU32(feats.findVMA),
+		"page_shift":          uint32(bits.TrailingZeros(uint(os.Getpagesize()))),
 		"events_wakeup_bytes": uint64(bufBytes / 2),
 		// As often as the process manager re-reads a process's maps.
 		"unknown_pc_report_interval": uint64(time.Second),
@@ -104,6 +113,7 @@ func New(cfg Config) (*Tracer, error) {
 		return nil, err
 	}
 
+	mapWatchSpec := splitMapWatch(spec)
 	scaled, err := createScaledMaps(spec, cfg.MapScaleFactor)
 	if err != nil {
 		return nil, err
@@ -117,6 +127,7 @@ func New(cfg Config) (*Tracer, error) {
 		return nil, loadError(err)
 	}
 	t := &Tracer{cfg: cfg, shared: shared, coll: coll, cpus: cpus}
+	t.mapWatch, t.mapWatchErr = loadMapWatch(spec, mapWatchSpec, coll)
 	if cfg.BPFLogLevel != 0 {
 		for name, p := range coll.Programs {
 			log.Debugf("Verifier log of %s:\n%s", name, p.VerifierLog)
@@ -130,9 +141,9 @@ func New(cfg Config) (*Tracer, error) {
 		t.Close()
 		return nil, fmt.Errorf("opening the events ring buffer: %w", err)
 	}
-	log.Debugf("Loaded BPF programs for %d CPUs (events buffer %d KiB, bpf_task_pt_regs %v, "+
+	log.Debugf("Loaded BPF programs for %d CPUs (events buffer %d KiB, bpf_task_pt_regs %v, bpf_find_vma %v, "+
 		"stack delta pool %d entries, map scale factor %d)",
-		len(cpus), bufBytes>>10, feats.taskPtRegs, spec.Maps["stack_deltas"].MaxEntries, cfg.MapScaleFactor)
+		len(cpus), bufBytes>>10, feats.taskPtRegs, feats.findVMA, spec.Maps["stack_deltas"].MaxEntries, cfg.MapScaleFactor)
 	return t, nil
 }
 
@@ -204,6 +215,7 @@ func (t *Tracer) Attach() error {
 		}
 		t.procLinks = append(t.procLinks, l)
 	}
+	t.attachMapWatch()
 	entry := t.coll.Programs["sample_entry"]
 	for _, cpu := range t.cpus {
 		pe, err := openPerfEvent(cpu, t.cfg.SamplesPerSecond, entry)
@@ -213,8 +225,8 @@ func (t *Tracer) Attach() error {
 		}
 		t.perfEvents = append(t.perfEvents, pe)
 	}
-	log.Infof("Sampling %d CPUs at %d Hz (perf events attached via %s)",
-		len(t.cpus), t.cfg.SamplesPerSecond, t.perfEvents[0].attachMode())
+	log.Infof("Sampling %d CPUs at %d Hz (perf events attached via %s; new mappings watched by %s)",
+		len(t.cpus), t.cfg.SamplesPerSecond, t.perfEvents[0].attachMode(), t.mapWatchMode)
 	return nil
 }
 
@@ -256,6 +268,9 @@ func (t *Tracer) Close() error {
 	}
 	if t.coll != nil {
 		t.coll.Close()
+	}
+	if t.mapWatch != nil {
+		t.mapWatch.Close()
 	}
 	return nil
 }

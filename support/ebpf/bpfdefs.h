@@ -53,6 +53,8 @@ static long (*bpf_ringbuf_output)(void *ringbuf, void *data, u64 size, u64 flags
 static u64 (*bpf_ringbuf_query)(void *ringbuf, u64 flags) = (void *)134;
 static struct task_struct *(*bpf_get_current_task_btf)(void) = (void *)158;
 static long (*bpf_task_pt_regs)(struct task_struct *task) = (void *)175;
+static long (*bpf_find_vma)(struct task_struct *task, u64 addr, void *callback_fn, void *callback_ctx,
+                            u64 flags) = (void *)180;
 
 // The kernel fields we read, relocated by CO-RE against the running kernel's
 // BTF when the object is loaded.
@@ -69,6 +71,27 @@ struct task_struct {
   void *stack;
   struct signal_struct *signal;
 } __attribute__((preserve_access_index));
+
+// What bpf_find_vma's callback reads of a VMA and its file.
+struct super_block {
+  u32 s_dev;
+} __attribute__((preserve_access_index));
+struct inode {
+  unsigned long i_ino;
+  struct super_block *i_sb;
+} __attribute__((preserve_access_index));
+struct file {
+  struct inode *f_inode;
+} __attribute__((preserve_access_index));
+struct vm_area_struct {
+  unsigned long vm_start;
+  unsigned long vm_end;
+  // A member of an anonymous union since 6.3; CO-RE finds it there.
+  unsigned long vm_flags;
+  unsigned long vm_pgoff;
+  struct file *vm_file;
+} __attribute__((preserve_access_index));
+#define VM_EXEC 0x4
 
 // Reads a kernel field through a CO-RE relocated address.
 #define CORE_READ_KERNEL(dst, src)                                                                 \
@@ -87,6 +110,7 @@ static __always_inline int regs_in_kernel(const struct pt_regs *r) { return (r->
   #define REGS_SP(r) ((r)->sp)
   #define REGS_FP(r) ((r)->bp)
   #define REGS_LR(r)        0
+  #define REGS_PARM1(r)     ((r)->di)
   #define USER_ADDRESS_MASK (~0ULL)
 #elif defined(__TARGET_ARCH_arm64)
 struct pt_regs {
@@ -100,6 +124,7 @@ static __always_inline int regs_in_kernel(const struct pt_regs *r) { return (r->
   #define REGS_SP(r) ((r)->sp)
   #define REGS_FP(r) ((r)->regs[29])
   #define REGS_LR(r) ((r)->regs[30])
+  #define REGS_PARM1(r) ((r)->regs[0])
 // User addresses fit in 48 bits; a signed pointer carries its PAC above.
   #define USER_ADDRESS_MASK 0x0000ffffffffffffULL
 #else

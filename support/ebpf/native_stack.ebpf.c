@@ -47,6 +47,62 @@ static __always_inline struct pid_mapping *find_mapping(u32 pid, u64 pc)
   return bpf_map_lookup_elem(&pid_mappings, &key);
 }
 
+// What resolve_vma finds out about the VMA holding a PC.
+struct vma_lookup {
+  u64 start;
+  u64 end;
+  u64 file_id;
+  u64 bias;
+};
+
+// bpf_find_vma's callback: the VMA's file, if user space loaded its deltas,
+// and the bias of this mapping of it.
+static long resolve_vma(struct task_struct *task, struct vm_area_struct *vma, void *data)
+{
+  struct vma_lookup *l = data;
+  l->start = vma->vm_start;
+  l->end = vma->vm_end;
+  struct file *f = vma->vm_file;
+  if (!f)
+    return 0;
+  struct file_key key = {.dev = f->f_inode->i_sb->s_dev, .ino = f->f_inode->i_ino};
+  struct known_file *k = bpf_map_lookup_elem(&known_files, &key);
+  if (!k)
+    return 0;
+  l->file_id = k->file_id;
+  l->bias = vma->vm_start - (vma->vm_pgoff << page_shift) - k->vaddr_adjust;
+  return 0;
+}
+
+// The mapping of pc in the current task from its VMAs, for PCs the trie
+// does not cover yet (a new process, new code); NULL when the kernel lacks
+// bpf_find_vma or user space does not know the file.
+static __always_inline struct pid_mapping *
+mapping_from_vma(struct unwind_state *state, u64 pc, struct pid_mapping *out)
+{
+  if (!have_find_vma)
+    return 0;
+  if (pc < state->vma_start || pc >= state->vma_end) {
+    struct vma_lookup l = {};
+    if (bpf_find_vma(bpf_get_current_task_btf(), pc, resolve_vma, &l, 0)) {
+      increment_metric(METRIC_ERR_VMA_LOOKUP);
+      return 0;
+    }
+    state->vma_start = l.start;
+    state->vma_end = l.end;
+    state->vma_file_id = l.file_id;
+    state->vma_bias = l.bias;
+  }
+  if (!state->vma_file_id) {
+    increment_metric(METRIC_ERR_VMA_UNKNOWN_FILE);
+    return 0;
+  }
+  increment_metric(METRIC_VMA_RESOLVED);
+  out->file_id = state->vma_file_id;
+  out->bias = state->vma_bias;
+  return out;
+}
+
 // Tells user space, at most once per unknown_pc_report_interval per
 // process and at once, that a PC of pid is in no mapping it loaded: a new
 // process, or new code, whose mappings it should read.
@@ -187,14 +243,16 @@ int unwind_native(struct bpf_perf_event_data *ctx)
   for (int i = 0; i < NATIVE_FRAMES_PER_PROGRAM; i++) {
     // A return address follows its call: look up the call instruction.
     u64 lookup_pc = state->pc - (state->return_address ? 1 : 0);
-    struct pid_mapping *m = find_mapping(t->pid, lookup_pc);
+    struct pid_mapping *m = find_mapping(t->pid, lookup_pc), from_vma;
+    if (!m) {
+      increment_metric(METRIC_ERR_NO_MAPPING);
+      report_unknown_pc(t->pid);
+      m = mapping_from_vma(state, lookup_pc, &from_vma);
+    }
     u64 file_id = 0, addr = state->pc;
     if (m) {
       file_id = m->file_id;
       addr = state->pc - m->bias;
-    } else {
-      increment_metric(METRIC_ERR_NO_MAPPING);
-      report_unknown_pc(t->pid);
     }
     u8 flags = state->return_address ? FRAME_FLAG_RETURN_ADDRESS : 0;
     if (push_frame(t, FRAME_KIND_NATIVE, flags, file_id, addr)) {

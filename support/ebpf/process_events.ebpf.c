@@ -26,6 +26,68 @@ int process_exit(void *ctx)
   return 0;
 }
 
+// Reports that the current process mapped [start, end) of file from page
+// pgoff on, executable.
+static __always_inline void report_exec_mapping(u64 start, u64 end, u64 pgoff, struct file *file)
+{
+  struct mmap_event ev = {
+    .type = EVENT_EXEC_MAPPED,
+    .pid = bpf_get_current_pid_tgid() >> 32,
+    .start = start,
+    .end = end,
+    .pgoff = pgoff,
+  };
+  struct inode *inode;
+  struct super_block *sb;
+  u32 dev;
+  if (CORE_READ_KERNEL(&inode, &file->f_inode) || CORE_READ_KERNEL(&ev.ino, &inode->i_ino) ||
+      CORE_READ_KERNEL(&sb, &inode->i_sb) || CORE_READ_KERNEL(&dev, &sb->s_dev)) {
+    increment_metric(METRIC_ERR_MMAP_READ);
+    return;
+  }
+  ev.dev = dev;
+  long err = emit_event(&ev, sizeof(ev), 1);
+  increment_metric(err ? METRIC_ERR_PROCESS_EVENT_DROPPED : METRIC_EXEC_MAPPINGS);
+}
+
+// Every mapping the kernel's ELF loader, the dynamic loader or dlopen makes
+// goes through mmap_region, in the mapping process, which still runs no code
+// of the mapping. User space loads this as a separate, optional program:
+// where the function or BPF trampolines are missing, exec_mapped_kprobe
+// stands in.
+SEC("fexit/mmap_region")
+int exec_mapped_fexit(u64 *ctx)
+{
+  // mmap_region(file, addr, len, vm_flags, pgoff, uf) returns the address.
+  struct file *file = (struct file *)ctx[0];
+  u64 len = ctx[2], vm_flags = ctx[3], pgoff = ctx[4], ret = ctx[6];
+  if (!file || !(vm_flags & VM_EXEC) || ret >= (u64)-4095)
+    return 0;
+  report_exec_mapping(ret, ret + len, pgoff, file);
+  return 0;
+}
+
+// The same from perf_event_mmap, which runs for every new mapping and every
+// mprotect whether or not a perf event asked for mapping records.
+SEC("kprobe/perf_event_mmap")
+int exec_mapped_kprobe(struct pt_regs *ctx)
+{
+  struct vm_area_struct *vma = (struct vm_area_struct *)REGS_PARM1(ctx);
+  unsigned long flags;
+  struct file *file;
+  u64 start, end, pgoff;
+  if (CORE_READ_KERNEL(&flags, &vma->vm_flags) || !(flags & VM_EXEC) ||
+      CORE_READ_KERNEL(&file, &vma->vm_file) || !file)
+    return 0;
+  if (CORE_READ_KERNEL(&start, &vma->vm_start) || CORE_READ_KERNEL(&end, &vma->vm_end) ||
+      CORE_READ_KERNEL(&pgoff, &vma->vm_pgoff)) {
+    increment_metric(METRIC_ERR_MMAP_READ);
+    return 0;
+  }
+  report_exec_mapping(start, end, pgoff, file);
+  return 0;
+}
+
 SEC("raw_tracepoint/sched_process_exec")
 int process_exec(void *ctx)
 {

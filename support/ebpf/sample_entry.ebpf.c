@@ -77,6 +77,7 @@ int sample_entry(struct bpf_perf_event_data *ctx)
   bpf_get_current_comm(t->comm, sizeof(t->comm));
   r->state.tail_calls = 0;
   r->state.return_address = 0;
+  r->state.vma_end = 0;
 
   if (regs_in_kernel(&ctx->regs))
     add_kernel_frames(ctx, r);

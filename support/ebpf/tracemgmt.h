@@ -16,6 +16,13 @@ volatile const u64 events_wakeup_bytes = 0;
 // Set by user space before load: the least time between two unknown-PC
 // reports for one process, in nanoseconds.
 volatile const u64 unknown_pc_report_interval = 0;
+// Set when bpf_find_vma (5.17) is available and may be mixed with tail
+// calls: PCs outside the mapping trie are then resolved from the task's
+// VMAs, so a process's first samples unwind before user space has read its
+// mappings.
+volatile const u32 have_find_vma = 0;
+// log2 of the page size (vm_pgoff is in pages).
+volatile const u32 page_shift = 12;
 
 // Never read: it puts the shared enums and structs into the object's BTF,
 // where user space reads their names, values and layouts.
@@ -31,6 +38,7 @@ volatile const struct btf_exports {
   enum delta_layout delta_layout;
   enum unwind_rule_flag unwind_rule_flag;
   struct process_event process_event;
+  struct mmap_event mmap_event;
   struct unwind_rule unwind_rule;
   struct stack_delta stack_delta;
   struct delta_slot delta_slot;
@@ -38,6 +46,8 @@ volatile const struct btf_exports {
   struct delta_page delta_page;
   struct pid_mapping_key pid_mapping_key;
   struct pid_mapping pid_mapping;
+  struct file_key file_key;
+  struct known_file known_file;
 } btf_exports __attribute__((used));
 
 // The per-CPU scratch record a sample is built in.
@@ -100,6 +110,16 @@ struct {
   __type(key, struct delta_page_key);
   __type(value, struct delta_page);
 } delta_pages SEC(".maps");
+
+// Files whose deltas are loaded, by the kernel's name for them, for PCs the
+// trie does not cover (see have_find_vma).
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 1 << 14);
+  __uint(map_flags, BPF_F_NO_PREALLOC);
+  __type(key, struct file_key);
+  __type(value, struct known_file);
+} known_files SEC(".maps");
 
 // When each process last had an unknown PC reported (ktime ns).
 struct {

@@ -104,6 +104,22 @@ struct pid_mapping {
   u64 bias;
 };
 
+// A file as the kernel names it: its superblock's device number (kernel
+// encoding, MAJOR << 20 | MINOR) and inode number.
+struct file_key {
+  u64 dev;
+  u64 ino;
+};
+
+// A file whose deltas are loaded. A mapping of it at vm_start from page
+// vm_pgoff puts file address a at a - vm_start + (vm_pgoff << PAGE_SHIFT)
+// + vaddr_adjust: vaddr_adjust is p_vaddr - p_offset of its executable
+// segment.
+struct known_file {
+  u64 file_id;
+  s64 vaddr_adjust;
+};
+
 // Kinds of frames (values of libpf.FrameKind).
 enum frame_kind {
   FRAME_KIND_UNKNOWN = 0,
@@ -159,6 +175,12 @@ enum metric_id {
   METRIC_STOP_DELTAS,
   // The PC was in no mapping user space had loaded for the process.
   METRIC_ERR_NO_MAPPING,
+  // Of those, resolved from the task's VMA of a file user space knows.
+  METRIC_VMA_RESOLVED,
+  // bpf_find_vma failed: no VMA at the PC, or its lock was contended.
+  METRIC_ERR_VMA_LOOKUP,
+  // The VMA's file (or its absence: anonymous memory) is not known.
+  METRIC_ERR_VMA_UNKNOWN_FILE,
   // Unknown-PC events sent to user space.
   METRIC_UNKNOWN_PC_REPORTS,
   // The PC's file has no deltas for its page.
@@ -190,6 +212,10 @@ enum metric_id {
   METRIC_ERR_EXIT_GROUP_READ,
   // Process execs reported.
   METRIC_PROCESS_EXECS,
+  // Executable file mappings reported.
+  METRIC_EXEC_MAPPINGS,
+  // A mapping's fields could not be read.
+  METRIC_ERR_MMAP_READ,
   // The events ring buffer was full: a process event was dropped.
   METRIC_ERR_PROCESS_EVENT_DROPPED,
   METRIC_COUNT,
@@ -226,6 +252,10 @@ enum event_type {
   // A PC of the process was in no mapping user space had loaded: new
   // process or new code (dlopen). Rate-limited per process.
   EVENT_UNKNOWN_PC = 4,
+  // A process mapped a file executable (struct mmap_event): user space
+  // adds the mapping without reading /proc/PID/maps, usually before the
+  // code runs, so even a process that lives for milliseconds unwinds.
+  EVENT_EXEC_MAPPED = 5,
 };
 
 // A trace as handed to user space: the header, then num_frames frames (kernel
@@ -256,6 +286,14 @@ struct unwind_state {
   u32 tail_calls;
   // Set once pc is a return address rather than the interrupted pc.
   u32 return_address;
+  // The VMA last resolved with bpf_find_vma, which works once per sample
+  // in interrupt context (it defers releasing the mmap lock to an
+  // irq_work that is busy until the interrupt ends): [vma_start, vma_end)
+  // maps file vma_file_id with bias vma_bias. vma_end is 0 when unset.
+  u64 vma_start;
+  u64 vma_end;
+  u64 vma_file_id;
+  u64 vma_bias;
 };
 
 // The per-CPU scratch record a sample is built in across tail calls.
@@ -269,6 +307,18 @@ struct record {
 struct process_event {
   u32 type; // enum event_type
   u32 pid;
+};
+
+// EVENT_EXEC_MAPPED: [start, end) of process pid maps the file (dev, ino)
+// from page pgoff on. dev is in the kernel's encoding (MAJOR << 20 | MINOR).
+struct mmap_event {
+  u32 type;
+  u32 pid;
+  u64 start;
+  u64 end;
+  u64 pgoff;
+  u64 dev;
+  u64 ino;
 };
 
 #endif // TYPES_H

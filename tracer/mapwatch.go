@@ -1,0 +1,74 @@
+package tracer
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	log "github.com/sirupsen/logrus"
+)
+
+// Executable mappings are reported as they are made (EVENT_EXEC_MAPPED) by
+// one of two programs: an fexit program on mmap_region, which needs BPF
+// trampolines (x86_64 5.5, arm64 6.0) and the function in the kernel's BTF,
+// or a kprobe on perf_event_mmap, which needs CONFIG_KPROBES. The fexit
+// program names its target at load time, so it is loaded on its own after
+// the collection and a kernel without it still loads everything else.
+const (
+	mapWatchFexit  = "exec_mapped_fexit"
+	mapWatchKprobe = "exec_mapped_kprobe"
+)
+
+// splitMapWatch removes the fexit program from spec and returns it.
+func splitMapWatch(spec *ebpf.CollectionSpec) *ebpf.ProgramSpec {
+	ps := spec.Programs[mapWatchFexit]
+	delete(spec.Programs, mapWatchFexit)
+	return ps
+}
+
+// loadMapWatch loads the fexit program against the loaded collection's
+// maps.
+func loadMapWatch(spec *ebpf.CollectionSpec, ps *ebpf.ProgramSpec, coll *ebpf.Collection) (*ebpf.Program, error) {
+	if ps == nil {
+		return nil, errors.New("BPF object lacks " + mapWatchFexit)
+	}
+	one := spec.Copy()
+	one.Programs = map[string]*ebpf.ProgramSpec{mapWatchFexit: ps.Copy()}
+	c, err := ebpf.NewCollectionWithOptions(one, ebpf.CollectionOptions{MapReplacements: coll.Maps})
+	if err != nil {
+		return nil, err
+	}
+	p := c.Programs[mapWatchFexit]
+	delete(c.Programs, mapWatchFexit)
+	c.Close()
+	return p, nil
+}
+
+// attachMapWatch attaches whichever mapping watch the kernel supports.
+// Without one, new mappings are found from samples (EVENT_UNKNOWN_PC), so a
+// process's first samples may be incomplete: that is logged, not fatal.
+func (t *Tracer) attachMapWatch() {
+	var errs []error
+	if t.mapWatch != nil {
+		l, err := link.AttachTracing(link.TracingOptions{Program: t.mapWatch})
+		if err == nil {
+			t.procLinks = append(t.procLinks, l)
+			t.mapWatchMode = "fexit on mmap_region"
+			return
+		}
+		errs = append(errs, fmt.Errorf("fexit on mmap_region: %w", err))
+	} else {
+		errs = append(errs, fmt.Errorf("fexit on mmap_region: %w", t.mapWatchErr))
+	}
+	l, err := link.Kprobe("perf_event_mmap", t.coll.Programs[mapWatchKprobe], nil)
+	if err == nil {
+		t.procLinks = append(t.procLinks, l)
+		t.mapWatchMode = "kprobe on perf_event_mmap"
+		return
+	}
+	errs = append(errs, fmt.Errorf("kprobe on perf_event_mmap: %w", err))
+	t.mapWatchMode = "none"
+	log.Warnf("Not watching new executable mappings (%v): the first samples of new processes "+
+		"and libraries may be incomplete", errors.Join(errs...))
+}
