@@ -115,7 +115,9 @@ func (m *Manager) appendUserFrames(frames []libpf.Frame, p *process, raw []suppo
 		var mp *mapping
 		if rf.FileID != 0 {
 			// BPF resolved the file: addr is already file-relative.
-			mp = p.findFile(rf.FileID)
+			if mp = p.findFile(rf.FileID); mp == nil {
+				mp, _ = m.byFileID.Get(rf.FileID)
+			}
 		} else if mp = p.findMapping(addr); mp != nil && mp.pf != nil {
 			f.Address = addr - mp.pf.Bias
 		}
@@ -124,7 +126,14 @@ func (m *Manager) appendUserFrames(frames []libpf.Frame, p *process, raw []suppo
 			unknown++
 			unattributed++
 		case mp.pf == nil:
+			// Anonymous executable memory: JIT code whose runtime has no
+			// unwinder here. Its frames (the frame-pointer walk went on
+			// through them) show as one labelled frame.
 			unattributed++
+			if n := len(frames); n > 0 && frames[n-1].FunctionName == anonymousCode && frames[n-1].Mapping == nil {
+				continue
+			}
+			f.FunctionName = anonymousCode
 		default:
 			f.Mapping = mp.pf
 			if mp.file != nil && mp.file.elf != nil {
@@ -135,6 +144,9 @@ func (m *Manager) appendUserFrames(frames []libpf.Frame, p *process, raw []suppo
 	}
 	return frames, unknown, unattributed
 }
+
+// anonymousCode names frames in anonymous executable memory.
+const anonymousCode = "[anonymous executable memory]"
 
 // hashTrace computes the 128-bit trace hash: xxh3 over each frame's kind,
 // file id and address. User frames without a file id have process-specific

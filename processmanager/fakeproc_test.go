@@ -19,7 +19,7 @@ type fakeProcFS struct {
 // fakeMapping is one executable file mapping of a fake process.
 type fakeMapping struct {
 	start, end, offset uint64
-	file               string // the real file map_files points to
+	file               string // the real file map_files points to; "" for anonymous memory
 	path               string // the path maps shows; file when empty
 }
 
@@ -49,6 +49,10 @@ func (f *fakeProcFS) setProcess(pid uint32, startTime uint64, exe string, mappin
 	}
 	var maps strings.Builder
 	for _, m := range mappings {
+		if m.file == "" { // anonymous memory
+			fmt.Fprintf(&maps, "%x-%x r-xp 00000000 00:00 0 %s\n", m.start, m.end, m.path)
+			continue
+		}
 		st, err := os.Stat(m.file)
 		if err != nil {
 			t.Fatal(err)

@@ -62,6 +62,10 @@ type Manager struct {
 	mu     sync.Mutex
 	procs  map[uint32]*process
 	files  fileCache
+	// byFileID is a mapping of each recently seen file, by the file id
+	// BPF puts in frames it resolved itself: it names frames of processes
+	// whose mappings were never read (they exited first).
+	byFileID *lru[uint64, *mapping]
 	kernel *kernel
 	// nextGen numbers process states. A cached conversion is valid only
 	// while its pid's state has the generation it was made with; 0 means
@@ -120,6 +124,7 @@ func New(cfg Config) (*Manager, error) {
 		lru: newLRU[fileKey, *fileInfo](cmp.Or(cfg.FileCacheSize, defaultFileCacheSize)),
 		log: m.log,
 	}
+	m.byFileID = newLRU[uint64, *mapping](cmp.Or(cfg.FileCacheSize, defaultFileCacheSize))
 	m.kernel = m.loadKernel()
 	if cfg.Unwinding != nil {
 		m.unwind = newUnwindSync(*cfg.Unwinding, m.log)
@@ -429,6 +434,7 @@ func (m *Manager) newMapping(pid uint32, e *mapsEntry) (*mapping, error) {
 		return mp, nil
 	}
 	mp.pf.FileID = mp.file.id
+	m.byFileID.Add(mp.file.id.Low64(), mp)
 	if d := mp.file.elf; d != nil {
 		mp.pf.GNUBuildID, mp.pf.GoBuildID = d.gnuBuildID, d.goBuildID
 		if bias, ok := d.bias(e.start, e.offset); ok {

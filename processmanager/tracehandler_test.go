@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"debug/elf"
 	"io"
+	"slices"
 	"testing"
 	"time"
 
@@ -375,5 +376,47 @@ func TestUnknownFramesRetriedThroughHandler(t *testing.T) {
 	}
 	if s := f.h.Stats(); s.TraceCacheMisses != 2 || s.TraceCacheHits != 1 {
 		t.Errorf("stats %+v", s)
+	}
+}
+
+// TestFramesOfGoneProcessesAndJIT: a frame BPF resolved to a file is named
+// even for a process whose mappings were never read, and frames in
+// anonymous executable memory collapse into one labelled frame between
+// named ones.
+func TestFramesOfGoneProcessesAndJIT(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	libMap, fnAbs := lib.mapAt(0x7f0000000000)
+	jit := fakeMapping{start: 0x10000000, end: 0x10010000}
+	fs.setProcess(100, 1, "/bin/app", libMap, jit)
+	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, _, err := m.ConvertTrace(&support.Trace{PID: 100, Frames: []support.Frame{
+		{Addr: fnAbs}, {Addr: 0x10000100, ReturnAddress: true}, {Addr: 0x10000200, ReturnAddress: true},
+		{Addr: fnAbs + 1, ReturnAddress: true},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, f := range tr.Frames {
+		names = append(names, f.FunctionName)
+	}
+	if want := []string{lib.fn, anonymousCode, lib.fn}; !slices.Equal(names, want) {
+		t.Errorf("frames %q, want %q", names, want)
+	}
+
+	// Pid 300 never existed here; BPF resolved its frame to the library.
+	fileID := tr.Frames[0].Mapping.FileID.Low64()
+	tr, _, err = m.ConvertTrace(&support.Trace{PID: 300, Frames: []support.Frame{
+		{Addr: lib.fnAddr, FileID: fileID},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := tr.Frames[0]; f.FunctionName != lib.fn || f.Mapping == nil || f.Mapping.FileID.Low64() != fileID {
+		t.Errorf("frame of a gone process: %+v", f)
 	}
 }

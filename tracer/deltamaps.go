@@ -94,3 +94,16 @@ func ignoreMissing(err error) error {
 	}
 	return err
 }
+
+// PidMappingPIDs counts the mapping trie's entries per pid, by walking the
+// trie: for tests and debugging, not the sampling path.
+func (t *Tracer) PidMappingPIDs() (map[uint32]int, error) {
+	counts := map[uint32]int{}
+	var k support.PidMappingKey
+	var v support.PidMapping
+	it := t.coll.Maps["pid_mappings"].Iterate()
+	for it.Next(&k, &v) {
+		counts[k.PID]++
+	}
+	return counts, it.Err()
+}

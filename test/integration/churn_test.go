@@ -1,45 +1,49 @@
 package integration
 
 import (
+	"fmt"
 	"os/exec"
 	"regexp"
+	"runtime"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
 )
 
-// spawnEvery starts bin with args every interval for d and waits for all
-// of them; it returns their pids and the CPU time they used together.
-func spawnEvery(t *testing.T, interval, d time.Duration, bin string, args ...string) (map[int]bool, time.Duration) {
+// spawnEvery starts the i-th command from cmd every interval for d and
+// waits for all of them; it returns each pid's i and the CPU time the
+// commands used together.
+func spawnEvery(t *testing.T, interval, d time.Duration, cmd func(i int) *exec.Cmd) (map[int]int, time.Duration) {
 	t.Helper()
-	pids := map[int]bool{}
+	pids := map[int]int{}
 	var cpu time.Duration
-	var cmds []*exec.Cmd
+	var running []*exec.Cmd
+	wait := func(c *exec.Cmd) {
+		if err := c.Wait(); err != nil {
+			t.Fatalf("%s: %v", c.Path, err)
+		}
+		cpu += c.ProcessState.UserTime() + c.ProcessState.SystemTime()
+	}
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	for end := time.Now().Add(d); time.Now().Before(end); <-tick.C {
-		cmd := exec.Command(bin, args...)
-		if err := cmd.Start(); err != nil {
+	for i, end := 0, time.Now().Add(d); time.Now().Before(end); i++ {
+		c := cmd(i)
+		if err := c.Start(); err != nil {
 			t.Fatal(err)
 		}
-		cmds = append(cmds, cmd)
-		pids[cmd.Process.Pid] = true
-		// Reap the finished ones as we go, to keep few zombies around.
-		for len(cmds) > 0 && cmds[0].ProcessState == nil {
-			if len(cmds) < 8 {
-				break
-			}
-			if err := cmds[0].Wait(); err != nil {
-				t.Fatal(err)
-			}
-			cpu += cmds[0].ProcessState.UserTime() + cmds[0].ProcessState.SystemTime()
-			cmds = cmds[1:]
+		running = append(running, c)
+		pids[c.Process.Pid] = i
+		// Reap the oldest as we go, to keep few zombies around.
+		if len(running) >= 16 {
+			wait(running[0])
+			running = running[1:]
 		}
+		<-tick.C
 	}
-	for _, cmd := range cmds {
-		if err := cmd.Wait(); err != nil {
-			t.Fatal(err)
-		}
-		cpu += cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	for _, c := range running {
+		wait(c)
 	}
 	return pids, cpu
 }
@@ -54,7 +58,7 @@ func TestShortLivedProcesses(t *testing.T) {
 	// One run first, as a host has seen its binaries before.
 	runWorkload(t, bin, 20*time.Millisecond)
 	time.Sleep(100 * time.Millisecond)
-	pids, cpu := spawnEvery(t, 20*time.Millisecond, 10*time.Second, bin, "20")
+	pids, cpu := spawnEvery(t, 20*time.Millisecond, 10*time.Second, func(int) *exec.Cmd { return exec.Command(bin, "20") })
 	time.Sleep(500 * time.Millisecond)
 	metrics, _ := s.tr.Metrics()
 	s.stop(t)
@@ -82,5 +86,95 @@ func TestShortLivedProcesses(t *testing.T) {
 		len(pids), cpu.Seconds(), expected, samples, complete, 100*float64(complete)/expected)
 	if float64(complete) < 0.9*expected {
 		t.Errorf("%.1f%% of the expected samples arrived with the full stack, want >= 90%%", 100*float64(complete)/expected)
+	}
+}
+
+// TestExecStorm runs 200 short processes a second for a minute, cycling
+// through binaries that each have their own hot function: every sample
+// must name its own process's function, and once they are gone the process
+// manager and the BPF mapping trie hold nothing of them.
+func TestExecStorm(t *testing.T) {
+	requireRoot(t)
+	const binaries = 8
+	var bins []string
+	for i := range binaries {
+		bins = append(bins, buildWorkloadAs(t, "storm", fmt.Sprintf("storm_%d", i),
+			"-O2", "-fomit-frame-pointer", fmt.Sprintf("-DHOT=storm_hot_%d", i)))
+	}
+	s := startSession(t, testHz)
+	time.Sleep(time.Second)
+	base := s.pm.Stats()
+	var heapBefore runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&heapBefore)
+
+	start := time.Now()
+	pids, cpu := spawnEvery(t, 4500*time.Microsecond, time.Minute, func(i int) *exec.Cmd {
+		return exec.Command(bins[i%binaries], "2")
+	})
+	rate := float64(len(pids)) / time.Since(start).Seconds()
+	time.Sleep(2 * time.Second) // exit events, then the worker's queue
+	s.pm.Sweep()
+	time.Sleep(time.Second)
+	after := s.pm.Stats()
+	trie, err := s.tr.PidMappingPIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := s.tr.Metrics()
+	s.stop(t)
+	var heapAfter runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&heapAfter)
+
+	hot := regexp.MustCompile(`storm_hot_\d`)
+	var samples, complete, wrong, unnamed int
+	for pid, i := range pids {
+		own := fmt.Sprintf("storm_hot_%d", i%binaries)
+		for _, smp := range s.rec.ofPID(pid) {
+			samples++
+			stack := stackString(smp.trace, "", nil)
+			found := hot.FindAllString(stack, -1)
+			switch {
+			case len(found) == 0:
+				unnamed++
+			case slices.ContainsFunc(found, func(f string) bool { return f != own }):
+				if wrong++; wrong <= 5 {
+					t.Errorf("pid %d runs %s, sample shows %s", pid, own, stack)
+				}
+			case regexp.MustCompile(`(^|;)` + own + `;` + cRoot + `$`).MatchString(stack):
+				complete++
+			}
+			// Samples from between fork and exec name the parent's
+			// executable; those in the hot function must name the child's.
+			name := smp.meta.Process.ExecutableName
+			if len(found) > 0 && name != fmt.Sprintf("storm_%d", i%binaries) {
+				t.Errorf("pid %d runs storm_%d, sample in %s says %q", pid, i%binaries, own, name)
+			}
+		}
+	}
+	t.Logf("%d processes (%.0f/s) used %.1f CPU-s: %d samples (%.0f expected), %d with the full stack, %d outside the hot function (exec, loader), %d misattributed",
+		len(pids), rate, cpu.Seconds(), samples, cpu.Seconds()*testHz, complete, unnamed, wrong)
+	t.Logf("BPF: vma resolved %d, lookup errors %d, unknown pc reports %d, dropped process events %d",
+		metrics["vma_resolved"], metrics["err_vma_lookup"], metrics["unknown_pc_reports"], metrics["err_process_event_dropped"])
+	t.Logf("before: %d processes, %+v; after: %d processes, %+v; maps reads %d",
+		base.ProcessesTracked, base.DeltasResident, after.ProcessesTracked, after.DeltasResident, after.MapsReads-base.MapsReads)
+	t.Logf("Go heap in use: %.1f MiB before, %.1f MiB after", float64(heapBefore.HeapInuse)/(1<<20), float64(heapAfter.HeapInuse)/(1<<20))
+
+	if rate < 200 {
+		t.Errorf("only %.0f processes per second", rate)
+	}
+	if inHot := samples - unnamed; float64(complete) < 0.9*float64(inHot) {
+		t.Errorf("%d of %d samples in a hot function have the full stack, want >= 90%%", complete, inHot)
+	}
+	for pid := range pids {
+		if s.pm.Tracks(libpf.PID(pid)) {
+			t.Errorf("process %d still tracked after it exited", pid)
+			break
+		}
+		if trie[uint32(pid)] != 0 {
+			t.Errorf("process %d still has %d mapping trie entries", pid, trie[uint32(pid)])
+			break
+		}
 	}
 }

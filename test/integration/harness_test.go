@@ -170,9 +170,15 @@ func (s *session) stop(t *testing.T) {
 // buildWorkload compiles utils/workloads/<name>.c with gcc.
 func buildWorkload(t *testing.T, name string, flags ...string) string {
 	t.Helper()
+	return buildWorkloadAs(t, name, name, flags...)
+}
+
+// buildWorkloadAs compiles utils/workloads/<name>.c into a binary named bin.
+func buildWorkloadAs(t *testing.T, name, binName string, flags ...string) string {
+	t.Helper()
 	_, here, _, _ := runtime.Caller(0)
 	src := filepath.Join(filepath.Dir(here), "..", "..", "utils", "workloads", name+".c")
-	bin := filepath.Join(t.TempDir(), name)
+	bin := filepath.Join(t.TempDir(), binName)
 	args := append(append([]string{}, flags...), "-o", bin, src)
 	if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
 		t.Fatalf("gcc %v: %v\n%s", args, err, out)
