@@ -2,10 +2,13 @@ package integration
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -176,5 +179,71 @@ func TestExecStorm(t *testing.T) {
 			t.Errorf("process %d still has %d mapping trie entries", pid, trie[uint32(pid)])
 			break
 		}
+	}
+}
+
+// startWithPID starts cmd as pid (through ns_last_pid), or fails the test
+// if another process took that pid first.
+func startWithPID(t *testing.T, cmd *exec.Cmd, pid int) {
+	t.Helper()
+	// Nothing else of ours forks in between; a system process might.
+	if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)), 0o644); err != nil {
+		t.Skipf("cannot choose pids here: %v", err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if cmd.Process.Pid != pid {
+		cmd.Wait()
+		t.Skipf("pid %d was taken (got %d)", pid, cmd.Process.Pid)
+	}
+}
+
+// TestPIDReuse runs two different programs one after the other with the
+// same pid: the second one's samples must show its own code, not the
+// first one's mappings.
+func TestPIDReuse(t *testing.T) {
+	requireRoot(t)
+	first := buildWorkloadAs(t, "storm", "first", "-O2", "-fomit-frame-pointer", "-DHOT=first_hot")
+	second := buildWorkloadAs(t, "storm", "second", "-O2", "-fomit-frame-pointer", "-DHOT=second_hot")
+	s := startSession(t, testHz)
+
+	a := exec.Command(first, "1500")
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := a.Process.Pid
+	if err := a.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	b := exec.Command(second, "1500")
+	startWithPID(t, b, pid)
+	if err := b.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	s.stop(t)
+
+	counts := map[string]int{}
+	firstStack := regexp.MustCompile(`(^|;)first_hot;` + cRoot + `$`)
+	secondStack := regexp.MustCompile(`(^|;)second_hot;` + cRoot + `$`)
+	for _, smp := range s.rec.ofPID(pid) {
+		stack := stackString(smp.trace, "", nil)
+		switch {
+		case firstStack.MatchString(stack):
+			counts["first"]++
+		case secondStack.MatchString(stack):
+			counts["second"]++
+		default:
+			counts["other"]++
+		}
+		if strings.Contains(stack, "first_hot") && smp.meta.Process.ExecutableName != "first" ||
+			strings.Contains(stack, "second_hot") && smp.meta.Process.ExecutableName != "second" {
+			t.Errorf("sample of %q shows %s", smp.meta.Process.ExecutableName, stack)
+		}
+	}
+	t.Logf("pid %d: samples %v", pid, counts)
+	if counts["first"] < 100 || counts["second"] < 100 {
+		t.Errorf("want about 150 complete samples of each program, got %v", counts)
 	}
 }
