@@ -28,6 +28,7 @@ test-deps:
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet ./...
+	clang-format-16 --dry-run --Werror support/ebpf/*.c support/ebpf/*.h
 
 # Everything but the root-only suites under test/.
 UNIT_PACKAGES = $$($(GO) list ./... | grep -v /test/)

@@ -12,12 +12,12 @@ typedef unsigned long long u64;
 typedef signed int s32;
 typedef signed long long s64;
 
-#define SEC(name)       __attribute__((section(name), used))
-#define __always_inline inline __attribute__((always_inline))
+#define SEC(name)         __attribute__((section(name), used))
+#define __always_inline   inline __attribute__((always_inline))
 #define __uint(name, val) int(*name)[val]
 #define __type(name, val) typeof(val) *name
-#define likely(x)       __builtin_expect(!!(x), 1)
-#define unlikely(x)     __builtin_expect(!!(x), 0)
+#define likely(x)         __builtin_expect(!!(x), 1)
+#define unlikely(x)       __builtin_expect(!!(x), 0)
 
 // Map types and flags from include/uapi/linux/bpf.h.
 enum {
@@ -38,7 +38,8 @@ enum {
 
 // Helper ids from include/uapi/linux/bpf.h (enum bpf_func_id).
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
-static long (*bpf_map_update_elem)(void *map, const void *key, const void *value, u64 flags) = (void *)2;
+static long (*bpf_map_update_elem)(void *map, const void *key, const void *value,
+                                   u64 flags) = (void *)2;
 static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)3;
 static u64 (*bpf_ktime_get_ns)(void) = (void *)5;
 static u32 (*bpf_get_smp_processor_id)(void) = (void *)8;
@@ -53,8 +54,8 @@ static long (*bpf_ringbuf_output)(void *ringbuf, void *data, u64 size, u64 flags
 static u64 (*bpf_ringbuf_query)(void *ringbuf, u64 flags) = (void *)134;
 static struct task_struct *(*bpf_get_current_task_btf)(void) = (void *)158;
 static long (*bpf_task_pt_regs)(struct task_struct *task) = (void *)175;
-static long (*bpf_find_vma)(struct task_struct *task, u64 addr, void *callback_fn, void *callback_ctx,
-                            u64 flags) = (void *)180;
+static long (*bpf_find_vma)(struct task_struct *task, u64 addr, void *callback_fn,
+                            void *callback_ctx, u64 flags) = (void *)180;
 
 // The kernel fields we read, relocated by CO-RE against the running kernel's
 // BTF when the object is loaded.
@@ -104,31 +105,34 @@ struct pt_regs {
   u64 r15, r14, r13, r12, bp, bx, r11, r10, r9, r8, ax, cx, dx, si, di, orig_ax;
   u64 ip, cs, flags, sp, ss;
 };
-  #define THREAD_SIZE (16 * 1024)
+#  define THREAD_SIZE (16 * 1024)
 static __always_inline int regs_in_kernel(const struct pt_regs *r) { return (r->cs & 3) == 0; }
-  #define REGS_PC(r) ((r)->ip)
-  #define REGS_SP(r) ((r)->sp)
-  #define REGS_FP(r) ((r)->bp)
-  #define REGS_LR(r)        0
-  #define REGS_PARM1(r)     ((r)->di)
-  #define USER_ADDRESS_MASK (~0ULL)
+#  define REGS_PC(r)        ((r)->ip)
+#  define REGS_SP(r)        ((r)->sp)
+#  define REGS_FP(r)        ((r)->bp)
+#  define REGS_LR(r)        0
+#  define REGS_PARM1(r)     ((r)->di)
+#  define USER_ADDRESS_MASK (~0ULL)
 #elif defined(__TARGET_ARCH_arm64)
 struct pt_regs {
   u64 regs[31];
   u64 sp, pc, pstate;
 };
-  #define THREAD_SIZE (16 * 1024)
+#  define THREAD_SIZE       (16 * 1024)
 // PSR_MODE_MASK is 0xf; EL0t (user mode) is 0.
-static __always_inline int regs_in_kernel(const struct pt_regs *r) { return (r->pstate & 0xf) != 0; }
-  #define REGS_PC(r) ((r)->pc)
-  #define REGS_SP(r) ((r)->sp)
-  #define REGS_FP(r) ((r)->regs[29])
-  #define REGS_LR(r) ((r)->regs[30])
-  #define REGS_PARM1(r) ((r)->regs[0])
+static __always_inline int regs_in_kernel(const struct pt_regs *r)
+{
+  return (r->pstate & 0xf) != 0;
+}
+#  define REGS_PC(r)        ((r)->pc)
+#  define REGS_SP(r)        ((r)->sp)
+#  define REGS_FP(r)        ((r)->regs[29])
+#  define REGS_LR(r)        ((r)->regs[30])
+#  define REGS_PARM1(r)     ((r)->regs[0])
 // User addresses fit in 48 bits; a signed pointer carries its PAC above.
-  #define USER_ADDRESS_MASK 0x0000ffffffffffffULL
+#  define USER_ADDRESS_MASK 0x0000ffffffffffffULL
 #else
-  #error "define __TARGET_ARCH_x86 or __TARGET_ARCH_arm64"
+#  error "define __TARGET_ARCH_x86 or __TARGET_ARCH_arm64"
 #endif
 
 struct bpf_perf_event_data {

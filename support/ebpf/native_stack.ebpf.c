@@ -77,8 +77,8 @@ static long resolve_vma(struct task_struct *task, struct vm_area_struct *vma, vo
 // The mapping of pc in the current task from its VMAs, for PCs the trie
 // does not cover yet (a new process, new code); NULL when the kernel lacks
 // bpf_find_vma or user space does not know the file.
-static __always_inline struct pid_mapping *
-mapping_from_vma(struct unwind_state *state, u64 pc, struct pid_mapping *out)
+static __always_inline struct pid_mapping *mapping_from_vma(struct unwind_state *state, u64 pc,
+                                                            struct pid_mapping *out)
 {
   if (!have_find_vma)
     return 0;
