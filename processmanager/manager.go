@@ -59,14 +59,14 @@ type Manager struct {
 	// unwind is nil unless Config.Unwinding is set.
 	unwind *unwindSync
 
-	mu     sync.Mutex
-	procs  map[uint32]*process
-	files  fileCache
+	mu    sync.Mutex
+	procs map[uint32]*process
+	files fileCache
 	// byFileID is a mapping of each recently seen file, by the file id
 	// BPF puts in frames it resolved itself: it names frames of processes
 	// whose mappings were never read (they exited first).
 	byFileID *lru[uint64, *mapping]
-	kernel *kernel
+	kernel   *kernel
 	// nextGen numbers process states. A cached conversion is valid only
 	// while its pid's state has the generation it was made with; 0 means
 	// "never valid".

@@ -57,7 +57,7 @@ type Tracer struct {
 	mapWatch     *ebpf.Program
 	mapWatchErr  error
 	mapWatchMode string
-	cpus      []int
+	cpus         []int
 	// malformed counts ring buffer records that did not decode.
 	malformed atomic.Uint64
 }
