@@ -9,6 +9,8 @@ type lru[K comparable, V any] struct {
 	capacity int
 	// head is the most and tail the least recently used node; -1 when empty.
 	head, tail int32
+	// free are nodes of removed entries, reused before the slice grows.
+	free []int32
 }
 
 type lruNode[K comparable, V any] struct {
@@ -52,7 +54,10 @@ func (c *lru[K, V]) Add(k K, v V) {
 		return
 	}
 	var i int32
-	if len(c.nodes) < c.capacity {
+	if n := len(c.free); n > 0 {
+		i = c.free[n-1]
+		c.free = c.free[:n-1]
+	} else if len(c.nodes) < c.capacity {
 		i = int32(len(c.nodes))
 		c.nodes = append(c.nodes, lruNode[K, V]{})
 	} else {
@@ -63,6 +68,19 @@ func (c *lru[K, V]) Add(k K, v V) {
 	c.nodes[i] = lruNode[K, V]{key: k, val: v, prev: -1, next: -1}
 	c.index[k] = i
 	c.pushFront(i)
+}
+
+// Remove deletes the entry stored under k, if any.
+func (c *lru[K, V]) Remove(k K) {
+	i, ok := c.index[k]
+	if !ok {
+		return
+	}
+	c.unlink(i)
+	delete(c.index, k)
+	var zero lruNode[K, V]
+	c.nodes[i] = zero
+	c.free = append(c.free, i)
 }
 
 func (c *lru[K, V]) unlink(i int32) {

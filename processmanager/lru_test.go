@@ -40,3 +40,25 @@ func TestLRUSizeOne(t *testing.T) {
 		}
 	}
 }
+
+func TestLRURemove(t *testing.T) {
+	c := newLRU[int, int](3)
+	for i := range 3 {
+		c.Add(i, i)
+	}
+	c.Remove(1)
+	c.Remove(7) // absent
+	if _, ok := c.Get(1); ok || c.Len() != 2 {
+		t.Fatalf("removed entry still there (%d entries)", c.Len())
+	}
+	c.Add(3, 3) // takes the free node, evicts nothing
+	c.Add(4, 4) // evicts 0, the least recently used
+	for k, want := range map[int]bool{0: false, 2: true, 3: true, 4: true} {
+		if _, ok := c.Get(k); ok != want {
+			t.Errorf("key %d present %v, want %v", k, ok, want)
+		}
+	}
+	if c.Len() != 3 || len(c.nodes) != 3 {
+		t.Errorf("%d entries in %d nodes, want 3 in 3", c.Len(), len(c.nodes))
+	}
+}

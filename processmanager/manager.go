@@ -66,7 +66,11 @@ type Manager struct {
 	// BPF puts in frames it resolved itself: it names frames of processes
 	// whose mappings were never read (they exited first).
 	byFileID *lru[uint64, *mapping]
-	kernel   *kernel
+	// exited remembers processes whose exit was reported: samples taken
+	// while the kernel tears an exiting process down arrive after the exit
+	// event, and must not bring its state back.
+	exited *lru[uint32, exitedProcess]
+	kernel *kernel
 	// nextGen numbers process states. A cached conversion is valid only
 	// while its pid's state has the generation it was made with; 0 means
 	// "never valid".
@@ -90,6 +94,16 @@ type process struct {
 	// mappings are the executable mappings, sorted by start address.
 	mappings []*mapping
 }
+
+// exitedProcess is a process whose exit was reported.
+type exitedProcess struct {
+	startTime uint64
+	info      *libpf.ProcessInfo
+}
+
+// maxExitedProcesses bounds how many exits are remembered: more than exit
+// in the time the last samples of a process take to arrive.
+const maxExitedProcesses = 4096
 
 // mapping is one executable mapping of a process.
 type mapping struct {
@@ -125,6 +139,7 @@ func New(cfg Config) (*Manager, error) {
 		log: m.log,
 	}
 	m.byFileID = newLRU[uint64, *mapping](cmp.Or(cfg.FileCacheSize, defaultFileCacheSize))
+	m.exited = newLRU[uint32, exitedProcess](maxExitedProcesses)
 	m.kernel = m.loadKernel()
 	if cfg.Unwinding != nil {
 		m.unwind = newUnwindSync(*cfg.Unwinding, m.log)
@@ -205,9 +220,13 @@ func (m *Manager) Tracks(pid libpf.PID) bool {
 func (m *Manager) ProcessExited(pid libpf.PID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if _, ok := m.procs[uint32(pid)]; ok {
+	if p, ok := m.procs[uint32(pid)]; ok {
+		m.exited.Add(p.pid, exitedProcess{startTime: p.startTime, info: p.info})
 		m.forget(uint32(pid))
 		m.counters.processesExited++
+	} else if st, err := readProcStat(m.procFS, uint32(pid)); err == nil {
+		// Never sampled yet; its last samples may still come.
+		m.exited.Add(uint32(pid), exitedProcess{startTime: st.startTime})
 	}
 }
 
@@ -286,6 +305,12 @@ func (m *Manager) processFor(pid uint32, comm string) *process {
 	if err != nil {
 		m.procError(pid, err)
 		p.info = &libpf.ProcessInfo{PID: libpf.PID(pid), ExecutableName: comm}
+		p.mapsRead = true
+		return p
+	}
+	if e, ok := m.exited.Get(pid); ok && e.startTime == st.startTime {
+		// A sample of the process's exit: it gets no state again.
+		p.info = cmp.Or(e.info, &libpf.ProcessInfo{PID: libpf.PID(pid), ExecutableName: comm})
 		p.mapsRead = true
 		return p
 	}

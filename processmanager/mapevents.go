@@ -29,6 +29,7 @@ func (m *Manager) ProcessExeced(pid libpf.PID) {
 		m.forget(uint32(pid))
 		m.counters.processesExited++
 	}
+	m.exited.Remove(uint32(pid)) // it lives, whatever was said of it
 	p := m.processFor(uint32(pid), "")
 	m.ensureMaps(p)
 	// The libraries are mapped after this read: where BPF does not report

@@ -420,3 +420,43 @@ func TestFramesOfGoneProcessesAndJIT(t *testing.T) {
 		t.Errorf("frame of a gone process: %+v", f)
 	}
 }
+
+// TestSamplesAfterExit: samples of a process's teardown arrive after its
+// exit event; they are converted but do not bring its state back, and a
+// later process with its pid gets state of its own.
+func TestSamplesAfterExit(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	mapping, fnAbs := lib.mapAt(0x7f0000000000)
+	fs.setProcess(100, 1, "/bin/app", mapping)
+	fs.setProcess(101, 1, "/bin/app", mapping)
+	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := func(pid uint32) *support.Trace {
+		return &support.Trace{PID: pid, Comm: "app", Frames: []support.Frame{{Addr: fnAbs}}}
+	}
+	if _, _, err := m.ConvertTrace(raw(100)); err != nil {
+		t.Fatal(err)
+	}
+	m.ProcessExited(100)
+	m.ProcessExited(101) // never sampled before its exit
+	for _, pid := range []uint32{100, 101} {
+		tr, info, err := m.ConvertTrace(raw(pid))
+		if err != nil || info.PID != libpf.PID(pid) || len(tr.Frames) != 1 {
+			t.Fatalf("late sample of %d: %+v %+v %v", pid, tr, info, err)
+		}
+		m.RefreshMappings(libpf.PID(pid))
+		if m.Tracks(libpf.PID(pid)) {
+			t.Errorf("process %d tracked again after its exit", pid)
+		}
+	}
+	if s := m.Stats(); s.ProcessesSeen != 1 || s.MapsReads != 1 {
+		t.Errorf("stats %+v: want one process seen and one maps read", s)
+	}
+	fs.setProcess(100, 2, "/bin/app", mapping) // pid 100 reused
+	if _, _, err := m.ConvertTrace(raw(100)); err != nil || !m.Tracks(100) {
+		t.Errorf("the pid's next process is not tracked: %v", err)
+	}
+}

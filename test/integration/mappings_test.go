@@ -301,11 +301,13 @@ func TestHundredThousandMappings(t *testing.T) {
 	state := processStateSize(t, s, pid)
 	times, cpu := r.wait(t)
 	// Samples taken while the kernel unmaps 100,000 mappings follow the
-	// exit event (sched_process_exit fires before exit_mm) and make the
-	// manager create the process's state again, which Sweep drops later:
-	// logged, not asserted, while the manager does so.
+	// exit event (sched_process_exit fires before exit_mm); they must not
+	// bring the process's state back.
 	time.Sleep(1500 * time.Millisecond) // the pump polls once a second
 	trackedAfterExit := s.pm.Tracks(libpf.PID(pid))
+	if trackedAfterExit {
+		t.Errorf("process %d tracked again after its exit", pid)
+	}
 	s.stop(t)
 
 	mapped, loaded := times["mapped"], times["loaded"]
@@ -388,6 +390,8 @@ func processStateSize(t *testing.T, s *session, pid int) int64 {
 	s.pm.ProcessExited(libpf.PID(pid))
 	time.Sleep(100 * time.Millisecond) // the delta loader's worker frees its part
 	without := heapInUse()
+	// It did not exit: give it its state back, as an exec would.
+	s.pm.ProcessExeced(libpf.PID(pid))
 	return int64(with.HeapAlloc) - int64(without.HeapAlloc)
 }
 
