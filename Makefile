@@ -9,7 +9,7 @@ BINARY   := ebpf-profiler
 ARGS     ?=
 SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: build run ebpf test test-deps unit-test integration-test fuzz bench lint clean
+.PHONY: build run ebpf test test-deps unit-test integration-test fuzz bench lint format clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BINARY) ./cmd/ebpf-profiler
@@ -25,10 +25,16 @@ ebpf:
 test-deps:
 	$(SUDO) ./.ci/install-test-deps.sh
 
+# Formats the Go and C sources (test fixtures under testdata/ stay as
+# they were compiled).
+format:
+	gofmt -w $$(git ls-files '*.go')
+	clang-format-16 -i $$(git ls-files '*.c' '*.h' '*.cpp' | grep -v /testdata/)
+
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet ./...
-	clang-format-16 --dry-run --Werror support/ebpf/*.c support/ebpf/*.h
+	clang-format-16 --dry-run --Werror $$(git ls-files '*.c' '*.h' '*.cpp' | grep -v /testdata/)
 
 # Everything but the root-only suites under test/.
 UNIT_PACKAGES = $$($(GO) list ./... | grep -v /test/)

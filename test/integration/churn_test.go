@@ -247,3 +247,34 @@ func TestPIDReuse(t *testing.T) {
 		t.Errorf("want about 150 complete samples of each program, got %v", counts)
 	}
 }
+
+// TestJITFrame runs through a stub in anonymous executable memory: it shows
+// as one labelled frame and the trace goes on below it.
+func TestJITFrame(t *testing.T) {
+	requireRoot(t)
+	if runtime.GOARCH != "amd64" {
+		t.Skip("the stub is x86_64 code")
+	}
+	bin := buildWorkload(t, "jitstub", "-O2", "-fno-omit-frame-pointer")
+	s := startSession(t, testHz)
+	pid, _ := runWorkload(t, bin, 3*time.Second)
+	s.stop(t)
+
+	want := regexp.MustCompile(`^jit_leaf;\[anonymous executable memory\];jit_top;` + cRoot + `$`)
+	samples := s.rec.ofPID(pid)
+	full := 0
+	misses := map[string]int{}
+	for _, smp := range samples {
+		if stack := stackString(smp.trace, "", nil); want.MatchString(stack) {
+			full++
+		} else {
+			misses[stack]++
+		}
+	}
+	logTopStacks(t, misses, 3)
+	share := float64(full) / float64(max(len(samples), 1))
+	t.Logf("%d samples, %.1f%% through the JIT frame down to the root", len(samples), 100*share)
+	if share < 0.9 {
+		t.Errorf("%.1f%% of samples show %s, want >= 90%%", 100*share, want)
+	}
+}

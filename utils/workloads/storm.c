@@ -5,7 +5,7 @@
 #include <time.h>
 
 #ifndef HOT
-  #define HOT storm_hot
+#  define HOT storm_hot
 #endif
 
 static volatile unsigned long sink;
