@@ -57,9 +57,9 @@ func (t *Tracer) attachMapWatch() {
 			t.mapWatchMode = "fexit on mmap_region"
 			return
 		}
-		errs = append(errs, fmt.Errorf("fexit on mmap_region: %w", err))
+		errs = append(errs, fmt.Errorf("fexit on mmap_region: %w", rootCause(err)))
 	} else {
-		errs = append(errs, fmt.Errorf("fexit on mmap_region: %w", t.mapWatchErr))
+		errs = append(errs, fmt.Errorf("fexit on mmap_region: %w", rootCause(t.mapWatchErr)))
 	}
 	l, err := link.Kprobe("perf_event_mmap", t.coll.Programs[mapWatchKprobe], nil)
 	if err == nil {
@@ -67,8 +67,20 @@ func (t *Tracer) attachMapWatch() {
 		t.mapWatchMode = "kprobe on perf_event_mmap"
 		return
 	}
-	errs = append(errs, fmt.Errorf("kprobe on perf_event_mmap: %w", err))
+	errs = append(errs, fmt.Errorf("kprobe on perf_event_mmap: %w", rootCause(err)))
 	t.mapWatchMode = "none"
-	log.Warnf("Not watching new executable mappings (%v): the first samples of new processes "+
-		"and libraries may be incomplete", errors.Join(errs...))
+	log.Warnf("Not watching new executable mappings (%v; %v): new processes and libraries are "+
+		"found from exec events and samples instead", errs[0], errs[1])
+}
+
+// rootCause is the innermost error of a chain: the kernel's answer rather
+// than the loader's layers around it.
+func rootCause(err error) error {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return err
+		}
+		err = next
+	}
 }
