@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"os"
 )
 
 // FileID identifies an executable file independently of where it is
@@ -64,3 +65,13 @@ func (id FileID) IsZero() bool { return id == FileID{} }
 
 // Low64 is the 64-bit truncation BPF maps key files by.
 func (id FileID) Low64() uint64 { return binary.BigEndian.Uint64(id[8:]) }
+
+// FileIDFromPath is FileIDFromExecutable of the file at path.
+func FileIDFromPath(path string) (FileID, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return FileID{}, err
+	}
+	defer f.Close()
+	return FileIDFromExecutable(f)
+}

@@ -108,12 +108,7 @@ func copyFile(t *testing.T, from, to string) {
 
 func fileIDOf(t *testing.T, path string) libpf.FileID {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	id, err := libpf.FileIDFromExecutable(f)
+	id, err := libpf.FileIDFromPath(path)
 	if err != nil {
 		t.Fatal(err)
 	}

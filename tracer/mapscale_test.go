@@ -13,19 +13,8 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/support"
+	"github.com/hostprof/ebpf-profiler/utils/testenv"
 )
-
-// requireBPF skips tests that load BPF unless they run the way the
-// integration suite does: as root with EBPF_PROFILER_INTEGRATION=1.
-func requireBPF(t *testing.T) {
-	t.Helper()
-	if os.Getenv("EBPF_PROFILER_INTEGRATION") != "1" {
-		t.Skip("BPF test: run as root with EBPF_PROFILER_INTEGRATION=1 (make integration-test does)")
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("BPF tests need root")
-	}
-}
 
 func TestMapScaleFactorRange(t *testing.T) {
 	_, err := New(Config{SamplesPerSecond: 20, MapScaleFactor: MaxMapScaleFactor + 1})
@@ -77,7 +66,7 @@ func newTestTracer(t *testing.T, factor uint) *Tracer {
 }
 
 func TestMapScaleFactorLoads(t *testing.T) {
-	requireBPF(t)
+	testenv.RequireBPF(t)
 	base, scaled := newTestTracer(t, 0), newTestTracer(t, 2)
 	bc, sc := base.DeltaCapacity(), scaled.DeltaCapacity()
 	if sc.Deltas != 4*bc.Deltas || sc.Rules != 4*bc.Rules {
@@ -112,7 +101,7 @@ func TestMapScaleFactorLoads(t *testing.T) {
 // kernel memory. Where the host or cgroup has less, the error must say
 // which map did not fit and how big it was.
 func TestMaxMapScaleFactor(t *testing.T) {
-	requireBPF(t)
+	testenv.RequireBPF(t)
 	tr, err := New(Config{SamplesPerSecond: 20, MapScaleFactor: MaxMapScaleFactor})
 	if err != nil {
 		if !strings.Contains(err.Error(), "creating BPF map ") || !strings.Contains(err.Error(), " entries") {
@@ -131,7 +120,7 @@ func TestMaxMapScaleFactor(t *testing.T) {
 // TestMapCreateError makes the kernel refuse a map: more memory than the
 // machine has fails at once, without allocating any.
 func TestMapCreateError(t *testing.T) {
-	requireBPF(t)
+	testenv.RequireBPF(t)
 	spec, err := support.LoadSpec()
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +148,7 @@ func TestMapCreateError(t *testing.T) {
 //
 //	sudo EBPF_PROFILER_INTEGRATION=1 go test -count=1 -v -run 'TestMapMemory|TestMaxMapScaleFactor' ./tracer
 func TestMapMemory(t *testing.T) {
-	requireBPF(t)
+	testenv.RequireBPF(t)
 	for _, factor := range []uint{0, 1, 2, 4} {
 		tr, err := New(Config{SamplesPerSecond: 20, MapScaleFactor: factor})
 		if err != nil {

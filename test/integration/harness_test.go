@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -16,17 +15,11 @@ import (
 	"github.com/hostprof/ebpf-profiler/processmanager"
 	"github.com/hostprof/ebpf-profiler/support"
 	"github.com/hostprof/ebpf-profiler/tracer"
+	"github.com/hostprof/ebpf-profiler/utils/testenv"
 )
 
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Getenv("EBPF_PROFILER_INTEGRATION") != "1" {
-		t.Skip("BPF integration test: run as root with EBPF_PROFILER_INTEGRATION=1 (make test does)")
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("BPF integration tests need root")
-	}
-}
+// requireRoot skips an integration test unless the suite runs them.
+func requireRoot(t *testing.T) { testenv.RequireBPF(t) }
 
 // sample is one reported sample.
 type sample struct {

@@ -262,12 +262,7 @@ func TestMountNamespace(t *testing.T) {
 
 func fileID(t *testing.T, path string) libpf.FileID {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	id, err := libpf.FileIDFromExecutable(f)
+	id, err := libpf.FileIDFromPath(path)
 	if err != nil {
 		t.Fatal(err)
 	}
