@@ -54,7 +54,8 @@ integration-test: build
 FUZZ_TIME    ?= 5s
 FUZZ_TARGETS := processmanager:FuzzParseELF processmanager:FuzzNotes processmanager:FuzzParseKallsyms \
 	processmanager:FuzzParseMapsLine processmanager:FuzzContainerIDFromCgroup \
-	nativeunwind:FuzzEhFrame nativeunwind:FuzzCFAProgram nativeunwind:FuzzEhFrameSegments nativeunwind:FuzzGoPclntab
+	nativeunwind:FuzzEhFrame nativeunwind:FuzzCFAProgram nativeunwind:FuzzEhFrameSegments nativeunwind:FuzzGoPclntab \
+	interpreter/python:FuzzLineTable
 
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
