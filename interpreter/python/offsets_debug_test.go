@@ -1,0 +1,200 @@
+package python
+
+import (
+	"bufio"
+	"debug/elf"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// offEncodeDebug lays the table's values for o out the way a process of
+// that version publishes them in _Py_DebugOffsets.
+func offEncodeDebug(t *testing.T, o *Offsets, hex uint64) []byte {
+	t.Helper()
+	raw := make([]byte, o.Debug.Size)
+	copy(raw, debugCookie)
+	binary.NativeEndian.PutUint64(raw[o.Debug.Version:], hex)
+	for _, tg := range o.debugTargets() {
+		binary.NativeEndian.PutUint64(raw[tg.at:], uint64(*tg.field))
+	}
+	return raw
+}
+
+func TestDecodeDebugOffsets(t *testing.T) {
+	table, err := OffsetsFor(Version{3, 13})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := table.Debug
+	const v3130 = 0x030d00f0
+	put := func(at int, v uint64) func([]byte) []byte {
+		return func(b []byte) []byte { binary.NativeEndian.PutUint64(b[at:], v); return b }
+	}
+	tests := []struct {
+		name    string
+		edit    func([]byte) []byte
+		wantErr error // nil: decodes
+		errText string
+		check   func(*Offsets) bool
+	}{
+		{name: "the table's own values", edit: func(b []byte) []byte { return b },
+			check: func(o *Offsets) bool { return offEqual(o, table) }},
+		{name: "a published value wins", edit: put(d.ThreadStateCurrentFrame, 80),
+			check: func(o *Offsets) bool { return o.ThreadState.CurrentFrame == 80 && o.Code.Name == table.Code.Name }},
+		{name: "a patch release", edit: put(d.Version, 0x030d05f0),
+			check: func(o *Offsets) bool { return o.Version == Version{3, 13} }},
+		{name: "no cookie", edit: func(b []byte) []byte { copy(b, "xdebugpz"); return b }, wantErr: ErrNoDebugOffsets},
+		{name: "too short for the cookie", edit: func(b []byte) []byte { return b[:12] }, wantErr: ErrNoDebugOffsets},
+		{name: "too short for the layout", edit: func(b []byte) []byte { return b[:d.Size-1] }, errText: "bytes"},
+		{name: "unknown version", edit: put(d.Version, 0x030e00f0), wantErr: ErrNoOffsets, errText: "3.14"},
+		{name: "older version", edit: put(d.Version, 0x030c01f0), wantErr: ErrNoOffsets, errText: "3.12"},
+		{name: "free-threaded", edit: put(d.FreeThreaded, 1), wantErr: ErrNoOffsets, errText: "free-threaded"},
+		{name: "implausible value", edit: put(d.CodeFilename, 1<<40), errText: "implausible"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, err := DecodeDebugOffsets(tt.edit(offEncodeDebug(t, table, v3130)))
+			if tt.wantErr == nil && tt.errText == "" {
+				if err != nil || !tt.check(o) {
+					t.Fatalf("DecodeDebugOffsets = %+v, %v", o, err)
+				}
+				return
+			}
+			if err == nil || (tt.wantErr != nil && !errors.Is(err, tt.wantErr)) || !strings.Contains(err.Error(), tt.errText) {
+				t.Fatalf("DecodeDebugOffsets error = %v, want %v mentioning %q", err, tt.wantErr, tt.errText)
+			}
+		})
+	}
+}
+
+func offEqual(a, b *Offsets) bool {
+	la, lb := offLeaves(a), offLeaves(b)
+	for k, v := range la {
+		if lb[k] != v {
+			return false
+		}
+	}
+	return a.Version == b.Version && a.ThreadStateFrom == b.ThreadStateFrom && a.LastiUnit == b.LastiUnit
+}
+
+// TestDebugOffsets313 reads the _Py_DebugOffsets of a running CPython
+// 3.13 from its memory, where the interpreter put the offsets it was
+// compiled with, and checks that they agree with the table.
+func TestDebugOffsets313(t *testing.T) {
+	python := filepath.Join(offPyenvVersions(), "3.13.0", "bin", "python3.13")
+	if offPyenvVersions() == "" || !offHaveFile(python) {
+		t.Skip("CPython 3.13.0 is not installed by pyenv")
+	}
+	cmd := exec.Command(python, "-c", "import time; print('ready', flush=True); time.sleep(60)")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("python3.13 did not start: %q, %v", line, err)
+	}
+	pid := cmd.Process.Pid
+
+	addr, file, err := offSymbolAddress(pid, RuntimeSymbol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table, err := OffsetsFor(Version{3, 13})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := make([]byte, table.Debug.Size)
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if errors.Is(err, fs.ErrPermission) {
+		t.Skipf("reading another process's memory needs root or ptrace rights: %v", err)
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	if _, err := mem.ReadAt(raw, int64(addr)); err != nil {
+		t.Fatalf("reading %s at %#x: %v", RuntimeSymbol, addr, err)
+	}
+	if hex := binary.NativeEndian.Uint64(raw[table.Debug.Version:]); hex != 0x030d00f0 {
+		t.Errorf("PY_VERSION_HEX = %#x, want 0x30d00f0 (3.13.0)", hex)
+	}
+	live, err := DecodeDebugOffsets(raw)
+	if err != nil {
+		t.Fatalf("decoding the %d bytes at %s+%#x in %s: %v", len(raw), RuntimeSymbol, addr, file, err)
+	}
+	want, got := offLeaves(table), offLeaves(live)
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: the process publishes %d, the table has %d", k, got[k], v)
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	t.Logf("the %d offsets python3.13 (pid %d) publishes at %#x (%s) match the table",
+		len(live.debugTargets()), pid, addr, file)
+}
+
+// offSymbolAddress finds where symbol is in the memory of pid: in which
+// mapped ELF file it is defined, and that file's load bias.
+func offSymbolAddress(pid int, symbol string) (uint64, string, error) {
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return 0, "", err
+	}
+	// The address each file's offset 0 is mapped at.
+	base := map[string]uint64{}
+	for _, line := range strings.Split(string(maps), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 || !strings.HasPrefix(f[5], "/") || f[2] != "00000000" {
+			continue
+		}
+		start, _, _ := strings.Cut(f[0], "-")
+		if a, err := strconv.ParseUint(start, 16, 64); err == nil {
+			if _, seen := base[f[5]]; !seen {
+				base[f[5]] = a
+			}
+		}
+	}
+	for path, start := range base {
+		if value, vaddr0, ok := offELFSymbol(path, symbol); ok {
+			return start - vaddr0 + value, path, nil
+		}
+	}
+	return 0, "", fmt.Errorf("no mapped file of pid %d defines %s", pid, symbol)
+}
+
+// offELFSymbol returns symbol's value in the ELF file at path and the
+// virtual address of the file's offset 0.
+func offELFSymbol(path, symbol string) (value, vaddr0 uint64, ok bool) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return 0, 0, false
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_LOAD && p.Off == 0 {
+			vaddr0 = p.Vaddr
+		}
+	}
+	for _, read := range []func() ([]elf.Symbol, error){f.DynamicSymbols, f.Symbols} {
+		syms, _ := read()
+		for _, s := range syms {
+			if s.Name == symbol && s.Section != elf.SHN_UNDEF {
+				return s.Value, vaddr0, true
+			}
+		}
+	}
+	return 0, 0, false
+}

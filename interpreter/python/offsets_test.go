@@ -1,0 +1,275 @@
+package python
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+func TestOffsetsFor(t *testing.T) {
+	tests := []struct {
+		v         Version
+		from      ThreadStateSource
+		lastiUnit int
+	}{
+		{Version{3, 6}, ThreadStateFromGlobal, 1},
+		{Version{3, 7}, ThreadStateFromRuntime, 1},
+		{Version{3, 9}, ThreadStateFromRuntime, 1},
+		{Version{3, 10}, ThreadStateFromRuntime, 2},
+		{Version{3, 11}, ThreadStateFromRuntime, 0},
+		{Version{3, 12}, ThreadStateFromTLS, 0},
+		{Version{3, 13}, ThreadStateFromTLS, 0},
+	}
+	for _, tt := range tests {
+		o, err := OffsetsFor(tt.v)
+		if err != nil {
+			t.Errorf("OffsetsFor(%s): %v", tt.v, err)
+			continue
+		}
+		if o.Version != tt.v || o.Arch != runtime.GOARCH || o.ThreadStateFrom != tt.from || o.LastiUnit != tt.lastiUnit {
+			t.Errorf("OffsetsFor(%s) = version %s arch %s from %d lasti unit %d, want %s %s %d %d",
+				tt.v, o.Version, o.Arch, o.ThreadStateFrom, o.LastiUnit, tt.v, runtime.GOARCH, tt.from, tt.lastiUnit)
+		}
+	}
+	for _, v := range []Version{{2, 7}, {3, 5}, {3, 14}, {4, 0}} {
+		_, err := OffsetsFor(v)
+		if !errors.Is(err, ErrNoOffsets) || !strings.Contains(err.Error(), v.String()) {
+			t.Errorf("OffsetsFor(%s) error = %v, want ErrNoOffsets naming %s", v, err, v)
+		}
+	}
+	if _, err := offsetsFor("riscv64", Version{3, 11}); !errors.Is(err, ErrNoOffsets) {
+		t.Errorf("offsetsFor(riscv64, 3.11) error = %v, want ErrNoOffsets", err)
+	}
+}
+
+// TestOffsetsConsistent checks what the unwinder relies on in every entry
+// of the table: each version has one way to the current frame, one line
+// table and one bytecode location, and the fields that go with them.
+func TestOffsetsConsistent(t *testing.T) {
+	for _, arch := range []string{"amd64", "arm64"} {
+		for minor := 6; minor <= 13; minor++ {
+			o, err := offsetsFor(arch, Version{3, minor})
+			if err != nil {
+				t.Error(err)
+				continue
+			}
+			for _, p := range offProblems(o) {
+				t.Errorf("%s %s: %s", o.Version, arch, p)
+			}
+		}
+	}
+}
+
+// TestOffsetsArchitectures checks that amd64 and arm64 differ only in
+// _PyRuntimeState, which holds glibc types of different sizes: in 3.7-3.11
+// the GIL's pthread_mutex_t (40 bytes on amd64, 48 on arm64) precedes
+// gilstate.
+func TestOffsetsArchitectures(t *testing.T) {
+	for minor := 6; minor <= 13; minor++ {
+		amd, err1 := offsetsFor("amd64", Version{3, minor})
+		arm, err2 := offsetsFor("arm64", Version{3, minor})
+		if err := errors.Join(err1, err2); err != nil {
+			t.Error(err)
+			continue
+		}
+		la, lb := offLeaves(amd), offLeaves(arm)
+		for k, v := range la {
+			if lb[k] != v && !strings.HasPrefix(k, "Runtime.") {
+				t.Errorf("3.%d %s: amd64 %d, arm64 %d", minor, k, v, lb[k])
+			}
+		}
+	}
+}
+
+func offProblems(o *Offsets) []string {
+	var ps []string
+	check := func(ok bool, what string) {
+		if !ok {
+			ps = append(ps, what)
+		}
+	}
+	set := func(vs ...int) bool {
+		for _, v := range vs {
+			if v == NoField {
+				return false
+			}
+		}
+		return true
+	}
+	ts, f, cf := o.ThreadState, o.InterpreterFrame, o.CFrame
+	switch minor := o.Version.Minor; {
+	case minor <= 10:
+		fo := o.FrameObject
+		check(set(ts.Frame, fo.Back, fo.Code, fo.Lasti, o.Code.Code), "frame object fields missing")
+		check(f.Size == NoField && ts.CurrentFrame == NoField, "interpreter frame fields before 3.11")
+	case minor <= 12:
+		check(set(ts.CFrame, cf.CurrentFrame, f.Code, f.PrevInstr, f.Previous, o.Code.CodeAdaptive),
+			"3.11/3.12 frame fields missing")
+		check(ts.Frame == NoField && f.Executable == NoField && f.InstrPtr == NoField, "fields of other versions set")
+	default:
+		check(set(ts.CurrentFrame, f.Executable, f.InstrPtr, f.Previous, f.OwnedByCStack, o.Code.CodeAdaptive,
+			o.Debug.Size), "3.13 frame fields missing")
+		check(ts.Frame == NoField && ts.CFrame == NoField && f.Code == NoField, "fields of other versions set")
+	}
+	check(set(o.Code.Lnotab) != set(o.Code.Linetable), "not exactly one line table")
+	check(set(o.Code.Code) != set(o.Code.CodeAdaptive), "not exactly one bytecode location")
+	check(set(o.Code.Filename, o.Code.Name, o.Code.FirstLineno, o.Object.Type, o.Type.Name, o.Bytes.Data,
+		o.Unicode.State, o.Unicode.ASCIISize, o.Unicode.CompactSize, o.Unicode.KindShift), "symbolizer fields missing")
+	switch o.ThreadStateFrom {
+	case ThreadStateFromGlobal:
+		check(o.Runtime.Size == NoField, "_PyRuntime before 3.7")
+	case ThreadStateFromRuntime:
+		check(set(o.Runtime.TStateCurrent, o.Runtime.AutoTSSKey, o.TSS.Key), "_PyRuntime thread state fields missing")
+	case ThreadStateFromTLS:
+		check(set(o.Runtime.AutoTSSKey, o.TSS.Key) && o.Runtime.TStateCurrent == NoField, "3.12+ runtime fields")
+	default:
+		ps = append(ps, "no thread state source")
+	}
+	return ps
+}
+
+// offLeaves flattens the compiled fields of o into "Group.Field" values.
+func offLeaves(o *Offsets) map[string]int {
+	leaves := map[string]int{}
+	ov := reflect.ValueOf(o).Elem()
+	for i := range ov.NumField() {
+		g, gf := ov.Field(i), ov.Type().Field(i)
+		if g.Kind() != reflect.Struct || gf.Name == "Version" {
+			continue
+		}
+		for j := range g.NumField() {
+			leaves[gf.Name+"."+g.Type().Field(j).Name] = int(g.Field(j).Int())
+		}
+	}
+	return leaves
+}
+
+// offPyenvVersions is where pyenv keeps its CPythons: $PYENV_ROOT, or
+// ~/.pyenv, or root's (tests often run under sudo).
+func offPyenvVersions() string {
+	for _, root := range []string{os.Getenv("PYENV_ROOT"), offHomePyenv(), "/root/.pyenv"} {
+		if root == "" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(root, "versions")); err == nil {
+			return filepath.Join(root, "versions")
+		}
+	}
+	return ""
+}
+
+func offHomePyenv() string {
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(home, ".pyenv")
+}
+
+// offCompiled is one layout utils/pyoffsets -json prints.
+type offCompiled struct {
+	Version, Release, Arch string
+	Entries                []struct {
+		Key   string
+		Kind  string
+		Value int
+	}
+}
+
+// TestOffsetsMatchHeaders compiles utils/pyoffsets' C program against
+// the headers of every CPython pyenv installed, for amd64 and (with the
+// cross compiler) arm64, and compares each value with the table: a
+// mismatch means the table is stale or was edited by hand.
+func TestOffsetsMatchHeaders(t *testing.T) {
+	versions := offPyenvVersions()
+	if versions == "" {
+		t.Fatal("no pyenv CPython installed ($PYENV_ROOT/versions, ~/.pyenv/versions): nothing to check the table against")
+	}
+	arches := []string{"amd64"}
+	_, err := exec.LookPath("aarch64-linux-gnu-gcc")
+	if err == nil && offHaveFile("/usr/aarch64-linux-gnu/include/stdio.h") {
+		arches = append(arches, "arm64")
+	} else {
+		t.Log("not checking arm64: needs aarch64-linux-gnu-gcc and libc6-dev-arm64-cross")
+	}
+	compiled := offRunGenerator(t, versions, arches)
+	checked := 0
+	for _, c := range compiled {
+		var v Version
+		if _, err := fmt.Sscanf(c.Version, "%d.%d", &v.Major, &v.Minor); err != nil {
+			t.Fatalf("version %q: %v", c.Version, err)
+		}
+		o, err := offsetsFor(c.Arch, v)
+		if err != nil {
+			t.Errorf("CPython %s is installed but not in the table: run go generate ./interpreter/python (%v)", c.Release, err)
+			continue
+		}
+		leaves := offLeaves(o)
+		for _, e := range c.Entries {
+			got, ok := leaves[e.Key]
+			if !ok {
+				t.Errorf("%s %s: the headers give %s, which the table lacks", c.Release, c.Arch, e.Key)
+			} else if got != e.Value {
+				t.Errorf("%s %s: %s is %d in the table, %d in the headers", c.Release, c.Arch, e.Key, got, e.Value)
+			}
+			delete(leaves, e.Key)
+		}
+		for k := range leaves {
+			t.Errorf("%s %s: the headers give no %s", c.Release, c.Arch, k)
+		}
+		if !t.Failed() {
+			t.Logf("%s %s: %d values match the headers of %s", v, c.Arch, len(c.Entries), c.Release)
+		}
+		checked++
+	}
+	if checked == 0 {
+		t.Fatalf("no installed CPython under %s to check the table against", versions)
+	}
+	for _, o := range generatedOffsets {
+		if !offCompiledHas(compiled, o.Version, o.Arch) {
+			t.Logf("%s %s: skipped, not installed (or not compiled) here", o.Version, o.Arch)
+		}
+	}
+}
+
+func offRunGenerator(t *testing.T, versions string, arches []string) []offCompiled {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	cmd := exec.Command(goTool, "run", "../../utils/pyoffsets", "-json",
+		"-pyenv", versions, "-arch", strings.Join(arches, ","))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("utils/pyoffsets: %v\n%s", err, stderr.String())
+	}
+	var compiled []offCompiled
+	if err := json.Unmarshal(out, &compiled); err != nil {
+		t.Fatalf("utils/pyoffsets output: %v", err)
+	}
+	return compiled
+}
+
+func offCompiledHas(cs []offCompiled, v Version, arch string) bool {
+	for _, c := range cs {
+		if c.Version == v.String() && c.Arch == arch {
+			return true
+		}
+	}
+	return false
+}
+
+func offHaveFile(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
