@@ -52,19 +52,19 @@ var (
 	ErrLineTableMalformed = errors.New("malformed python line table")
 )
 
-// LineTableFormatFor returns the line table format of CPython major.minor.
-func LineTableFormatFor(major, minor int) (LineTableFormat, error) {
-	if major == 3 {
+// LineTableFormatFor returns the line table format of a CPython version.
+func LineTableFormatFor(v Version) (LineTableFormat, error) {
+	if v.Major == 3 {
 		switch {
-		case minor >= 6 && minor <= 9:
+		case v.Minor >= 6 && v.Minor <= 9:
 			return LineTableLnotab, nil
-		case minor == 10:
+		case v.Minor == 10:
 			return LineTableRanges, nil
-		case minor >= 11 && minor <= 14:
+		case v.Minor >= 11 && v.Minor <= 14:
 			return LineTableLocations, nil
 		}
 	}
-	return 0, fmt.Errorf("python %d.%d (3.6 to 3.14 are known): %w", major, minor, ErrLineTableVersion)
+	return 0, fmt.Errorf("python %v (3.6 to 3.14 are known): %w", v, ErrLineTableVersion)
 }
 
 // LineForOffset returns the source line of the instruction offset bytes
