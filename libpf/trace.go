@@ -92,6 +92,9 @@ type ProcessInfo struct {
 	ExecutablePath string
 	// ContainerID is empty outside containers.
 	ContainerID string
+	// RuntimeName and RuntimeVersion name the language runtime the process
+	// runs, such as "CPython" and "3.12.1"; empty for native programs.
+	RuntimeName, RuntimeVersion string
 }
 
 // SampleMeta is what is specific to one sample of a trace.

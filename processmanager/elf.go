@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/hostprof/ebpf-profiler/interpreter/python"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 )
 
@@ -20,6 +21,8 @@ type elfData struct {
 	loads      []loadSegment
 	gnuBuildID string
 	goBuildID  string
+	// python is the CPython interpreter the file holds, or nil.
+	python *python.Interpreter
 	// symbols is nil when the file has no function symbols: none in
 	// .symtab, .dynsym or, for Go binaries, .gopclntab.
 	symbols *symbolTable
@@ -91,6 +94,9 @@ func parseELF(r io.ReaderAt) (d *elfData, err error) {
 		cands = append(cands, goCands...)
 	}
 	d.symbols = buildSymbolTable(cands)
+	if in, err := python.Detect(f); err == nil {
+		d.python = in
+	}
 	return d, nil
 }
 

@@ -93,6 +93,8 @@ type process struct {
 	lastMapsRead time.Time
 	// mappings are the executable mappings, sorted by start address.
 	mappings []*mapping
+	// python is set when the process runs CPython.
+	python *pythonProcess
 }
 
 // exitedProcess is a process whose exit was reported.
@@ -403,6 +405,9 @@ func (m *Manager) loadMaps(p *process) (changed bool, err error) {
 		m.syncUnwind(p.pid, old, fresh)
 	}
 	p.mappings = fresh
+	if changed {
+		m.findInterpreters(p)
+	}
 	return changed, nil
 }
 

@@ -28,6 +28,11 @@ type Stats struct {
 	MapsReads         uint64
 	// MappingsAdded counts executable mappings added as BPF reported them.
 	MappingsAdded uint64
+	// PythonProcesses are tracked processes that run CPython;
+	// InterpreterErrors counts runtimes found in a process but not
+	// supported (a version without struct offsets).
+	PythonProcesses   int
+	InterpreterErrors uint64
 	// MapsRereadsLimited counts re-reads skipped by the rate limit.
 	MapsRereadsLimited uint64
 	FileCacheSize      int
@@ -66,6 +71,7 @@ type counters struct {
 	mapsRereadsLimited uint64
 	fileErrors         uint64
 	mappingsAdded      uint64
+	interpreterErrors  uint64
 }
 
 // Stats returns the Manager's counters; the Handler fields are zero.
@@ -85,12 +91,18 @@ func (m *Manager) Stats() Stats {
 		MapsReads:          c.mapsReads,
 		MapsRereadsLimited: c.mapsRereadsLimited,
 		MappingsAdded:      c.mappingsAdded,
+		InterpreterErrors:  c.interpreterErrors,
 		FileCacheSize:      m.files.lru.Len(),
 		FileCacheHits:      m.files.hits,
 		FileCacheMisses:    m.files.misses,
 		FileErrors:         c.fileErrors,
 		ELFErrors:          m.files.elfErrors,
 		KernelSymbols:      len(m.kernel.syms.syms),
+	}
+	for _, p := range m.procs {
+		if p.python != nil {
+			st.PythonProcesses++
+		}
 	}
 	if u := m.unwind; u != nil {
 		st.DeltaFilesLoaded = u.filesLoaded.Load()

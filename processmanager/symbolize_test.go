@@ -390,3 +390,51 @@ func TestStrippedGoNamedFromPclntab(t *testing.T) {
 	}
 	t.Logf("%d Go functions agree with nm; the table has %d", checked, d.symbols.len())
 }
+
+// TestPythonProcess: a process that maps libpython is known to run
+// CPython, with its version from the library, and its resource says so; a
+// native process costs nothing more.
+func TestPythonProcess(t *testing.T) {
+	libs, _ := filepath.Glob("/root/.pyenv/versions/3.12*/lib/libpython3.12.so.1.0")
+	if len(libs) == 0 {
+		t.Skip("no pyenv CPython 3.12 here")
+	}
+	f, err := elf.Open(libs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text *elf.Prog
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_LOAD && p.Flags&elf.PF_X != 0 {
+			text = p
+		}
+	}
+	f.Close()
+	fs := newFakeProcFS(t)
+	const base = 0x7f0000000000
+	start := base + text.Vaddr&^0xfff
+	lib := fakeMapping{start: start, end: start + 0x1000, offset: text.Off &^ 0xfff, file: libs[0]}
+	fs.setProcess(100, 1, "/usr/bin/python3.12", lib)
+	fs.setProcess(101, 1, "/bin/true")
+	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, info, err := m.ConvertTrace(&support.Trace{PID: 100, Frames: []support.Frame{{Addr: start + 0x10}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.RuntimeName != "CPython" || !strings.HasPrefix(info.RuntimeVersion, "3.12.") {
+		t.Errorf("runtime %q %q, want CPython 3.12.x", info.RuntimeName, info.RuntimeVersion)
+	}
+	_, native, err := m.ConvertTrace(&support.Trace{PID: 101, Frames: []support.Frame{{Addr: 0x401000}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if native.RuntimeName != "" {
+		t.Errorf("native process has runtime %q", native.RuntimeName)
+	}
+	if s := m.Stats(); s.PythonProcesses != 1 || s.InterpreterErrors != 0 {
+		t.Errorf("%d Python processes, %d errors; want 1 and 0", s.PythonProcesses, s.InterpreterErrors)
+	}
+}

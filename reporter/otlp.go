@@ -20,6 +20,8 @@ const (
 	attrExeName     = "process.executable.name"
 	attrExePath     = "process.executable.path"
 	attrContainerID = "container.id"
+	attrRuntimeName = "process.runtime.name"
+	attrRuntimeVer  = "process.runtime.version"
 	attrHostID      = "host.id"
 	attrHostName    = "host.name"
 	attrThreadID    = "thread.id"
@@ -384,6 +386,8 @@ func resource(pid libpf.PID, proc *libpf.ProcessInfo, opts buildOptions) *resour
 		add(attrExeName, proc.ExecutableName)
 		add(attrExePath, proc.ExecutablePath)
 		add(attrContainerID, proc.ContainerID)
+		add(attrRuntimeName, proc.RuntimeName)
+		add(attrRuntimeVer, proc.RuntimeVersion)
 	}
 	add(attrHostID, opts.hostID)
 	add(attrHostName, opts.hostName)

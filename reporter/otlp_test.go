@@ -114,6 +114,7 @@ func TestBuildRequestResources(t *testing.T) {
 			"process.executable.path": "/usr/bin/app-a", "host.id": "machine-1", "host.name": "host-1"},
 		{"process.pid": int64(200), "process.executable.name": "app-b",
 			"process.executable.path": "/opt/b/app-b", "container.id": "c0ffee",
+			"process.runtime.name": "CPython", "process.runtime.version": "3.12.1",
 			"host.id": "machine-1", "host.name": "host-1"},
 	}
 	if len(req.ResourceProfiles) != len(want) {
