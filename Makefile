@@ -55,7 +55,7 @@ FUZZ_TIME    ?= 5s
 FUZZ_TARGETS := processmanager:FuzzParseELF processmanager:FuzzNotes processmanager:FuzzParseKallsyms \
 	processmanager:FuzzParseMapsLine processmanager:FuzzContainerIDFromCgroup \
 	nativeunwind:FuzzEhFrame nativeunwind:FuzzCFAProgram nativeunwind:FuzzEhFrameSegments nativeunwind:FuzzGoPclntab \
-	interpreter/python:FuzzLineTable interpreter/python:FuzzSymbolizeFrame
+	interpreter/python:FuzzLineTable interpreter/python:FuzzSymbolizeFrame interpreter/python:FuzzTSDLayout
 
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \

@@ -1,7 +1,10 @@
 // Package python is what the profiler knows of CPython: the layout of its
 // structures per version (offsets*.go, generated from each release's
 // headers by utils/pyoffsets and checked against DWARF and against the
-// debug offsets a live 3.13+ interpreter publishes) and how its code
-// objects map instruction offsets to source lines (linetable*.go). The BPF
-// unwinder and the user-space symbolizer of Python frames build on these.
+// debug offsets a live 3.13+ interpreter publishes), how to find it in a
+// binary and its version (detect.go), how a thread's PyThreadState is found
+// through the C library's thread-specific data (tsd*.go), how its code
+// objects map instruction offsets to source lines (linetable*.go), and the
+// symbolizer that names a frame from its code object (symbolize*.go). The
+// BPF unwinder builds on these.
 package python
