@@ -20,33 +20,15 @@ const (
 // decodeGetspecificARM64 decodes an arm64 pthread_getspecific whose first
 // instruction is code[0].
 func decodeGetspecificARM64(code []byte) (TSDLayout, error) {
-	var m tsdMachine
 	var regs [32]tsdVal
 	regs[a64X0] = tsdKeyArg()
-	pc := 0
-	for steps := 0; ; steps++ {
-		var data tsdVal
-		if m.final != nil {
-			data = regs[m.final.reg]
-		}
-		if err := m.step(pc, steps, data); err != nil {
-			return TSDLayout{}, err
-		}
+	return tsdRun(code, regs[:], func(m *tsdMachine, pc int) (int, int, bool, error) {
 		if pc+4 > len(code) {
-			return TSDLayout{}, tsdErr(pc, "code ends")
+			return 0, 0, false, tsdErr(pc, "code ends")
 		}
-		next, done, err := a64Exec(&m, &regs, binary.LittleEndian.Uint32(code[pc:]), pc)
-		if err != nil {
-			return TSDLayout{}, err
-		}
-		if done {
-			return m.layout(pc)
-		}
-		if err := tsdBranchInside(pc, next, pc+4, len(code)); err != nil {
-			return TSDLayout{}, err
-		}
-		pc = next
-	}
+		next, done, err := a64Exec(m, &regs, binary.LittleEndian.Uint32(code[pc:]), pc)
+		return next, pc + 4, done, err
+	})
 }
 
 func a64Bits(w uint32, lo, n uint) uint32 { return w >> lo & (1<<n - 1) }

@@ -260,3 +260,33 @@ func tsdBranchInside(pc, next, following, size int) error {
 	}
 	return nil
 }
+
+// tsdRun drives an architecture's decoder over code from its first
+// instruction: exec runs the instruction at pc and returns the pc to go on
+// at, the pc of the instruction after it, and whether it tested or returned
+// the key's value. regs are the decoder's registers, the key's value among
+// them.
+func tsdRun(code []byte, regs []tsdVal, exec func(m *tsdMachine, pc int) (next, following int, done bool, err error)) (TSDLayout, error) {
+	var m tsdMachine
+	pc := 0
+	for steps := 0; ; steps++ {
+		var data tsdVal
+		if m.final != nil {
+			data = regs[m.final.reg]
+		}
+		if err := m.step(pc, steps, data); err != nil {
+			return TSDLayout{}, err
+		}
+		next, following, done, err := exec(&m, pc)
+		if err != nil {
+			return TSDLayout{}, err
+		}
+		if done {
+			return m.layout(pc)
+		}
+		if err := tsdBranchInside(pc, next, following, len(code)); err != nil {
+			return TSDLayout{}, err
+		}
+		pc = next
+	}
+}

@@ -48,34 +48,16 @@ func (in *x86Insn) wide() bool { return in.rex&8 != 0 }
 // decodeGetspecificAMD64 decodes an x86_64 pthread_getspecific whose first
 // instruction is code[0].
 func decodeGetspecificAMD64(code []byte) (TSDLayout, error) {
-	var m tsdMachine
 	var regs [16]tsdVal
 	regs[x86RDI] = tsdKeyArg()
-	pc := 0
-	for steps := 0; ; steps++ {
-		var data tsdVal
-		if m.final != nil {
-			data = regs[m.final.reg]
-		}
-		if err := m.step(pc, steps, data); err != nil {
-			return TSDLayout{}, err
-		}
+	return tsdRun(code, regs[:], func(m *tsdMachine, pc int) (int, int, bool, error) {
 		in, err := x86Decode(code, pc)
 		if err != nil {
-			return TSDLayout{}, err
+			return 0, 0, false, err
 		}
-		next, done, err := x86Exec(&m, &regs, &in, pc)
-		if err != nil {
-			return TSDLayout{}, err
-		}
-		if done {
-			return m.layout(pc)
-		}
-		if err := tsdBranchInside(pc, next, pc+in.n, len(code)); err != nil {
-			return TSDLayout{}, err
-		}
-		pc = next
-	}
+		next, done, err := x86Exec(m, &regs, &in, pc)
+		return next, pc + in.n, done, err
+	})
 }
 
 // x86Exec runs one instruction; it returns the next pc, or done when the
