@@ -107,8 +107,11 @@ func New(cfg Config) (*Tracer, error) {
 		"have_find_vma":       boolToU32(feats.findVMA),
 		"page_shift":          uint32(bits.TrailingZeros(uint(os.Getpagesize()))),
 		"events_wakeup_bytes": uint64(bufBytes / 2),
-		// As often as the process manager re-reads a process's maps.
-		"unknown_pc_report_interval": uint64(time.Second),
+		// Five times as often as the process manager re-reads a process's
+		// maps (once a second): with equal periods the two limits alias,
+		// and a library dlopen()ed just after a read waited up to two
+		// seconds to be noticed instead of one.
+		"unknown_pc_report_interval": uint64(200 * time.Millisecond),
 	}); err != nil {
 		return nil, err
 	}
