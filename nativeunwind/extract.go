@@ -1,6 +1,8 @@
 package nativeunwind
 
 import (
+	"bufio"
+	"bytes"
 	"debug/elf"
 	"errors"
 	"fmt"
@@ -389,10 +391,8 @@ func symbolName(name string) string {
 // markEntryPoints applies the stop and signal symbols of f's symbol tables
 // to d.
 func markEntryPoints(f *elf.File, d Deltas, st *Stats) Deltas {
-	syms, _ := f.Symbols()
-	dyn, _ := f.DynamicSymbols()
 	seen := map[addrRange]bool{}
-	for _, s := range append(syms, dyn...) {
+	for _, s := range entryPointSymbols(f) {
 		t := elf.ST_TYPE(s.Info)
 		if (t != elf.STT_FUNC && t != elf.STT_NOTYPE) || s.Section == elf.SHN_UNDEF || s.Size == 0 {
 			continue
@@ -452,4 +452,63 @@ func overlay(d Deltas, start, end uint64, mark func(Rule) Rule) Deltas {
 	}
 	out = append(out, d[j:]...)
 	return compact(out)
+}
+
+// elf64SymSize is the size of an Elf64_Sym: st_name (4), st_info (1),
+// st_other (1), st_shndx (2), st_value (8), st_size (8).
+const elf64SymSize = 24
+
+// entryPointSymbols returns the symbols of f's .symtab and .dynsym whose
+// names are entry points. It reads the tables in place rather than through
+// elf.File.Symbols, which builds every symbol with its name: libLLVM's
+// 14 MB of them (a sixth of its extraction's allocations) for none.
+func entryPointSymbols(f *elf.File) []elf.Symbol {
+	var out []elf.Symbol
+	for _, typ := range []elf.SectionType{elf.SHT_SYMTAB, elf.SHT_DYNSYM} {
+		sec := f.SectionByType(typ)
+		if sec == nil || sec.Link == 0 || int(sec.Link) >= len(f.Sections) {
+			continue
+		}
+		strs, err := f.Sections[sec.Link].Data()
+		if err != nil {
+			continue
+		}
+		r := bufio.NewReader(sec.Open())
+		var ent [elf64SymSize]byte
+		for {
+			if _, err := io.ReadFull(r, ent[:]); err != nil {
+				break
+			}
+			off := f.ByteOrder.Uint32(ent[0:])
+			if int(off) >= len(strs) {
+				continue
+			}
+			name := strs[off:]
+			if i := bytes.IndexByte(name, 0); i >= 0 {
+				name = name[:i]
+			}
+			if !isEntryPointName(name) {
+				continue
+			}
+			out = append(out, elf.Symbol{
+				Name:    string(name),
+				Info:    ent[4],
+				Other:   ent[5],
+				Section: elf.SectionIndex(f.ByteOrder.Uint16(ent[6:])),
+				Value:   f.ByteOrder.Uint64(ent[8:]),
+				Size:    f.ByteOrder.Uint64(ent[16:]),
+			})
+		}
+	}
+	return out
+}
+
+// isEntryPointName reports whether a symbol name, without its version or
+// ABI suffix, is one markEntryPoints applies.
+func isEntryPointName(name []byte) bool {
+	if i := bytes.IndexByte(name, '@'); i >= 0 {
+		name = name[:i]
+	}
+	name = bytes.TrimSuffix(name, []byte(".abi0"))
+	return stopSymbols[string(name)] || cloneSymbols[string(name)] || signalSymbols[string(name)]
 }

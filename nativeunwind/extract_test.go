@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"debug/elf"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"testing"
 )
 
@@ -352,4 +354,34 @@ func openAndExtract(t *testing.T, path string) (*elf.File, Deltas) {
 		t.Fatalf("extracting %s: %v", path, err)
 	}
 	return f, d
+}
+
+// TestEntryPointSymbols: reading the symbol tables in place finds the same
+// entry points as debug/elf's symbol lists.
+func TestEntryPointSymbols(t *testing.T) {
+	for _, path := range []string{"/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6", "/proc/self/exe"} {
+		f, err := elf.Open(path)
+		if err != nil {
+			t.Skip(err)
+		}
+		var want []string
+		syms, _ := f.Symbols()
+		dyn, _ := f.DynamicSymbols()
+		for _, s := range append(syms, dyn...) {
+			if isEntryPointName([]byte(s.Name)) {
+				want = append(want, fmt.Sprintf("%s %#x %d %v", s.Name, s.Value, s.Size, s.Section))
+			}
+		}
+		var got []string
+		for _, s := range entryPointSymbols(f) {
+			got = append(got, fmt.Sprintf("%s %#x %d %v", s.Name, s.Value, s.Size, s.Section))
+		}
+		f.Close()
+		slices.Sort(want)
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: entry points %v, debug/elf has %v", path, got, want)
+		}
+		t.Logf("%s: %d entry point symbols", path, len(got))
+	}
 }
