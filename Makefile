@@ -49,9 +49,13 @@ integration-test: build
 	$(SUDO) env EBPF_PROFILER_INTEGRATION=1 EBPF_PROFILER_E2E=1 EBPF_PROFILER_BIN=$(CURDIR)/$(BINARY) \
 		$(GO) test -p 1 -count=1 -v -timeout 20m ./tracer ./test/...
 
-# A few seconds of coverage-guided fuzzing per parser of outside input
-# (go test alone only replays the seed corpus).
-FUZZ_TIME    ?= 5s
+# Coverage-guided fuzzing of each parser of outside input (go test alone
+# only replays the seed corpus).
+# A count, not a duration: Go 1.26's fuzz coordinator can fail a target
+# with "context deadline exceeded" when a duration runs out while a worker
+# is busy (go.dev/issue/75804, fixed in 1.27); a count has no deadline.
+# 50,000 inputs take 1-3 s per target here.
+FUZZ_TIME    ?= 50000x
 FUZZ_TARGETS := processmanager:FuzzParseELF processmanager:FuzzNotes processmanager:FuzzParseKallsyms \
 	processmanager:FuzzParseMapsLine processmanager:FuzzContainerIDFromCgroup \
 	nativeunwind:FuzzEhFrame nativeunwind:FuzzCFAProgram nativeunwind:FuzzEhFrameSegments nativeunwind:FuzzGoPclntab \
@@ -60,7 +64,7 @@ FUZZ_TARGETS := processmanager:FuzzParseELF processmanager:FuzzNotes processmana
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; f=$${t#*:}; \
-		echo "fuzzing $$pkg $$f for $(FUZZ_TIME)"; \
+		echo "fuzzing $$pkg $$f ($(FUZZ_TIME))"; \
 		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZ_TIME) -fuzzminimizetime 0 ./$$pkg || exit 1; \
 	done
 
