@@ -384,6 +384,11 @@ func (s *stepper) checkChain(frames []unwoundFrame) error {
 		s.stats["into a C caller"]++
 	case "runtime.morestack":
 		s.stats["through runtime.morestack"]++
+	case "runtime.mcall":
+		// The scheduler runs on the system stack under mcall (a
+		// goroutine parks or yields); the native part ends there, as
+		// goStopFuncs says. Whether a step lands there is timing.
+		s.stats["under runtime.mcall"]++
 	default:
 		return fmt.Errorf("ends in %s", last)
 	}
