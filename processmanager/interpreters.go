@@ -10,8 +10,6 @@ import (
 type pythonProcess struct {
 	interp  *python.Interpreter
 	offsets *python.Offsets
-	// runtime is the process address of _PyRuntime (3.7+), 0 before.
-	runtime uint64
 }
 
 // findInterpreters notices the language runtime a process's mappings hold.
@@ -32,11 +30,7 @@ func (m *Manager) findInterpreters(p *process) {
 			m.log.WithError(err).Debugf("process %d: not unwinding its Python", p.pid)
 			return
 		}
-		pp := &pythonProcess{interp: in, offsets: offsets}
-		if in.Runtime != 0 {
-			pp.runtime = in.Runtime + mp.pf.Bias
-		}
-		p.python = pp
+		p.python = &pythonProcess{interp: in, offsets: offsets}
 		info := *p.info
 		info.RuntimeName, info.RuntimeVersion = "CPython", pythonVersion(in)
 		p.info = &info

@@ -22,18 +22,7 @@ func TestUnwindSyncFollowsProcesses(t *testing.T) {
 
 	maps := newFakeDeltaMaps()
 	extractions := 0
-	extract := func(io.ReaderAt) (nativeunwind.Deltas, error) {
-		extractions++
-		return nativeunwind.Deltas{
-			{Address: 0, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8, RAOffset: -8}},
-		}, nil
-	}
-	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger(),
-		Unwinding: &Unwinding{Maps: maps, Capacity: support.DeltaCapacity{Rules: 8, Deltas: 1024, PageBits: 16}, Extract: extract}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := newUnwindingManager(t, fs, maps, &extractions)
 	for _, pid := range []uint32{100, 200} {
 		if _, _, err := m.ConvertTrace(&support.Trace{PID: pid, Frames: []support.Frame{{Addr: fnAbs}}}); err != nil {
 			t.Fatal(err)
@@ -97,15 +86,7 @@ func TestExecMappedAddsMapping(t *testing.T) {
 	second, _ := lib.mapAt(0x7e0000000000)
 	fs.setProcess(100, 1, "/bin/app", first)
 	maps := newFakeDeltaMaps()
-	extract := func(io.ReaderAt) (nativeunwind.Deltas, error) {
-		return nativeunwind.Deltas{{Address: 0, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8, RAOffset: -8}}}, nil
-	}
-	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger(),
-		Unwinding: &Unwinding{Maps: maps, Capacity: support.DeltaCapacity{Rules: 8, Deltas: 1024, PageBits: 16}, Extract: extract}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := newUnwindingManager(t, fs, maps, nil)
 	if _, _, err := m.ConvertTrace(&support.Trace{PID: 100, Frames: []support.Frame{{Addr: fnAbs}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -128,4 +109,23 @@ func TestExecMappedAddsMapping(t *testing.T) {
 	if _, ok := maps.known[support.NewFileKey(7, 42)]; !ok {
 		t.Errorf("known files %v lack the reported one", maps.known)
 	}
+}
+
+// newUnwindingManager returns a Manager over fs that loads into maps one
+// delta per file, counting extractions in *extractions when it is set.
+func newUnwindingManager(t *testing.T, fs *fakeProcFS, maps *fakeDeltaMaps, extractions *int) *Manager {
+	t.Helper()
+	extract := func(io.ReaderAt) (nativeunwind.Deltas, error) {
+		if extractions != nil {
+			*extractions++
+		}
+		return nativeunwind.Deltas{{Address: 0, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8, RAOffset: -8}}}, nil
+	}
+	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger(),
+		Unwinding: &Unwinding{Maps: maps, Capacity: support.DeltaCapacity{Rules: 8, Deltas: 1024, PageBits: 16}, Extract: extract}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	return m
 }
