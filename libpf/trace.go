@@ -17,6 +17,9 @@ const (
 	// FrameAbort marks where an unwinder gave up; its Address carries the
 	// unwind_error code of the failure (support/ebpf/types.h).
 	FrameAbort
+	// FramePython is a CPython frame: FunctionName, SourceFile and
+	// SourceLine say what it runs; it has no Mapping.
+	FramePython
 )
 
 // String is the OTLP profile.frame.type value of the kind.
@@ -28,6 +31,8 @@ func (k FrameKind) String() string {
 		return "kernel"
 	case FrameAbort:
 		return "abort-marker"
+	case FramePython:
+		return "cpython"
 	default:
 		return "unknown"
 	}

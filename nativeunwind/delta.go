@@ -57,6 +57,10 @@ type Rule struct {
 	// to another stack (Go's runtime.systemstack, runtime.asmcgocall);
 	// unwinders otherwise take a CFA that does not grow as corruption.
 	StackSwitch bool
+	// Interpreter: the frame runs an interpreter's eval loop, whose own
+	// frames the interpreter's unwinder reports in its place (see
+	// Deltas.MarkInterpreter). Not part of the CFI.
+	Interpreter bool
 	CFAOffset   int32
 	// FPOffset is where the caller's frame pointer is saved, relative to
 	// the CFA; 0 means the frame pointer register still holds it.
@@ -76,6 +80,9 @@ func (r Rule) String() string {
 		}
 		if r.StackSwitch {
 			s += " switch"
+		}
+		if r.Interpreter {
+			s += " interp"
 		}
 		return s
 	case CFAPLT:
@@ -120,4 +127,49 @@ func (d Deltas) Lookup(addr uint64) (Rule, bool) {
 	}
 	r := d[lo-1].Rule
 	return r, r.CFA != CFAUnknown
+}
+
+// MarkInterpreter returns the deltas with Rule.Interpreter set on every
+// rule in effect in [start, end), the code of an interpreter's eval loop.
+// Deltas are split at start and end where needed; d is not modified.
+func (d Deltas) MarkInterpreter(start, end uint64) Deltas {
+	if start >= end {
+		return d
+	}
+	out := make(Deltas, 0, len(d)+2)
+	var last Rule // in effect before the next delta
+	add := func(addr uint64, r Rule) {
+		if n := len(out); n > 0 && out[n-1].Address == addr {
+			out = out[:n-1]
+		}
+		if n := len(out); n > 0 && out[n-1].Rule == r {
+			return
+		}
+		out = append(out, Delta{Address: addr, Rule: r})
+	}
+	mark := func(r Rule) Rule {
+		if r.CFA != CFAUnknown {
+			r.Interpreter = true
+		}
+		return r
+	}
+	i := 0
+	for ; i < len(d) && d[i].Address < start; i++ {
+		add(d[i].Address, d[i].Rule)
+		last = d[i].Rule
+	}
+	if len(out) > 0 {
+		add(start, mark(last))
+	}
+	for ; i < len(d) && d[i].Address < end; i++ {
+		add(d[i].Address, mark(d[i].Rule))
+		last = d[i].Rule
+	}
+	if i == len(d) || d[i].Address > end {
+		add(end, last)
+	}
+	for ; i < len(d); i++ {
+		add(d[i].Address, d[i].Rule)
+	}
+	return out
 }

@@ -55,6 +55,7 @@ func (m *Manager) convert(raw *support.Trace) (conversion, error) {
 	var retryAt time.Time
 	if len(raw.Frames) > 0 {
 		m.ensureMaps(p)
+		m.attachPython(p)
 		nKernel := len(frames)
 		for attempt := 0; ; attempt++ {
 			var unknown, unattributed int
@@ -70,6 +71,13 @@ func (m *Manager) convert(raw *support.Trace) (conversion, error) {
 		}
 	}
 
+	if hasPythonFrames(frames) {
+		// Symbolizing checks that each code object is still the one it
+		// names; a cached trace would not.
+		if at := m.now().Add(pythonTraceRecheck); retryAt.IsZero() || at.Before(retryAt) {
+			retryAt = at
+		}
+	}
 	truncated := raw.Truncated
 	if len(frames) > libpf.MaxFrames {
 		frames = frames[:libpf.MaxFrames]
@@ -84,7 +92,8 @@ func (m *Manager) convert(raw *support.Trace) (conversion, error) {
 		Truncated: truncated,
 	}
 	c := conversion{trace: t, info: p.info, gen: p.gen, retryAt: retryAt}
-	if m.procs[p.pid] != p {
+	if m.procs[p.pid] != p || p.python.pending() {
+		// Not cached: the next trace must come here to retry.
 		c.gen = 0
 	}
 	return c, nil
@@ -96,8 +105,12 @@ func (m *Manager) convert(raw *support.Trace) (conversion, error) {
 func (m *Manager) appendUserFrames(frames []libpf.Frame, p *process, raw []support.Frame) (
 	out []libpf.Frame, unknown, unattributed int) {
 	for _, rf := range raw {
-		if rf.Kind == libpf.FrameAbort {
+		switch rf.Kind {
+		case libpf.FrameAbort:
 			frames = append(frames, libpf.Frame{Kind: libpf.FrameAbort, Address: rf.Addr})
+			continue
+		case libpf.FramePython:
+			frames = append(frames, m.pythonFrame(p, rf.FileID, uint32(rf.Addr)))
 			continue
 		}
 		addr := rf.Addr
@@ -145,18 +158,42 @@ func (m *Manager) appendUserFrames(frames []libpf.Frame, p *process, raw []suppo
 	return frames, unknown, unattributed
 }
 
+// pythonTraceRecheck is how long a converted trace with Python frames is
+// served from the cache: a code object may be freed and its address
+// reused by another with the same offsets.
+const pythonTraceRecheck = 10 * time.Second
+
+func hasPythonFrames(frames []libpf.Frame) bool {
+	for i := range frames {
+		if frames[i].Kind == libpf.FramePython {
+			return true
+		}
+	}
+	return false
+}
+
 // anonymousCode names frames in anonymous executable memory.
 const anonymousCode = "[anonymous executable memory]"
 
 // hashTrace computes the 128-bit trace hash: xxh3 over each frame's kind,
 // file id and address. User frames without a file id have process-specific
 // addresses, so the pid is mixed in for them; kernel addresses are the same
-// in every process. A truncated trace differs from a complete one of the
-// same frames.
+// in every process. Python frames are what they run: function, file and
+// line, the same in every process. A truncated trace differs from a
+// complete one of the same frames.
 func (m *Manager) hashTrace(pid uint32, frames []libpf.Frame, truncated bool) libpf.TraceHash {
 	buf := m.hashBuf[:0]
 	for i := range frames {
 		f := &frames[i]
+		if f.Kind == libpf.FramePython {
+			buf = append(buf, byte(f.Kind))
+			buf = append(buf, f.FunctionName...)
+			buf = append(buf, 0)
+			buf = append(buf, f.SourceFile...)
+			buf = append(buf, 0)
+			buf = binary.LittleEndian.AppendUint32(buf, f.SourceLine)
+			continue
+		}
 		var id libpf.FileID
 		if f.Mapping != nil {
 			id = f.Mapping.FileID

@@ -17,6 +17,7 @@ type fakeDeltaMaps struct {
 	pages    map[support.DeltaPageKey]support.DeltaPage
 	mappings map[support.PidMappingKey]support.PidMapping
 	known    map[support.FileKey]support.KnownFile
+	python   map[uint32]support.PythonProc
 }
 
 func newFakeDeltaMaps() *fakeDeltaMaps {
@@ -26,7 +27,18 @@ func newFakeDeltaMaps() *fakeDeltaMaps {
 		pages:    map[support.DeltaPageKey]support.DeltaPage{},
 		mappings: map[support.PidMappingKey]support.PidMapping{},
 		known:    map[support.FileKey]support.KnownFile{},
+		python:   map[uint32]support.PythonProc{},
 	}
+}
+
+func (f *fakeDeltaMaps) SetPythonProc(pid uint32, p support.PythonProc) error {
+	f.python[pid] = p
+	return nil
+}
+
+func (f *fakeDeltaMaps) DeletePythonProc(pid uint32) error {
+	delete(f.python, pid)
+	return nil
 }
 
 func (f *fakeDeltaMaps) SetUnwindRule(id uint16, r support.UnwindRule) error {

@@ -22,7 +22,12 @@ type elfData struct {
 	gnuBuildID string
 	goBuildID  string
 	// python is the CPython interpreter the file holds, or nil.
-	python *python.Interpreter
+	python *python.Binary
+	// tsd says where the C library this file is keeps thread-specific
+	// data; nil unless the file defines pthread_getspecific, with tsdErr
+	// set if its code could not be decoded.
+	tsd    *python.TSDLayout
+	tsdErr error
 	// symbols is nil when the file has no function symbols: none in
 	// .symtab, .dynsym or, for Go binaries, .gopclntab.
 	symbols *symbolTable
@@ -94,10 +99,28 @@ func parseELF(r io.ReaderAt) (d *elfData, err error) {
 		cands = append(cands, goCands...)
 	}
 	d.symbols = buildSymbolTable(cands)
-	if in, err := python.Detect(f); err == nil {
-		d.python = in
+	if b, err := python.NewBinary(f); err == nil {
+		d.python = b
+	}
+	if definesGetspecific(syms) {
+		if l, err := python.TSDLayoutFromLibc(f); err == nil {
+			d.tsd = &l
+		} else {
+			d.tsdErr = err
+		}
 	}
 	return d, nil
+}
+
+// definesGetspecific says whether a symbol table defines
+// pthread_getspecific: the file is a C library (or links one statically).
+func definesGetspecific(syms []elf.Symbol) bool {
+	for _, s := range syms {
+		if s.Name == "pthread_getspecific" && s.Section != elf.SHN_UNDEF && s.Value != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // bias returns the value to add to a file address (ELF virtual address) to

@@ -73,6 +73,7 @@ func (f *fakeProcFS) setProcess(pid uint32, startTime uint64, exe string, mappin
 		"stat":   stat,
 		"comm":   "fake\n",
 		"cgroup": "0::/system.slice/docker-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope\n",
+		"mem":    "",
 	}
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {

@@ -159,6 +159,9 @@ func (m *Manager) Close() {
 // forget drops a process's state (and its BPF mappings). The caller holds
 // m.mu.
 func (m *Manager) forget(pid uint32) {
+	if p, ok := m.procs[pid]; ok {
+		m.dropPython(p)
+	}
 	delete(m.procs, pid)
 	if m.unwind != nil {
 		m.unwind.forget(pid)

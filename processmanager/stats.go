@@ -30,9 +30,15 @@ type Stats struct {
 	MappingsAdded uint64
 	// PythonProcesses are tracked processes that run CPython;
 	// InterpreterErrors counts runtimes found in a process but not
-	// supported (a version without struct offsets).
+	// supported (a version without struct offsets) and failed attempts to
+	// describe one to the unwinder (not counting waits for the
+	// interpreter to start). PythonAttached counts processes described;
+	// PythonFrameErrors counts Python frames that could not be
+	// symbolized.
 	PythonProcesses   int
 	InterpreterErrors uint64
+	PythonAttached    uint64
+	PythonFrameErrors uint64
 	// MapsRereadsLimited counts re-reads skipped by the rate limit.
 	MapsRereadsLimited uint64
 	FileCacheSize      int
@@ -72,6 +78,8 @@ type counters struct {
 	fileErrors         uint64
 	mappingsAdded      uint64
 	interpreterErrors  uint64
+	pythonAttached     uint64
+	pythonFrameErrors  uint64
 }
 
 // Stats returns the Manager's counters; the Handler fields are zero.
@@ -92,6 +100,8 @@ func (m *Manager) Stats() Stats {
 		MapsRereadsLimited: c.mapsRereadsLimited,
 		MappingsAdded:      c.mappingsAdded,
 		InterpreterErrors:  c.interpreterErrors,
+		PythonAttached:     c.pythonAttached,
+		PythonFrameErrors:  c.pythonFrameErrors,
 		FileCacheSize:      m.files.lru.Len(),
 		FileCacheHits:      m.files.hits,
 		FileCacheMisses:    m.files.misses,

@@ -391,35 +391,41 @@ func TestStrippedGoNamedFromPclntab(t *testing.T) {
 	t.Logf("%d Go functions agree with nm; the table has %d", checked, d.symbols.len())
 }
 
-// TestPythonProcess: a process that maps libpython is known to run
-// CPython, with its version from the library, and its resource says so; a
-// native process costs nothing more.
-func TestPythonProcess(t *testing.T) {
-	libs, _ := filepath.Glob("/root/.pyenv/versions/3.12*/lib/libpython3.12.so.1.0")
-	if len(libs) == 0 {
-		t.Skip("no pyenv CPython 3.12 here")
-	}
-	f, err := elf.Open(libs[0])
+// textMapping maps the executable segment of file at base.
+func textMapping(t *testing.T, file string, base uint64) fakeMapping {
+	f, err := elf.Open(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var text *elf.Prog
+	defer f.Close()
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_LOAD && p.Flags&elf.PF_X != 0 {
-			text = p
+			start := base + p.Vaddr&^0xfff
+			return fakeMapping{start: start, end: start + 0x1000, offset: p.Off &^ 0xfff, file: file}
 		}
 	}
-	f.Close()
+	t.Fatalf("%s has no executable segment", file)
+	return fakeMapping{}
+}
+
+// TestPythonProcess: a process that maps libpython is known to run
+// CPython, with its version from the library, and its resource says so;
+// the Python unwinder's map describes it until it exits. A native process
+// costs nothing more.
+func TestPythonProcess(t *testing.T) {
+	libs, _ := filepath.Glob("/root/.pyenv/versions/3.12*/lib/libpython3.12.so.1.0")
+	libc := "/lib/x86_64-linux-gnu/libc.so.6"
+	if _, err := os.Stat(libc); len(libs) == 0 || err != nil {
+		t.Skip("no pyenv CPython 3.12 and x86_64 glibc here")
+	}
 	fs := newFakeProcFS(t)
 	const base = 0x7f0000000000
-	start := base + text.Vaddr&^0xfff
-	lib := fakeMapping{start: start, end: start + 0x1000, offset: text.Off &^ 0xfff, file: libs[0]}
-	fs.setProcess(100, 1, "/usr/bin/python3.12", lib)
+	lib := textMapping(t, libs[0], base)
+	fs.setProcess(100, 1, "/usr/bin/python3.12", lib, textMapping(t, libc, base+0x10000000))
 	fs.setProcess(101, 1, "/bin/true")
-	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	maps := newFakeDeltaMaps()
+	m := newUnwindingManager(t, fs, maps, nil)
+	start := lib.start
 	_, info, err := m.ConvertTrace(&support.Trace{PID: 100, Frames: []support.Frame{{Addr: start + 0x10}}})
 	if err != nil {
 		t.Fatal(err)
@@ -434,7 +440,21 @@ func TestPythonProcess(t *testing.T) {
 	if native.RuntimeName != "" {
 		t.Errorf("native process has runtime %q", native.RuntimeName)
 	}
-	if s := m.Stats(); s.PythonProcesses != 1 || s.InterpreterErrors != 0 {
-		t.Errorf("%d Python processes, %d errors; want 1 and 0", s.PythonProcesses, s.InterpreterErrors)
+	if s := m.Stats(); s.PythonProcesses != 1 || s.InterpreterErrors != 0 || s.PythonAttached != 1 {
+		t.Errorf("%d Python processes, %d errors, %d described to BPF; want 1, 0 and 1",
+			s.PythonProcesses, s.InterpreterErrors, s.PythonAttached)
+	}
+	p, ok := maps.python[100]
+	if !ok || len(maps.python) != 1 {
+		t.Fatalf("Python unwinder map %+v, want process 100 only", maps.python)
+	}
+	// _PyRuntime lies in the library's data, above where it is loaded.
+	if p.FrameLayout != support.PythonFrames312 || p.KeyAddr < base || p.KeyReadyAddr < base ||
+		p.TSDMaxKey != 32 || p.TSDEntrySize != 16 {
+		t.Errorf("Python unwinder entry %+v", p)
+	}
+	m.ProcessExited(100)
+	if len(maps.python) != 0 {
+		t.Errorf("Python unwinder map %+v after the exit", maps.python)
 	}
 }

@@ -22,6 +22,9 @@ type Unwinding struct {
 	Maps     DeltaMaps
 	Capacity support.DeltaCapacity
 	Extract  ExtractFunc
+	// Interpreters, when set, receives what the interpreter unwinders
+	// need of each process that runs an interpreter.
+	Interpreters InterpreterMaps
 }
 
 // maxPendingAttaches bounds the mappings waiting for their deltas; beyond
@@ -102,6 +105,10 @@ type unwindJob struct {
 	// open reads the mapped file; called only when its deltas are not
 	// loaded yet.
 	open func() (mappedImage, error)
+	// interpreter is [start, end) of the file's interpreter eval loop,
+	// whose deltas are marked for the interpreter's unwinder; zero when
+	// the file holds none.
+	interpreter [2]uint64
 	// barrier, when set, is closed once every earlier job is done.
 	barrier chan struct{}
 }
@@ -143,6 +150,9 @@ func (s *unwindSync) attach(pid uint32, mp *mapping, procFS string) {
 	if e.isFile() {
 		j.vaddrAdjust, j.hasKey = mp.file.elf.execVaddrAdjust()
 		j.key = support.NewFileKey(e.dev, e.inode)
+	}
+	if in := mp.file.elf.python; in != nil {
+		j.interpreter = in.EvalFrame
 	}
 	s.send(j)
 }
@@ -238,7 +248,7 @@ func (s *unwindSync) add(j unwindJob) error {
 			return nil, fmt.Errorf("extracting stack deltas: %w", err)
 		}
 		s.filesLoaded.Add(1)
-		return d, nil
+		return d.MarkInterpreter(j.interpreter[0], j.interpreter[1]), nil
 	})
 	if err != nil {
 		s.loadErrors.Add(1)

@@ -122,7 +122,8 @@ func newUnwindingManager(t *testing.T, fs *fakeProcFS, maps *fakeDeltaMaps, extr
 		return nativeunwind.Deltas{{Address: 0, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8, RAOffset: -8}}}, nil
 	}
 	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger(),
-		Unwinding: &Unwinding{Maps: maps, Capacity: support.DeltaCapacity{Rules: 8, Deltas: 1024, PageBits: 16}, Extract: extract}})
+		Unwinding: &Unwinding{Maps: maps, Capacity: support.DeltaCapacity{Rules: 8, Deltas: 1024, PageBits: 16},
+			Extract: extract, Interpreters: maps}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,9 @@ package support
 import (
 	"fmt"
 	"math/bits"
+	"reflect"
+	"slices"
+	"strings"
 
 	"github.com/cilium/ebpf/btf"
 	"golang.org/x/sys/unix"
@@ -22,8 +25,9 @@ type DeltaCapacity struct {
 	// 1).
 	DeltasPerSlot uint32
 	// FlagRASigned is the rule flag for a signed return address,
-	// FlagStackSwitch the one for a frame that switched stacks.
-	FlagRASigned, FlagStackSwitch uint8
+	// FlagStackSwitch the one for a frame that switched stacks,
+	// FlagInterpreter the one for an interpreter's eval loop.
+	FlagRASigned, FlagStackSwitch, FlagInterpreter uint8
 }
 
 // FileKey mirrors struct file_key: a file as the kernel names it.
@@ -107,35 +111,54 @@ func NewPidMappingKey(pid uint32, addr uint64, addrBits int) PidMappingKey {
 	}
 }
 
-// checkDeltaLayout makes sure the Go mirrors have the C structs' sizes and
-// field offsets.
-func checkDeltaLayout(types *btf.Spec) error {
-	for name, want := range map[string][]int{
-		// Size, then the offsets of the named fields in order.
-		"unwind_rule":     {16, 0, 1, 4, 8, 12},
-		"stack_delta":     {4, 0, 2},
-		"delta_slot":      {8, 0},
-		"delta_page_key":  {16, 0, 8},
-		"delta_page":      {8, 0, 4},
-		"pid_mapping_key": {16, 0, 4, 8},
-		"pid_mapping":     {16, 0, 8},
-		"file_key":        {16, 0, 8},
-		"known_file":      {16, 0, 8},
-	} {
+// mirrors pairs each C struct user space writes or reads with its Go
+// mirror.
+var mirrors = map[string]any{
+	"unwind_rule":     UnwindRule{},
+	"stack_delta":     StackDelta{},
+	"delta_slot":      DeltaSlot{},
+	"delta_page_key":  DeltaPageKey{},
+	"delta_page":      DeltaPage{},
+	"pid_mapping_key": PidMappingKey{},
+	"pid_mapping":     PidMapping{},
+	"file_key":        FileKey{},
+	"known_file":      KnownFile{},
+	"python_proc":     PythonProc{},
+}
+
+// checkMirrors makes sure each Go mirror has its C struct's size and the
+// offsets of its fields, in order (padding fields aside: "pad..." in C,
+// "_" in Go).
+func checkMirrors(types *btf.Spec) error {
+	for name, mirror := range mirrors {
 		var st *btf.Struct
 		if err := types.TypeByName(name, &st); err != nil {
 			return fmt.Errorf("BPF object lacks struct %s: %w", name, err)
 		}
-		got := []int{int(st.Size)}
+		got := []uintptr{uintptr(st.Size)}
 		for _, m := range st.Members {
-			if m.Name == "pad" {
-				continue
+			if !strings.HasPrefix(m.Name, "pad") {
+				got = append(got, uintptr(m.Offset.Bytes()))
 			}
-			got = append(got, int(m.Offset.Bytes()))
 		}
-		if fmt.Sprint(got) != fmt.Sprint(want) {
+		if want := goLayout(reflect.TypeOf(mirror)); !slices.Equal(got, want) {
 			return fmt.Errorf("struct %s has size and offsets %v, the Go mirror %v", name, got, want)
 		}
 	}
 	return nil
+}
+
+// goLayout is a Go struct's size and the offsets of its named fields; an
+// array (DeltaSlot) counts as one field at 0.
+func goLayout(t reflect.Type) []uintptr {
+	out := []uintptr{t.Size()}
+	if t.Kind() != reflect.Struct {
+		return append(out, 0)
+	}
+	for i := range t.NumField() {
+		if f := t.Field(i); f.Name != "_" {
+			out = append(out, f.Offset)
+		}
+	}
+	return out
 }

@@ -28,6 +28,8 @@ type Shared struct {
 	RuleFlagRASigned uint8
 	// RuleFlagStackSwitch is UNWIND_RULE_STACK_SWITCH.
 	RuleFlagStackSwitch uint8
+	// RuleFlagInterpreter is UNWIND_RULE_INTERPRETER.
+	RuleFlagInterpreter uint8
 
 	trace traceLayout
 }
@@ -76,7 +78,10 @@ func ReadShared(spec *ebpf.CollectionSpec) (*Shared, error) {
 	if err := checkFrameKinds(spec.Types); err != nil {
 		return nil, err
 	}
-	if err := checkDeltaLayout(spec.Types); err != nil {
+	if err := checkMirrors(spec.Types); err != nil {
+		return nil, err
+	}
+	if err := checkPythonFrameLayouts(spec.Types); err != nil {
 		return nil, err
 	}
 	layout, err := enumValues(spec.Types, "delta_layout")
@@ -93,7 +98,8 @@ func ReadShared(spec *ebpf.CollectionSpec) (*Shared, error) {
 	}
 	s.RuleFlagRASigned = uint8(flags["UNWIND_RULE_RA_SIGNED"])
 	s.RuleFlagStackSwitch = uint8(flags["UNWIND_RULE_STACK_SWITCH"])
-	if s.RuleFlagRASigned == 0 || s.RuleFlagStackSwitch == 0 {
+	s.RuleFlagInterpreter = uint8(flags["UNWIND_RULE_INTERPRETER"])
+	if s.RuleFlagRASigned == 0 || s.RuleFlagStackSwitch == 0 || s.RuleFlagInterpreter == 0 {
 		return nil, fmt.Errorf("BPF object's enum unwind_rule_flag lacks a flag: %v", flags)
 	}
 	return s, nil
@@ -122,6 +128,7 @@ func checkFrameKinds(types *btf.Spec) error {
 		"FRAME_KIND_NATIVE":  libpf.FrameNative,
 		"FRAME_KIND_KERNEL":  libpf.FrameKernel,
 		"FRAME_KIND_ABORT":   libpf.FrameAbort,
+		"FRAME_KIND_PYTHON":  libpf.FramePython,
 	}
 	for name, v := range kinds {
 		if k, ok := want[name]; !ok || uint64(k) != v {

@@ -23,6 +23,7 @@ func (t *Tracer) DeltaCapacity() support.DeltaCapacity {
 		PageBits:        t.shared.DeltaPageBits,
 		FlagRASigned:    t.shared.RuleFlagRASigned,
 		FlagStackSwitch: t.shared.RuleFlagStackSwitch,
+		FlagInterpreter: t.shared.RuleFlagInterpreter,
 	}
 }
 
@@ -71,6 +72,17 @@ func (t *Tracer) DeleteDeltaPage(k support.DeltaPageKey) error {
 // SetKnownFile says which loaded file the kernel's file key names.
 func (t *Tracer) SetKnownFile(k support.FileKey, v support.KnownFile) error {
 	return t.coll.Maps["known_files"].Put(k, v)
+}
+
+// SetPythonProc describes the CPython process pid to the Python unwinder.
+func (t *Tracer) SetPythonProc(pid uint32, p support.PythonProc) error {
+	return t.coll.Maps["python_procs"].Put(pid, p)
+}
+
+// DeletePythonProc forgets a CPython process; a missing one is not an
+// error.
+func (t *Tracer) DeletePythonProc(pid uint32) error {
+	return ignoreMissing(t.coll.Maps["python_procs"].Delete(pid))
 }
 
 // DeleteKnownFile forgets a file key; a missing one is not an error.

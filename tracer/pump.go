@@ -34,6 +34,12 @@ type Handler interface {
 // a quarter (55 ms to 40 ms per 30 s, measured from schedstat).
 const pollInterval = time.Second
 
+// interpreterTraceLatency bounds the wait of traces with interpreter
+// frames instead (BPF wakes the reader for them at most this often): they
+// are symbolized from the process's memory, so the samples a process takes
+// in its last interpreterTraceLatency before exiting may stay unnamed.
+const interpreterTraceLatency = 200 * time.Millisecond
+
 // Run pumps events to h until ctx is done, then reads what is left in the
 // ring buffer and returns. Detach before cancelling ctx to lose no sample.
 func (t *Tracer) Run(ctx context.Context, h Handler) error {

@@ -7,6 +7,7 @@ package tracer
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/bits"
 	"os"
 	"sync/atomic"
@@ -112,6 +113,9 @@ func New(cfg Config) (*Tracer, error) {
 		// and a library dlopen()ed just after a read waited up to two
 		// seconds to be noticed instead of one.
 		"unknown_pc_report_interval": uint64(200 * time.Millisecond),
+		// Python frames are symbolized from the process's memory: a
+		// process's last samples must be read before it exits.
+		"interpreter_trace_latency": uint64(interpreterTraceLatency),
 	}); err != nil {
 		return nil, err
 	}
@@ -144,6 +148,7 @@ func New(cfg Config) (*Tracer, error) {
 		t.Close()
 		return nil, fmt.Errorf("opening the events ring buffer: %w", err)
 	}
+	log.Debugf("Instructions the verifier processed per program: %v", t.VerifiedInstructions())
 	log.Debugf("Loaded BPF programs for %d CPUs (events buffer %d KiB, bpf_task_pt_regs %v, bpf_find_vma %v, "+
 		"stack delta pool %d entries, map scale factor %d)",
 		len(cpus), bufBytes>>10, feats.taskPtRegs, feats.findVMA, spec.Maps["stack_deltas"].MaxEntries, cfg.MapScaleFactor)
@@ -243,6 +248,28 @@ func (t *Tracer) Detach() {
 		l.Close()
 	}
 	t.procLinks = nil
+}
+
+// VerifiedInstructions returns, per loaded program, how many instructions
+// the verifier processed to accept it (1,000,000 is the kernel's limit);
+// programs whose count the kernel does not report (before 5.16) are left
+// out.
+func (t *Tracer) VerifiedInstructions() map[string]uint32 {
+	out := map[string]uint32{}
+	progs := maps.Clone(t.coll.Programs)
+	if t.mapWatch != nil {
+		progs["map_watch"] = t.mapWatch
+	}
+	for name, p := range progs {
+		info, err := p.Info()
+		if err != nil {
+			continue
+		}
+		if n, ok := info.VerifiedInstructions(); ok {
+			out[name] = n
+		}
+	}
+	return out
 }
 
 // Metrics returns the BPF counters summed over CPUs, by name.

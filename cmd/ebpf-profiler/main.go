@@ -183,7 +183,9 @@ func servePprof(addr string) {
 
 // unwinding connects the process manager to the native unwinder's maps.
 func unwinding(tr *tracer.Tracer) *processmanager.Unwinding {
-	return &processmanager.Unwinding{Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader}
+	return &processmanager.Unwinding{
+		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Interpreters: tr,
+	}
 }
 
 // topN logs the per-interval summary only in the local default, where the

@@ -67,10 +67,26 @@ struct signal_struct {
   // Live threads of the group; zero once the last one is exiting.
   atomic_t live;
 } __attribute__((preserve_access_index));
+// The task's saved thread pointer (arch/x86/include/asm/processor.h;
+// arch/arm64/include/asm/processor.h, where it is in an anonymous struct).
+#if defined(__TARGET_ARCH_x86)
+struct thread_struct {
+  unsigned long fsbase;
+} __attribute__((preserve_access_index));
+#  define TASK_THREAD_POINTER fsbase
+#else
+struct thread_struct {
+  struct {
+    unsigned long tp_value;
+  } uw;
+} __attribute__((preserve_access_index));
+#  define TASK_THREAD_POINTER uw.tp_value
+#endif
 struct task_struct {
   unsigned int flags;
   void *stack;
   struct signal_struct *signal;
+  struct thread_struct thread;
 } __attribute__((preserve_access_index));
 
 // What bpf_find_vma's callback reads of a VMA and its file.

@@ -2,7 +2,7 @@
 // extracted from the PC's file (package nativeunwind) and applies its rule;
 // where no delta covers the PC it follows the frame-pointer chain. Later
 // unwinders (interpreters) take over from here by tail call.
-#include "tracemgmt.h"
+#include "python.h"
 
 // Addresses below this are never code: a zero or tiny return address ends
 // the walk (the outermost frame).
@@ -255,11 +255,20 @@ int unwind_native(struct bpf_perf_event_data *ctx)
       addr = state->pc - m->bias;
     }
     u8 flags = state->return_address ? FRAME_FLAG_RETURN_ADDRESS : 0;
-    if (push_frame(t, FRAME_KIND_NATIVE, flags, file_id, addr)) {
+    struct unwind_rule *rule = file_id ? find_rule(file_id, lookup_pc - m->bias) : 0;
+    // An interpreter's eval loop: its own frames go in place of this one.
+    struct python_walk *py = &state->python;
+    int interp = rule && (rule->flags & UNWIND_RULE_INTERPRETER) && py->status != PYTHON_NONE;
+    if (interp) {
+      py->eval_file_id = file_id;
+      py->eval_addr = addr;
+      py->eval_flags = flags;
+      py->eval_sp = state->sp;
+      py->call_frames = 0;
+    } else if (push_frame(t, FRAME_KIND_NATIVE, flags, file_id, addr)) {
       increment_metric(METRIC_TRUNCATED_TRACES);
       return tail_call_stop(ctx);
     }
-    struct unwind_rule *rule = file_id ? find_rule(file_id, lookup_pc - m->bias) : 0;
     int rc;
     if (rule && rule->cfa_base != CFA_UNKNOWN) {
       increment_metric(METRIC_DELTA_FRAMES);
@@ -268,16 +277,22 @@ int unwind_native(struct bpf_perf_event_data *ctx)
       increment_metric(METRIC_FP_FRAMES);
       rc = step_frame_pointer(state);
     }
+    if (interp) {
+      py->eval_cfa = state->sp;
+      // 3.6-3.10 run one frame per eval loop call: report it here rather
+      // than spend two tail calls on each.
+      if (py->status == PYTHON_WALKING && py->frame_layout == PYTHON_FRAMES_OBJECTS) {
+        if (python_report_frame_object(py, t)) {
+          increment_metric(METRIC_TRUNCATED_TRACES);
+          return tail_call_stop(ctx);
+        }
+      } else {
+        py->native_done = rc != 0;
+        return tail_call_next(ctx, r, PROG_UNWIND_PYTHON);
+      }
+    }
     if (rc)
       return tail_call_stop(ctx);
   }
-
-  if (++state->tail_calls > MAX_TAIL_CALLS) {
-    increment_metric(METRIC_ERR_TAIL_CALL_LIMIT);
-    push_frame(t, FRAME_KIND_ABORT, 0, 0, UNWIND_ERROR_TAIL_CALL_LIMIT);
-    return tail_call_stop(ctx);
-  }
-  bpf_tail_call(ctx, &progs, PROG_UNWIND_NATIVE);
-  increment_metric(METRIC_ERR_TAIL_CALL);
-  return 0;
+  return tail_call_next(ctx, r, PROG_UNWIND_NATIVE);
 }

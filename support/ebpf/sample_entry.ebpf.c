@@ -78,6 +78,7 @@ int sample_entry(struct bpf_perf_event_data *ctx)
   r->state.tail_calls = 0;
   r->state.return_address = 0;
   r->state.vma_end = 0;
+  r->state.python.status = PYTHON_UNKNOWN;
 
   if (regs_in_kernel(&ctx->regs))
     add_kernel_frames(ctx, r);

@@ -16,6 +16,11 @@ volatile const u64 events_wakeup_bytes = 0;
 // Set by user space before load: the least time between two unknown-PC
 // reports for one process, in nanoseconds.
 volatile const u64 unknown_pc_report_interval = 0;
+// Set by user space before load: the most time a trace with interpreter
+// frames waits in the events ring buffer, in nanoseconds. User space
+// symbolizes them from the process's memory, which is gone once the
+// process exits.
+volatile const u64 interpreter_trace_latency = 0;
 // Set when bpf_find_vma (5.17) is available and may be mixed with tail
 // calls: PCs outside the mapping trie are then resolved from the task's
 // VMAs, so a process's first samples unwind before user space has read its
@@ -48,6 +53,8 @@ volatile const struct btf_exports {
   struct pid_mapping pid_mapping;
   struct file_key file_key;
   struct known_file known_file;
+  enum python_frame_layout python_frame_layout;
+  struct python_proc python_proc;
 } btf_exports __attribute__((used));
 
 // The per-CPU scratch record a sample is built in.
@@ -121,6 +128,24 @@ struct {
   __type(value, struct known_file);
 } known_files SEC(".maps");
 
+// CPython processes by pid (preallocated: kernels before 6.1 refuse
+// other hash maps in perf_event programs).
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 4096);
+  __type(key, u32);
+  __type(value, struct python_proc);
+} python_procs SEC(".maps");
+
+// When a trace last woke the events reader early (ktime ns), for
+// interpreter_trace_latency.
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, u32);
+  __type(value, u64);
+} early_wakeups SEC(".maps");
+
 // When each process last had an unknown PC reported (ktime ns).
 struct {
   __uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -193,6 +218,33 @@ static __always_inline int tail_call_stop(void *ctx)
   bpf_tail_call(ctx, &progs, PROG_UNWIND_STOP);
   increment_metric(METRIC_ERR_TAIL_CALL);
   return 0;
+}
+
+// Hands the unwind to another program, within MAX_TAIL_CALLS: beyond it
+// the trace ends with an abort frame. Returns only if the tail call
+// failed (counted).
+static __always_inline int tail_call_next(void *ctx, struct record *r, u32 prog)
+{
+  if (++r->state.tail_calls > MAX_TAIL_CALLS) {
+    increment_metric(METRIC_ERR_TAIL_CALL_LIMIT);
+    push_frame(&r->trace, FRAME_KIND_ABORT, 0, 0, UNWIND_ERROR_TAIL_CALL_LIMIT);
+    return tail_call_stop(ctx);
+  }
+  bpf_tail_call(ctx, &progs, prog);
+  increment_metric(METRIC_ERR_TAIL_CALL);
+  return 0;
+}
+
+// The thread pointer of the current task (x86_64: the fs base; arm64:
+// tpidr_el0), as the kernel saved it at the last switch to the task; 0 if
+// it cannot be read. C libraries set it once, when creating the thread.
+static __always_inline u64 thread_pointer(void)
+{
+  struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+  u64 tp = 0;
+  if (CORE_READ_KERNEL(&tp, &task->thread.TASK_THREAD_POINTER))
+    return 0;
+  return tp;
 }
 
 #endif // TRACEMGMT_H

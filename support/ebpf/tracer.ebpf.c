@@ -3,6 +3,7 @@
 // chain plus the process exit and exec probes, sharing the maps of tracemgmt.h.
 #include "sample_entry.ebpf.c"
 #include "native_stack.ebpf.c"
+#include "python_stack.ebpf.c"
 #include "unwind_stop.ebpf.c"
 #include "process_events.ebpf.c"
 

@@ -47,6 +47,10 @@ enum unwind_rule_flag {
   // and asmcgocall run on the system stack while their frame pointer stays
   // on the goroutine's stack).
   UNWIND_RULE_STACK_SWITCH = 2,
+  // The frame runs an interpreter's eval loop (user space marks its
+  // function's deltas): the interpreter's unwinder reports the frames it
+  // runs in its place.
+  UNWIND_RULE_INTERPRETER = 4,
 };
 
 // One unwind rule, shared by every delta that uses it.
@@ -126,6 +130,10 @@ enum frame_kind {
   FRAME_KIND_NATIVE = 1,
   FRAME_KIND_KERNEL = 2,
   FRAME_KIND_ABORT = 3,
+  // A CPython frame: file_id is the address of its code object, addr the
+  // byte offset of its instruction (a u32; the top bit set when the frame
+  // has not started).
+  FRAME_KIND_PYTHON = 4,
 };
 
 // Per-frame flags of user frames. (Kernel frames carry none: all but the
@@ -147,6 +155,7 @@ enum trace_flag {
 enum prog_id {
   PROG_UNWIND_STOP = 0,
   PROG_UNWIND_NATIVE = 1,
+  PROG_UNWIND_PYTHON = 2,
   PROG_COUNT,
 };
 
@@ -218,6 +227,23 @@ enum metric_id {
   METRIC_ERR_MMAP_READ,
   // The events ring buffer was full: a process event was dropped.
   METRIC_ERR_PROCESS_EVENT_DROPPED,
+  // Python frames reported.
+  METRIC_PYTHON_FRAMES,
+  // An eval loop frame was entering or leaving its call (3.11+): the
+  // Python frames are its caller's, so the native frame is reported.
+  METRIC_PYTHON_CALL_BOUNDARY,
+  // A frame of CPython's eval loop in a process user space has not (yet)
+  // described: the native frame is reported.
+  METRIC_ERR_PYTHON_NO_PROC,
+  // The thread's PyThreadState or its current frame could not be read (a
+  // thread that never ran Python has none; the interpreter may not have
+  // created its key yet).
+  METRIC_ERR_PYTHON_THREAD_STATE,
+  // Reading a Python frame failed.
+  METRIC_ERR_PYTHON_FRAME_READ,
+  // An eval loop frame had no Python frame left to report: the native
+  // frame is reported.
+  METRIC_ERR_PYTHON_NO_FRAME,
   METRIC_COUNT,
 };
 
@@ -229,6 +255,69 @@ enum unwind_error {
   UNWIND_ERROR_FP_MISALIGNED = 3,
   UNWIND_ERROR_TAIL_CALL_LIMIT = 4,
   UNWIND_ERROR_USER_REGS = 5,
+  UNWIND_ERROR_PYTHON_FRAME_READ = 6,
+};
+
+// How a CPython version links the frames its unwinder walks (the values of
+// package python's FrameLayout).
+enum python_frame_layout {
+  // 3.6-3.10: each call of the eval loop runs one PyFrameObject, found in
+  // tstate->frame, its caller's in f_back.
+  PYTHON_FRAMES_OBJECTS = 1,
+  // 3.11: _PyInterpreterFrames from tstate->cframe->current_frame, linked
+  // by previous; the frames of one call of the eval loop end with the one
+  // whose is_entry is set.
+  PYTHON_FRAMES_311 = 2,
+  // 3.12: as 3.11, but a call of the eval loop ends at the frame it put on
+  // the C stack, owned by FRAME_OWNED_BY_CSTACK, which runs no code.
+  PYTHON_FRAMES_312 = 3,
+  // 3.13+: as 3.12, from tstate->current_frame.
+  PYTHON_FRAMES_313 = 4,
+};
+
+// What the Python unwinder needs of a CPython process, by pid; user space
+// fills it from package python's tables.
+struct python_proc {
+  // CPython's pthread key for thread states, a u32 at key_addr: it exists
+  // once the int at key_ready_addr is 1 (3.7+: Py_tss_t._is_initialized)
+  // or, where key_ready_addr is 0 (3.6), once the key is not -1. The
+  // interpreter creates it while starting, so it is read per sample.
+  u64 key_addr;
+  u64 key_ready_addr;
+  // The interrupted thread's PyThreadState is the value bound to the key,
+  // which the unwinder finds the way the C library's pthread_getspecific
+  // does, from the thread pointer tp, for keys below tsd_max_key:
+  //   base = tsd_self_deref ? *(tp + tsd_self_offset) : tp
+  //   block = base + tsd_block_offset, then *block if tsd_block_deref
+  //   tstate = *(block + key * tsd_entry_size + tsd_data_offset)
+  s64 tsd_self_offset;
+  s64 tsd_block_offset;
+  s64 tsd_data_offset;
+  u32 tsd_entry_size;
+  u32 tsd_max_key;
+  u8 tsd_self_deref;
+  u8 tsd_block_deref;
+  u8 frame_layout; // enum python_frame_layout
+  // PYTHON_FRAMES_OBJECTS: bytes per unit of f_lasti.
+  u8 lasti_unit;
+  // FRAME_OWNED_BY_CSTACK (3.12+).
+  u8 owned_by_cstack;
+  u8 pad[3];
+  // Byte offsets into CPython's structs: tstate->frame, ->cframe or
+  // ->current_frame as the layout says; _PyCFrame's current_frame and
+  // previous; the frame's caller (f_back, previous), code (f_code,
+  // f_executable), instruction (f_lasti, prev_instr, instr_ptr), owner and
+  // is_entry; co_code_adaptive.
+  u16 tstate_frame;
+  u16 cframe_current_frame;
+  u16 cframe_previous;
+  u16 frame_previous;
+  u16 frame_code;
+  u16 frame_instr;
+  u16 frame_owner;
+  u16 frame_is_entry;
+  u16 code_adaptive;
+  u16 pad16[3];
 };
 
 struct frame {
@@ -276,6 +365,53 @@ struct trace {
   struct frame frames[MAX_FRAMES];
 };
 
+enum python_status {
+  // Not looked at yet in this sample.
+  PYTHON_UNKNOWN = 0,
+  // frame is the next Python frame to report.
+  PYTHON_WALKING = 1,
+  // No Python frames to report: not a Python process as far as user space
+  // told, or its thread state could not be read.
+  PYTHON_NONE = 2,
+};
+
+// Where the Python unwinder is in a sample.
+struct python_walk {
+  // The next frame to report; 0 when none are left.
+  u64 frame;
+  // PYTHON_FRAMES_311: the _PyCFrame of the next eval loop call.
+  u64 cframe;
+  // The C stack of the eval loop's native frame: [eval_sp, eval_cfa). A
+  // call of the eval loop keeps its _PyCFrame (3.11) or its entry frame
+  // (3.12+) there, which tells the frames of this call from those of its
+  // caller while it is entering or leaving.
+  u64 eval_sp;
+  u64 eval_cfa;
+  // Where the current call's walk began, to take back the frames it
+  // reported if they turn out to be its caller's.
+  u64 call_first_frame;
+  u32 call_first_index;
+  // Python frames reported for the current call.
+  u32 call_frames;
+  // The eval loop's native frame the Python frames replace, reported
+  // instead when there are none.
+  u64 eval_file_id;
+  u64 eval_addr;
+  u8 eval_flags;
+  u8 status; // enum python_status
+  // The native unwind ended at the eval loop's frame.
+  u8 native_done;
+  // Copied from struct python_proc: the native unwinder reports
+  // PYTHON_FRAMES_OBJECTS frames itself, one per eval loop frame, without
+  // spending tail calls.
+  u8 frame_layout;
+  u8 lasti_unit;
+  u8 pad;
+  u16 frame_previous;
+  u16 frame_code;
+  u16 frame_instr;
+};
+
 // Where the native unwinder is on the user stack.
 struct unwind_state {
   u64 pc;
@@ -294,6 +430,7 @@ struct unwind_state {
   u64 vma_end;
   u64 vma_file_id;
   u64 vma_bias;
+  struct python_walk python;
 };
 
 // The per-CPU scratch record a sample is built in across tail calls.

@@ -1,0 +1,171 @@
+package python
+
+import (
+	"debug/elf"
+	"fmt"
+	"io"
+
+	"github.com/hostprof/ebpf-profiler/support"
+)
+
+// Binary is a CPython interpreter found in an ELF file, with what every
+// process running it shares: its struct offsets and where it keeps its
+// thread state key.
+type Binary struct {
+	*Interpreter
+	// Offsets is nil when Err is set.
+	Offsets *Offsets
+	// Err says why processes of this binary cannot be unwound (a version
+	// the table lacks, a stripped 3.6); nil when they can.
+	Err    error
+	keyLoc ThreadStateKeyLocation
+}
+
+// NewBinary finds CPython in f (ErrNotPython for other files) and what
+// unwinding its processes takes.
+func NewBinary(f *elf.File) (*Binary, error) {
+	in, err := Detect(f)
+	if err != nil {
+		return nil, err
+	}
+	b := &Binary{Interpreter: in}
+	if b.Offsets, b.Err = OffsetsFor(in.Version); b.Err != nil {
+		b.Offsets = nil
+		return b, nil
+	}
+	if _, err := b.Offsets.frameLayout(); err != nil {
+		b.Offsets, b.Err = nil, err
+		return b, nil
+	}
+	if b.keyLoc, err = FindThreadStateKey(f, in, b.Offsets); err != nil {
+		b.Offsets, b.Err = nil, err
+	}
+	return b, nil
+}
+
+// Process is a process that runs a Binary: it describes the process to
+// the BPF unwinder and symbolizes its Python frames.
+type Process struct {
+	*Symbolizer
+	unwinder support.PythonProc
+}
+
+// NewProcess describes a process that maps b's file with load bias bias
+// (its address minus its file virtual address), whose C library keeps
+// thread-specific data as tsd says and whose memory mem reads. The
+// interpreter need not have started: the unwinder reads its thread state
+// key per sample.
+func (b *Binary) NewProcess(mem io.ReaderAt, bias uint64, tsd TSDLayout) (*Process, error) {
+	if b.Err != nil {
+		return nil, b.Err
+	}
+	if b.keyLoc.KeySize != 4 {
+		return nil, fmt.Errorf("thread state key of %d bytes", b.keyLoc.KeySize)
+	}
+	sym, err := NewSymbolizer(mem, b.Offsets)
+	if err != nil {
+		return nil, err
+	}
+	u, err := b.Offsets.unwinderProc()
+	if err != nil {
+		return nil, err
+	}
+	u.KeyAddr = b.keyLoc.Key + bias
+	if b.keyLoc.Initialized != 0 {
+		u.KeyReadyAddr = b.keyLoc.Initialized + bias
+	}
+	u.TSDSelfOffset = tsd.SelfOffset
+	u.TSDBlockOffset = tsd.FirstBlockOffset
+	u.TSDEntrySize = uint32(tsd.EntrySize)
+	u.TSDDataOffset = tsd.DataOffset
+	u.TSDMaxKey = tsd.MaxFastKey
+	u.TSDSelfDeref = boolByte(tsd.SelfDeref)
+	u.TSDBlockDeref = boolByte(tsd.BlockDeref)
+	return &Process{Symbolizer: sym, unwinder: u}, nil
+}
+
+// Unwinder is the process's entry of the BPF Python unwinder's map.
+func (p *Process) Unwinder() support.PythonProc { return p.unwinder }
+
+func boolByte(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// frameLayout says how the unwinder walks this version's frames.
+func (o *Offsets) frameLayout() (support.PythonFrameLayout, error) {
+	switch {
+	case o.Version.Major != 3 || o.Version.Minor < 6:
+	case o.Version.Minor <= 10:
+		return support.PythonFramesObjects, nil
+	case o.Version.Minor == 11:
+		return support.PythonFrames311, nil
+	case o.Version.Minor == 12:
+		return support.PythonFrames312, nil
+	case o.Version.Minor == 13:
+		return support.PythonFrames313, nil
+	}
+	return 0, fmt.Errorf("CPython %v: no frame layout for the unwinder", o.Version)
+}
+
+// unwinderProc is the version's part of the unwinder's entry: which fields
+// link the frames and what each frame reports.
+func (o *Offsets) unwinderProc() (support.PythonProc, error) {
+	layout, err := o.frameLayout()
+	if err != nil {
+		return support.PythonProc{}, err
+	}
+	u := support.PythonProc{FrameLayout: layout}
+	f := &o.InterpreterFrame
+	type field struct {
+		name  string
+		value int
+		dst   *uint16
+	}
+	var fields []field
+	need := func(name string, value int, dst *uint16) { fields = append(fields, field{name, value, dst}) }
+	switch layout {
+	case support.PythonFramesObjects:
+		u.LastiUnit = uint8(o.LastiUnit)
+		need("PyThreadState.frame", o.ThreadState.Frame, &u.TStateFrame)
+		need("PyFrameObject.f_back", o.FrameObject.Back, &u.FramePrevious)
+		need("PyFrameObject.f_code", o.FrameObject.Code, &u.FrameCode)
+		need("PyFrameObject.f_lasti", o.FrameObject.Lasti, &u.FrameInstr)
+	case support.PythonFrames311, support.PythonFrames312:
+		need("PyThreadState.cframe", o.ThreadState.CFrame, &u.TStateFrame)
+		need("_PyCFrame.current_frame", o.CFrame.CurrentFrame, &u.CFrameCurrentFrame)
+		need("_PyInterpreterFrame.f_code", f.Code, &u.FrameCode)
+		need("_PyInterpreterFrame.prev_instr", f.PrevInstr, &u.FrameInstr)
+	case support.PythonFrames313:
+		need("PyThreadState.current_frame", o.ThreadState.CurrentFrame, &u.TStateFrame)
+		need("_PyInterpreterFrame.f_executable", f.Executable, &u.FrameCode)
+		need("_PyInterpreterFrame.instr_ptr", f.InstrPtr, &u.FrameInstr)
+	}
+	if layout != support.PythonFramesObjects {
+		need("_PyInterpreterFrame.previous", f.Previous, &u.FramePrevious)
+		need("PyCodeObject.co_code_adaptive", o.Code.CodeAdaptive, &u.CodeAdaptive)
+	}
+	if layout == support.PythonFrames311 {
+		need("_PyInterpreterFrame.is_entry", f.IsEntry, &u.FrameIsEntry)
+		need("_PyCFrame.previous", o.CFrame.Previous, &u.CFramePrevious)
+	}
+	if layout >= support.PythonFrames312 {
+		need("_PyInterpreterFrame.owner", f.Owner, &u.FrameOwner)
+		if f.OwnedByCStack < 0 || f.OwnedByCStack > 0xff {
+			return support.PythonProc{}, fmt.Errorf("CPython %v: FRAME_OWNED_BY_CSTACK is %d", o.Version, f.OwnedByCStack)
+		}
+		u.OwnedByCStack = uint8(f.OwnedByCStack)
+	}
+	for _, fl := range fields {
+		if fl.value < 0 || fl.value > 0xffff {
+			return support.PythonProc{}, fmt.Errorf("CPython %v: %s at %d", o.Version, fl.name, fl.value)
+		}
+		*fl.dst = uint16(fl.value)
+	}
+	if layout == support.PythonFramesObjects && u.LastiUnit == 0 {
+		return support.PythonProc{}, fmt.Errorf("CPython %v: f_lasti without a unit", o.Version)
+	}
+	return u, nil
+}

@@ -1,0 +1,329 @@
+package integration
+
+import (
+	"bufio"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+)
+
+// pythonInterpreter is a CPython the tests profile.
+type pythonInterpreter struct {
+	name, path string
+}
+
+// pythonInterpreters lists the CPython 3 interpreters on the machine:
+// Debian's python3 and every 3.x that pyenv installed.
+func pythonInterpreters(t *testing.T) []pythonInterpreter {
+	var out []pythonInterpreter
+	if p, err := exec.LookPath("python3"); err == nil {
+		out = append(out, pythonInterpreter{"system", p})
+	}
+	root := os.Getenv("PYENV_ROOT")
+	if root == "" {
+		if r, err := exec.Command("pyenv", "root").Output(); err == nil {
+			root = strings.TrimSpace(string(r))
+		} else if home, err := os.UserHomeDir(); err == nil {
+			root = filepath.Join(home, ".pyenv")
+		}
+	}
+	versions, _ := filepath.Glob(filepath.Join(root, "versions", "3.*"))
+	for _, v := range versions {
+		bin := filepath.Join(v, "bin", "python3")
+		if _, err := os.Stat(bin); err == nil {
+			out = append(out, pythonInterpreter{filepath.Base(v), bin})
+		}
+	}
+	if len(out) == 0 {
+		t.Fatal("no CPython 3 found (python3 on PATH or pyenv versions)")
+	}
+	return out
+}
+
+// pythonWorkload returns the path of utils/workloads/python/pyworkload.py
+// and the line of each "# hot: NAME" marker in it.
+func pythonWorkload(t *testing.T) (string, map[string]uint32) {
+	_, here, _, _ := runtime.Caller(0)
+	path, err := filepath.Abs(filepath.Join(filepath.Dir(here), "..", "..", "utils", "workloads", "python", "pyworkload.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	lines := map[string]uint32{}
+	sc := bufio.NewScanner(f)
+	for n := uint32(1); sc.Scan(); n++ {
+		if _, name, ok := strings.Cut(sc.Text(), "# hot: "); ok {
+			lines[strings.TrimSpace(name)] = n
+		}
+	}
+	return path, lines
+}
+
+// pythonFrames returns a trace's Python frames, leaf first.
+func pythonFrames(tr *libpf.Trace) []libpf.Frame {
+	var out []libpf.Frame
+	for _, f := range tr.Frames {
+		if f.Kind == libpf.FramePython {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// pythonChain reports whether a trace's Python frames are exactly chain
+// (leaf first), every one in file, with the leaf at line leafLine.
+func pythonChain(tr *libpf.Trace, chain []string, file string, leafLine uint32) bool {
+	py := pythonFrames(tr)
+	if len(py) != len(chain) {
+		return false
+	}
+	for i, f := range py {
+		if f.FunctionName != chain[i] || f.SourceFile != file {
+			return false
+		}
+	}
+	return py[0].SourceLine == leafLine
+}
+
+// nativeBelow reports whether a native frame of a file whose path contains
+// lib lies leafward of the innermost Python frame.
+func nativeBelow(tr *libpf.Trace, lib string) bool {
+	for _, f := range tr.Frames {
+		if f.Kind == libpf.FramePython {
+			return false
+		}
+		if f.Kind == libpf.FrameNative && f.Mapping != nil && strings.Contains(filepath.Base(f.Mapping.Path), lib) {
+			return true
+		}
+	}
+	return false
+}
+
+// completeStack reports whether a trace reaches the root of its thread:
+// the outermost frame is the process's or a thread's entry point.
+func completeStack(tr *libpf.Trace) bool {
+	if len(tr.Frames) == 0 || tr.Truncated {
+		return false
+	}
+	switch tr.Frames[len(tr.Frames)-1].FunctionName {
+	case "_start", "clone", "clone3", "__clone", "__clone3":
+		return true
+	}
+	return false
+}
+
+// pythonRun is one run of the workload: its pid and when its hot phase
+// began (what runs before, the interpreter starting and the imports, is
+// not the workload's hot path).
+type pythonRun struct {
+	pid     int
+	hotFrom time.Time
+}
+
+// runPython runs the workload in one mode.
+func runPython(t *testing.T, py pythonInterpreter, script, mode string, d time.Duration) pythonRun {
+	t.Helper()
+	cmd := exec.Command(py.path, script, mode, formatSeconds(d))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s %s: %v\n%s", py.path, script, mode, err, out)
+	}
+	var from float64
+	if _, err := fmt.Sscanf(string(out), "hot phase from %f", &from); err != nil {
+		t.Fatalf("%s %s %s printed %q: %v", py.path, script, mode, out, err)
+	}
+	sec, frac := math.Modf(from)
+	return pythonRun{pid: cmd.Process.Pid, hotFrom: time.Unix(int64(sec), int64(frac*1e9))}
+}
+
+// hotSamples returns the samples of the run's hot phase.
+func (r pythonRun) hotSamples(t *testing.T, rec *recorder) []sample {
+	all := rec.ofPID(r.pid)
+	var hot []sample
+	for _, s := range all {
+		if !s.meta.Time.Before(r.hotFrom) {
+			hot = append(hot, s)
+		}
+	}
+	t.Logf("%d samples, %d of them in the hot phase", len(all), len(hot))
+	return hot
+}
+
+// share is n of total as a fraction, 0 for no samples.
+func share(n, total int) float64 { return float64(n) / float64(max(total, 1)) }
+
+// TestPythonStacks profiles each workload of pyworkload.py under every
+// CPython 3 on the machine and checks the Python frames of its samples:
+// names, files, the leaf's line, their order among the native frames, and
+// which thread they belong to.
+func TestPythonStacks(t *testing.T) {
+	requireRoot(t)
+	script, hot := pythonWorkload(t)
+	const run = 2 * time.Second
+	for _, py := range pythonInterpreters(t) {
+		t.Run(py.name, func(t *testing.T) {
+			s := startSession(t, testHz)
+			runs := map[string]pythonRun{}
+			for _, mode := range []string{"chain", "recursion", "threads", "zlib"} {
+				runs[mode] = runPython(t, py, script, mode, run)
+			}
+			logPythonMetrics(t, s)
+			s.stop(t)
+			checkPythonChain(t, runs["chain"].hotSamples(t, s.rec), script, hot)
+			checkPythonRecursion(t, runs["recursion"].hotSamples(t, s.rec), script, hot)
+			checkPythonThreads(t, runs["threads"].hotSamples(t, s.rec), runs["threads"].pid, script, hot)
+			checkPythonZlib(t, runs["zlib"].hotSamples(t, s.rec), script, hot)
+		})
+	}
+}
+
+func logExamples(t *testing.T, samples []sample) {
+	t.Helper()
+	for _, smp := range samples[:min(len(samples), 3)] {
+		var names []string
+		for _, f := range smp.trace.Frames {
+			if f.Kind == libpf.FramePython {
+				names = append(names, fmt.Sprintf("py:%s:%d", f.FunctionName, f.SourceLine))
+			} else {
+				names = append(names, f.FunctionName)
+			}
+		}
+		t.Logf("example: %v", names)
+	}
+}
+
+func checkPythonChain(t *testing.T, samples []sample, script string, hot map[string]uint32) {
+	t.Helper()
+	chain := []string{"cf_leaf", "cf_mid", "cf_top", "<module>"}
+	ok, complete := 0, 0
+	for _, smp := range samples {
+		if pythonChain(smp.trace, chain, script, hot["cf_leaf"]) {
+			ok++
+		}
+		if completeStack(smp.trace) {
+			complete++
+		}
+	}
+	t.Logf("chain: %d samples, %.1f%% show %v at line %d, %.1f%% complete", len(samples),
+		100*share(ok, len(samples)), chain, hot["cf_leaf"], 100*share(complete, len(samples)))
+	if len(samples) < testHz || share(ok, len(samples)) < 0.9 {
+		t.Errorf("chain: %d of %d samples show the chain, want >= 90%%", ok, len(samples))
+		logExamples(t, samples)
+	}
+}
+
+func checkPythonRecursion(t *testing.T, samples []sample, script string, hot map[string]uint32) {
+	t.Helper()
+	chain := []string{"rec_leaf"}
+	for range 41 {
+		chain = append(chain, "recurse")
+	}
+	chain = append(chain, "<module>")
+	ok, complete, truncated := 0, 0, 0
+	for _, smp := range samples {
+		if pythonChain(smp.trace, chain, script, hot["rec_leaf"]) {
+			ok++
+		}
+		if completeStack(smp.trace) {
+			complete++
+		}
+		if smp.trace.Truncated {
+			truncated++
+		}
+	}
+	t.Logf("recursion: %d samples, %.1f%% show all 41 levels, %.1f%% complete, %d truncated", len(samples),
+		100*share(ok, len(samples)), 100*share(complete, len(samples)), truncated)
+	if len(samples) < testHz || share(ok, len(samples)) < 0.9 {
+		t.Errorf("recursion: %d of %d samples show every level, want >= 90%%", ok, len(samples))
+		logExamples(t, samples)
+	}
+}
+
+func checkPythonThreads(t *testing.T, samples []sample, pid int, script string, hot map[string]uint32) {
+	t.Helper()
+	perThread := map[libpf.TID]string{} // the chain prefix each thread showed first
+	ok, mixed, other, complete := 0, 0, 0, 0
+	for _, smp := range samples {
+		if completeStack(smp.trace) {
+			complete++
+		}
+		py := pythonFrames(smp.trace)
+		if len(py) == 0 || !strings.HasSuffix(py[0].FunctionName, "_leaf") || int(smp.meta.TID) == pid {
+			other++
+			continue
+		}
+		prefix := strings.TrimSuffix(py[0].FunctionName, "_leaf")
+		if first, seen := perThread[smp.meta.TID]; seen && first != prefix {
+			mixed++
+			continue
+		}
+		perThread[smp.meta.TID] = prefix
+		chain := []string{prefix + "_leaf", prefix + "_mid", prefix + "_top"}
+		names := make([]string, 0, len(py))
+		for _, f := range py {
+			names = append(names, f.FunctionName)
+		}
+		if hasChain(names, chain) && py[0].SourceFile == script && py[0].SourceLine == hot[prefix+"_leaf"] {
+			ok++
+		}
+	}
+	t.Logf("threads: %d samples in %d threads, %.1f%% show their thread's chain, %d mixed up, %d elsewhere, %.1f%% complete",
+		len(samples), len(perThread), 100*share(ok, len(samples)), mixed, other, 100*share(complete, len(samples)))
+	if len(perThread) != 4 || mixed > 0 || share(ok, len(samples)) < 0.9 {
+		t.Errorf("threads: want 4 threads each with its own chain in >= 90%% of samples")
+		logExamples(t, samples)
+	}
+}
+
+func checkPythonZlib(t *testing.T, samples []sample, script string, hot map[string]uint32) {
+	t.Helper()
+	inCompress, withLib, complete := 0, 0, 0
+	for _, smp := range samples {
+		if completeStack(smp.trace) {
+			complete++
+		}
+		py := pythonFrames(smp.trace)
+		if len(py) == 0 || py[0].FunctionName != "cf_compress" || py[0].SourceLine != hot["cf_compress"] {
+			continue
+		}
+		inCompress++
+		if nativeBelow(smp.trace, "libz.so") {
+			withLib++
+		}
+	}
+	t.Logf("zlib: %d samples, %.1f%% in cf_compress, %.1f%% of those with libz frames beneath, %.1f%% complete",
+		len(samples), 100*share(inCompress, len(samples)), 100*share(withLib, inCompress), 100*share(complete, len(samples)))
+	if share(inCompress, len(samples)) < 0.8 || share(withLib, inCompress) < 0.9 {
+		t.Errorf("zlib: want >= 80%% of samples in cf_compress and >= 90%% of those with libz frames beneath it")
+		logExamples(t, samples)
+	}
+}
+
+// logPythonMetrics logs the BPF counters of the Python unwinder.
+func logPythonMetrics(t *testing.T, s *session) {
+	m, err := s.tr.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for name, v := range m {
+		if strings.Contains(name, "python") || name == "truncated_traces" || strings.Contains(name, "tail_call") {
+			out = append(out, fmt.Sprintf("%s=%d", name, v))
+		}
+	}
+	slices.Sort(out)
+	t.Logf("BPF counters: %s", strings.Join(out, " "))
+}
