@@ -111,7 +111,7 @@ func (a *archInfo) rule(c *cie, st *frameState) (Rule, unknownReason) {
 	case st.cfaIsExpr:
 		if a.machine == machineAMD64 {
 			if t := pltThreshold(st.cfaExpr); t != 0 {
-				return Rule{CFA: CFAPLT, CFAOffset: t}, knownRule
+				return Rule{CFA: CFAPLT, CFAOffset: t, RAOffset: -8}, knownRule
 			}
 			if bytes.Equal(st.cfaExpr, sigcontextRSPExpr) {
 				return Rule{CFA: CFASignal}, knownRule
