@@ -5,7 +5,7 @@ import "time"
 // MaxFrames is the most frames one trace holds, kernel and user together.
 // BPF's copy of this limit is MAX_FRAMES in support/ebpf/types.h; a test
 // checks they agree.
-const MaxFrames = 128
+const MaxFrames = 256
 
 // FrameKind says which unwinder produced a frame and so how to read it.
 type FrameKind uint8

@@ -64,7 +64,7 @@ func (m *Manager) convert(raw *support.Trace) (conversion, error) {
 			if unknown == 0 || attempt > 0 || !m.rereadMaps(p) {
 				m.counters.unmappedFrames += uint64(unattributed)
 				if unknown > 0 {
-					retryAt = p.lastMapsRead.Add(m.rereadInterval)
+					retryAt = p.lastMapsRead.Add(m.rereadWait(p))
 				}
 				break
 			}

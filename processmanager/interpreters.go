@@ -64,6 +64,8 @@ func (m *Manager) findInterpreters(p *process) {
 		}
 		bin := mp.file.elf.python
 		if p.python != nil && p.python.bin == bin {
+			// New mappings may be what it lacked (its C library).
+			p.python.nextTry = time.Time{}
 			m.attachPython(p)
 			return
 		}
@@ -92,6 +94,7 @@ func (m *Manager) attachPython(p *process) {
 	err := m.newPythonProc(p)
 	if err == nil {
 		m.counters.pythonAttached++
+		m.log.Debugf("process %d: unwinding its CPython %s", p.pid, pythonVersion(pp.bin.Interpreter))
 		return
 	}
 	pp.retry = min(max(2*pp.retry, pythonRetryMin), pythonRetryMax)

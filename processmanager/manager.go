@@ -91,6 +91,11 @@ type process struct {
 	// mapsRead is set once the maps were read (or found unreadable).
 	mapsRead     bool
 	lastMapsRead time.Time
+	// mapsChanging is set when the last read found new mappings: a
+	// process that maps libraries (a program starting, Python importing
+	// extension modules) usually maps more soon, so its next re-read may
+	// come sooner (quickRereadInterval).
+	mapsChanging bool
 	// mappings are the executable mappings, sorted by start address.
 	mappings []*mapping
 	// python is set when the process runs CPython.
@@ -349,13 +354,13 @@ func (m *Manager) ensureMaps(p *process) {
 }
 
 // rereadMaps re-reads the mappings of a process after an address missed
-// them all, at most once per rereadInterval. It reports whether they
-// changed.
+// them all, at most once per rereadInterval (quickRereadInterval after a
+// read that found new mappings). It reports whether they changed.
 func (m *Manager) rereadMaps(p *process) bool {
 	if m.procs[p.pid] != p {
 		return false // the process is gone
 	}
-	if m.now().Sub(p.lastMapsRead) < m.rereadInterval {
+	if m.now().Sub(p.lastMapsRead) < m.rereadWait(p) {
 		m.counters.mapsRereadsLimited++
 		return false
 	}
@@ -364,12 +369,25 @@ func (m *Manager) rereadMaps(p *process) bool {
 		m.procError(p.pid, err)
 		return false
 	}
+	p.mapsChanging = changed
 	if changed {
 		// Cached conversions may name mappings that are gone, or leave
 		// addresses unmapped that are now known.
 		p.gen = m.newGeneration()
 	}
 	return changed
+}
+
+// quickRereadInterval is the least time between two re-reads of the maps
+// of a process whose last read found new mappings.
+const quickRereadInterval = 100 * time.Millisecond
+
+// rereadWait is the least time from a process's last maps read to the next.
+func (m *Manager) rereadWait(p *process) time.Duration {
+	if p.mapsChanging {
+		return min(quickRereadInterval, m.rereadInterval)
+	}
+	return m.rereadInterval
 }
 
 // loadMaps (re-)reads a process's executable mappings. Mappings that did not

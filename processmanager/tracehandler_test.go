@@ -460,3 +460,34 @@ func TestSamplesAfterExit(t *testing.T) {
 		t.Errorf("the pid's next process is not tracked: %v", err)
 	}
 }
+
+// TestQuickRereadAfterChange: a re-read that finds new mappings lets the
+// next one come after quickRereadInterval; one that finds none restores
+// the full interval.
+func TestQuickRereadAfterChange(t *testing.T) {
+	f := newDlopenFixture(t)
+	m := f.h.m
+	m.RefreshMappings(100) // the first read
+	third, _ := f.lib.mapAt(0x7d0000000000)
+	reads := func() uint64 { return m.Stats().MapsReads }
+
+	f.now = f.now.Add(2 * time.Second)
+	f.mapLib()
+	m.RefreshMappings(100) // finds the second copy
+	if reads() != 2 {
+		t.Fatalf("%d maps reads, want 2", reads())
+	}
+	f.fs.setProcess(100, 1, "/bin/app", f.first, f.second, third)
+	f.now = f.now.Add(2 * quickRereadInterval)
+	m.RefreshMappings(100) // allowed soon: finds the third copy
+	if reads() != 3 || len(m.procs[100].mappings) != 3 {
+		t.Fatalf("%d maps reads and %d mappings, want 3 and 3", reads(), len(m.procs[100].mappings))
+	}
+	f.now = f.now.Add(2 * quickRereadInterval)
+	m.RefreshMappings(100) // allowed soon again: finds nothing new
+	f.now = f.now.Add(2 * quickRereadInterval)
+	m.RefreshMappings(100) // limited: the last read found nothing
+	if reads() != 4 || m.Stats().MapsRereadsLimited != 1 {
+		t.Errorf("%d maps reads, %d limited; want 4 and 1", reads(), m.Stats().MapsRereadsLimited)
+	}
+}

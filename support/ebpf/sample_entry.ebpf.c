@@ -36,7 +36,7 @@ static __always_inline void add_kernel_frames(struct bpf_perf_event_data *ctx, s
     return;
   }
   u32 n = bytes / sizeof(u64);
-  for (u32 i = 0; i < MAX_FRAMES; i++) {
+  for (u32 i = 0; i < MAX_KERNEL_FRAMES; i++) {
     if (i >= n)
       break;
     t->frames[i].file_id = 0;
@@ -44,8 +44,8 @@ static __always_inline void add_kernel_frames(struct bpf_perf_event_data *ctx, s
     t->frames[i].kind = FRAME_KIND_KERNEL;
     t->frames[i].flags = 0;
   }
-  if (n > MAX_FRAMES)
-    n = MAX_FRAMES;
+  if (n > MAX_KERNEL_FRAMES)
+    n = MAX_KERNEL_FRAMES;
   t->num_kernel_frames = n;
   t->num_frames = n;
 }

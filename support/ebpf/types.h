@@ -6,8 +6,13 @@
 
 #include "bpfdefs.h"
 
-// Most frames one trace holds, kernel and user together (libpf.MaxFrames).
-#define MAX_FRAMES 128
+// Most frames one trace holds, kernel and user together (libpf.MaxFrames):
+// a CPython 3.6-3.10 call takes three (the Python frame and two native
+// frames of the interpreter), so 40 Python calls already fill 128.
+#define MAX_FRAMES 256
+// Most kernel frames a trace holds: the kernel's perf_event_max_stack
+// defaults to 127.
+#define MAX_KERNEL_FRAMES 128
 
 // User frames one run of the native unwinder walks before it tail-calls
 // itself; with MAX_TAIL_CALLS this bounds a whole unwind.
@@ -436,7 +441,7 @@ struct unwind_state {
 // The per-CPU scratch record a sample is built in across tail calls.
 struct record {
   struct unwind_state state;
-  u64 kernel_stack[MAX_FRAMES];
+  u64 kernel_stack[MAX_KERNEL_FRAMES];
   struct trace trace;
 };
 

@@ -190,38 +190,57 @@ func TestPythonStacks(t *testing.T) {
 	}
 }
 
-func logExamples(t *testing.T, samples []sample) {
+// logExamples logs a few samples, Python frames marked.
+func logExamples(t *testing.T, what string, samples []sample) {
 	t.Helper()
-	for _, smp := range samples[:min(len(samples), 3)] {
+	for _, smp := range samples[:min(len(samples), 4)] {
 		var names []string
 		for _, f := range smp.trace.Frames {
-			if f.Kind == libpf.FramePython {
+			switch {
+			case f.Kind == libpf.FramePython:
 				names = append(names, fmt.Sprintf("py:%s:%d", f.FunctionName, f.SourceLine))
-			} else {
+			case f.FunctionName != "":
 				names = append(names, f.FunctionName)
+			case f.Mapping != nil:
+				names = append(names, fmt.Sprintf("%s+%#x", filepath.Base(f.Mapping.Path), f.Address))
+			default:
+				names = append(names, fmt.Sprintf("%v:%#x", f.Kind, f.Address))
 			}
 		}
-		t.Logf("example: %v", names)
+		t.Logf("%s: %v", what, names)
 	}
+}
+
+// tally counts the samples ok accepts and returns those it does not.
+func tally(samples []sample, ok func(sample) bool) (int, []sample) {
+	n := 0
+	var misses []sample
+	for _, smp := range samples {
+		if ok(smp) {
+			n++
+		} else {
+			misses = append(misses, smp)
+		}
+	}
+	return n, misses
+}
+
+// completeShare is the share of samples whose stack reaches its thread's
+// root, for the record.
+func completeShare(samples []sample) float64 {
+	n, _ := tally(samples, func(s sample) bool { return completeStack(s.trace) })
+	return share(n, len(samples))
 }
 
 func checkPythonChain(t *testing.T, samples []sample, script string, hot map[string]uint32) {
 	t.Helper()
 	chain := []string{"cf_leaf", "cf_mid", "cf_top", "<module>"}
-	ok, complete := 0, 0
-	for _, smp := range samples {
-		if pythonChain(smp.trace, chain, script, hot["cf_leaf"]) {
-			ok++
-		}
-		if completeStack(smp.trace) {
-			complete++
-		}
-	}
+	ok, misses := tally(samples, func(s sample) bool { return pythonChain(s.trace, chain, script, hot["cf_leaf"]) })
 	t.Logf("chain: %d samples, %.1f%% show %v at line %d, %.1f%% complete", len(samples),
-		100*share(ok, len(samples)), chain, hot["cf_leaf"], 100*share(complete, len(samples)))
+		100*share(ok, len(samples)), chain, hot["cf_leaf"], 100*completeShare(samples))
 	if len(samples) < testHz || share(ok, len(samples)) < 0.9 {
 		t.Errorf("chain: %d of %d samples show the chain, want >= 90%%", ok, len(samples))
-		logExamples(t, samples)
+		logExamples(t, "miss", misses)
 	}
 }
 
@@ -232,83 +251,68 @@ func checkPythonRecursion(t *testing.T, samples []sample, script string, hot map
 		chain = append(chain, "recurse")
 	}
 	chain = append(chain, "<module>")
-	ok, complete, truncated := 0, 0, 0
-	for _, smp := range samples {
-		if pythonChain(smp.trace, chain, script, hot["rec_leaf"]) {
-			ok++
-		}
-		if completeStack(smp.trace) {
-			complete++
-		}
-		if smp.trace.Truncated {
-			truncated++
-		}
-	}
+	ok, misses := tally(samples, func(s sample) bool { return pythonChain(s.trace, chain, script, hot["rec_leaf"]) })
+	truncated, _ := tally(samples, func(s sample) bool { return s.trace.Truncated })
 	t.Logf("recursion: %d samples, %.1f%% show all 41 levels, %.1f%% complete, %d truncated", len(samples),
-		100*share(ok, len(samples)), 100*share(complete, len(samples)), truncated)
+		100*share(ok, len(samples)), 100*completeShare(samples), truncated)
 	if len(samples) < testHz || share(ok, len(samples)) < 0.9 {
 		t.Errorf("recursion: %d of %d samples show every level, want >= 90%%", ok, len(samples))
-		logExamples(t, samples)
+		logExamples(t, "miss", misses)
 	}
 }
 
 func checkPythonThreads(t *testing.T, samples []sample, pid int, script string, hot map[string]uint32) {
 	t.Helper()
-	perThread := map[libpf.TID]string{} // the chain prefix each thread showed first
-	ok, mixed, other, complete := 0, 0, 0, 0
-	for _, smp := range samples {
-		if completeStack(smp.trace) {
-			complete++
-		}
-		py := pythonFrames(smp.trace)
-		if len(py) == 0 || !strings.HasSuffix(py[0].FunctionName, "_leaf") || int(smp.meta.TID) == pid {
-			other++
-			continue
+	// Each thread's samples must show the chain of the thread's first
+	// sample, and never another thread's functions.
+	chainOf := map[libpf.TID]string{}
+	mixed := 0
+	ok, misses := tally(samples, func(s sample) bool {
+		py := pythonFrames(s.trace)
+		if len(py) == 0 || !strings.HasSuffix(py[0].FunctionName, "_leaf") || int(s.meta.TID) == pid {
+			return false
 		}
 		prefix := strings.TrimSuffix(py[0].FunctionName, "_leaf")
-		if first, seen := perThread[smp.meta.TID]; seen && first != prefix {
+		if first, seen := chainOf[s.meta.TID]; seen && first != prefix {
 			mixed++
-			continue
+			return false
 		}
-		perThread[smp.meta.TID] = prefix
-		chain := []string{prefix + "_leaf", prefix + "_mid", prefix + "_top"}
+		chainOf[s.meta.TID] = prefix
 		names := make([]string, 0, len(py))
 		for _, f := range py {
 			names = append(names, f.FunctionName)
+			if f.FunctionName != "<module>" && !strings.HasPrefix(f.FunctionName, prefix+"_") &&
+				strings.HasPrefix(f.FunctionName, "t") && strings.Contains(f.FunctionName, "_") &&
+				len(f.FunctionName) > 3 && f.FunctionName[2] == '_' {
+				mixed++
+				return false
+			}
 		}
-		if hasChain(names, chain) && py[0].SourceFile == script && py[0].SourceLine == hot[prefix+"_leaf"] {
-			ok++
-		}
-	}
-	t.Logf("threads: %d samples in %d threads, %.1f%% show their thread's chain, %d mixed up, %d elsewhere, %.1f%% complete",
-		len(samples), len(perThread), 100*share(ok, len(samples)), mixed, other, 100*share(complete, len(samples)))
-	if len(perThread) != 4 || mixed > 0 || share(ok, len(samples)) < 0.9 {
+		chain := []string{prefix + "_leaf", prefix + "_mid", prefix + "_top"}
+		return hasChain(names, chain) && py[0].SourceFile == script && py[0].SourceLine == hot[prefix+"_leaf"]
+	})
+	t.Logf("threads: %d samples in %d threads, %.1f%% show their thread's chain, %d mixed up, %.1f%% complete",
+		len(samples), len(chainOf), 100*share(ok, len(samples)), mixed, 100*completeShare(samples))
+	if len(chainOf) != 4 || mixed > 0 || share(ok, len(samples)) < 0.9 {
 		t.Errorf("threads: want 4 threads each with its own chain in >= 90%% of samples")
-		logExamples(t, samples)
+		logExamples(t, "miss", misses)
 	}
 }
 
 func checkPythonZlib(t *testing.T, samples []sample, script string, hot map[string]uint32) {
 	t.Helper()
-	inCompress, withLib, complete := 0, 0, 0
-	for _, smp := range samples {
-		if completeStack(smp.trace) {
-			complete++
-		}
-		py := pythonFrames(smp.trace)
-		if len(py) == 0 || py[0].FunctionName != "cf_compress" || py[0].SourceLine != hot["cf_compress"] {
-			continue
-		}
-		inCompress++
-		if nativeBelow(smp.trace, "libz.so") {
-			withLib++
-		}
+	inCompress := func(s sample) bool {
+		py := pythonFrames(s.trace)
+		return len(py) > 0 && py[0].FunctionName == "cf_compress" && py[0].SourceLine == hot["cf_compress"]
 	}
+	n, misses := tally(samples, inCompress)
+	withLib, libMisses := tally(samples, func(s sample) bool { return inCompress(s) && nativeBelow(s.trace, "libz.so") })
 	t.Logf("zlib: %d samples, %.1f%% in cf_compress, %.1f%% of those with libz frames beneath, %.1f%% complete",
-		len(samples), 100*share(inCompress, len(samples)), 100*share(withLib, inCompress), 100*share(complete, len(samples)))
-	if share(inCompress, len(samples)) < 0.8 || share(withLib, inCompress) < 0.9 {
+		len(samples), 100*share(n, len(samples)), 100*share(withLib, n), 100*completeShare(samples))
+	if share(n, len(samples)) < 0.8 || share(withLib, n) < 0.9 {
 		t.Errorf("zlib: want >= 80%% of samples in cf_compress and >= 90%% of those with libz frames beneath it")
-		logExamples(t, samples)
+		logExamples(t, "not in cf_compress", misses)
+		logExamples(t, "no libz frame", libMisses)
 	}
 }
 
