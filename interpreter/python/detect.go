@@ -25,7 +25,15 @@ type Interpreter struct {
 	// EvalFrame is [start, end) of _PyEval_EvalFrameDefault, the native
 	// frame that Python frames replace in a mixed stack.
 	EvalFrame [2]uint64
+	// Debug is set for a debug build (Py_DEBUG, such as Debian's
+	// python3.X-dbg): its objects carry reference-count debugging
+	// fields, so its struct layouts are not the release builds'.
+	Debug bool
 }
+
+// debugBuildSymbol is defined only where Py_REF_DEBUG is, which Py_DEBUG
+// implies (Objects/object.c, 3.6-3.13).
+const debugBuildSymbol = "_Py_NegativeRefcount"
 
 // versionMarkers are public C API functions each minor release added and
 // later ones kept ("New in version 3.x" in the C API documentation): the
@@ -67,6 +75,7 @@ func Detect(f *elf.File) (*Interpreter, error) {
 		ThreadStateCurrent: syms["_PyThreadState_Current"].Value,
 		EvalFrame:          [2]uint64{eval.Value, eval.Value + eval.Size},
 	}
+	_, in.Debug = syms[debugBuildSymbol]
 	if s, ok := syms["Py_Version"]; ok {
 		hex, err := readUint(f, s)
 		if err != nil {

@@ -56,10 +56,33 @@ func TestDetect(t *testing.T) {
 		if in.EvalFrame[1] <= in.EvalFrame[0] {
 			t.Errorf("%s: _PyEval_EvalFrameDefault range %#x", c.file, in.EvalFrame)
 		}
+		if in.Debug {
+			t.Errorf("%s: taken for a debug build", c.file)
+		}
 		if (want.Minor >= 7) != (in.Runtime != 0) || (want.Minor == 6) != (in.ThreadStateCurrent != 0) {
 			t.Errorf("%s (%v): _PyRuntime %#x, _PyThreadState_Current %#x", c.file, want, in.Runtime, in.ThreadStateCurrent)
 		}
 		t.Logf("%s: %v.%d", c.file, in.Version, in.Micro)
+	}
+}
+
+// TestDebugBuild: Debian's debug interpreter (python3.X-dbg) is CPython,
+// known as a debug build, which NewBinary refuses to unwind.
+func TestDebugBuild(t *testing.T) {
+	debugs, _ := filepath.Glob("/usr/bin/python3.*d")
+	if len(debugs) == 0 {
+		t.Fatal("no Debian debug interpreter (/usr/bin/python3.Xd; make test-deps installs python3.11-dbg)")
+	}
+	for _, path := range debugs {
+		f, err := elf.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := NewBinary(f)
+		f.Close()
+		if err != nil || !b.Debug || b.Err == nil || b.Offsets != nil {
+			t.Errorf("%s: %+v, %v; want a debug build that is not unwound", path, b, err)
+		}
 	}
 }
 

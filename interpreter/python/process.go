@@ -29,6 +29,10 @@ func NewBinary(f *elf.File) (*Binary, error) {
 		return nil, err
 	}
 	b := &Binary{Interpreter: in}
+	if in.Debug {
+		b.Err = fmt.Errorf("CPython %v is a debug build (Py_DEBUG): the offsets table describes release builds", in.Version)
+		return b, nil
+	}
 	if b.Offsets, b.Err = OffsetsFor(in.Version); b.Err != nil {
 		b.Offsets = nil
 		return b, nil
