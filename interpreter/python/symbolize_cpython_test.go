@@ -74,9 +74,10 @@ func TestSymbolizerAgainstCPython(t *testing.T) {
 	}
 }
 
-func symCheckAgainst(t *testing.T, python, script string) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+// symStart runs the targets script under python and returns what it
+// printed and its pid; the process ends with the test.
+func symStart(t testing.TB, python, script string) (symTargets, int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	cmd := exec.CommandContext(ctx, python, "-I", script)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -91,10 +92,11 @@ func symCheckAgainst(t *testing.T, python, script string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		stdin.Close() // the script exits when stdin closes
 		_ = cmd.Wait()
-	}()
+		cancel()
+	})
 	line, err := bufio.NewReader(stdout).ReadBytes('\n')
 	if err != nil {
 		t.Fatalf("%s: %v; stderr: %s", python, err, stderr.Bytes())
@@ -103,8 +105,11 @@ func symCheckAgainst(t *testing.T, python, script string) {
 	if err := json.Unmarshal(line, &targets); err != nil {
 		t.Fatalf("%s: %v", python, err)
 	}
+	return targets, cmd.Process.Pid
+}
 
-	pid := cmd.Process.Pid
+func symCheckAgainst(t *testing.T, python, script string) {
+	targets, pid := symStart(t, python, script)
 	in, lib := symDetect(t, pid)
 	if !strings.HasPrefix(targets.Version, in.Version.String()+".") {
 		t.Fatalf("%s detected as %v in %s, but it is %s", python, in.Version, lib, targets.Version)
@@ -170,7 +175,7 @@ func symCheckAgainst(t *testing.T, python, script string) {
 }
 
 // symDetect finds the CPython a process runs among the files it mapped.
-func symDetect(t *testing.T, pid int) (*Interpreter, string) {
+func symDetect(t testing.TB, pid int) (*Interpreter, string) {
 	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
 		t.Fatal(err)
