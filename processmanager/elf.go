@@ -99,7 +99,7 @@ func parseELF(r io.ReaderAt) (d *elfData, err error) {
 		cands = append(cands, goCands...)
 	}
 	d.symbols = buildSymbolTable(cands)
-	if b, err := python.NewBinary(f); err == nil {
+	if b, err := python.NewBinary(f, func() ([][2]uint64, error) { return nativeunwind.FunctionRanges(f) }); err == nil {
 		d.python = b
 	}
 	if definesGetspecific(syms) {

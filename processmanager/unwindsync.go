@@ -105,10 +105,10 @@ type unwindJob struct {
 	// open reads the mapped file; called only when its deltas are not
 	// loaded yet.
 	open func() (mappedImage, error)
-	// interpreter is [start, end) of the file's interpreter eval loop,
-	// whose deltas are marked for the interpreter's unwinder; zero when
-	// the file holds none.
-	interpreter [2]uint64
+	// interpreter is the code of the file's interpreter eval loop, whose
+	// deltas are marked for the interpreter's unwinder; [start, end)
+	// ranges, none when the file holds no interpreter.
+	interpreter [][2]uint64
 	// barrier, when set, is closed once every earlier job is done.
 	barrier chan struct{}
 }
@@ -152,7 +152,7 @@ func (s *unwindSync) attach(pid uint32, mp *mapping, procFS string) {
 		j.key = support.NewFileKey(e.dev, e.inode)
 	}
 	if in := mp.file.elf.python; in != nil {
-		j.interpreter = in.EvalFrame
+		j.interpreter = in.EvalRanges
 	}
 	s.send(j)
 }
@@ -248,7 +248,10 @@ func (s *unwindSync) add(j unwindJob) error {
 			return nil, fmt.Errorf("extracting stack deltas: %w", err)
 		}
 		s.filesLoaded.Add(1)
-		return d.MarkInterpreter(j.interpreter[0], j.interpreter[1]), nil
+		for _, r := range j.interpreter {
+			d = d.MarkInterpreter(r[0], r[1])
+		}
+		return d, nil
 	})
 	if err != nil {
 		s.loadErrors.Add(1)

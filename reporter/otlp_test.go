@@ -395,3 +395,48 @@ func TestBuildRequestUnreadableFile(t *testing.T) {
 		t.Errorf("mapping of an unreadable file has attributes %v", attrs)
 	}
 }
+
+// TestBuildRequestPythonFrames: Python frames become locations of frame
+// type "cpython" without a mapping, with their function, file and line;
+// the native frames of the same stack keep their own type.
+func TestBuildRequestPythonFrames(t *testing.T) {
+	f := newFixture()
+	a := newAggregator(f.start, 10)
+	trace := &libpf.Trace{Hash: libpf.TraceHash{Lo: 1}, Frames: []libpf.Frame{
+		{Kind: libpf.FrameNative, Address: 0x100, Mapping: f.libcA, FunctionName: "write", SourceFile: "write.c", SourceLine: 10},
+		{Kind: libpf.FramePython, FunctionName: "cf_leaf", SourceFile: "/srv/app.py", SourceLine: 18},
+		{Kind: libpf.FramePython, FunctionName: "Worker.run", SourceFile: "/srv/app.py", SourceLine: 30},
+		{Kind: libpf.FramePython, FunctionName: "<module>", SourceFile: "/srv/app.py", SourceLine: 41},
+	}}
+	other := &libpf.Trace{Hash: libpf.TraceHash{Lo: 2}, Frames: []libpf.Frame{
+		{Kind: libpf.FramePython, FunctionName: "cf_leaf", SourceFile: "/srv/app.py", SourceLine: 19},
+		{Kind: libpf.FramePython, FunctionName: "<module>", SourceFile: "/srv/app.py", SourceLine: 41},
+	}}
+	a.add(trace, &libpf.SampleMeta{Process: f.procA}, uint64(f.start.UnixNano()))
+	a.add(other, &libpf.SampleMeta{Process: f.procA}, uint64(f.start.UnixNano()))
+	d := mustBuild(t, a.swap(f.end)).req.Dictionary
+	str := func(i int32) string { return d.StringTable[i] }
+
+	type loc struct {
+		kind, fn, file string
+		mapping        int32
+		line           int64
+	}
+	var locs []loc
+	for _, l := range d.LocationTable[1:] {
+		fn := d.FunctionTable[l.Lines[0].FunctionIndex]
+		locs = append(locs, loc{attrsOf(d, l.AttributeIndices)["profile.frame.type"].(string),
+			str(fn.NameStrindex), str(fn.FilenameStrindex), l.MappingIndex, l.Lines[0].Line})
+	}
+	libc := locs[0].mapping
+	want := []loc{
+		{"native", "write", "write.c", libc, 10},
+		{"cpython", "cf_leaf", "/srv/app.py", 0, 18},
+		{"cpython", "Worker.run", "/srv/app.py", 0, 30},
+		{"cpython", "<module>", "/srv/app.py", 0, 41},
+		{"cpython", "cf_leaf", "/srv/app.py", 0, 19},
+	}
+	if libc == 0 || !slices.Equal(locs, want) {
+		t.Errorf("locations =\n%v\nwant\n%v", locs, want)
+	}
+}

@@ -20,7 +20,7 @@ type PythonProc struct {
 	TSDBlockDeref      uint8
 	FrameLayout        PythonFrameLayout
 	LastiUnit          uint8
-	OwnedByCStack      uint8
+	EntryFrameOwner    uint8
 	_                  [3]uint8
 	TStateFrame        uint16
 	CFrameCurrentFrame uint16

@@ -78,7 +78,7 @@ func TestDebugBuild(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, err := NewBinary(f)
+		b, err := NewBinary(f, func() ([][2]uint64, error) { return nil, nil })
 		f.Close()
 		if err != nil || !b.Debug || b.Err == nil || b.Offsets != nil {
 			t.Errorf("%s: %+v, %v; want a debug build that is not unwound", path, b, err)

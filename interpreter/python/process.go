@@ -13,6 +13,10 @@ import (
 // thread state key.
 type Binary struct {
 	*Interpreter
+	// EvalRanges is the code of _PyEval_EvalFrameDefault, [start, end) in
+	// file addresses: its symbol's range and any part the compiler split
+	// off (see evalparts.go).
+	EvalRanges [][2]uint64
 	// Offsets is nil when Err is set.
 	Offsets *Offsets
 	// Err says why processes of this binary cannot be unwound (a version
@@ -22,13 +26,20 @@ type Binary struct {
 }
 
 // NewBinary finds CPython in f (ErrNotPython for other files) and what
-// unwinding its processes takes.
-func NewBinary(f *elf.File) (*Binary, error) {
+// unwinding its processes takes. functions returns the ranges of f's FDEs
+// (nativeunwind.FunctionRanges), in which it looks for parts of the eval
+// loop split off from its symbol; it is called only for CPython.
+func NewBinary(f *elf.File, functions func() ([][2]uint64, error)) (*Binary, error) {
 	in, err := Detect(f)
 	if err != nil {
 		return nil, err
 	}
-	b := &Binary{Interpreter: in}
+	b := &Binary{Interpreter: in, EvalRanges: [][2]uint64{in.EvalFrame}}
+	if fns, err := functions(); err == nil {
+		// Without the parts, the symbol's range still is the eval loop's
+		// entry, where every call starts.
+		b.EvalRanges, _ = evalParts(f, in, fns)
+	}
 	if in.Debug {
 		b.Err = fmt.Errorf("CPython %v is a debug build (Py_DEBUG): the offsets table describes release builds", in.Version)
 		return b, nil
@@ -108,7 +119,9 @@ func (o *Offsets) frameLayout() (support.PythonFrameLayout, error) {
 		return support.PythonFrames311, nil
 	case o.Version.Minor == 12:
 		return support.PythonFrames312, nil
-	case o.Version.Minor == 13:
+	case o.Version.Minor <= 14:
+		// 3.14 links frames as 3.13 does; its f_executable carries tag
+		// bits, which the unwinder clears for every version.
 		return support.PythonFrames313, nil
 	}
 	return 0, fmt.Errorf("CPython %v: no frame layout for the unwinder", o.Version)
@@ -157,10 +170,16 @@ func (o *Offsets) unwinderProc() (support.PythonProc, error) {
 	}
 	if layout >= support.PythonFrames312 {
 		need("_PyInterpreterFrame.owner", f.Owner, &u.FrameOwner)
-		if f.OwnedByCStack < 0 || f.OwnedByCStack > 0xff {
-			return support.PythonProc{}, fmt.Errorf("CPython %v: FRAME_OWNED_BY_CSTACK is %d", o.Version, f.OwnedByCStack)
+		// The lowest owner value of an entry frame: 3.14 gives entry
+		// frames FRAME_OWNED_BY_INTERPRETER, one below CSTACK.
+		entry := f.OwnedByCStack
+		if o.Version.Minor >= 14 {
+			entry--
 		}
-		u.OwnedByCStack = uint8(f.OwnedByCStack)
+		if entry < 0 || entry > 0xff {
+			return support.PythonProc{}, fmt.Errorf("CPython %v: entry frame owner %d", o.Version, entry)
+		}
+		u.EntryFrameOwner = uint8(entry)
 	}
 	for _, fl := range fields {
 		if fl.value < 0 || fl.value > 0xffff {

@@ -263,7 +263,6 @@ int unwind_native(struct bpf_perf_event_data *ctx)
       py->eval_file_id = file_id;
       py->eval_addr = addr;
       py->eval_flags = flags;
-      py->eval_sp = state->sp;
       py->call_frames = 0;
     } else if (push_frame(t, FRAME_KIND_NATIVE, flags, file_id, addr)) {
       increment_metric(METRIC_TRUNCATED_TRACES);

@@ -79,7 +79,7 @@ enum python_call_walk {
 
 static __always_inline int on_eval_stack(const struct python_walk *w, u64 addr)
 {
-  return addr >= w->eval_sp && addr < w->eval_cfa;
+  return addr >= w->eval_lo && addr < w->eval_cfa;
 }
 
 // Ends a call that has no Python frames of its own: it is entering or
@@ -139,7 +139,7 @@ static __always_inline int python_walk_call(struct python_walk *w, const struct 
       u8 owner;
       if (bpf_probe_read_user(&owner, sizeof(owner), (void *)(f + proc->frame_owner)))
         goto fail;
-      if (owner == proc->owned_by_cstack) {
+      if (owner >= proc->entry_frame_owner) {
         if (!on_eval_stack(w, f)) {
           increment_metric(METRIC_PYTHON_CALL_BOUNDARY);
           t->num_frames = w->call_first_index;
@@ -153,6 +153,8 @@ static __always_inline int python_walk_call(struct python_walk *w, const struct 
     if (bpf_probe_read_user(&code, sizeof(code), (void *)(f + proc->frame_code)) ||
         bpf_probe_read_user(&instr, sizeof(instr), (void *)(f + proc->frame_instr)))
       goto fail;
+    // 3.14's f_executable is a _PyStackRef: a pointer with tag bits.
+    code &= ~3ULL;
     w->frame = prev;
     w->call_frames++;
     increment_metric(METRIC_PYTHON_FRAMES);
@@ -206,6 +208,8 @@ int unwind_python(struct bpf_perf_event_data *ctx)
     walk = python_walk_call(w, proc, t);
   }
 
+  if (walk == PYTHON_CALL_DONE)
+    w->eval_lo = w->eval_cfa;
   switch (walk) {
   case PYTHON_CALL_MORE:
     return tail_call_next(ctx, r, PROG_UNWIND_PYTHON);

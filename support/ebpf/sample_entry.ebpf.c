@@ -79,6 +79,7 @@ int sample_entry(struct bpf_perf_event_data *ctx)
   r->state.return_address = 0;
   r->state.vma_end = 0;
   r->state.python.status = PYTHON_UNKNOWN;
+  r->state.python.eval_lo = 0;
 
   if (regs_in_kernel(&ctx->regs))
     add_kernel_frames(ctx, r);

@@ -305,8 +305,10 @@ struct python_proc {
   u8 frame_layout; // enum python_frame_layout
   // PYTHON_FRAMES_OBJECTS: bytes per unit of f_lasti.
   u8 lasti_unit;
-  // FRAME_OWNED_BY_CSTACK (3.12+).
-  u8 owned_by_cstack;
+  // 3.12+: a frame whose owner is this or above is the entry frame a call
+  // of the eval loop keeps on its C stack (FRAME_OWNED_BY_CSTACK in 3.12
+  // and 3.13, FRAME_OWNED_BY_INTERPRETER in 3.14), which runs no code.
+  u8 entry_frame_owner;
   u8 pad[3];
   // Byte offsets into CPython's structs: tstate->frame, ->cframe or
   // ->current_frame as the layout says; _PyCFrame's current_frame and
@@ -386,11 +388,13 @@ struct python_walk {
   u64 frame;
   // PYTHON_FRAMES_311: the _PyCFrame of the next eval loop call.
   u64 cframe;
-  // The C stack of the eval loop's native frame: [eval_sp, eval_cfa). A
-  // call of the eval loop keeps its _PyCFrame (3.11) or its entry frame
-  // (3.12+) there, which tells the frames of this call from those of its
-  // caller while it is entering or leaving.
-  u64 eval_sp;
+  // The C stack of the eval loop's call: [eval_lo, eval_cfa), from the
+  // previous call's CFA (0 for the first) to this one's. A call keeps its
+  // _PyCFrame (3.11) or its entry frame (3.12+) there (in the eval loop's
+  // own frame, or in a part the compiler split off), which tells the
+  // frames of this call from those of its caller while it is entering or
+  // leaving.
+  u64 eval_lo;
   u64 eval_cfa;
   // Where the current call's walk began, to take back the frames it
   // reported if they turn out to be its caller's.

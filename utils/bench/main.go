@@ -6,6 +6,7 @@
 // and start-up time and CPU until the first export.
 //
 // Usage (root): go run ./utils/bench -bin ./ebpf-profiler [-duration 60s] [-rates 20,100,1000]
+// [-load shell|c|python] [-procs N]
 package main
 
 import (
@@ -28,6 +29,9 @@ func main() {
 	duration := flag.Duration("duration", time.Minute, "profiling time per rate")
 	rates := flag.String("rates", "20,100,1000", "sampling rates to measure")
 	runs := flag.Int("runs", 3, "runs per rate; the table shows each figure's median")
+	load := flag.String("load", "shell", "what keeps the CPUs busy: shell loops, c (utils/workloads/fpchain.c, -O2) "+
+		"or python (utils/workloads/python/pyworkload.py chain under python3)")
+	procs := flag.Int("procs", runtime.NumCPU(), "busy processes")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fatalf("run as root")
@@ -37,9 +41,10 @@ func main() {
 	}
 
 	atExit(func() { os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", []byte("0"), 0) })
-	atExit(busyLoad(runtime.NumCPU()))
+	atExit(busyLoad(*load, *procs))
 	defer runAtExit()
-	fmt.Printf("%d CPUs kept busy; medians of %d runs of %v per rate\n\n", runtime.NumCPU(), *runs, *duration)
+	fmt.Printf("%d CPUs kept busy by %d %s processes; medians of %d runs of %v per rate\n\n",
+		runtime.NumCPU(), *procs, *load, *runs, *duration)
 	fmt.Printf("%6s %10s %10s %8s %9s %9s %10s %6s %6s %9s %12s\n",
 		"Hz", "CPU s/min", "BPF s/min", "RSS MiB", "peak MiB", "maps MiB", "delivered", "lost", "idle", "attach s", "1st export")
 	for _, r := range strings.Split(*rates, ",") {
@@ -271,11 +276,31 @@ func bpfMapBytes(pid int) uint64 {
 	return total
 }
 
-// busyLoad keeps n CPUs busy with shell loops until the returned func runs.
-func busyLoad(n int) func() {
+// busyLoad starts n busy processes of the given kind and returns the func
+// that stops them.
+func busyLoad(kind string, n int) func() {
+	var argv []string
+	switch kind {
+	case "shell":
+		argv = []string{"sh", "-c", "while :; do :; done"}
+	case "c":
+		dir, err := os.MkdirTemp("", "bench-load")
+		check(err)
+		atExit(func() { os.RemoveAll(dir) })
+		bin := filepath.Join(dir, "fpchain")
+		out, err := exec.Command("gcc", "-O2", "-o", bin, "utils/workloads/fpchain.c").CombinedOutput()
+		if err != nil {
+			fatalf("building the C load (run from the repository root): %v\n%s", err, out)
+		}
+		argv = []string{bin, "1000000"}
+	case "python":
+		argv = []string{"python3", "utils/workloads/python/pyworkload.py", "chain", "1000000"}
+	default:
+		fatalf("unknown load %q", kind)
+	}
 	var cmds []*exec.Cmd
 	for range n {
-		c := exec.Command("sh", "-c", "while :; do :; done")
+		c := exec.Command(argv[0], argv[1:]...)
 		check(c.Start())
 		cmds = append(cmds, c)
 	}
