@@ -24,5 +24,10 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# CPython 3.14 from Debian unstable, which pyenv lacks: the Python tests
+# run it, and its headers give the offset table (cached).
+./utils/pyfetch/fetch-python.sh 3.14 amd64 >/dev/null
+./utils/pyfetch/fetch-python.sh 3.14 arm64 >/dev/null
+
 # Builds the collector once and caches it; prints its path.
 ./utils/collector/build.sh

@@ -7,8 +7,9 @@ import (
 )
 
 // The table in offsets_table.go is compiled from the CPython headers that
-// pyenv installed; see utils/pyoffsets.
-//go:generate go run ../../utils/pyoffsets -out offsets_table.go
+// pyenv installed (3.6-3.13) and from Debian unstable's libpython3.14-dev,
+// which utils/pyfetch fetches; see utils/pyoffsets.
+//go:generate go run ../../utils/pyoffsets -fetched 3.14 -out offsets_table.go
 
 // Version is a CPython minor release line. The table is keyed by it: it
 // assumes that patch releases keep the layouts of their minor version, as
@@ -170,7 +171,8 @@ type FrameObjectOffsets struct {
 }
 
 // InterpreterFrameOffsets is _PyInterpreterFrame (3.11+) and its enum
-// _frameowner, internal/pycore_frame.h.
+// _frameowner, internal/pycore_frame.h (3.11-3.13),
+// internal/pycore_interpframe_structs.h (3.14).
 type InterpreterFrameOffsets struct {
 	Size     int
 	Previous int // previous
@@ -178,7 +180,9 @@ type InterpreterFrameOffsets struct {
 	Code int
 	// Executable is f_executable (3.13+), which holds a code object for
 	// Python frames but may hold None or another object for shim and
-	// trampoline frames: check its type before reading it as code.
+	// trampoline frames: check its type before reading it as code. In
+	// 3.14 it is a _PyStackRef, the pointer with tag bits in its low two
+	// bits (Py_TAG_BITS, internal/pycore_stackref.h).
 	Executable int
 	// PrevInstr is prev_instr (3.11, 3.12), a _Py_CODEUNIT * to the code
 	// unit before the next instruction (possibly an inline cache entry).
@@ -195,11 +199,14 @@ type InterpreterFrameOffsets struct {
 	OwnedByThread      int // FRAME_OWNED_BY_THREAD
 	OwnedByGenerator   int // FRAME_OWNED_BY_GENERATOR
 	OwnedByFrameObject int // FRAME_OWNED_BY_FRAME_OBJECT
-	// OwnedByCStack is FRAME_OWNED_BY_CSTACK (3.12+): the entry frame
-	// _PyEval_EvalFrameDefault pushes on the C stack; it has no code to
-	// report and marks where the Python stack of one C call of the eval
-	// loop ends (IsEntry did that in 3.11).
+	// OwnedByCStack is FRAME_OWNED_BY_CSTACK (3.12+): in 3.12 and 3.13
+	// the entry frame _PyEval_EvalFrameDefault pushes on the C stack; it
+	// has no code to report and marks where the Python stack of one C call
+	// of the eval loop ends (IsEntry did that in 3.11).
 	OwnedByCStack int
+	// OwnedByInterpreter is FRAME_OWNED_BY_INTERPRETER (3.14+), which the
+	// entry frame has from 3.14 on.
+	OwnedByInterpreter int
 }
 
 // CodeOffsets is PyCodeObject: code.h (3.6-3.8), cpython/code.h (3.9+).
@@ -268,7 +275,7 @@ type UnicodeOffsets struct {
 }
 
 // DebugLayout is where each field of _Py_DebugOffsets (3.13+,
-// internal/pycore_runtime.h) lives, as byte offsets into that struct. A
+// internal/pycore_runtime.h; internal/pycore_debug_offsets.h in 3.14) lives, as byte offsets into that struct. A
 // running 3.13+ interpreter fills it with the offsets it was built with;
 // DecodeDebugOffsets reads them. The struct is only stable within a minor
 // version, hence the per-version layout.

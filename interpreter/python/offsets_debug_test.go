@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -28,13 +29,25 @@ func offEncodeDebug(t *testing.T, o *Offsets, hex uint64) []byte {
 	return raw
 }
 
+// TestDecodeDebugOffsets encodes each version's table values as its
+// processes publish them and decodes them back, edited.
 func TestDecodeDebugOffsets(t *testing.T) {
-	table, err := OffsetsFor(Version{3, 13})
-	if err != nil {
-		t.Fatal(err)
+	for _, v := range offTableVersions() {
+		table, err := OffsetsFor(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if table.Debug.Size == NoField {
+			continue
+		}
+		t.Run(v.String(), func(t *testing.T) { offTestDecodeDebug(t, table) })
 	}
+}
+
+func offTestDecodeDebug(t *testing.T, table *Offsets) {
 	d := table.Debug
-	const v3130 = 0x030d00f0
+	hexOf := func(minor, patch int) uint64 { return uint64(3<<24 | minor<<16 | patch<<8 | 0xf0) }
+	minor := table.Version.Minor
 	put := func(at int, v uint64) func([]byte) []byte {
 		return func(b []byte) []byte { binary.NativeEndian.PutUint64(b[at:], v); return b }
 	}
@@ -49,19 +62,19 @@ func TestDecodeDebugOffsets(t *testing.T) {
 			check: func(o *Offsets) bool { return offEqual(o, table) }},
 		{name: "a published value wins", edit: put(d.ThreadStateCurrentFrame, 80),
 			check: func(o *Offsets) bool { return o.ThreadState.CurrentFrame == 80 && o.Code.Name == table.Code.Name }},
-		{name: "a patch release", edit: put(d.Version, 0x030d05f0),
-			check: func(o *Offsets) bool { return o.Version == Version{3, 13} }},
+		{name: "a patch release", edit: put(d.Version, hexOf(minor, 5)),
+			check: func(o *Offsets) bool { return o.Version == table.Version }},
 		{name: "no cookie", edit: func(b []byte) []byte { copy(b, "xdebugpz"); return b }, wantErr: ErrNoDebugOffsets},
 		{name: "too short for the cookie", edit: func(b []byte) []byte { return b[:12] }, wantErr: ErrNoDebugOffsets},
 		{name: "too short for the layout", edit: func(b []byte) []byte { return b[:d.Size-1] }, errText: "bytes"},
-		{name: "unknown version", edit: put(d.Version, 0x030e00f0), wantErr: ErrNoOffsets, errText: "3.14"},
-		{name: "older version", edit: put(d.Version, 0x030c01f0), wantErr: ErrNoOffsets, errText: "3.12"},
+		{name: "unknown version", edit: put(d.Version, hexOf(99, 0)), wantErr: ErrNoOffsets, errText: "3.99"},
+		{name: "older version", edit: put(d.Version, hexOf(12, 1)), wantErr: ErrNoOffsets, errText: "3.12"},
 		{name: "free-threaded", edit: put(d.FreeThreaded, 1), wantErr: ErrNoOffsets, errText: "free-threaded"},
 		{name: "implausible value", edit: put(d.CodeFilename, 1<<40), errText: "implausible"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			o, err := DecodeDebugOffsets(tt.edit(offEncodeDebug(t, table, v3130)))
+			o, err := DecodeDebugOffsets(tt.edit(offEncodeDebug(t, table, hexOf(minor, 0))))
 			if tt.wantErr == nil && tt.errText == "" {
 				if err != nil || !tt.check(o) {
 					t.Fatalf("DecodeDebugOffsets = %+v, %v", o, err)
@@ -85,14 +98,36 @@ func offEqual(a, b *Offsets) bool {
 	return a.Version == b.Version && a.ThreadStateFrom == b.ThreadStateFrom && a.LastiUnit == b.LastiUnit
 }
 
-// TestDebugOffsets313 reads the _Py_DebugOffsets of a running CPython
-// 3.13 from its memory, where the interpreter put the offsets it was
-// compiled with, and checks that they agree with the table.
-func TestDebugOffsets313(t *testing.T) {
-	python := filepath.Join(offPyenvVersions(), "3.13.0", "bin", "python3.13")
-	if offPyenvVersions() == "" || !offHaveFile(python) {
-		t.Skip("CPython 3.13.0 is not installed by pyenv")
+// TestDebugOffsetsLive reads the _Py_DebugOffsets of running CPythons
+// 3.13+ from their memory, where each interpreter put the offsets it was
+// compiled with, and checks that they agree with the table: pyenv's 3.13.0
+// and Debian's 3.14, which utils/pyfetch fetches and runs through Debian's
+// own dynamic loader (so /proc/PID/exe is ld.so, and _PyRuntime is found
+// among the mapped files).
+func TestDebugOffsetsLive(t *testing.T) {
+	tests := []struct {
+		name    string
+		version Version
+		python  func(t *testing.T) string
+	}{
+		{"pyenv-3.13.0", Version{3, 13}, func(t *testing.T) string {
+			python := filepath.Join(offPyenvVersions(), "3.13.0", "bin", "python3.13")
+			if offPyenvVersions() == "" || !offHaveFile(python) {
+				t.Skip("CPython 3.13.0 is not installed by pyenv")
+			}
+			return python
+		}},
+		{"debian-3.14", Version{3, 14}, func(t *testing.T) string {
+			_, wrapper := offFetchPython(t, "3.14", runtime.GOARCH)
+			return wrapper
+		}},
 	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { offCheckLiveDebug(t, tt.python(t), tt.version) })
+	}
+}
+
+func offCheckLiveDebug(t *testing.T, python string, v Version) {
 	cmd := exec.Command(python, "-c", "import time; print('ready', flush=True); time.sleep(60)")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -103,7 +138,7 @@ func TestDebugOffsets313(t *testing.T) {
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "ready\n" {
-		t.Fatalf("python3.13 did not start: %q, %v", line, err)
+		t.Fatalf("%s did not start: %q, %v", python, line, err)
 	}
 	pid := cmd.Process.Pid
 
@@ -111,7 +146,7 @@ func TestDebugOffsets313(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	table, err := OffsetsFor(Version{3, 13})
+	table, err := OffsetsFor(v)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,24 +161,25 @@ func TestDebugOffsets313(t *testing.T) {
 	if _, err := mem.ReadAt(raw, int64(addr)); err != nil {
 		t.Fatalf("reading %s at %#x: %v", RuntimeSymbol, addr, err)
 	}
-	if hex := binary.NativeEndian.Uint64(raw[table.Debug.Version:]); hex != 0x030d00f0 {
-		t.Errorf("PY_VERSION_HEX = %#x, want 0x30d00f0 (3.13.0)", hex)
+	hex := binary.NativeEndian.Uint64(raw[table.Debug.Version:])
+	if got := (Version{Major: int(hex >> 24 & 0xff), Minor: int(hex >> 16 & 0xff)}); got != v {
+		t.Fatalf("PY_VERSION_HEX = %#x, want %s", hex, v)
 	}
 	live, err := DecodeDebugOffsets(raw)
 	if err != nil {
 		t.Fatalf("decoding the %d bytes at %s+%#x in %s: %v", len(raw), RuntimeSymbol, addr, file, err)
 	}
 	want, got := offLeaves(table), offLeaves(live)
-	for k, v := range want {
-		if got[k] != v {
-			t.Errorf("%s: the process publishes %d, the table has %d", k, got[k], v)
+	for k, val := range want {
+		if got[k] != val {
+			t.Errorf("%s: the process publishes %d, the table has %d", k, got[k], val)
 		}
 	}
 	if t.Failed() {
 		return
 	}
-	t.Logf("the %d offsets python3.13 (pid %d) publishes at %#x (%s) match the table",
-		len(live.debugTargets()), pid, addr, file)
+	t.Logf("the %d offsets CPython %#x (pid %d) publishes at %#x (%s) match the table",
+		len(live.debugTargets()), hex, pid, addr, file)
 }
 
 // offSymbolAddress finds where symbol is in the memory of pid: in which

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -26,6 +27,7 @@ func TestOffsetsFor(t *testing.T) {
 		{Version{3, 11}, ThreadStateFromRuntime, 0},
 		{Version{3, 12}, ThreadStateFromTLS, 0},
 		{Version{3, 13}, ThreadStateFromTLS, 0},
+		{Version{3, 14}, ThreadStateFromTLS, 0},
 	}
 	for _, tt := range tests {
 		o, err := OffsetsFor(tt.v)
@@ -38,7 +40,7 @@ func TestOffsetsFor(t *testing.T) {
 				tt.v, o.Version, o.Arch, o.ThreadStateFrom, o.LastiUnit, tt.v, runtime.GOARCH, tt.from, tt.lastiUnit)
 		}
 	}
-	for _, v := range []Version{{2, 7}, {3, 5}, {3, 14}, {4, 0}} {
+	for _, v := range []Version{{2, 7}, {3, 5}, {3, 15}, {4, 0}} {
 		_, err := OffsetsFor(v)
 		if !errors.Is(err, ErrNoOffsets) || !strings.Contains(err.Error(), v.String()) {
 			t.Errorf("OffsetsFor(%s) error = %v, want ErrNoOffsets naming %s", v, err, v)
@@ -54,8 +56,8 @@ func TestOffsetsFor(t *testing.T) {
 // table and one bytecode location, and the fields that go with them.
 func TestOffsetsConsistent(t *testing.T) {
 	for _, arch := range []string{"amd64", "arm64"} {
-		for minor := 6; minor <= 13; minor++ {
-			o, err := offsetsFor(arch, Version{3, minor})
+		for _, v := range offTableVersions() {
+			o, err := offsetsFor(arch, v)
 			if err != nil {
 				t.Error(err)
 				continue
@@ -72,17 +74,17 @@ func TestOffsetsConsistent(t *testing.T) {
 // the GIL's pthread_mutex_t (40 bytes on amd64, 48 on arm64) precedes
 // gilstate.
 func TestOffsetsArchitectures(t *testing.T) {
-	for minor := 6; minor <= 13; minor++ {
-		amd, err1 := offsetsFor("amd64", Version{3, minor})
-		arm, err2 := offsetsFor("arm64", Version{3, minor})
+	for _, v := range offTableVersions() {
+		amd, err1 := offsetsFor("amd64", v)
+		arm, err2 := offsetsFor("arm64", v)
 		if err := errors.Join(err1, err2); err != nil {
 			t.Error(err)
 			continue
 		}
 		la, lb := offLeaves(amd), offLeaves(arm)
-		for k, v := range la {
-			if lb[k] != v && !strings.HasPrefix(k, "Runtime.") {
-				t.Errorf("3.%d %s: amd64 %d, arm64 %d", minor, k, v, lb[k])
+		for k, val := range la {
+			if lb[k] != val && !strings.HasPrefix(k, "Runtime.") {
+				t.Errorf("%s %s: amd64 %d, arm64 %d", v, k, val, lb[k])
 			}
 		}
 	}
@@ -115,7 +117,7 @@ func offProblems(o *Offsets) []string {
 		check(ts.Frame == NoField && f.Executable == NoField && f.InstrPtr == NoField, "fields of other versions set")
 	default:
 		check(set(ts.CurrentFrame, f.Executable, f.InstrPtr, f.Previous, f.OwnedByCStack, o.Code.CodeAdaptive,
-			o.Debug.Size), "3.13 frame fields missing")
+			o.Debug.Size), "3.13+ frame fields missing")
 		check(ts.Frame == NoField && ts.CFrame == NoField && f.Code == NoField, "fields of other versions set")
 	}
 	check(set(o.Code.Lnotab) != set(o.Code.Linetable), "not exactly one line table")
@@ -151,6 +153,45 @@ func offLeaves(o *Offsets) map[string]int {
 	return leaves
 }
 
+// offTableVersions lists the versions in the table, oldest first.
+func offTableVersions() []Version {
+	var vs []Version
+	for _, o := range generatedOffsets {
+		if !slices.Contains(vs, o.Version) {
+			vs = append(vs, o.Version)
+		}
+	}
+	return vs
+}
+
+// offFetchedVersions are the releases utils/pyoffsets takes by default
+// from utils/pyfetch's cache of Debian's packages (its -fetched flag):
+// those pyenv has no headers for here.
+var offFetchedVersions = []string{"3.14"}
+
+// offFetchPython runs utils/pyfetch/fetch-python.sh for CPython version
+// on the Debian architecture arch (amd64 and arm64 are named as in Go) and
+// returns the cache directory it unpacks into, base/python-VERSION-ARCH.
+// The script reuses a finished cache without network. It fails the test
+// rather than skipping it: the table's values for version would go
+// unchecked.
+func offFetchPython(t testing.TB, version, arch string) (base, wrapper string) {
+	t.Helper()
+	script := filepath.Join("..", "..", "utils", "pyfetch", "fetch-python.sh")
+	cmd := exec.Command(script, version, arch)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("fetching Debian's CPython %s for %s: %v\n%s\nrun utils/pyfetch/fetch-python.sh %s %s "+
+			"(as .ci/install-test-deps.sh does)", version, arch, err, stderr.String(), version, arch)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	wrapper = lines[len(lines)-1]
+	// The wrapper is base/python-VERSION-ARCH/bin/python3.
+	return filepath.Dir(filepath.Dir(filepath.Dir(wrapper))), wrapper
+}
+
 // offPyenvVersions is where pyenv keeps its CPythons: $PYENV_ROOT, or
 // ~/.pyenv, or root's (tests often run under sudo).
 func offPyenvVersions() string {
@@ -175,8 +216,8 @@ func offHomePyenv() string {
 
 // offCompiled is one layout utils/pyoffsets -json prints.
 type offCompiled struct {
-	Version, Release, Arch string
-	Entries                []struct {
+	Version, Release, Arch, Origin string
+	Entries                        []struct {
 		Key   string
 		Kind  string
 		Value int
@@ -184,9 +225,10 @@ type offCompiled struct {
 }
 
 // TestOffsetsMatchHeaders compiles utils/pyoffsets' C program against
-// the headers of every CPython pyenv installed, for amd64 and (with the
-// cross compiler) arm64, and compares each value with the table: a
-// mismatch means the table is stale or was edited by hand.
+// the headers of every CPython pyenv installed and of Debian's releases
+// that utils/pyfetch fetches, for amd64 and (with the cross compiler)
+// arm64, and compares each value with the table: a mismatch means the
+// table is stale or was edited by hand.
 func TestOffsetsMatchHeaders(t *testing.T) {
 	versions := offPyenvVersions()
 	if versions == "" {
@@ -199,7 +241,13 @@ func TestOffsetsMatchHeaders(t *testing.T) {
 	} else {
 		t.Log("not checking arm64: needs aarch64-linux-gnu-gcc and libc6-dev-arm64-cross")
 	}
-	compiled := offRunGenerator(t, versions, arches)
+	var cache string
+	for _, arch := range arches {
+		for _, v := range offFetchedVersions {
+			cache, _ = offFetchPython(t, v, arch)
+		}
+	}
+	compiled := offRunGenerator(t, versions, cache, arches)
 	checked := 0
 	for _, c := range compiled {
 		var v Version
@@ -225,7 +273,7 @@ func TestOffsetsMatchHeaders(t *testing.T) {
 			t.Errorf("%s %s: the headers give no %s", c.Release, c.Arch, k)
 		}
 		if !t.Failed() {
-			t.Logf("%s %s: %d values match the headers of %s", v, c.Arch, len(c.Entries), c.Release)
+			t.Logf("%s %s: %d values match CPython %s, %s", v, c.Arch, len(c.Entries), c.Release, c.Origin)
 		}
 		checked++
 	}
@@ -239,14 +287,15 @@ func TestOffsetsMatchHeaders(t *testing.T) {
 	}
 }
 
-func offRunGenerator(t *testing.T, versions string, arches []string) []offCompiled {
+func offRunGenerator(t *testing.T, versions, cache string, arches []string) []offCompiled {
 	t.Helper()
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
 	cmd := exec.Command(goTool, "run", "../../utils/pyoffsets", "-json",
-		"-pyenv", versions, "-arch", strings.Join(arches, ","))
+		"-pyenv", versions, "-cache", cache, "-fetched", strings.Join(offFetchedVersions, ","),
+		"-arch", strings.Join(arches, ","))
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -173,8 +173,8 @@ func (o *Offsets) unwinderProc() (support.PythonProc, error) {
 		// The lowest owner value of an entry frame: 3.14 gives entry
 		// frames FRAME_OWNED_BY_INTERPRETER, one below CSTACK.
 		entry := f.OwnedByCStack
-		if o.Version.Minor >= 14 {
-			entry--
+		if f.OwnedByInterpreter != NoField {
+			entry = min(entry, f.OwnedByInterpreter)
 		}
 		if entry < 0 || entry > 0xff {
 			return support.PythonProc{}, fmt.Errorf("CPython %v: entry frame owner %d", o.Version, entry)

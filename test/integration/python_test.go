@@ -43,6 +43,18 @@ func pythonInterpreters(t *testing.T) []pythonInterpreter {
 			out = append(out, pythonInterpreter{filepath.Base(v), bin})
 		}
 	}
+	// CPython 3.14 from Debian unstable (make test-deps fetches it): a
+	// static python3.14 run through its own C library's loader.
+	cache := os.Getenv("XDG_CACHE_HOME")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache")
+	}
+	sid := filepath.Join(cache, "ebpf-profiler", "python-3.14-"+runtime.GOARCH, "bin", "python3")
+	if _, err := os.Stat(sid); err != nil {
+		t.Fatalf("no CPython 3.14 (%v): run ./utils/pyfetch/fetch-python.sh 3.14", err)
+	}
+	out = append(out, pythonInterpreter{"3.14 (Debian sid)", sid})
 	if len(out) == 0 {
 		t.Fatal("no CPython 3 found (python3 on PATH or pyenv versions)")
 	}
@@ -113,27 +125,28 @@ func nativeBelow(tr *libpf.Trace, lib string) bool {
 }
 
 // completeStack reports whether a trace reaches the root of its thread:
-// the outermost frame is the process's entry point (_start), or for a
-// thread the interpreter's thread entry (pythread_wrapper) with only the C
-// library's thread start beyond it (start_thread and clone3, which a
-// stripped libc does not name).
+// the outermost frame is the process's entry point (_start) or, for a
+// thread, the C library's thread start (clone3, which a stripped libc does
+// not name; the unwinder stops there at its end-of-stack CFI), below the
+// interpreter's frames.
 func completeStack(tr *libpf.Trace) bool {
-	if len(tr.Frames) == 0 || tr.Truncated {
+	n := len(tr.Frames)
+	if n < 2 || tr.Truncated {
 		return false
 	}
-	if tr.Frames[len(tr.Frames)-1].FunctionName == "_start" {
-		return true
-	}
-	for i := len(tr.Frames) - 1; i >= 0; i-- {
-		f := &tr.Frames[i]
-		if f.FunctionName == "pythread_wrapper" {
-			return i < len(tr.Frames)-1
-		}
-		if f.Mapping == nil || !strings.HasPrefix(filepath.Base(f.Mapping.Path), "libc.so") {
+	for _, f := range tr.Frames {
+		if f.Kind == libpf.FrameAbort {
 			return false
 		}
 	}
-	return false
+	last := &tr.Frames[n-1]
+	if last.FunctionName == "_start" {
+		return true
+	}
+	inLibc := func(f *libpf.Frame) bool {
+		return f.Mapping != nil && strings.HasPrefix(filepath.Base(f.Mapping.Path), "libc.so")
+	}
+	return inLibc(last) && len(pythonFrames(tr)) > 0
 }
 
 // pythonRun is one run of the workload: its pid and when its hot phase

@@ -11,56 +11,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"slices"
-	"strconv"
 	"strings"
 )
 
 //go:embed c/pyoffsets.c
 var cSource []byte
-
-// release is one installed CPython.
-type release struct {
-	Name                string // "3.11.7"
-	Major, Minor, Patch int
-	Include             string // the directory holding Python.h
-}
-
-var releaseName = regexp.MustCompile(`^3\.(\d+)\.(\d+)$`)
-
-// findReleases lists the newest patch release of each minor version under
-// dir, oldest minor first. Free-threaded (3.13.0t) and other variants are
-// skipped: the table describes the default build.
-func findReleases(dir string) ([]release, error) {
-	des, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, fmt.Errorf("listing CPython releases: %w", err)
-	}
-	newest := map[int]release{}
-	for _, de := range des {
-		m := releaseName.FindStringSubmatch(de.Name())
-		if m == nil {
-			continue
-		}
-		minor, _ := strconv.Atoi(m[1])
-		patch, _ := strconv.Atoi(m[2])
-		incs, _ := filepath.Glob(filepath.Join(dir, de.Name(), "include", "python3.*", "Python.h"))
-		if len(incs) != 1 {
-			return nil, fmt.Errorf("%s: want one include/python3.*/Python.h, found %d", de.Name(), len(incs))
-		}
-		r := release{Name: de.Name(), Major: 3, Minor: minor, Patch: patch, Include: filepath.Dir(incs[0])}
-		if old, ok := newest[minor]; !ok || old.Patch < patch {
-			newest[minor] = r
-		}
-	}
-	var rs []release
-	for _, r := range newest {
-		rs = append(rs, r)
-	}
-	slices.SortFunc(rs, func(a, b release) int { return a.Minor - b.Minor })
-	return rs, nil
-}
 
 // toolchain is the C compiler that lays structs out for one GOARCH.
 type toolchain struct {
@@ -93,12 +48,13 @@ func toolchainFor(arch string) (toolchain, error) {
 
 // layout is what one release's headers say on one architecture.
 type layout struct {
-	Version  string  `json:"version"` // "3.11"
-	Release  string  `json:"release"` // "3.11.7"
-	Arch     string  `json:"arch"`
-	Compiler string  `json:"compiler"`
-	Include  string  `json:"include"`
-	Entries  []entry `json:"entries"`
+	Version  string   `json:"version"` // "3.11"
+	Release  string   `json:"release"` // "3.11.7"
+	Arch     string   `json:"arch"`
+	Compiler string   `json:"compiler"`
+	Origin   string   `json:"origin"`
+	Includes []string `json:"includes"`
+	Entries  []entry  `json:"entries"`
 }
 
 // entry is one value: Key is the Go field path in python.Offsets, CType
@@ -123,7 +79,11 @@ func compileLayout(tc toolchain, r release) (layout, error) {
 	if err := os.WriteFile(src, cSource, 0o644); err != nil {
 		return layout{}, err
 	}
-	cmd := exec.Command(tc.CC, "-c", "-O0", "-o", obj, "-I", r.Include, src)
+	args := []string{"-c", "-O0", "-o", obj}
+	for _, dir := range r.Includes {
+		args = append(args, "-I", dir)
+	}
+	cmd := exec.Command(tc.CC, append(args, src)...)
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		return layout{}, fmt.Errorf("compiling against CPython %s for %s: %w\n%s", r.Name, tc.Arch, err, msg)
 	}
@@ -136,7 +96,8 @@ func compileLayout(tc toolchain, r release) (layout, error) {
 		Release:  r.Name,
 		Arch:     tc.Arch,
 		Compiler: tc.Version,
-		Include:  r.Include,
+		Origin:   r.Origin,
+		Includes: r.Includes,
 		Entries:  entries,
 	}, nil
 }

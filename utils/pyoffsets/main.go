@@ -1,9 +1,12 @@
 // Command pyoffsets builds the CPython struct-offset table of
-// interpreter/python (offsets_table.go) from the headers of the CPython
-// releases pyenv installed: for the newest patch release of each 3.x minor
-// version it compiles c/pyoffsets.c against that release's headers, once per
-// architecture, and reads the offsets back from the object file. Nothing is
-// run, so arm64 layouts come from a cross compiler on any host.
+// interpreter/python (offsets_table.go) from CPython headers: those of the
+// releases pyenv installed (3.6-3.13 here), and include trees of Debian's
+// libpython3.X-dev for releases pyenv lacks (3.14, which
+// utils/pyfetch/fetch-python.sh unpacks for each architecture). For the
+// newest patch release of each minor version it compiles c/pyoffsets.c
+// against that release's headers, once per architecture, and reads the
+// offsets back from the object file. Nothing is run, so arm64 layouts come
+// from a cross compiler on any host.
 //
 // Usage (from interpreter/python, as go generate runs it):
 //
@@ -11,6 +14,13 @@
 //	  (also writes offsets_table_sources_test.go: the C member behind
 //	  each value, for the tests that read DWARF)
 //	go run ../../utils/pyoffsets -json   # the compiled values, for tests
+//	go run ../../utils/pyoffsets -json -headers '/srv/py/{arch}/usr/include'
+//	  (a Debian-style include tree per GOARCH, replacing pyenv's release
+//	  of the same minor version)
+//
+// By default it takes 3.14 from utils/pyfetch's cache and fails, naming the
+// command to run, where that is missing: a table regenerated without it
+// would silently lose 3.14.
 //
 // It needs gcc, and for arm64 aarch64-linux-gnu-gcc with the arm64 libc
 // headers (Debian: gcc-aarch64-linux-gnu libc6-dev-arm64-cross).
@@ -28,7 +38,17 @@ import (
 func main() {
 	home, _ := os.UserHomeDir()
 	pyenv := flag.String("pyenv", filepath.Join(envOr("PYENV_ROOT", filepath.Join(home, ".pyenv")), "versions"),
-		"directory holding one CPython installation per release (3.X.Y)")
+		"directory holding one CPython installation per release (3.X.Y); \"\" for none")
+	cache := flag.String("cache", filepath.Join(envOr("XDG_CACHE_HOME", filepath.Join(home, ".cache")), "ebpf-profiler"),
+		"utils/pyfetch's cache directory")
+	fetched := flag.String("fetched", "3.14",
+		"comma-separated CPython versions to take from utils/pyfetch's cache (python-VERSION-ARCH)")
+	var trees []tree
+	flag.Func("headers", "a Debian-style include directory (/usr/include) of one CPython release, "+
+		"\"{arch}\" standing for the GOARCH (repeatable)", func(dir string) error {
+		trees = append(trees, tree{Dir: dir})
+		return nil
+	})
 	out := flag.String("out", "", "write the Go table to this file")
 	pkg := flag.String("pkg", ".", "directory of the Go package that declares Offsets")
 	asJSON := flag.Bool("json", false, "print the compiled values as JSON instead")
@@ -38,13 +58,12 @@ func main() {
 		fatalf("give exactly one of -out FILE and -json")
 	}
 
-	releases, err := findReleases(*pyenv)
-	if err != nil {
-		fatalf("%v", err)
+	for _, v := range strings.Split(*fetched, ",") {
+		if v != "" {
+			trees = append(trees, fetchedTree(*cache, v))
+		}
 	}
-	if len(releases) == 0 {
-		fatalf("no CPython 3 release under %s", *pyenv)
-	}
+	src := sources{Pyenv: *pyenv, Trees: trees}
 	groups, err := readGroups(*pkg, *out)
 	if err != nil {
 		fatalf("%v", err)
@@ -54,6 +73,13 @@ func main() {
 		tc, err := toolchainFor(arch)
 		if err != nil {
 			fatalf("%v", err)
+		}
+		releases, err := src.releases(tc)
+		if err != nil {
+			fatalf("%v", err)
+		}
+		if len(releases) == 0 {
+			fatalf("no CPython 3 release under %s or in -headers", *pyenv)
 		}
 		for _, r := range releases {
 			l, err := compileLayout(tc, r)
@@ -75,7 +101,7 @@ func main() {
 		}
 		return
 	}
-	src, err := emitTable(groups, layouts)
+	table, err := emitTable(groups, layouts)
 	if err != nil {
 		fatalf("%v", err)
 	}
@@ -83,7 +109,7 @@ func main() {
 	if err != nil {
 		fatalf("%v", err)
 	}
-	if err := os.WriteFile(*out, src, 0o644); err != nil {
+	if err := os.WriteFile(*out, table, 0o644); err != nil {
 		fatalf("%v", err)
 	}
 	if err := os.WriteFile(sourcesFile(*out), sources, 0o644); err != nil {

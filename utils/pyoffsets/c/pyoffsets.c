@@ -13,10 +13,12 @@
 //   PyThreadState   pystate.h (3.6, 3.7), cpython/pystate.h (3.8+)
 //   PyFrameObject   frameobject.h (3.6-3.8), cpython/frameobject.h (3.9, 3.10)
 //   _PyCFrame       cpython/pystate.h (CFrame in 3.10, _PyCFrame 3.11, 3.12)
-//   _PyInterpreterFrame, enum _frameowner  internal/pycore_frame.h (3.11+)
+//   _PyInterpreterFrame, enum _frameowner  internal/pycore_frame.h
+//                   (3.11-3.13), internal/pycore_interpframe_structs.h (3.14)
 //   PyCodeObject    code.h (3.6-3.8), cpython/code.h (3.9+)
 //   _PyRuntimeState internal/pystate.h (3.7), internal/pycore_pystate.h
-//                   (3.8), internal/pycore_runtime.h (3.9+)
+//                   (3.8), internal/pycore_runtime.h (3.9-3.13),
+//                   internal/pycore_runtime_structs.h (3.14)
 //   PyInterpreterState  pystate.h (3.6, 3.7), internal/pycore_pystate.h
 //                   (3.8), internal/pycore_interp.h (3.9+)
 //   Py_tss_t        pythread.h (3.7-3.10), cpython/pythread.h (3.11+)
@@ -25,14 +27,26 @@
 //   PyBytesObject   bytesobject.h (3.6-3.8), cpython/bytesobject.h (3.9+)
 //   PyASCIIObject, PyCompactUnicodeObject, PyUnicodeObject
 //                   unicodeobject.h (3.6, 3.7), cpython/unicodeobject.h (3.8+)
-//   _Py_DebugOffsets internal/pycore_runtime.h (3.13)
+//   _Py_DebugOffsets internal/pycore_runtime.h (3.13),
+//                   internal/pycore_debug_offsets.h (3.14)
+//
+// 3.14's f_executable is a _PyStackRef (internal/pycore_structs.h): a union
+// of one uintptr_t whose low bits are tags (Py_TAG_BITS, 3 with the GIL).
 
 #define Py_BUILD_CORE 1
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#if PY_VERSION_HEX >= 0x030D0000
+#if defined(Py_GIL_DISABLED) || defined(Py_DEBUG) || defined(Py_TRACE_REFS)
+#  error "these headers are of a free-threaded or debug build; the table describes the default build"
+#endif
+
+#if PY_VERSION_HEX >= 0x030E0000
+#  include "internal/pycore_interpframe_structs.h"
+#  include "internal/pycore_runtime_structs.h"
+#  include "internal/pycore_debug_offsets.h"
+#elif PY_VERSION_HEX >= 0x030D0000
 #  include "internal/pycore_frame.h"
 #  include "internal/pycore_runtime.h"
 #elif PY_VERSION_HEX >= 0x030B0000
@@ -191,6 +205,11 @@ __attribute__((used)) const struct pyoffset pyoffsets[] = {
   ENUM("InterpreterFrame.OwnedByCStack", enum _frameowner, FRAME_OWNED_BY_CSTACK),
 #else
   NONE("InterpreterFrame.OwnedByCStack"),
+#endif
+#if PY_VERSION_HEX >= 0x030E0000
+  ENUM("InterpreterFrame.OwnedByInterpreter", enum _frameowner, FRAME_OWNED_BY_INTERPRETER),
+#else
+  NONE("InterpreterFrame.OwnedByInterpreter"),
 #endif
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
   OFF("InterpreterFrame.IsEntry", _PyInterpreterFrame, is_entry),
