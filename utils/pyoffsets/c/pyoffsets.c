@@ -39,7 +39,8 @@
 #include <stdint.h>
 
 #if defined(Py_GIL_DISABLED) || defined(Py_DEBUG) || defined(Py_TRACE_REFS)
-#  error "these headers are of a free-threaded or debug build; the table describes the default build"
+#  error                                                                                           \
+    "these headers are of a free-threaded or debug build; the table describes the default build"
 #endif
 
 #if PY_VERSION_HEX >= 0x030E0000
