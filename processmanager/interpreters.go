@@ -74,6 +74,8 @@ func (m *Manager) findInterpreters(p *process) {
 		info := *p.info
 		info.RuntimeName, info.RuntimeVersion = "CPython", pythonVersion(bin.Interpreter)
 		p.info = &info
+		// Conversions cached so far carry the old process info.
+		p.gen = m.newGeneration()
 		if bin.Err != nil {
 			m.counters.interpreterErrors++
 			m.log.WithError(bin.Err).Debugf("process %d: not unwinding its Python", p.pid)

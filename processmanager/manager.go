@@ -53,6 +53,8 @@ const (
 type Manager struct {
 	procFS, sysFS  string
 	rereadInterval time.Duration
+	// youngProcess: see quickRereadInterval.
+	youngProcess time.Duration
 	log            logrus.FieldLogger
 	now            func() time.Time
 
@@ -94,8 +96,10 @@ type process struct {
 	// mapsChanging is set when the last read found new mappings: a
 	// process that maps libraries (a program starting, Python importing
 	// extension modules) usually maps more soon, so its next re-read may
-	// come sooner (quickRereadInterval).
+	// come sooner (quickRereadInterval), as for a young process.
 	mapsChanging bool
+	// seen is when the manager created this state.
+	seen time.Time
 	// mappings are the executable mappings, sorted by start address.
 	mappings []*mapping
 	// python is set when the process runs CPython.
@@ -130,6 +134,7 @@ func New(cfg Config) (*Manager, error) {
 		procFS:         cmp.Or(cfg.ProcFS, "/proc"),
 		sysFS:          cmp.Or(cfg.SysFS, "/sys"),
 		rereadInterval: cmp.Or(cfg.MapsRereadInterval, defaultMapsRereadInterval),
+		youngProcess:   youngProcess,
 		log:            cfg.Logger,
 		now:            time.Now,
 		procs:          map[uint32]*process{},
@@ -204,16 +209,19 @@ func (m *Manager) loadKernel() *kernel {
 
 // RefreshMappings reads a process's mappings now if it is new, or re-reads
 // them if the rate limit allows, so that its code is mapped for BPF before
-// its next samples.
+// its next samples; and retries (paced) describing its interpreter to BPF
+// where that failed.
 func (m *Manager) RefreshMappings(pid libpf.PID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	p := m.processFor(uint32(pid), "")
 	if !p.mapsRead {
 		m.ensureMaps(p)
-		return
+	} else {
+		m.rereadMaps(p)
 	}
-	m.rereadMaps(p)
+	// BPF also asks when an interpreter it was not told of runs.
+	m.attachPython(p)
 }
 
 // Tracks reports whether the manager holds state for pid.
@@ -303,7 +311,7 @@ func (m *Manager) processFor(pid uint32, comm string) *process {
 	if p, ok := m.procs[pid]; ok {
 		return p
 	}
-	p := &process{pid: pid, gen: m.newGeneration()}
+	p := &process{pid: pid, gen: m.newGeneration(), seen: m.now()}
 	if pid == 0 {
 		// The idle task: kernel frames only, and no /proc/0.
 		p.info = &libpf.ProcessInfo{PID: 0, ExecutableName: "swapper"}
@@ -379,12 +387,16 @@ func (m *Manager) rereadMaps(p *process) bool {
 }
 
 // quickRereadInterval is the least time between two re-reads of the maps
-// of a process whose last read found new mappings.
-const quickRereadInterval = 100 * time.Millisecond
+// of a process whose last read found new mappings, or that the manager
+// has known for less than youngProcess.
+const (
+	quickRereadInterval = 100 * time.Millisecond
+	youngProcess        = 5 * time.Second
+)
 
 // rereadWait is the least time from a process's last maps read to the next.
 func (m *Manager) rereadWait(p *process) time.Duration {
-	if p.mapsChanging {
+	if p.mapsChanging || m.now().Sub(p.seen) < m.youngProcess {
 		return min(quickRereadInterval, m.rereadInterval)
 	}
 	return m.rereadInterval

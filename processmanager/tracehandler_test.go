@@ -222,6 +222,9 @@ func newDlopenFixture(t *testing.T) *dlopenFixture {
 	f.fs.setProcess(100, 1, "/bin/app", f.first)
 	f.h, f.rep = newTestHandler(t, f.fs)
 	f.h.m.now = func() time.Time { return f.now }
+	// The process is no longer young: its re-reads wait the full interval
+	// unless the last one found new mappings.
+	f.h.m.youngProcess = 0
 	f.raw = &support.Trace{PID: 100, Hash: 1, Frames: []support.Frame{{Addr: f.fnAbs}}}
 	return f
 }
@@ -489,5 +492,29 @@ func TestQuickRereadAfterChange(t *testing.T) {
 	m.RefreshMappings(100) // limited: the last read found nothing
 	if reads() != 4 || m.Stats().MapsRereadsLimited != 1 {
 		t.Errorf("%d maps reads, %d limited; want 4 and 1", reads(), m.Stats().MapsRereadsLimited)
+	}
+}
+
+// TestQuickRereadWhileYoung: a process the manager has known for less
+// than youngProcess may have its maps re-read after quickRereadInterval
+// even when the last read found nothing new.
+func TestQuickRereadWhileYoung(t *testing.T) {
+	f := newDlopenFixture(t)
+	m := f.h.m
+	m.youngProcess = 5 * time.Second
+	m.RefreshMappings(100) // the first read
+	for i := 0; i < 3; i++ {
+		f.now = f.now.Add(2 * quickRereadInterval)
+		m.RefreshMappings(100)
+	}
+	if s := m.Stats(); s.MapsReads != 4 || s.MapsRereadsLimited != 0 {
+		t.Errorf("%d maps reads, %d limited; want 4 and 0", s.MapsReads, s.MapsRereadsLimited)
+	}
+	f.now = f.now.Add(m.youngProcess)
+	m.RefreshMappings(100) // old now, and a full interval has passed: allowed
+	f.now = f.now.Add(2 * quickRereadInterval)
+	m.RefreshMappings(100)
+	if s := m.Stats(); s.MapsReads != 5 || s.MapsRereadsLimited != 1 {
+		t.Errorf("%d maps reads, %d limited; want 5 and 1", s.MapsReads, s.MapsRereadsLimited)
 	}
 }

@@ -103,19 +103,6 @@ static __always_inline struct pid_mapping *mapping_from_vma(struct unwind_state 
   return out;
 }
 
-// Tells user space, at most once per unknown_pc_report_interval per
-// process and at once, that a PC of pid is in no mapping it loaded: a new
-// process, or new code, whose mappings it should read.
-static __always_inline void report_unknown_pc(u32 pid)
-{
-  u64 now = bpf_ktime_get_ns();
-  u64 *last = bpf_map_lookup_elem(&unknown_pc_reports, &pid);
-  if (last && now - *last < unknown_pc_report_interval)
-    return;
-  if (emit_process_event(EVENT_UNKNOWN_PC, pid, METRIC_UNKNOWN_PC_REPORTS, 1) == 0)
-    bpf_map_update_elem(&unknown_pc_reports, &pid, &now, BPF_ANY);
-}
-
 // Delta idx of the stack_deltas pool, or NULL.
 static __always_inline struct stack_delta *get_delta(u32 idx)
 {

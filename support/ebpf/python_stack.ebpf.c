@@ -192,6 +192,7 @@ int unwind_python(struct bpf_perf_event_data *ctx)
   const struct python_proc *proc = bpf_map_lookup_elem(&python_procs, &t->pid);
   if (!proc) {
     increment_metric(METRIC_ERR_PYTHON_NO_PROC);
+    report_unknown_pc(t->pid);
     w->status = PYTHON_NONE;
   } else if (w->status == PYTHON_UNKNOWN) {
     python_start(w, proc);

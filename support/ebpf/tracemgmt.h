@@ -220,6 +220,21 @@ static __always_inline int tail_call_stop(void *ctx)
   return 0;
 }
 
+// Tells user space, at most once per unknown_pc_report_interval per
+// process and at once, that pid needs a look: a PC is in no mapping it
+// loaded (a new process, or new code, whose mappings it should read), or
+// an interpreter's eval loop runs where it has not described the
+// interpreter to BPF yet.
+static __always_inline void report_unknown_pc(u32 pid)
+{
+  u64 now = bpf_ktime_get_ns();
+  u64 *last = bpf_map_lookup_elem(&unknown_pc_reports, &pid);
+  if (last && now - *last < unknown_pc_report_interval)
+    return;
+  if (emit_process_event(EVENT_UNKNOWN_PC, pid, METRIC_UNKNOWN_PC_REPORTS, 1) == 0)
+    bpf_map_update_elem(&unknown_pc_reports, &pid, &now, BPF_ANY);
+}
+
 // Hands the unwind to another program, within MAX_TAIL_CALLS: beyond it
 // the trace ends with an abort frame. Returns only if the tail call
 // failed (counted).

@@ -238,7 +238,8 @@ enum metric_id {
   // Python frames are its caller's, so the native frame is reported.
   METRIC_PYTHON_CALL_BOUNDARY,
   // A frame of CPython's eval loop in a process user space has not (yet)
-  // described: the native frame is reported.
+  // described: the native frame is reported, and user space is told
+  // (EVENT_UNKNOWN_PC).
   METRIC_ERR_PYTHON_NO_PROC,
   // The thread's PyThreadState or its current frame could not be read (a
   // thread that never ran Python has none; the interpreter may not have
