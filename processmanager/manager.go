@@ -55,8 +55,8 @@ type Manager struct {
 	rereadInterval time.Duration
 	// youngProcess: see quickRereadInterval.
 	youngProcess time.Duration
-	log            logrus.FieldLogger
-	now            func() time.Time
+	log          logrus.FieldLogger
+	now          func() time.Time
 
 	// unwind is nil unless Config.Unwinding is set.
 	unwind *unwindSync
