@@ -100,6 +100,9 @@ type ProcessInfo struct {
 	// RuntimeName and RuntimeVersion name the language runtime the process
 	// runs, such as "CPython" and "3.12.1"; empty for native programs.
 	RuntimeName, RuntimeVersion string
+	// ServiceName and DeploymentEnvironment are what the process's APM
+	// agent publishes; empty without one.
+	ServiceName, DeploymentEnvironment string
 }
 
 // SampleMeta is what is specific to one sample of a trace.
@@ -109,6 +112,18 @@ type SampleMeta struct {
 	ThreadName string
 	CPU        int
 	Process    *ProcessInfo
+	// APM is the APM trace the thread was in, if its process has an APM
+	// agent that published one (package tracecorr).
+	APM APMContext
+}
+
+// APMContext identifies the distributed trace a sample was taken in.
+type APMContext struct {
+	// Valid is set when the thread was in a trace.
+	Valid         bool
+	TraceID       [16]byte
+	SpanID        [8]byte
+	TransactionID [8]byte
 }
 
 // PID is a process id (thread-group id).

@@ -56,6 +56,9 @@ func (m *Manager) convert(raw *support.Trace) (conversion, error) {
 	if len(raw.Frames) > 0 {
 		m.ensureMaps(p)
 		m.attachPython(p)
+		if p.apm != nil {
+			m.readAPMAgent(p)
+		}
 		nKernel := len(frames)
 		for attempt := 0; ; attempt++ {
 			var unknown, unattributed int
@@ -92,7 +95,7 @@ func (m *Manager) convert(raw *support.Trace) (conversion, error) {
 		Truncated: truncated,
 	}
 	c := conversion{trace: t, info: p.info, gen: p.gen, retryAt: retryAt}
-	if m.procs[p.pid] != p || p.python.pending() {
+	if m.procs[p.pid] != p || p.python.pending() || p.apm.pending() {
 		// Not cached: the next trace must come here to retry.
 		c.gen = 0
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 
 	"github.com/hostprof/ebpf-profiler/interpreter/python"
+	"github.com/hostprof/ebpf-profiler/tracecorr"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 )
 
@@ -28,6 +29,8 @@ type elfData struct {
 	// set if its code could not be decoded.
 	tsd    *python.TSDLayout
 	tsdErr error
+	// apm is set for an APM agent's library (see files.go).
+	apm *tracecorr.Library
 	// symbols is nil when the file has no function symbols: none in
 	// .symtab, .dynsym or, for Go binaries, .gopclntab.
 	symbols *symbolTable
@@ -110,6 +113,20 @@ func parseELF(r io.ReaderAt) (d *elfData, err error) {
 		}
 	}
 	return d, nil
+}
+
+// readAgentLibrary reads an APM agent library's correlation symbols.
+func readAgentLibrary(r io.ReaderAt) (lib *tracecorr.Library, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			lib, err = nil, fmt.Errorf("parsing ELF: panic: %v", p)
+		}
+	}()
+	f, err := elf.NewFile(r)
+	if err != nil {
+		return nil, err
+	}
+	return tracecorr.ReadLibrary(f)
 }
 
 // definesGetspecific says whether a symbol table defines

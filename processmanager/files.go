@@ -12,6 +12,7 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/tracecorr"
 )
 
 // fileInfo is what is known about one executable file. It is immutable once
@@ -178,6 +179,11 @@ func (c *fileCache) get(key fileKey, r readSeekerAt, name string) (*fileInfo, er
 		if fi.elf, err = parseELF(r); err != nil {
 			c.elfErrors++
 			c.log.WithError(err).Debugf("not symbolizing %s", name)
+		}
+		if fi.elf != nil && tracecorr.IsAgentLibrary(name) {
+			if fi.elf.apm, err = readAgentLibrary(r); err != nil {
+				c.log.WithError(err).Debugf("%s: not an APM agent library", name)
+			}
 		}
 	}
 	c.lru.Add(key, fi)

@@ -104,6 +104,8 @@ type process struct {
 	mappings []*mapping
 	// python is set when the process runs CPython.
 	python *pythonProcess
+	// apm is set when the process has an APM agent.
+	apm *apmProcess
 }
 
 // exitedProcess is a process whose exit was reported.
@@ -171,6 +173,7 @@ func (m *Manager) Close() {
 func (m *Manager) forget(pid uint32) {
 	if p, ok := m.procs[pid]; ok {
 		m.dropPython(p)
+		m.dropAPM(p)
 	}
 	delete(m.procs, pid)
 	if m.unwind != nil {
@@ -222,6 +225,9 @@ func (m *Manager) RefreshMappings(pid libpf.PID) {
 	}
 	// BPF also asks when an interpreter it was not told of runs.
 	m.attachPython(p)
+	if p.apm != nil {
+		m.readAPMAgent(p)
+	}
 }
 
 // Tracks reports whether the manager holds state for pid.
@@ -440,6 +446,7 @@ func (m *Manager) loadMaps(p *process) (changed bool, err error) {
 	p.mappings = fresh
 	if changed {
 		m.findInterpreters(p)
+		m.findAPMAgent(p)
 	}
 	return changed, nil
 }

@@ -39,6 +39,9 @@ type Stats struct {
 	InterpreterErrors uint64
 	PythonAttached    uint64
 	PythonFrameErrors uint64
+	// APMAgents counts APM agent libraries found in processes; APMErrors
+	// failed reads of one (not counting waits for the agent to publish).
+	APMAgents, APMErrors uint64
 	// MapsRereadsLimited counts re-reads skipped by the rate limit.
 	MapsRereadsLimited uint64
 	FileCacheSize      int
@@ -80,6 +83,8 @@ type counters struct {
 	interpreterErrors  uint64
 	pythonAttached     uint64
 	pythonFrameErrors  uint64
+	apmAgents          uint64
+	apmErrors          uint64
 }
 
 // Stats returns the Manager's counters; the Handler fields are zero.
@@ -102,6 +107,8 @@ func (m *Manager) Stats() Stats {
 		InterpreterErrors:  c.interpreterErrors,
 		PythonAttached:     c.pythonAttached,
 		PythonFrameErrors:  c.pythonFrameErrors,
+		APMAgents:          c.apmAgents,
+		APMErrors:          c.apmErrors,
 		FileCacheSize:      m.files.lru.Len(),
 		FileCacheHits:      m.files.hits,
 		FileCacheMisses:    m.files.misses,

@@ -124,6 +124,7 @@ func (h *Handler) HandleTrace(raw *support.Trace) {
 		ThreadName: raw.Comm,
 		CPU:        int(raw.CPU),
 		Process:    info,
+		APM:        raw.APM,
 	})
 }
 

@@ -25,6 +25,9 @@ type Unwinding struct {
 	// Interpreters, when set, receives what the interpreter unwinders
 	// need of each process that runs an interpreter.
 	Interpreters InterpreterMaps
+	// APM, when set, receives where each process's APM agent keeps its
+	// threads' trace context.
+	APM APMMaps
 }
 
 // maxPendingAttaches bounds the mappings waiting for their deltas; beyond

@@ -17,6 +17,15 @@ type sampleKey struct {
 	tid        libpf.TID
 	threadName string
 	cpu        int
+	// link is the APM trace and span the sample was taken in; zero
+	// outside one.
+	link traceLink
+}
+
+// traceLink is a sample's link to a distributed trace.
+type traceLink struct {
+	traceID [16]byte
+	spanID  [8]byte
 }
 
 // sampleGroup is everything an interval keeps for one sampleKey.
@@ -61,6 +70,9 @@ func (a *aggregator) add(t *libpf.Trace, meta *libpf.SampleMeta, ts uint64) bool
 		tid:        meta.TID,
 		threadName: meta.ThreadName,
 		cpu:        meta.CPU,
+	}
+	if meta.APM.Valid {
+		key.link = traceLink{traceID: meta.APM.TraceID, spanID: meta.APM.SpanID}
 	}
 	if meta.Process != nil {
 		key.pid = meta.Process.PID

@@ -22,6 +22,8 @@ const (
 	attrContainerID = "container.id"
 	attrRuntimeName = "process.runtime.name"
 	attrRuntimeVer  = "process.runtime.version"
+	attrServiceName = "service.name"
+	attrDeployEnv   = "deployment.environment.name"
 	attrHostID      = "host.id"
 	attrHostName    = "host.name"
 	attrThreadID    = "thread.id"
@@ -86,6 +88,7 @@ type dictBuilder struct {
 	locations *orderedSet[locationKey, *profilespb.Location]
 	// stacks is keyed by the little-endian bytes of the location indices.
 	stacks *orderedSet[string, *profilespb.Stack]
+	links  *orderedSet[traceLink, *profilespb.Link]
 
 	// Traces and mappings are shared immutable values, so memoizing by
 	// pointer skips re-walking frames and re-hashing file ids.
@@ -96,12 +99,15 @@ type dictBuilder struct {
 
 func newDictBuilder() *dictBuilder {
 	return &dictBuilder{
-		strings:     newOrderedSet("", ""),
-		attrs:       newOrderedSet(attrKey{}, &profilespb.KeyValueAndUnit{}),
-		functions:   newOrderedSet(functionKey{}, &profilespb.Function{}),
-		mappings:    newOrderedSet(mappingKey{}, &profilespb.Mapping{}),
-		locations:   newOrderedSet(locationKey{}, &profilespb.Location{}),
-		stacks:      newOrderedSet("", &profilespb.Stack{}),
+		strings:   newOrderedSet("", ""),
+		attrs:     newOrderedSet(attrKey{}, &profilespb.KeyValueAndUnit{}),
+		functions: newOrderedSet(functionKey{}, &profilespb.Function{}),
+		mappings:  newOrderedSet(mappingKey{}, &profilespb.Mapping{}),
+		locations: newOrderedSet(locationKey{}, &profilespb.Location{}),
+		stacks:    newOrderedSet("", &profilespb.Stack{}),
+		// The zero link has full-length zero ids, which strict codecs
+		// expect.
+		links:       newOrderedSet(traceLink{}, &profilespb.Link{TraceId: make([]byte, 16), SpanId: make([]byte, 8)}),
 		traceStacks: make(map[*libpf.Trace]int32),
 		mappingRefs: make(map[*libpf.Mapping]int32),
 	}
@@ -218,12 +224,10 @@ func (b *dictBuilder) stack(t *libpf.Trace) int32 {
 
 func (b *dictBuilder) dictionary() *profilespb.ProfilesDictionary {
 	return &profilespb.ProfilesDictionary{
-		MappingTable:  b.mappings.values,
-		LocationTable: b.locations.values,
-		FunctionTable: b.functions.values,
-		// No sample carries a trace link yet, so only the zero link exists.
-		// It uses full-length zero ids, which strict codecs expect.
-		LinkTable:      []*profilespb.Link{{TraceId: make([]byte, 16), SpanId: make([]byte, 8)}},
+		MappingTable:   b.mappings.values,
+		LocationTable:  b.locations.values,
+		FunctionTable:  b.functions.values,
+		LinkTable:      b.links.values,
 		StringTable:    b.strings.values,
 		AttributeTable: b.attrs.values,
 		StackTable:     b.stacks.values,
@@ -267,16 +271,18 @@ type sampleIdent struct {
 	tid        libpf.TID
 	threadName string
 	cpu        int
+	link       int32
 }
 
 func (b *dictBuilder) samples(groups []*sampleGroup, start, end uint64) []*profilespb.Sample {
 	var out []*profilespb.Sample
 	merged := make(map[sampleIdent]*profilespb.Sample, len(groups))
 	for _, g := range groups {
-		id := sampleIdent{stack: b.stack(g.trace), tid: g.key.tid, threadName: g.key.threadName, cpu: g.key.cpu}
+		id := sampleIdent{stack: b.stack(g.trace), tid: g.key.tid, threadName: g.key.threadName, cpu: g.key.cpu,
+			link: b.link(g.key.link)}
 		s := merged[id]
 		if s == nil {
-			s = &profilespb.Sample{StackIndex: id.stack, AttributeIndices: b.sampleAttrs(id)}
+			s = &profilespb.Sample{StackIndex: id.stack, AttributeIndices: b.sampleAttrs(id), LinkIndex: id.link}
 			merged[id] = s
 			out = append(out, s)
 		}
@@ -295,6 +301,13 @@ func (b *dictBuilder) samples(groups []*sampleGroup, start, end uint64) []*profi
 		}
 	}
 	return out
+}
+
+// link is the link table index of a sample's trace link; 0 for none.
+func (b *dictBuilder) link(l traceLink) int32 {
+	return b.links.add(l, func() *profilespb.Link {
+		return &profilespb.Link{TraceId: slices.Clone(l.traceID[:]), SpanId: slices.Clone(l.spanID[:])}
+	})
 }
 
 func (b *dictBuilder) sampleAttrs(id sampleIdent) []int32 {
@@ -388,6 +401,8 @@ func resource(pid libpf.PID, proc *libpf.ProcessInfo, opts buildOptions) *resour
 		add(attrContainerID, proc.ContainerID)
 		add(attrRuntimeName, proc.RuntimeName)
 		add(attrRuntimeVer, proc.RuntimeVersion)
+		add(attrServiceName, proc.ServiceName)
+		add(attrDeployEnv, proc.DeploymentEnvironment)
 	}
 	add(attrHostID, opts.hostID)
 	add(attrHostName, opts.hostName)

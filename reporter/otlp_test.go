@@ -440,3 +440,46 @@ func TestBuildRequestPythonFrames(t *testing.T) {
 		t.Errorf("locations =\n%v\nwant\n%v", locs, want)
 	}
 }
+
+// TestBuildRequestTraceLinks: a sample taken in an APM trace links to its
+// trace and span; the same stack outside one is a separate sample without
+// a link; the APM agent's service and environment go on the resource.
+func TestBuildRequestTraceLinks(t *testing.T) {
+	f := newFixture()
+	a := newAggregator(f.start, 10)
+	proc := *f.procA
+	proc.ServiceName, proc.DeploymentEnvironment = "checkout", "prod"
+	trace := &libpf.Trace{Hash: libpf.TraceHash{Lo: 7}, Frames: []libpf.Frame{
+		{Kind: libpf.FrameNative, Address: 0x100, Mapping: f.libcA, FunctionName: "write"}}}
+	apm := libpf.APMContext{Valid: true, TraceID: [16]byte{1, 2, 3}, SpanID: [8]byte{9, 8}, TransactionID: [8]byte{5}}
+	ts := uint64(f.start.UnixNano())
+	a.add(trace, &libpf.SampleMeta{Process: &proc, TID: 5, APM: apm}, ts)
+	a.add(trace, &libpf.SampleMeta{Process: &proc, TID: 5, APM: apm}, ts+1)
+	a.add(trace, &libpf.SampleMeta{Process: &proc, TID: 5}, ts+2)
+	req := mustBuild(t, a.swap(f.end)).req
+	d := req.Dictionary
+	rp := req.ResourceProfiles[0]
+	if attrs := resourceAttrs(rp.Resource.Attributes); attrs["service.name"] != "checkout" ||
+		attrs["deployment.environment.name"] != "prod" {
+		t.Errorf("resource attributes %v", attrs)
+	}
+	samples := rp.ScopeProfiles[0].Profiles[0].Samples
+	if len(samples) != 2 || len(d.LinkTable) != 2 {
+		t.Fatalf("%d samples, %d links; want 2 and 2 (the zero link first)", len(samples), len(d.LinkTable))
+	}
+	for _, s := range samples {
+		l := d.LinkTable[s.LinkIndex]
+		switch len(s.Values) {
+		case 2:
+			if s.LinkIndex == 0 || !bytes.Equal(l.TraceId, apm.TraceID[:]) || !bytes.Equal(l.SpanId, apm.SpanID[:]) {
+				t.Errorf("linked sample: link %d %x/%x", s.LinkIndex, l.TraceId, l.SpanId)
+			}
+		case 1:
+			if s.LinkIndex != 0 {
+				t.Errorf("sample outside a trace links to %d", s.LinkIndex)
+			}
+		default:
+			t.Errorf("sample of %d values", len(s.Values))
+		}
+	}
+}

@@ -124,6 +124,8 @@ var mirrors = map[string]any{
 	"file_key":        FileKey{},
 	"known_file":      KnownFile{},
 	"python_proc":     PythonProc{},
+	"apm_proc":        APMProc{},
+	"apm_context":     apmContext{},
 }
 
 // checkMirrors makes sure each Go mirror has its C struct's size and the

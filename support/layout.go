@@ -46,6 +46,9 @@ type traceLayout struct {
 	mmapEvent                      map[string]int
 	mmapEventSize                  int
 	flagTruncated, frameFlagReturn uint8
+	// apm is struct trace's apm; flagAPM is TRACE_FLAG_APM_CONTEXT.
+	apm     int
+	flagAPM uint8
 }
 
 // ReadShared extracts the shared definitions from the object's BTF and checks
@@ -162,7 +165,7 @@ func (l *traceLayout) read(types *btf.Spec) error {
 	*l = traceLayout{
 		typ: t["type"], pid: t["pid"], tid: t["tid"], cpu: t["cpu"], ktime: t["ktime"],
 		hash: t["hash"], comm: t["comm"], flags: t["flags"],
-		numKernelFrames: t["num_kernel_frames"], numFrames: t["num_frames"], frames: t["frames"],
+		numKernelFrames: t["num_kernel_frames"], numFrames: t["num_frames"], frames: t["frames"], apm: t["apm"],
 		frameSize: int(fst.Size), frameFileID: f["file_id"], frameAddr: f["addr"],
 		frameKind: f["kind"], frameFlags: f["flags"],
 	}
@@ -203,13 +206,14 @@ func (l *traceLayout) read(types *btf.Spec) error {
 		return err
 	}
 	l.flagTruncated = uint8(traceFlags["TRACE_FLAG_TRUNCATED"])
+	l.flagAPM = uint8(traceFlags["TRACE_FLAG_APM_CONTEXT"])
 	frameFlags, err := enumValues(types, "frame_flag")
 	if err != nil {
 		return err
 	}
 	l.frameFlagReturn = uint8(frameFlags["FRAME_FLAG_RETURN_ADDRESS"])
 	if l.eventTrace == 0 || l.eventProcessExit == 0 || l.eventProcessExec == 0 || l.eventUnknownPC == 0 ||
-		l.eventExecMapped == 0 || l.flagTruncated == 0 || l.frameFlagReturn == 0 {
+		l.eventExecMapped == 0 || l.flagTruncated == 0 || l.frameFlagReturn == 0 || l.flagAPM == 0 || l.apm == 0 {
 		return errors.New("BPF object lacks event, trace flag or frame flag values")
 	}
 	return nil
@@ -290,6 +294,13 @@ func (s *Shared) DecodeEvent(raw []byte, trace *Trace) (Event, error) {
 	trace.Hash = le.Uint64(raw[l.hash:])
 	trace.Comm = cString(raw[l.comm : l.comm+16])
 	trace.Truncated = raw[l.flags]&l.flagTruncated != 0
+	trace.APM = libpf.APMContext{Valid: raw[l.flags]&l.flagAPM != 0}
+	if trace.APM.Valid {
+		a := raw[l.apm:]
+		copy(trace.APM.TraceID[:], a)
+		copy(trace.APM.SpanID[:], a[16:])
+		copy(trace.APM.TransactionID[:], a[24:])
+	}
 	trace.KernelStack = trace.KernelStack[:0]
 	trace.Frames = trace.Frames[:0]
 	for i := range n {

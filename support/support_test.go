@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -130,6 +131,19 @@ func TestDecodeEvent(t *testing.T) {
 	}
 	if len(got.Frames) != 2 || got.Frames[0] != user[0] || got.Frames[1] != user[1] {
 		t.Errorf("user frames: %+v", got.Frames)
+	}
+	if got.APM.Valid {
+		t.Errorf("APM context without its flag: %+v", got.APM)
+	}
+	// The same trace taken in an APM trace.
+	withAPM := slices.Clone(raw)
+	withAPM[s.trace.flags] |= s.trace.flagAPM
+	for i := range 32 {
+		withAPM[s.trace.apm+i] = byte(i + 1)
+	}
+	if ev, err := s.DecodeEvent(withAPM, &tr); err != nil || !ev.Trace.APM.Valid ||
+		ev.Trace.APM.TraceID[0] != 1 || ev.Trace.APM.SpanID[0] != 17 || ev.Trace.APM.TransactionID[7] != 32 {
+		t.Errorf("APM context decoded wrong: %+v, %v", ev.Trace.APM, err)
 	}
 
 	exit := make([]byte, 8)

@@ -19,6 +19,8 @@ type Trace struct {
 	KernelStack []uint64
 	// Frames holds user-space frames, leaf first.
 	Frames []Frame
+	// APM is the APM trace the thread was in (not part of Hash).
+	APM libpf.APMContext
 }
 
 // Frame is one user-space frame as BPF found it.

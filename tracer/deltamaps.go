@@ -85,6 +85,18 @@ func (t *Tracer) DeletePythonProc(pid uint32) error {
 	return ignoreMissing(t.coll.Maps["python_procs"].Delete(pid))
 }
 
+// SetAPMProc says where the APM agent of process pid keeps its threads'
+// trace context.
+func (t *Tracer) SetAPMProc(pid uint32, p support.APMProc) error {
+	return t.coll.Maps["apm_procs"].Put(pid, p)
+}
+
+// DeleteAPMProc forgets a process's APM agent; a missing one is not an
+// error.
+func (t *Tracer) DeleteAPMProc(pid uint32) error {
+	return ignoreMissing(t.coll.Maps["apm_procs"].Delete(pid))
+}
+
 // DeleteKnownFile forgets a file key; a missing one is not an error.
 func (t *Tracer) DeleteKnownFile(k support.FileKey) error {
 	return ignoreMissing(t.coll.Maps["known_files"].Delete(k))

@@ -184,7 +184,7 @@ func servePprof(addr string) {
 // unwinding connects the process manager to the native unwinder's maps.
 func unwinding(tr *tracer.Tracer) *processmanager.Unwinding {
 	return &processmanager.Unwinding{
-		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Interpreters: tr,
+		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Interpreters: tr, APM: tr,
 	}
 }
 

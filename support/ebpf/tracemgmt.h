@@ -55,6 +55,8 @@ volatile const struct btf_exports {
   struct known_file known_file;
   enum python_frame_layout python_frame_layout;
   struct python_proc python_proc;
+  struct apm_proc apm_proc;
+  enum apm_record_layout apm_record_layout;
 } btf_exports __attribute__((used));
 
 // The per-CPU scratch record a sample is built in.
@@ -136,6 +138,14 @@ struct {
   __type(key, u32);
   __type(value, struct python_proc);
 } python_procs SEC(".maps");
+
+// Processes with an APM agent, by pid (preallocated, as python_procs).
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 4096);
+  __type(key, u32);
+  __type(value, struct apm_proc);
+} apm_procs SEC(".maps");
 
 // When a trace last woke the events reader early (ktime ns), for
 // interpreter_trace_latency.

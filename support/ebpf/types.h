@@ -152,6 +152,31 @@ enum frame_flag {
 enum trace_flag {
   // The stack had more than MAX_FRAMES frames; the outermost were dropped.
   TRACE_FLAG_TRUNCATED = 1,
+  // The thread was in an APM trace: struct trace's apm holds its ids.
+  TRACE_FLAG_APM_CONTEXT = 2,
+};
+
+// What the APM agent of a process published, by pid (package tracecorr):
+// the offset of its thread-local pointer to each thread's correlation
+// record from the thread pointer.
+struct apm_proc {
+  s64 tls_offset;
+};
+
+// A thread's correlation record, as the APM agent lays it out (the
+// correlation spec's thread-local storage, layout minor version 1).
+enum apm_record_layout {
+  APM_RECORD_VALID = 2,
+  APM_RECORD_TRACE_PRESENT = 3,
+  APM_RECORD_IDS = 5,
+  APM_RECORD_SIZE = 37,
+};
+
+// The ids of the APM trace a sample was taken in.
+struct apm_context {
+  u8 trace_id[16];
+  u8 span_id[8];
+  u8 transaction_id[8];
 };
 
 // Tail-call targets, indices into the progs map. User space loads the program
@@ -250,6 +275,12 @@ enum metric_id {
   // An eval loop frame had no Python frame left to report: the native
   // frame is reported.
   METRIC_ERR_PYTHON_NO_FRAME,
+  // Samples of a thread that was in an APM trace.
+  METRIC_APM_CONTEXTS,
+  // An APM correlation record was being updated (valid = 0): ignored.
+  METRIC_APM_RECORD_INVALID,
+  // An APM correlation record could not be read.
+  METRIC_ERR_APM_READ,
   METRIC_COUNT,
 };
 
@@ -370,6 +401,9 @@ struct trace {
   u32 num_kernel_frames;
   u32 num_frames;
   u32 pad;
+  // Set with TRACE_FLAG_APM_CONTEXT; not part of the hash: the same stack
+  // in two transactions is one trace.
+  struct apm_context apm;
   struct frame frames[MAX_FRAMES];
 };
 

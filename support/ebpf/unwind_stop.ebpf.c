@@ -27,6 +27,37 @@ static __always_inline int interpreter_trace_urgent(const struct record *r)
   return 1;
 }
 
+// Reads the APM trace the thread is in, if its process has an APM agent:
+// the agent's thread-local pointer leads to the thread's correlation
+// record, which is ignored while the agent updates it (valid = 0).
+static __always_inline void read_apm_context(struct trace *t)
+{
+  const struct apm_proc *proc = bpf_map_lookup_elem(&apm_procs, &t->pid);
+  if (!proc)
+    return;
+  u64 tp = thread_pointer(), record = 0;
+  u8 buf[APM_RECORD_SIZE];
+  if (!tp || bpf_probe_read_user(&record, sizeof(record), (void *)(tp + proc->tls_offset))) {
+    increment_metric(METRIC_ERR_APM_READ);
+    return;
+  }
+  if (!record)
+    return; // a thread the agent gave no record
+  if (bpf_probe_read_user(buf, sizeof(buf), (void *)record)) {
+    increment_metric(METRIC_ERR_APM_READ);
+    return;
+  }
+  if (!buf[APM_RECORD_VALID]) {
+    increment_metric(METRIC_APM_RECORD_INVALID);
+    return;
+  }
+  if (!buf[APM_RECORD_TRACE_PRESENT])
+    return;
+  __builtin_memcpy(&t->apm, &buf[APM_RECORD_IDS], sizeof(t->apm));
+  t->flags |= TRACE_FLAG_APM_CONTEXT;
+  increment_metric(METRIC_APM_CONTEXTS);
+}
+
 SEC("perf_event")
 int unwind_stop(struct bpf_perf_event_data *ctx)
 {
@@ -34,6 +65,7 @@ int unwind_stop(struct bpf_perf_event_data *ctx)
   if (!r)
     return 0;
   struct trace *t = &r->trace;
+  read_apm_context(t);
 
   u64 h = hash_mix(0x9e3779b97f4a7c15ULL, t->pid);
   h = hash_mix(h, t->flags & TRACE_FLAG_TRUNCATED);

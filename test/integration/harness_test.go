@@ -122,7 +122,7 @@ func startSession(t *testing.T, hz int) *session {
 		t.Fatal(err)
 	}
 	pm, err := processmanager.New(processmanager.Config{Unwinding: &processmanager.Unwinding{
-		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Interpreters: tr,
+		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Interpreters: tr, APM: tr,
 	}})
 	if err != nil {
 		tr.Close()

@@ -1,0 +1,136 @@
+package processmanager
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/hostprof/ebpf-profiler/support"
+	"github.com/hostprof/ebpf-profiler/tracecorr"
+)
+
+// APMMaps writes the BPF map of processes with an APM agent; the tracer
+// implements it.
+type APMMaps interface {
+	SetAPMProc(pid uint32, p support.APMProc) error
+	DeleteAPMProc(pid uint32) error
+}
+
+// How often an APM agent's process is looked at again until its TLS
+// descriptor is resolved and its process storage published: from
+// apmRetryMin, doubling up to apmRetryMax.
+const (
+	apmRetryMin = 100 * time.Millisecond
+	apmRetryMax = 10 * time.Second
+)
+
+// apmProcess is what the manager knows of a process's APM agent.
+type apmProcess struct {
+	lib  *tracecorr.Library
+	bias uint64
+	// tlsOffset is set (inBPF) once the TLS descriptor was resolved.
+	tlsOffset int64
+	inBPF     bool
+	// storage is nil until the agent published it.
+	storage *tracecorr.ProcessStorage
+	mem     *os.File
+	nextTry time.Time
+	retry   time.Duration
+}
+
+// pending says something of the agent is still to be read.
+func (a *apmProcess) pending() bool { return a != nil && (!a.inBPF || a.storage == nil) }
+
+// findAPMAgent notices an APM agent library among a process's mappings.
+// Call it after they change. The caller holds m.mu.
+func (m *Manager) findAPMAgent(p *process) {
+	for _, mp := range p.mappings {
+		if mp.file == nil || mp.file.elf == nil || mp.file.elf.apm == nil || mp.pf == nil {
+			continue
+		}
+		if p.apm == nil || p.apm.lib != mp.file.elf.apm {
+			m.dropAPM(p)
+			p.apm = &apmProcess{lib: mp.file.elf.apm, bias: mp.pf.Bias}
+			m.counters.apmAgents++
+		}
+		p.apm.nextTry = time.Time{}
+		m.readAPMAgent(p)
+		return
+	}
+}
+
+// readAPMAgent reads what is still missing of a process's agent, paced:
+// the TLS offset, which BPF needs, and the process storage. The agent
+// publishes both after it starts, so neither is given up on. The caller
+// holds m.mu.
+func (m *Manager) readAPMAgent(p *process) {
+	a := p.apm
+	if !a.pending() || m.now().Before(a.nextTry) {
+		return
+	}
+	err := m.tryReadAPMAgent(p)
+	if !a.pending() {
+		return
+	}
+	a.retry = min(max(2*a.retry, apmRetryMin), apmRetryMax)
+	a.nextTry = m.now().Add(a.retry)
+	if err != nil && !errors.Is(err, tracecorr.ErrNotResolved) && !errors.Is(err, tracecorr.ErrNotPublished) {
+		m.counters.apmErrors++
+		m.log.WithError(err).Debugf("process %d: APM agent not readable yet (next try in %v)", p.pid, a.retry)
+	}
+}
+
+func (m *Manager) tryReadAPMAgent(p *process) error {
+	a := p.apm
+	if a.mem == nil {
+		path := fmt.Sprintf("%s/%d/mem", m.procFS, p.pid)
+		var err error
+		if a.mem, err = os.Open(path); err != nil {
+			return procErr(path, err)
+		}
+	}
+	if !a.inBPF {
+		off, err := tracecorr.TLSOffset(a.mem, a.lib.TLSDescriptor+a.bias)
+		if err != nil {
+			return err
+		}
+		a.tlsOffset = off
+		if m.unwind != nil && m.unwind.u.APM != nil {
+			if err := m.unwind.u.APM.SetAPMProc(p.pid, support.APMProc{TLSOffset: off}); err != nil {
+				return fmt.Errorf("writing the APM map: %w", err)
+			}
+		}
+		a.inBPF = true
+	}
+	if a.storage == nil {
+		st, err := tracecorr.ReadProcessStorage(a.mem, a.lib.ProcessStorage+a.bias)
+		if err != nil {
+			return err
+		}
+		a.storage = st
+		info := *p.info
+		info.ServiceName, info.DeploymentEnvironment = st.ServiceName, st.Environment
+		p.info = &info
+		p.gen = m.newGeneration()
+		m.log.Debugf("process %d: APM agent of service %q (%s), socket %s", p.pid, st.ServiceName, st.Environment, st.SocketPath)
+	}
+	return nil
+}
+
+// dropAPM forgets a process's APM agent. The caller holds m.mu.
+func (m *Manager) dropAPM(p *process) {
+	a := p.apm
+	if a == nil {
+		return
+	}
+	if a.inBPF && m.unwind != nil && m.unwind.u.APM != nil {
+		if err := m.unwind.u.APM.DeleteAPMProc(p.pid); err != nil {
+			m.log.WithError(err).Debugf("process %d: removing it from the APM map", p.pid)
+		}
+	}
+	if a.mem != nil {
+		a.mem.Close()
+	}
+	p.apm = nil
+}
