@@ -11,8 +11,8 @@ import (
 	"os"
 
 	"github.com/hostprof/ebpf-profiler/interpreter/python"
-	"github.com/hostprof/ebpf-profiler/tracecorr"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
+	"github.com/hostprof/ebpf-profiler/tracecorr"
 )
 
 // elfData is what the manager needs of an ELF file: where its segments load,
