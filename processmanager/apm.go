@@ -35,8 +35,7 @@ type apmProcess struct {
 	// storage is nil until the agent published it.
 	storage *tracecorr.ProcessStorage
 	mem     *os.File
-	nextTry time.Time
-	retry   time.Duration
+	retry   backoff
 }
 
 // pending says something of the agent is still to be read.
@@ -51,10 +50,10 @@ func (m *Manager) findAPMAgent(p *process) {
 		}
 		if p.apm == nil || p.apm.lib != mp.file.elf.apm {
 			m.dropAPM(p)
-			p.apm = &apmProcess{lib: mp.file.elf.apm, bias: mp.pf.Bias}
+			p.apm = &apmProcess{lib: mp.file.elf.apm, bias: mp.pf.Bias, retry: newBackoff(apmRetryMin, apmRetryMax)}
 			m.counters.apmAgents++
 		}
-		p.apm.nextTry = time.Time{}
+		p.apm.retry.reset()
 		m.readAPMAgent(p)
 		return
 	}
@@ -66,18 +65,17 @@ func (m *Manager) findAPMAgent(p *process) {
 // holds m.mu.
 func (m *Manager) readAPMAgent(p *process) {
 	a := p.apm
-	if !a.pending() || m.now().Before(a.nextTry) {
+	if !a.pending() || !a.retry.ready(m.now()) {
 		return
 	}
 	err := m.tryReadAPMAgent(p)
 	if !a.pending() {
 		return
 	}
-	a.retry = min(max(2*a.retry, apmRetryMin), apmRetryMax)
-	a.nextTry = m.now().Add(a.retry)
+	wait := a.retry.failed(m.now())
 	if err != nil && !errors.Is(err, tracecorr.ErrNotResolved) && !errors.Is(err, tracecorr.ErrNotPublished) {
 		m.counters.apmErrors++
-		m.log.WithError(err).Debugf("process %d: APM agent not readable yet (next try in %v)", p.pid, a.retry)
+		m.log.WithError(err).Debugf("process %d: APM agent not readable yet (next try in %v)", p.pid, wait)
 	}
 }
 

@@ -38,9 +38,8 @@ type pythonProcess struct {
 	proc *python.Process
 	// inBPF says the unwinder's map has the process.
 	inBPF bool
-	// nextTry and retry pace attempts while proc is nil.
-	nextTry time.Time
-	retry   time.Duration
+	// retry paces attempts while proc is nil.
+	retry backoff
 }
 
 // pending says the process waits to be described to the unwinder.
@@ -65,12 +64,12 @@ func (m *Manager) findInterpreters(p *process) {
 		bin := mp.file.elf.python
 		if p.python != nil && p.python.bin == bin {
 			// New mappings may be what it lacked (its C library).
-			p.python.nextTry = time.Time{}
+			p.python.retry.reset()
 			m.attachPython(p)
 			return
 		}
 		m.dropPython(p)
-		p.python = &pythonProcess{bin: bin, bias: mp.pf.Bias}
+		p.python = &pythonProcess{bin: bin, bias: mp.pf.Bias, retry: newBackoff(pythonRetryMin, pythonRetryMax)}
 		info := *p.info
 		info.RuntimeName, info.RuntimeVersion = "CPython", pythonVersion(bin.Interpreter)
 		p.info = &info
@@ -90,7 +89,7 @@ func (m *Manager) findInterpreters(p *process) {
 // (paced) where that failed. The caller holds m.mu.
 func (m *Manager) attachPython(p *process) {
 	pp := p.python
-	if pp == nil || pp.proc != nil || pp.bin.Err != nil || m.now().Before(pp.nextTry) {
+	if pp == nil || pp.proc != nil || pp.bin.Err != nil || !pp.retry.ready(m.now()) {
 		return
 	}
 	err := m.newPythonProc(p)
@@ -99,10 +98,9 @@ func (m *Manager) attachPython(p *process) {
 		m.log.Debugf("process %d: unwinding its CPython %s", p.pid, pythonVersion(pp.bin.Interpreter))
 		return
 	}
-	pp.retry = min(max(2*pp.retry, pythonRetryMin), pythonRetryMax)
-	pp.nextTry = m.now().Add(pp.retry)
+	wait := pp.retry.failed(m.now())
 	m.counters.interpreterErrors++
-	m.log.WithError(err).Debugf("process %d: cannot unwind its Python yet (next try in %v)", p.pid, pp.retry)
+	m.log.WithError(err).Debugf("process %d: cannot unwind its Python yet (next try in %v)", p.pid, wait)
 }
 
 func (m *Manager) newPythonProc(p *process) error {
