@@ -3,7 +3,6 @@ package processmanager
 import (
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/support"
@@ -34,7 +33,6 @@ type apmProcess struct {
 	inBPF     bool
 	// storage is nil until the agent published it.
 	storage *tracecorr.ProcessStorage
-	mem     *os.File
 	retry   backoff
 }
 
@@ -81,15 +79,12 @@ func (m *Manager) readAPMAgent(p *process) {
 
 func (m *Manager) tryReadAPMAgent(p *process) error {
 	a := p.apm
-	if a.mem == nil {
-		path := fmt.Sprintf("%s/%d/mem", m.procFS, p.pid)
-		var err error
-		if a.mem, err = os.Open(path); err != nil {
-			return procErr(path, err)
-		}
+	mem, err := m.processMem(p)
+	if err != nil {
+		return err
 	}
 	if !a.inBPF {
-		off, err := tracecorr.TLSOffset(a.mem, a.lib.TLSDescriptor+a.bias)
+		off, err := tracecorr.TLSOffset(mem, a.lib.TLSDescriptor+a.bias)
 		if err != nil {
 			return err
 		}
@@ -102,7 +97,7 @@ func (m *Manager) tryReadAPMAgent(p *process) error {
 		a.inBPF = true
 	}
 	if a.storage == nil {
-		st, err := tracecorr.ReadProcessStorage(a.mem, a.lib.ProcessStorage+a.bias)
+		st, err := tracecorr.ReadProcessStorage(mem, a.lib.ProcessStorage+a.bias)
 		if err != nil {
 			return err
 		}
@@ -126,9 +121,6 @@ func (m *Manager) dropAPM(p *process) {
 		if err := m.unwind.u.APM.DeleteAPMProc(p.pid); err != nil {
 			m.log.WithError(err).Debugf("process %d: removing it from the APM map", p.pid)
 		}
-	}
-	if a.mem != nil {
-		a.mem.Close()
 	}
 	p.apm = nil
 }

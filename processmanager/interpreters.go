@@ -3,7 +3,6 @@ package processmanager
 import (
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/interpreter/python"
@@ -31,8 +30,6 @@ type pythonProcess struct {
 	bin *python.Binary
 	// bias is the load bias of the interpreter's file.
 	bias uint64
-	// mem is the process's memory, open while the process is tracked.
-	mem *os.File
 	// proc symbolizes the process's frames; nil until the process could be
 	// described to BPF (see attachPython).
 	proc *python.Process
@@ -45,12 +42,6 @@ type pythonProcess struct {
 // pending says the process waits to be described to the unwinder.
 func (pp *pythonProcess) pending() bool {
 	return pp != nil && pp.proc == nil && pp.bin.Err == nil
-}
-
-func (pp *pythonProcess) close() {
-	if pp.mem != nil {
-		pp.mem.Close()
-	}
 }
 
 // findInterpreters notices the language runtime a process's mappings hold.
@@ -109,13 +100,11 @@ func (m *Manager) newPythonProc(p *process) error {
 	if err != nil {
 		return err
 	}
-	if pp.mem == nil {
-		path := fmt.Sprintf("%s/%d/mem", m.procFS, p.pid)
-		if pp.mem, err = os.Open(path); err != nil {
-			return procErr(path, err)
-		}
+	mem, err := m.processMem(p)
+	if err != nil {
+		return err
 	}
-	proc, err := pp.bin.NewProcess(pp.mem, pp.bias, *tsd)
+	proc, err := pp.bin.NewProcess(mem, pp.bias, *tsd)
 	if err != nil {
 		return err
 	}
@@ -161,7 +150,6 @@ func (m *Manager) dropPython(p *process) {
 			m.log.WithError(err).Debugf("process %d: removing it from the Python unwinder's map", p.pid)
 		}
 	}
-	pp.close()
 	p.python = nil
 }
 

@@ -106,6 +106,9 @@ type process struct {
 	python *pythonProcess
 	// apm is set when the process has an APM agent.
 	apm *apmProcess
+	// mem is the process's memory (/proc/PID/mem), opened on first need
+	// by the interpreter and APM readers and closed when it is forgotten.
+	mem *os.File
 }
 
 // exitedProcess is a process whose exit was reported.
@@ -174,6 +177,9 @@ func (m *Manager) forget(pid uint32) {
 	if p, ok := m.procs[pid]; ok {
 		m.dropPython(p)
 		m.dropAPM(p)
+		if p.mem != nil {
+			p.mem.Close()
+		}
 	}
 	delete(m.procs, pid)
 	if m.unwind != nil {
@@ -390,6 +396,23 @@ func (m *Manager) rereadMaps(p *process) bool {
 		p.gen = m.newGeneration()
 	}
 	return changed
+}
+
+// processMem returns the process's memory, opening it on first need. Only
+// tracked processes keep it open: forget closes it.
+func (m *Manager) processMem(p *process) (*os.File, error) {
+	if m.procs[p.pid] != p {
+		return nil, fmt.Errorf("process %d: %w", p.pid, ErrProcessExited)
+	}
+	if p.mem == nil {
+		path := fmt.Sprintf("%s/%d/mem", m.procFS, p.pid)
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, procErr(path, err)
+		}
+		p.mem = f
+	}
+	return p.mem, nil
 }
 
 // quickRereadInterval is the least time between two re-reads of the maps
