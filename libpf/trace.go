@@ -1,6 +1,9 @@
 package libpf
 
-import "time"
+import (
+	"encoding/binary"
+	"time"
+)
 
 // MaxFrames is the most frames one trace holds, kernel and user together.
 // BPF's copy of this limit is MAX_FRAMES in support/ebpf/types.h; a test
@@ -41,6 +44,15 @@ func (k FrameKind) String() string {
 // TraceHash is the 128-bit user-space hash of a whole trace (all frames, user
 // and kernel, plus the process the user addresses belong to).
 type TraceHash struct{ Hi, Lo uint64 }
+
+// Bytes is the hash as 16 big-endian bytes (Hi first): the stack-trace id
+// sent to APM agents and exported on samples linked to a trace.
+func (h TraceHash) Bytes() [16]byte {
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], h.Hi)
+	binary.BigEndian.PutUint64(b[8:], h.Lo)
+	return b
+}
 
 // Mapping is a file mapped into a process, as a frame refers to it.
 type Mapping struct {

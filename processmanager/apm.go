@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/support"
 	"github.com/hostprof/ebpf-profiler/tracecorr"
 )
@@ -33,7 +34,7 @@ type apmProcess struct {
 	inBPF     bool
 	// storage is nil until the agent published it.
 	storage *tracecorr.ProcessStorage
-	retry   backoff
+	retry   libpf.Backoff
 }
 
 // pending says something of the agent is still to be read.
@@ -48,10 +49,10 @@ func (m *Manager) findAPMAgent(p *process) {
 		}
 		if p.apm == nil || p.apm.lib != mp.file.elf.apm {
 			m.dropAPM(p)
-			p.apm = &apmProcess{lib: mp.file.elf.apm, bias: mp.pf.Bias, retry: newBackoff(apmRetryMin, apmRetryMax)}
+			p.apm = &apmProcess{lib: mp.file.elf.apm, bias: mp.pf.Bias, retry: libpf.NewBackoff(apmRetryMin, apmRetryMax)}
 			m.counters.apmAgents++
 		}
-		p.apm.retry.reset()
+		p.apm.retry.Reset()
 		m.readAPMAgent(p)
 		return
 	}
@@ -63,14 +64,14 @@ func (m *Manager) findAPMAgent(p *process) {
 // holds m.mu.
 func (m *Manager) readAPMAgent(p *process) {
 	a := p.apm
-	if !a.pending() || !a.retry.ready(m.now()) {
+	if !a.pending() || !a.retry.Ready(m.now()) {
 		return
 	}
 	err := m.tryReadAPMAgent(p)
 	if !a.pending() {
 		return
 	}
-	wait := a.retry.failed(m.now())
+	wait := a.retry.Failed(m.now())
 	if err != nil && !errors.Is(err, tracecorr.ErrNotResolved) && !errors.Is(err, tracecorr.ErrNotPublished) {
 		m.counters.apmErrors++
 		m.log.WithError(err).Debugf("process %d: APM agent not readable yet (next try in %v)", p.pid, wait)

@@ -36,7 +36,7 @@ type pythonProcess struct {
 	// inBPF says the unwinder's map has the process.
 	inBPF bool
 	// retry paces attempts while proc is nil.
-	retry backoff
+	retry libpf.Backoff
 }
 
 // pending says the process waits to be described to the unwinder.
@@ -55,12 +55,12 @@ func (m *Manager) findInterpreters(p *process) {
 		bin := mp.file.elf.python
 		if p.python != nil && p.python.bin == bin {
 			// New mappings may be what it lacked (its C library).
-			p.python.retry.reset()
+			p.python.retry.Reset()
 			m.attachPython(p)
 			return
 		}
 		m.dropPython(p)
-		p.python = &pythonProcess{bin: bin, bias: mp.pf.Bias, retry: newBackoff(pythonRetryMin, pythonRetryMax)}
+		p.python = &pythonProcess{bin: bin, bias: mp.pf.Bias, retry: libpf.NewBackoff(pythonRetryMin, pythonRetryMax)}
 		info := *p.info
 		info.RuntimeName, info.RuntimeVersion = "CPython", pythonVersion(bin.Interpreter)
 		p.info = &info
@@ -80,7 +80,7 @@ func (m *Manager) findInterpreters(p *process) {
 // (paced) where that failed. The caller holds m.mu.
 func (m *Manager) attachPython(p *process) {
 	pp := p.python
-	if pp == nil || pp.proc != nil || pp.bin.Err != nil || !pp.retry.ready(m.now()) {
+	if pp == nil || pp.proc != nil || pp.bin.Err != nil || !pp.retry.Ready(m.now()) {
 		return
 	}
 	err := m.newPythonProc(p)
@@ -89,7 +89,7 @@ func (m *Manager) attachPython(p *process) {
 		m.log.Debugf("process %d: unwinding its CPython %s", p.pid, pythonVersion(pp.bin.Interpreter))
 		return
 	}
-	wait := pp.retry.failed(m.now())
+	wait := pp.retry.Failed(m.now())
 	m.counters.interpreterErrors++
 	m.log.WithError(err).Debugf("process %d: cannot unwind its Python yet (next try in %v)", p.pid, wait)
 }

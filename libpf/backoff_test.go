@@ -1,4 +1,4 @@
-package processmanager
+package libpf
 
 import (
 	"testing"
@@ -7,13 +7,13 @@ import (
 
 func TestBackoff(t *testing.T) {
 	now := time.Unix(100, 0)
-	b := newBackoff(50*time.Millisecond, 300*time.Millisecond)
-	if !b.ready(now) {
+	b := NewBackoff(50*time.Millisecond, 300*time.Millisecond)
+	if !b.Ready(now) {
 		t.Fatal("a new backoff is not ready")
 	}
 	var waits []time.Duration
 	for range 5 {
-		waits = append(waits, b.failed(now))
+		waits = append(waits, b.Failed(now))
 	}
 	want := []time.Duration{50, 100, 200, 300, 300}
 	for i := range want {
@@ -21,11 +21,11 @@ func TestBackoff(t *testing.T) {
 			t.Fatalf("waits %v, want %v ms", waits, want)
 		}
 	}
-	if b.ready(now.Add(299*time.Millisecond)) || !b.ready(now.Add(300*time.Millisecond)) {
+	if b.Ready(now.Add(299*time.Millisecond)) || !b.Ready(now.Add(300*time.Millisecond)) {
 		t.Error("ready before the wait is over, or not after")
 	}
-	b.reset()
-	if !b.ready(now) {
+	b.Reset()
+	if !b.Ready(now) {
 		t.Error("not ready after reset")
 	}
 }
