@@ -107,9 +107,32 @@ func (m *Manager) tryReadAPMAgent(p *process) error {
 		info.ServiceName, info.DeploymentEnvironment = st.ServiceName, st.Environment
 		p.info = &info
 		p.gen = m.newGeneration()
+		if m.corr != nil {
+			m.corr.SetAgent(p.pid, tracecorr.Agent{SocketPath: st.SocketPath, Generation: p.gen})
+		}
 		m.log.Debugf("process %d: APM agent of service %q (%s), socket %s", p.pid, st.ServiceName, st.Environment, st.SocketPath)
 	}
 	return nil
+}
+
+// recheckAPMAgent reads the agent's process storage again if the agent
+// published a new one, and goes on reading what is still missing. The
+// caller holds m.mu.
+func (m *Manager) recheckAPMAgent(p *process) {
+	a := p.apm
+	if a.storage != nil {
+		mem, err := m.processMem(p)
+		if err != nil {
+			return
+		}
+		addr, err := tracecorr.ReadStoragePointer(mem, a.lib.ProcessStorage+a.bias)
+		if err == nil && addr == a.storage.Addr {
+			return
+		}
+		a.storage = nil
+		a.retry.Reset()
+	}
+	m.readAPMAgent(p)
 }
 
 // dropAPM forgets a process's APM agent. The caller holds m.mu.
@@ -122,6 +145,9 @@ func (m *Manager) dropAPM(p *process) {
 		if err := m.unwind.u.APM.DeleteAPMProc(p.pid); err != nil {
 			m.log.WithError(err).Debugf("process %d: removing it from the APM map", p.pid)
 		}
+	}
+	if m.corr != nil {
+		m.corr.RemoveAgent(p.pid)
 	}
 	p.apm = nil
 }

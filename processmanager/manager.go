@@ -12,6 +12,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/tracecorr"
 )
 
 // ErrProcessExited says a process went away while we were reading it. It is
@@ -37,11 +38,20 @@ type Config struct {
 	// Unwinding, when set, mirrors process mappings and their files' stack
 	// deltas into the native unwinder's BPF maps.
 	Unwinding *Unwinding
+	// Correlator, when set, is told of APM agents and counts the samples
+	// taken in their traces.
+	Correlator *tracecorr.Correlator
+	// CheckInterval is how often a process that is being sampled has its
+	// maps re-read and its APM agent's storage pointer looked at again,
+	// so that a library it dlopens is found even where no mapping watcher
+	// runs and no sample falls in the library's own code; 3s when zero.
+	CheckInterval time.Duration
 }
 
 const (
 	defaultFileCacheSize      = 4096
 	defaultMapsRereadInterval = time.Second
+	defaultCheckInterval      = 3 * time.Second
 )
 
 // Manager holds the state of every process seen in a trace and converts raw
@@ -53,6 +63,8 @@ const (
 type Manager struct {
 	procFS, sysFS  string
 	rereadInterval time.Duration
+	checkInterval  time.Duration
+	corr           *tracecorr.Correlator
 	// youngProcess: see quickRereadInterval.
 	youngProcess time.Duration
 	log          logrus.FieldLogger
@@ -93,6 +105,8 @@ type process struct {
 	// mapsRead is set once the maps were read (or found unreadable).
 	mapsRead     bool
 	lastMapsRead time.Time
+	// lastCheck is when checkProcess last ran for it.
+	lastCheck time.Time
 	// mapsChanging is set when the last read found new mappings: a
 	// process that maps libraries (a program starting, Python importing
 	// extension modules) usually maps more soon, so its next re-read may
@@ -139,6 +153,8 @@ func New(cfg Config) (*Manager, error) {
 		procFS:         cmp.Or(cfg.ProcFS, "/proc"),
 		sysFS:          cmp.Or(cfg.SysFS, "/sys"),
 		rereadInterval: cmp.Or(cfg.MapsRereadInterval, defaultMapsRereadInterval),
+		checkInterval:  cmp.Or(cfg.CheckInterval, defaultCheckInterval),
+		corr:           cfg.Correlator,
 		youngProcess:   youngProcess,
 		log:            cfg.Logger,
 		now:            time.Now,
@@ -308,6 +324,32 @@ func (m *Manager) generation(pid uint32) uint64 {
 		return p.gen
 	}
 	return 0
+}
+
+// sampled is called for every sample of a tracked process and runs
+// checkProcess when it is due: a process only gets it while it runs.
+func (m *Manager) sampled(pid uint32) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p, ok := m.procs[pid]
+	if !ok || !p.mapsRead {
+		return
+	}
+	if now := m.now(); now.Sub(p.lastCheck) >= m.checkInterval {
+		p.lastCheck = now
+		m.checkProcess(p)
+	}
+}
+
+// checkProcess looks for what a process may have changed without telling:
+// mappings no sample or mapping event revealed, and a new APM process
+// storage. The caller holds m.mu.
+func (m *Manager) checkProcess(p *process) {
+	m.counters.processChecks++
+	m.rereadMaps(p)
+	if m.procs[p.pid] == p && p.apm != nil {
+		m.recheckAPMAgent(p)
+	}
 }
 
 func (m *Manager) newGeneration() uint64 {

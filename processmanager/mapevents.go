@@ -81,6 +81,7 @@ func (m *Manager) ExecMapped(pid libpf.PID, em support.ExecMapping) {
 	}
 	p.mappings = fresh
 	m.findInterpreters(p)
+	m.findAPMAgent(p)
 	// Cached conversions may have left addresses of it unmapped.
 	p.gen = m.newGeneration()
 	m.counters.mappingsAdded++

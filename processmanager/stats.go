@@ -42,6 +42,8 @@ type Stats struct {
 	// APMAgents counts APM agent libraries found in processes; APMErrors
 	// failed reads of one (not counting waits for the agent to publish).
 	APMAgents, APMErrors uint64
+	// ProcessChecks counts periodic checks of sampled processes.
+	ProcessChecks uint64
 	// MapsRereadsLimited counts re-reads skipped by the rate limit.
 	MapsRereadsLimited uint64
 	FileCacheSize      int
@@ -85,6 +87,7 @@ type counters struct {
 	pythonFrameErrors  uint64
 	apmAgents          uint64
 	apmErrors          uint64
+	processChecks      uint64
 }
 
 // Stats returns the Manager's counters; the Handler fields are zero.
@@ -109,6 +112,7 @@ func (m *Manager) Stats() Stats {
 		PythonFrameErrors:  c.pythonFrameErrors,
 		APMAgents:          c.apmAgents,
 		APMErrors:          c.apmErrors,
+		ProcessChecks:      c.processChecks,
 		FileCacheSize:      m.files.lru.Len(),
 		FileCacheHits:      m.files.hits,
 		FileCacheMisses:    m.files.misses,

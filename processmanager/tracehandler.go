@@ -102,6 +102,7 @@ func (h *Handler) wallTime(ktime uint64) time.Time {
 // reports the sample.
 func (h *Handler) HandleTrace(raw *support.Trace) {
 	h.received.Add(1)
+	h.m.sampled(raw.PID)
 	trace, info, ok := h.lookup(raw)
 	if !ok {
 		h.misses.Add(1)
@@ -117,6 +118,9 @@ func (h *Handler) HandleTrace(raw *support.Trace) {
 		}
 	} else {
 		h.hits.Add(1)
+	}
+	if raw.APM.Valid && h.m.corr != nil {
+		h.m.corr.Count(raw.PID, raw.APM, trace.Hash)
 	}
 	h.reporter.ReportSample(trace, &libpf.SampleMeta{
 		Time:       h.wallTime(raw.KTime),

@@ -3,6 +3,7 @@ package reporter
 import (
 	"cmp"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/binary"
 	"slices"
 
@@ -30,9 +31,14 @@ const (
 	attrThreadName  = "thread.name"
 	attrCPU         = "cpu.logical_number"
 	attrFrameType   = "profile.frame.type"
-	attrBuildIDHTL  = "process.executable.build_id.htlhash"
-	attrBuildIDGNU  = "process.executable.build_id.gnu"
-	attrBuildIDGo   = "process.executable.build_id.go"
+	// attrStackTraceID is, on samples linked to a trace, the stack-trace id
+	// sent to the APM agent (base64url without padding, as the agent stores
+	// it in its span attribute elastic.profiler_stack_trace_ids), so that a
+	// backend can join the two.
+	attrStackTraceID = "elastic.profiler_stack_trace_id"
+	attrBuildIDHTL   = "process.executable.build_id.htlhash"
+	attrBuildIDGNU   = "process.executable.build_id.gnu"
+	attrBuildIDGo    = "process.executable.build_id.go"
 
 	scopeName = "ebpf-profiler"
 )
@@ -272,6 +278,8 @@ type sampleIdent struct {
 	threadName string
 	cpu        int
 	link       int32
+	// stackTraceID is set for linked samples only.
+	stackTraceID string
 }
 
 func (b *dictBuilder) samples(groups []*sampleGroup, start, end uint64) []*profilespb.Sample {
@@ -280,6 +288,10 @@ func (b *dictBuilder) samples(groups []*sampleGroup, start, end uint64) []*profi
 	for _, g := range groups {
 		id := sampleIdent{stack: b.stack(g.trace), tid: g.key.tid, threadName: g.key.threadName, cpu: g.key.cpu,
 			link: b.link(g.key.link)}
+		if id.link != 0 {
+			h := g.key.hash.Bytes()
+			id.stackTraceID = base64.RawURLEncoding.EncodeToString(h[:])
+		}
 		s := merged[id]
 		if s == nil {
 			s = &profilespb.Sample{StackIndex: id.stack, AttributeIndices: b.sampleAttrs(id), LinkIndex: id.link}
@@ -315,7 +327,11 @@ func (b *dictBuilder) sampleAttrs(id sampleIdent) []int32 {
 	if id.threadName != "" {
 		attrs = append(attrs, b.attrStr(attrThreadName, id.threadName))
 	}
-	return append(attrs, b.attrInt(attrCPU, int64(id.cpu)))
+	attrs = append(attrs, b.attrInt(attrCPU, int64(id.cpu)))
+	if id.stackTraceID != "" {
+		attrs = append(attrs, b.attrStr(attrStackTraceID, id.stackTraceID))
+	}
+	return attrs
 }
 
 // profileWindow is the time window of an interval's profiles: the interval,

@@ -474,9 +474,17 @@ func TestBuildRequestTraceLinks(t *testing.T) {
 			if s.LinkIndex == 0 || !bytes.Equal(l.TraceId, apm.TraceID[:]) || !bytes.Equal(l.SpanId, apm.SpanID[:]) {
 				t.Errorf("linked sample: link %d %x/%x", s.LinkIndex, l.TraceId, l.SpanId)
 			}
+			// The stack-trace id the agent gets: the trace hash, big-endian,
+			// base64url without padding.
+			if id := attrsOf(d, s.AttributeIndices)[attrStackTraceID]; id != "AAAAAAAAAAAAAAAAAAAABw" {
+				t.Errorf("linked sample: stack-trace id %v", id)
+			}
 		case 1:
 			if s.LinkIndex != 0 {
 				t.Errorf("sample outside a trace links to %d", s.LinkIndex)
+			}
+			if id, ok := attrsOf(d, s.AttributeIndices)[attrStackTraceID]; ok {
+				t.Errorf("sample outside a trace has stack-trace id %v", id)
 			}
 		default:
 			t.Errorf("sample of %d values", len(s.Values))

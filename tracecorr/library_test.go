@@ -140,7 +140,8 @@ func TestLiveAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if *st != (ProcessStorage{MinorVersion: 1, ServiceName: "testagent-svc", Environment: "test-env", SocketPath: sock}) {
+	if st.Addr == 0 || *st != (ProcessStorage{Addr: st.Addr, MinorVersion: 1, ServiceName: "testagent-svc",
+		Environment: "test-env", SocketPath: sock}) {
 		t.Errorf("process storage %+v", *st)
 	}
 	off, err := TLSOffset(mem, l.TLSDescriptor+bias)

@@ -11,6 +11,9 @@ import (
 // ProcessStorage is the agent's process storage (spec: "process storage
 // layout"), layout-minor-version 1 and later.
 type ProcessStorage struct {
+	// Addr is where the storage was read: the pointer's value. The agent
+	// publishes a new storage by pointing elsewhere.
+	Addr         uint64
 	MinorVersion uint16
 	ServiceName  string
 	Environment  string
@@ -39,24 +42,19 @@ const (
 // (the library's ProcessStorage plus its load bias) points to. It never
 // allocates more than the bounds above, whatever the lengths say.
 func ReadProcessStorage(mem io.ReaderAt, ptrAddr uint64) (*ProcessStorage, error) {
-	var word [8]byte
-	if _, err := mem.ReadAt(word[:], int64(ptrAddr)); err != nil {
-		return nil, fmt.Errorf("reading the process storage pointer at %#x: %w", ptrAddr, err)
-	}
-	addr := binary.LittleEndian.Uint64(word[:])
-	if addr == 0 {
-		return nil, ErrNotPublished
+	addr, err := ReadStoragePointer(mem, ptrAddr)
+	if err != nil {
+		return nil, err
 	}
 	var minor [2]byte
 	if _, err := mem.ReadAt(minor[:], int64(addr)); err != nil {
 		return nil, fmt.Errorf("reading the process storage at %#x: %w", addr, err)
 	}
-	st := &ProcessStorage{MinorVersion: binary.LittleEndian.Uint16(minor[:])}
+	st := &ProcessStorage{Addr: addr, MinorVersion: binary.LittleEndian.Uint16(minor[:])}
 	if st.MinorVersion < 1 {
 		return nil, fmt.Errorf("%w: layout minor version %d", ErrBadStorage, st.MinorVersion)
 	}
 	pos := addr + 2
-	var err error
 	for _, f := range []struct {
 		dst *string
 		max uint32
@@ -66,6 +64,20 @@ func ReadProcessStorage(mem io.ReaderAt, ptrAddr uint64) (*ProcessStorage, error
 		}
 	}
 	return st, nil
+}
+
+// ReadStoragePointer reads the process storage pointer at ptrAddr; 0 is
+// ErrNotPublished.
+func ReadStoragePointer(mem io.ReaderAt, ptrAddr uint64) (uint64, error) {
+	var word [8]byte
+	if _, err := mem.ReadAt(word[:], int64(ptrAddr)); err != nil {
+		return 0, fmt.Errorf("reading the process storage pointer at %#x: %w", ptrAddr, err)
+	}
+	addr := binary.LittleEndian.Uint64(word[:])
+	if addr == 0 {
+		return 0, ErrNotPublished
+	}
+	return addr, nil
 }
 
 // readString reads a utf8-str (a uint32 length, then that many bytes) at

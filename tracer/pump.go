@@ -34,11 +34,12 @@ type Handler interface {
 // a quarter (55 ms to 40 ms per 30 s, measured from schedstat).
 const pollInterval = time.Second
 
-// interpreterTraceLatency bounds the wait of traces with interpreter
-// frames instead (BPF wakes the reader for them at most this often): they
-// are symbolized from the process's memory, so the samples a process takes
-// in its last interpreterTraceLatency before exiting may stay unnamed.
-const interpreterTraceLatency = 200 * time.Millisecond
+// TraceWakeupLatency bounds the wait of traces with interpreter frames or
+// an APM trace context instead (BPF wakes the reader for them at most this
+// often). Interpreter frames are symbolized from the process's memory, so
+// the samples a process takes in its last TraceWakeupLatency before exiting
+// may stay unnamed; APM agents wait for their correlation messages.
+const TraceWakeupLatency = 200 * time.Millisecond
 
 // Run pumps events to h until ctx is done, then reads what is left in the
 // ring buffer and returns. Detach before cancelling ctx to lose no sample.

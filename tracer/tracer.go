@@ -115,7 +115,7 @@ func New(cfg Config) (*Tracer, error) {
 		"unknown_pc_report_interval": uint64(200 * time.Millisecond),
 		// Python frames are symbolized from the process's memory: a
 		// process's last samples must be read before it exits.
-		"interpreter_trace_latency": uint64(interpreterTraceLatency),
+		"trace_wakeup_latency": uint64(TraceWakeupLatency),
 	}); err != nil {
 		return nil, err
 	}

@@ -21,8 +21,13 @@ import (
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/processmanager"
 	"github.com/hostprof/ebpf-profiler/reporter"
+	"github.com/hostprof/ebpf-profiler/tracecorr"
 	"github.com/hostprof/ebpf-profiler/tracer"
 )
+
+// correlationFlush is how often APM agents are sent the stack-trace ids of
+// their transactions' samples.
+const correlationFlush = 400 * time.Millisecond
 
 // version is set at build time (-ldflags "-X main.version=...").
 var version = "dev"
@@ -108,7 +113,14 @@ func profile(ctx context.Context, cfg *config) error {
 	if err != nil {
 		return err
 	}
-	pm, err := processmanager.New(processmanager.Config{Unwinding: unwinding(tr)})
+	// Agents hold ended transactions for samples-delay-ms: announce the
+	// longest a sample's trace waits in BPF's ring buffer, plus two flushes.
+	corr := tracecorr.New(tracecorr.Config{
+		HostID:        hostID,
+		FlushInterval: correlationFlush,
+		SamplesDelay:  tracer.TraceWakeupLatency + 2*correlationFlush,
+	})
+	pm, err := processmanager.New(processmanager.Config{Unwinding: unwinding(tr), Correlator: corr})
 	if err != nil {
 		return err
 	}
@@ -127,13 +139,14 @@ func profile(ctx context.Context, cfg *config) error {
 		rep.Close()
 		return err
 	}
+	corr.Start()
 	describeOutputs(cfg)
 
 	pumpCtx, stopPump := context.WithCancel(context.Background())
 	pumpDone := make(chan error, 1)
 	go func() { pumpDone <- tr.Run(pumpCtx, handler) }()
 
-	mon := newMonitor(tr, handler, pm, rep)
+	mon := newMonitor(tr, handler, pm, rep, corr)
 	log.Debugf("Start-up took %v", time.Since(start).Round(time.Millisecond))
 	// Loading parsed the kernel's BTF, tens of MiB of garbage by now: hand
 	// it back to the OS rather than wait for the scavenger.
@@ -162,6 +175,7 @@ loop:
 	if !pumpFinished {
 		pumpErr = <-pumpDone
 	}
+	corr.Close()
 	if err := rep.Close(); err != nil {
 		log.Warnf("Flushing the last interval: %v", err)
 	}

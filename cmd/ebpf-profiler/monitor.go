@@ -11,6 +11,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/processmanager"
 	"github.com/hostprof/ebpf-profiler/reporter"
+	"github.com/hostprof/ebpf-profiler/tracecorr"
 	"github.com/hostprof/ebpf-profiler/tracer"
 )
 
@@ -21,7 +22,11 @@ type monitor struct {
 	handler *processmanager.Handler
 	pm      *processmanager.Manager
 	rep     *reporter.Reporter
+	corr    *tracecorr.Correlator
 	last    map[string]uint64
+	// refused is the correlator's count of refused APM sockets at the last
+	// check.
+	refused uint64
 	// malformed is the tracer's count of undecodable events at the last
 	// check.
 	malformed uint64
@@ -35,8 +40,9 @@ type monitor struct {
 const ksymsReloadInterval = 10 * time.Minute
 
 func newMonitor(tr *tracer.Tracer, h *processmanager.Handler, pm *processmanager.Manager,
-	rep *reporter.Reporter) *monitor {
-	return &monitor{tr: tr, handler: h, pm: pm, rep: rep, last: map[string]uint64{}, lastKsymsReload: time.Now()}
+	rep *reporter.Reporter, corr *tracecorr.Correlator) *monitor {
+	return &monitor{tr: tr, handler: h, pm: pm, rep: rep, corr: corr, last: map[string]uint64{},
+		lastKsymsReload: time.Now()}
 }
 
 // lossCounters are the BPF counters that mean samples were lost.
@@ -72,6 +78,7 @@ func (m *monitor) check() {
 		log.Debugf("BPF counters:%s", b.String())
 		log.Debugf("Trace handling: %+v", m.handler.Stats())
 		log.Debugf("Reporter: %+v", m.rep.Stats())
+		log.Debugf("APM correlation: %+v", m.corr.Stats())
 	}
 	m.last = counters
 }
@@ -93,4 +100,24 @@ func (m *monitor) summary() {
 		"delta_mappings":   hs.DeltasResident.Mappings,
 		"requests_dropped": rs.RequestsDropped,
 	}).Info("Stopped")
+	if cs := m.corr.Stats(); cs.Registrations > 0 || cs.SamplesDropped > 0 || refusals(cs) > 0 {
+		log.WithFields(log.Fields{
+			"registrations":           cs.Registrations,
+			"correlation_messages":    cs.Messages,
+			"correlated_samples":      cs.SamplesSent,
+			"correlation_deferred":    cs.Deferred,
+			"correlation_dropped":     cs.SamplesDropped,
+			"apm_sockets_refused":     refusals(cs),
+			"correlation_send_errors": cs.SendErrors,
+		}).Info("APM correlation")
+	}
+}
+
+// refusals is how many APM socket paths were refused, for any reason.
+func refusals(s tracecorr.Stats) uint64 {
+	var n uint64
+	for _, r := range s.Refused {
+		n += r
+	}
+	return n
 }

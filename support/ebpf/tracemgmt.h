@@ -17,10 +17,11 @@ volatile const u64 events_wakeup_bytes = 0;
 // reports for one process, in nanoseconds.
 volatile const u64 unknown_pc_report_interval = 0;
 // Set by user space before load: the most time a trace with interpreter
-// frames waits in the events ring buffer, in nanoseconds. User space
-// symbolizes them from the process's memory, which is gone once the
-// process exits.
-volatile const u64 interpreter_trace_latency = 0;
+// frames or an APM trace context waits in the events ring buffer, in
+// nanoseconds. User space symbolizes interpreter frames from the process's
+// memory, which is gone once the process exits, and owes APM agents their
+// correlation messages within the delay it announced.
+volatile const u64 trace_wakeup_latency = 0;
 // Set when bpf_find_vma (5.17) is available and may be mixed with tail
 // calls: PCs outside the mapping trie are then resolved from the task's
 // VMAs, so a process's first samples unwind before user space has read its
@@ -148,7 +149,7 @@ struct {
 } apm_procs SEC(".maps");
 
 // When a trace last woke the events reader early (ktime ns), for
-// interpreter_trace_latency.
+// trace_wakeup_latency.
 struct {
   __uint(type, BPF_MAP_TYPE_ARRAY);
   __uint(max_entries, 1);

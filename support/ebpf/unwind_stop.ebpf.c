@@ -11,17 +11,18 @@ static __always_inline u64 hash_mix(u64 h, u64 v)
 }
 
 // Whether the reader should be woken for this trace: it has interpreter
-// frames and no trace woke the reader in the last
-// interpreter_trace_latency. The reader otherwise polls far less often,
-// and a process's last samples would arrive after it exited.
-static __always_inline int interpreter_trace_urgent(const struct record *r)
+// frames (symbolized from the process's memory, so the process must still
+// run) or an APM trace context (its stack-trace id is due to the agent
+// within the delay we announced), and no trace woke the reader in the last
+// trace_wakeup_latency. The reader otherwise polls far less often.
+static __always_inline int trace_urgent(const struct record *r)
 {
-  if (r->state.python.status != PYTHON_WALKING)
+  if (r->state.python.status != PYTHON_WALKING && !(r->trace.flags & TRACE_FLAG_APM_CONTEXT))
     return 0;
   u32 zero = 0;
   u64 *last = bpf_map_lookup_elem(&early_wakeups, &zero);
   u64 now = bpf_ktime_get_ns();
-  if (!last || now - *last < interpreter_trace_latency)
+  if (!last || now - *last < trace_wakeup_latency)
     return 0;
   *last = now;
   return 1;
@@ -82,7 +83,7 @@ int unwind_stop(struct bpf_perf_event_data *ctx)
   if (n > MAX_FRAMES)
     n = MAX_FRAMES;
   u64 size = __builtin_offsetof(struct trace, frames) + n * sizeof(struct frame);
-  if (emit_event(t, size, interpreter_trace_urgent(r)))
+  if (emit_event(t, size, trace_urgent(r)))
     increment_metric(METRIC_ERR_TRACE_DROPPED);
   else
     increment_metric(METRIC_TRACES_SENT);

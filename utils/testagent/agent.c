@@ -48,6 +48,19 @@ int agent_publish_process_storage(const char *service, const char *env, const ch
   return 0;
 }
 
+// Publishes a storage whose service name claims a length of almost 4 GiB,
+// as a hostile or broken agent might.
+int agent_publish_absurd_storage(void)
+{
+  static uint8_t buf[2 + 4 + 16];
+  uint16_t minor = 1;
+  uint32_t n = 0xfffffff0u;
+  memcpy(buf, &minor, 2);
+  memcpy(buf + 2, &n, 4);
+  __atomic_store_n(&elastic_apm_profiling_correlation_process_storage_v1, buf, __ATOMIC_RELEASE);
+  return 0;
+}
+
 // Gives the calling thread its record, with no trace active.
 int agent_thread_init(void)
 {

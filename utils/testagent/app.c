@@ -3,10 +3,18 @@
 // runs two threads in two transactions while burning CPU, switching
 // transactions every 500 ms; a third thread records every message the
 // profiler sends. Everything goes to stdout as lines:
+//   loaded NS                                                  (agent dlopened)
+//   published NS                                               (storage published)
 //   tx TID TRACE_ID TRANSACTION_ID SPAN_ID START_NS END_NS   (CLOCK_REALTIME)
 //   idle TID START_NS END_NS                                   (no trace active)
 //   msg NS HEX                                                 (a datagram)
-// Usage: app AGENT_SO SOCKET_PATH SECONDS
+// Usage: app [-l LOAD_AFTER_S] [-p PUBLISH_AFTER_S] [-P PUBLISHED_PATH] [-a]
+//            AGENT_SO SOCKET_PATH SECONDS
+//   -l  burn CPU this long before loading the agent (the profiler then
+//       knows the process before the library appears)
+//   -p  wait this long after loading before publishing the storage
+//   -P  publish this socket path instead of SOCKET_PATH (still bound)
+//   -a  publish a storage whose service name claims 4 GiB
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -23,6 +31,7 @@
 #include <unistd.h>
 
 static int (*publish)(const char *, const char *, const char *);
+static int (*publish_absurd)(void);
 static int (*thread_init)(void);
 static void (*set_trace)(int, const uint8_t *, const uint8_t *, const uint8_t *, uint8_t);
 
@@ -119,43 +128,85 @@ static void *receiver(void *arg)
   }
 }
 
+static void print_time(const char *what)
+{
+  pthread_mutex_lock(&out);
+  printf("%s %llu\n", what, (unsigned long long)now_ns());
+  fflush(stdout);
+  pthread_mutex_unlock(&out);
+}
+
 int main(int argc, char **argv)
 {
-  if (argc != 4) {
-    fprintf(stderr, "usage: %s AGENT_SO SOCKET_PATH SECONDS\n", argv[0]);
+  double load_after = 0, publish_after = 0;
+  const char *published = 0;
+  int absurd = 0, opt;
+  while ((opt = getopt(argc, argv, "l:p:P:a")) != -1) {
+    switch (opt) {
+    case 'l':
+      load_after = atof(optarg);
+      break;
+    case 'p':
+      publish_after = atof(optarg);
+      break;
+    case 'P':
+      published = optarg;
+      break;
+    case 'a':
+      absurd = 1;
+      break;
+    default:
+      return 2;
+    }
+  }
+  if (argc - optind != 3) {
+    fprintf(stderr,
+            "usage: %s [-l S] [-p S] [-P PUBLISHED_PATH] [-a] AGENT_SO SOCKET_PATH SECONDS\n",
+            argv[0]);
     return 2;
   }
-  seconds = atof(argv[3]);
-  void *agent = dlopen(argv[1], RTLD_NOW);
+  const char *agent_so = argv[optind], *path = argv[optind + 1];
+  seconds = atof(argv[optind + 2]);
+  if (load_after > 0)
+    burn_a(now_ns() + (uint64_t)(load_after * 1e9));
+  void *agent = dlopen(agent_so, RTLD_NOW);
   if (!agent) {
     fprintf(stderr, "%s\n", dlerror());
     return 1;
   }
   publish = dlsym(agent, "agent_publish_process_storage");
+  publish_absurd = dlsym(agent, "agent_publish_absurd_storage");
   thread_init = dlsym(agent, "agent_thread_init");
   set_trace = dlsym(agent, "agent_set_trace");
-  if (!publish || !thread_init || !set_trace) {
+  if (!publish || !publish_absurd || !thread_init || !set_trace) {
     fprintf(stderr, "agent lacks its functions\n");
     return 1;
   }
+  print_time("loaded");
   sock = socket(AF_UNIX, SOCK_DGRAM, 0);
   fcntl(sock, F_SETFL, fcntl(sock, F_GETFL, 0) | O_NONBLOCK);
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
-  strncpy(addr.sun_path, argv[2], sizeof(addr.sun_path) - 1);
-  unlink(argv[2]);
+  strncpy(addr.sun_path, path, sizeof(addr.sun_path) - 1);
+  unlink(path);
   if (bind(sock, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
     perror("bind");
     return 1;
   }
-  // The storage names the socket only once it exists (spec).
-  publish("testagent-svc", "test-env", argv[2]);
   pthread_t w[2], r;
   pthread_create(&r, 0, receiver, 0);
   for (long i = 0; i < 2; i++)
     pthread_create(&w[i], 0, worker, (void *)i);
+  if (publish_after > 0)
+    usleep((useconds_t)(publish_after * 1e6));
+  // The storage names the socket only once it exists (spec).
+  if (absurd)
+    publish_absurd();
+  else
+    publish("testagent-svc", "test-env", published ? published : path);
+  print_time("published");
   for (int i = 0; i < 2; i++)
     pthread_join(w[i], 0);
   usleep(1500000); // the last correlation messages
-  unlink(argv[2]);
+  unlink(path);
   return 0;
 }
