@@ -17,12 +17,14 @@ type APMMaps interface {
 	DeleteAPMProc(pid uint32) error
 }
 
-// How often an APM agent's process is looked at again until its TLS
-// descriptor is resolved and its process storage published: from
-// apmRetryMin, doubling up to apmRetryMax.
+// How often an APM agent's process is looked at again, while it is being
+// sampled, until its TLS descriptor is resolved and its process storage
+// published: from apmRetryMin, doubling up to apmRetryMax. A try reads a
+// word or two of the process's memory; the agent waits for the
+// registration the storage leads to.
 const (
 	apmRetryMin = 100 * time.Millisecond
-	apmRetryMax = 10 * time.Second
+	apmRetryMax = time.Second
 )
 
 // apmProcess is what the manager knows of a process's APM agent.

@@ -338,6 +338,8 @@ func (m *Manager) sampled(pid uint32) {
 	if now := m.now(); now.Sub(p.lastCheck) >= m.checkInterval {
 		p.lastCheck = now
 		m.checkProcess(p)
+	} else if p.apm.pending() {
+		m.readAPMAgent(p) // paced by its backoff
 	}
 }
 

@@ -25,7 +25,11 @@ import (
 func (m *Manager) ProcessExeced(pid libpf.PID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if _, ok := m.procs[uint32(pid)]; ok {
+	if p, ok := m.procs[uint32(pid)]; ok {
+		if m.readAfterExec(p) {
+			m.counters.staleExecs++
+			return
+		}
 		m.forget(uint32(pid))
 		m.counters.processesExited++
 	}
@@ -35,6 +39,29 @@ func (m *Manager) ProcessExeced(pid libpf.PID) {
 	// The libraries are mapped after this read: where BPF does not report
 	// them, the first unknown PC must be allowed to read the maps again.
 	p.lastMapsRead = time.Time{}
+}
+
+// readAfterExec says whether the state of p was read from the image an
+// exec event announces: the event was emitted before p's first sample but
+// handled after it (a chain of execs, as in `unshare sh -c "exec chroot
+// ..."`, announces each image after the last is running). Its mappings are
+// then those /proc shows now; state read anew would be the same, minus
+// what was learned since (an APM agent's registration, say).
+func (m *Manager) readAfterExec(p *process) bool {
+	if !p.mapsRead || len(p.mappings) == 0 {
+		return false
+	}
+	entries, err := readMaps(m.procFS, p.pid)
+	if err != nil || len(entries) != len(p.mappings) {
+		return false
+	}
+	slices.SortFunc(entries, func(a, b mapsEntry) int { return cmp.Compare(a.start, b.start) })
+	for i := range entries {
+		if !p.mappings[i].entry.sameAs(&entries[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // ExecMapped adds a new executable file mapping of a process. A process

@@ -44,6 +44,9 @@ type Stats struct {
 	APMAgents, APMErrors uint64
 	// ProcessChecks counts periodic checks of sampled processes.
 	ProcessChecks uint64
+	// StaleExecs counts exec events handled after the new image's state
+	// was already read, which left the state as it was.
+	StaleExecs uint64
 	// MapsRereadsLimited counts re-reads skipped by the rate limit.
 	MapsRereadsLimited uint64
 	FileCacheSize      int
@@ -88,6 +91,7 @@ type counters struct {
 	apmAgents          uint64
 	apmErrors          uint64
 	processChecks      uint64
+	staleExecs         uint64
 }
 
 // Stats returns the Manager's counters; the Handler fields are zero.
@@ -113,6 +117,7 @@ func (m *Manager) Stats() Stats {
 		APMAgents:          c.apmAgents,
 		APMErrors:          c.apmErrors,
 		ProcessChecks:      c.processChecks,
+		StaleExecs:         c.staleExecs,
 		FileCacheSize:      m.files.lru.Len(),
 		FileCacheHits:      m.files.hits,
 		FileCacheMisses:    m.files.misses,

@@ -200,6 +200,36 @@ func TestHandlerPIDReuse(t *testing.T) {
 	}
 }
 
+// An exec event handled after the new image was already read from /proc
+// (a chain of execs) keeps the state; a real exec replaces it.
+func TestHandlerExecEvents(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	mapping, fnAbs := lib.mapAt(0x7f0000000000)
+	fs.setProcess(100, 1, "/bin/app", mapping)
+	h, rep := newTestHandler(t, fs)
+	raw := &support.Trace{PID: 100, Hash: 0xbeef, Frames: []support.Frame{{Addr: fnAbs}}}
+	h.HandleTrace(raw)
+	first := rep.last(t)
+
+	h.ProcessExeced(100) // the exec into /bin/app, handled late
+	h.HandleTrace(raw)
+	if rep.last(t).meta.Process != first.meta.Process {
+		t.Error("a stale exec event replaced the process's state")
+	}
+
+	other := fs.writeFile("other.bin", []byte("not an ELF file, just data"))
+	fs.setProcess(100, 1, "/bin/new", fakeMapping{start: 0x7f0000000000, end: 0x7f0000002000, file: other})
+	h.ProcessExeced(100)
+	h.HandleTrace(raw)
+	if got := rep.last(t); got.meta.Process.ExecutablePath != "/bin/new" || got.trace == first.trace {
+		t.Errorf("after a real exec: process %+v", got.meta.Process)
+	}
+	if s := h.Stats(); s.StaleExecs != 1 || s.ProcessesExited != 1 {
+		t.Errorf("stats %+v: want 1 stale exec and 1 state replaced", s)
+	}
+}
+
 // dlopenFixture is pid 100 with one copy of a library mapped and a trace
 // whose frame is in a second copy that mapLib maps later (a dlopen). now is
 // the manager's clock.

@@ -23,6 +23,21 @@ type Trace struct {
 	APM libpf.APMContext
 }
 
+// WakesEarly says whether BPF woke the events reader early for the trace
+// (unwind_stop's trace_urgent): it has interpreter frames or an APM trace
+// context, and user space owes it a short delay.
+func (t *Trace) WakesEarly() bool {
+	if t.APM.Valid {
+		return true
+	}
+	for i := range t.Frames {
+		if t.Frames[i].Kind == libpf.FramePython {
+			return true
+		}
+	}
+	return false
+}
+
 // Frame is one user-space frame as BPF found it.
 type Frame struct {
 	Kind libpf.FrameKind

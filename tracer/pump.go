@@ -43,11 +43,21 @@ const TraceWakeupLatency = 200 * time.Millisecond
 
 // Run pumps events to h until ctx is done, then reads what is left in the
 // ring buffer and returns. Detach before cancelling ctx to lose no sample.
+//
+// BPF wakes the reader for a trace that WakesEarly at most once per
+// TraceWakeupLatency, so such traces that follow a wake-up within that time
+// wake no one: while they come, the reader polls every TraceWakeupLatency
+// itself, and otherwise every pollInterval.
 func (t *Tracer) Run(ctx context.Context, h Handler) error {
 	var rec ringbuf.Record
 	var trace support.Trace
+	early, earlySincePoll := false, false
 	for {
-		deadline := time.Now().Add(pollInterval)
+		wait := pollInterval
+		if early {
+			wait = TraceWakeupLatency
+		}
+		deadline := time.Now().Add(wait)
 		if ctx.Err() != nil {
 			deadline = time.Now() // drain without waiting
 		}
@@ -58,6 +68,7 @@ func (t *Tracer) Run(ctx context.Context, h Handler) error {
 			if ctx.Err() != nil {
 				return nil
 			}
+			early, earlySincePoll = earlySincePoll, false
 			continue
 		case errors.Is(err, ringbuf.ErrClosed):
 			return nil
@@ -72,6 +83,9 @@ func (t *Tracer) Run(ctx context.Context, h Handler) error {
 		}
 		switch ev.Kind {
 		case support.EventTrace:
+			if ev.Trace.WakesEarly() {
+				early, earlySincePoll = true, true
+			}
 			h.HandleTrace(ev.Trace)
 		case support.EventProcessExec:
 			h.ProcessExeced(ev.PID)

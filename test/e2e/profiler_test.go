@@ -113,81 +113,98 @@ func startWorkload(t *testing.T, d time.Duration) *exec.Cmd {
 	return cmd
 }
 
-// TestProfilerExportsToCollector runs the daemon against the real collector
-// and checks that every sample the daemon reports as exported arrives.
-func TestProfilerExportsToCollector(t *testing.T) {
-	requireE2E(t)
-	requireRoot(t)
-	bin := profilerBinary(t)
-	c := startCollector(t)
+// daemon is a running profiler daemon whose output goes to a log file.
+type daemon struct {
+	cmd     *exec.Cmd
+	logPath string
+	exited  chan error
+	done    bool
+}
 
-	dir := t.TempDir()
-	logPath := filepath.Join(dir, "ebpf-profiler.log")
-	logFile, err := os.Create(logPath)
+// startDaemon starts the daemon with args and waits profilerStartGrace for
+// it to load; the test fails if it exits meanwhile. It is killed when the
+// test ends unless stop was called.
+func startDaemon(t *testing.T, args ...string) *daemon {
+	t.Helper()
+	bin := profilerBinary(t)
+	d := &daemon{logPath: filepath.Join(t.TempDir(), "ebpf-profiler.log"), exited: make(chan error, 1)}
+	logFile, err := os.Create(d.logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer logFile.Close()
-	args := []string{
-		"-collection-agent=" + c.Addr,
-		"-disable-tls",
-		"-reporter-interval=1s",
-		"-samples-per-second=100",
-		"-output-dir=" + filepath.Join(dir, "out"),
-	}
-	if err := os.MkdirAll(filepath.Join(dir, "out"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	daemon := exec.Command(bin, args...)
-	daemon.Stdout, daemon.Stderr = logFile, logFile
-	daemon.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	defer logFile.Close() // the child keeps its own descriptor
+	d.cmd = exec.Command(bin, args...)
+	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	t.Logf("starting %s %s", bin, strings.Join(args, " "))
-	if err := daemon.Start(); err != nil {
+	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- daemon.Wait() }()
-	daemonDone := false
+	go func() { d.exited <- d.cmd.Wait() }()
 	t.Cleanup(func() {
-		if !daemonDone {
-			_ = daemon.Process.Kill()
-			<-exited
+		if !d.done {
+			_ = d.cmd.Process.Kill()
+			<-d.exited
 		}
 		if t.Failed() {
-			t.Logf("daemon log (tail):\n%s", tailFile(logPath, 60))
+			t.Logf("daemon log (tail):\n%s", tailFile(d.logPath, 60))
 		}
 	})
-
 	select {
-	case err := <-exited:
-		daemonDone = true
+	case err := <-d.exited:
+		d.done = true
 		t.Fatalf("daemon exited during startup: %v", err)
 	case <-time.After(profilerStartGrace):
 	}
+	return d
+}
 
-	workload := startWorkload(t, workloadDuration)
-	if err := workload.Wait(); err != nil {
-		t.Fatalf("workload: %v", err)
-	}
-	time.Sleep(profilerDrainWait)
-
-	if err := daemon.Process.Signal(syscall.SIGTERM); err != nil {
+// stop sends SIGTERM and checks that the daemon exits with 0 in time.
+func (d *daemon) stop(t *testing.T) {
+	t.Helper()
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatalf("SIGTERM daemon: %v", err)
 	}
 	select {
-	case err := <-exited:
-		daemonDone = true
+	case err := <-d.exited:
+		d.done = true
 		if code := exitCode(err); code != 0 {
 			t.Errorf("daemon exit after SIGTERM: %v (code %d), want 0", err, code)
 		}
 	case <-time.After(profilerStopTimeout):
 		t.Fatalf("daemon did not exit within %s of SIGTERM", profilerStopTimeout)
 	}
+}
+
+// TestProfilerExportsToCollector runs the daemon against the real collector
+// and checks that every sample the daemon reports as exported arrives.
+func TestProfilerExportsToCollector(t *testing.T) {
+	requireE2E(t)
+	requireRoot(t)
+	c := startCollector(t)
+	out := filepath.Join(t.TempDir(), "out")
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t,
+		"-collection-agent="+c.Addr,
+		"-disable-tls",
+		"-reporter-interval=1s",
+		"-samples-per-second=100",
+		"-output-dir="+out,
+	)
+
+	workload := startWorkload(t, workloadDuration)
+	if err := workload.Wait(); err != nil {
+		t.Fatalf("workload: %v", err)
+	}
+	time.Sleep(profilerDrainWait)
+	d.stop(t)
 
 	if err := c.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	exported, err := parseExportLog(logPath)
+	exported, err := parseExportLog(d.logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
