@@ -11,6 +11,7 @@ import (
 	"math/bits"
 	"os"
 	"sync/atomic"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -191,6 +192,14 @@ func loadError(err error) error {
 	}
 	if errors.Is(err, unix.EPERM) {
 		return fmt.Errorf("loading BPF programs: %w (needs root; on kernels before 5.11 also a high enough RLIMIT_MEMLOCK)", err)
+	}
+	if strings.Contains(err.Error(), "load kernel spec") {
+		// The programs read kernel structs (a task's stack and thread
+		// pointer, for kernel frames, CPython and APM trace correlation)
+		// at offsets relocated from the kernel's BTF.
+		return fmt.Errorf("loading BPF programs: the kernel's BTF type information is missing or unreadable "+
+			"(/sys/kernel/btf/vmlinux; kernels built with CONFIG_DEBUG_INFO_BTF=y have it, as distribution kernels "+
+			"do since about 5.4): %w", err)
 	}
 	return fmt.Errorf("loading BPF programs: %w", err)
 }
