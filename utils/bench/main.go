@@ -6,7 +6,7 @@
 // and start-up time and CPU until the first export.
 //
 // Usage (root): go run ./utils/bench -bin ./ebpf-profiler [-duration 60s] [-rates 20,100,1000]
-// [-load shell|c|python] [-procs N]
+// [-load shell|c|python|apm|apm-off] [-procs N]
 package main
 
 import (
@@ -29,8 +29,10 @@ func main() {
 	duration := flag.Duration("duration", time.Minute, "profiling time per rate")
 	rates := flag.String("rates", "20,100,1000", "sampling rates to measure")
 	runs := flag.Int("runs", 3, "runs per rate; the table shows each figure's median")
-	load := flag.String("load", "shell", "what keeps the CPUs busy: shell loops, c (utils/workloads/fpchain.c, -O2) "+
-		"or python (utils/workloads/python/pyworkload.py chain under python3)")
+	load := flag.String("load", "shell", "what keeps the CPUs busy: shell loops, c (utils/workloads/fpchain.c, -O2), "+
+		"python (utils/workloads/python/pyworkload.py chain under python3), apm (utils/testagent's app: "+
+		"two threads per process, 80% of the time in APM transactions) or apm-off (the same with the agent "+
+		"library renamed, so that it is not correlated)")
 	procs := flag.Int("procs", runtime.NumCPU(), "busy processes")
 	flag.Parse()
 	if os.Geteuid() != 0 {
@@ -45,8 +47,9 @@ func main() {
 	defer runAtExit()
 	fmt.Printf("%d CPUs kept busy by %d %s processes; medians of %d runs of %v per rate\n\n",
 		runtime.NumCPU(), *procs, *load, *runs, *duration)
-	fmt.Printf("%6s %10s %10s %8s %9s %9s %10s %6s %6s %9s %12s\n",
-		"Hz", "CPU s/min", "BPF s/min", "RSS MiB", "peak MiB", "maps MiB", "delivered", "lost", "idle", "attach s", "1st export")
+	fmt.Printf("%6s %10s %10s %9s %8s %9s %9s %10s %6s %6s %9s %12s\n",
+		"Hz", "CPU s/min", "BPF s/min", "BPF ns/smp", "RSS MiB", "peak MiB", "maps MiB", "delivered", "lost", "idle",
+		"attach s", "1st export")
 	for _, r := range strings.Split(*rates, ",") {
 		hz, err := strconv.Atoi(strings.TrimSpace(r))
 		if err != nil {
@@ -57,17 +60,19 @@ func main() {
 			all = append(all, measure(*bin, hz, *duration))
 		}
 		m := medians(all)
-		fmt.Printf("%6d %10.3f %10.3f %8.1f %9.1f %9.2f %9.2f%% %6.0f %6.0f %9.2f %5.2fs/%.2fs\n",
-			hz, m.cpuPerMin, m.bpfPerMin, m.rssMiB, m.peakMiB, m.mapMiB, 100*m.delivered,
+		fmt.Printf("%6d %10.3f %10.3f %9.0f %8.1f %9.1f %9.2f %9.2f%% %6.0f %6.0f %9.2f %5.2fs/%.2fs\n",
+			hz, m.cpuPerMin, m.bpfPerMin, m.bpfPerSample, m.rssMiB, m.peakMiB, m.mapMiB, 100*m.delivered,
 			m.lost, m.idle, m.attach.Seconds(), m.firstExport.Seconds(), m.startupCPU.Seconds())
 	}
 	fmt.Println("\ndelivered: traces user space received / (CPUs × Hz × seconds from attach to SIGTERM).")
 	fmt.Println("lost: samples BPF started to unwind that never reached user space; idle: idle-task samples, not reported.")
 	fmt.Println("1st export: wall time / daemon CPU time from exec until the first profile was written.")
+	fmt.Println("BPF ns/smp: the BPF programs' run time per perf event (sample_entry's runs; tail calls included).")
 }
 
 type result struct {
 	cpuPerMin, bpfPerMin    float64
+	bpfPerSample            float64
 	rssMiB, peakMiB, mapMiB float64
 	delivered, lost, idle   float64
 	attach, firstExport     time.Duration
@@ -121,16 +126,17 @@ func measure(bin string, hz int, d time.Duration) result {
 	}
 
 	// Measure steady state from here on.
-	cpu0, bpf0 := cpuTime(pid), bpfRunTime(pid)
+	cpu0, bpf0, runs0 := cpuTime(pid), bpfRunTime(pid), bpfRunCount(pid)
 	t0 := time.Now()
 	time.Sleep(d)
-	cpu1, bpf1 := cpuTime(pid), bpfRunTime(pid)
+	cpu1, bpf1, runs1 := cpuTime(pid), bpfRunTime(pid), bpfRunCount(pid)
 	elapsed := time.Since(t0)
 	r.rssMiB, r.peakMiB = memory(pid)
 	r.mapMiB = float64(bpfMapBytes(pid)) / (1 << 20)
 	perMin := time.Minute.Seconds() / elapsed.Seconds()
 	r.cpuPerMin = (cpu1 - cpu0).Seconds() * perMin
 	r.bpfPerMin = (bpf1 - bpf0).Seconds() * perMin
+	r.bpfPerSample = float64(bpf1-bpf0) / float64(max(runs1-runs0, 1))
 
 	sampled := time.Since(start) - r.attach
 	check(cmd.Process.Signal(syscall.SIGTERM))
@@ -162,17 +168,18 @@ func medians(runs []result) result {
 		return time.Duration(med(func(r *result) float64 { return float64(get(r)) }))
 	}
 	return result{
-		cpuPerMin:   med(func(r *result) float64 { return r.cpuPerMin }),
-		bpfPerMin:   med(func(r *result) float64 { return r.bpfPerMin }),
-		rssMiB:      med(func(r *result) float64 { return r.rssMiB }),
-		peakMiB:     med(func(r *result) float64 { return r.peakMiB }),
-		mapMiB:      med(func(r *result) float64 { return r.mapMiB }),
-		delivered:   med(func(r *result) float64 { return r.delivered }),
-		lost:        med(func(r *result) float64 { return r.lost }),
-		idle:        med(func(r *result) float64 { return r.idle }),
-		attach:      dur(func(r *result) time.Duration { return r.attach }),
-		firstExport: dur(func(r *result) time.Duration { return r.firstExport }),
-		startupCPU:  dur(func(r *result) time.Duration { return r.startupCPU }),
+		cpuPerMin:    med(func(r *result) float64 { return r.cpuPerMin }),
+		bpfPerMin:    med(func(r *result) float64 { return r.bpfPerMin }),
+		bpfPerSample: med(func(r *result) float64 { return r.bpfPerSample }),
+		rssMiB:       med(func(r *result) float64 { return r.rssMiB }),
+		peakMiB:      med(func(r *result) float64 { return r.peakMiB }),
+		mapMiB:       med(func(r *result) float64 { return r.mapMiB }),
+		delivered:    med(func(r *result) float64 { return r.delivered }),
+		lost:         med(func(r *result) float64 { return r.lost }),
+		idle:         med(func(r *result) float64 { return r.idle }),
+		attach:       dur(func(r *result) time.Duration { return r.attach }),
+		firstExport:  dur(func(r *result) time.Duration { return r.firstExport }),
+		startupCPU:   dur(func(r *result) time.Duration { return r.startupCPU }),
 	}
 }
 
@@ -267,6 +274,19 @@ func bpfRunTime(pid int) time.Duration {
 	return time.Duration(ns)
 }
 
+// bpfRunCount is how often the sampling entry program ran: once per perf
+// event.
+func bpfRunCount(pid int) int64 {
+	for _, p := range bpfObjects(pid, "prog") {
+		if p["prog_type"] == "7" { // BPF_PROG_TYPE_PERF_EVENT
+			if v, err := strconv.ParseInt(p["run_cnt"], 10, 64); err == nil && v > 0 {
+				return v
+			}
+		}
+	}
+	return 0
+}
+
 func bpfMapBytes(pid int) uint64 {
 	var total uint64
 	for _, m := range bpfObjects(pid, "map") {
@@ -295,12 +315,18 @@ func busyLoad(kind string, n int) func() {
 		argv = []string{bin, "1000000"}
 	case "python":
 		argv = []string{"python3", "utils/workloads/python/pyworkload.py", "chain", "1000000"}
+	case "apm", "apm-off":
+		argv = apmLoad(kind == "apm")
 	default:
 		fatalf("unknown load %q", kind)
 	}
 	var cmds []*exec.Cmd
-	for range n {
-		c := exec.Command(argv[0], argv[1:]...)
+	for i := range n {
+		args := slices.Clone(argv[1:])
+		for j := range args {
+			args[j] = strings.ReplaceAll(args[j], "%d", strconv.Itoa(i))
+		}
+		c := exec.Command(argv[0], args...)
 		check(c.Start())
 		cmds = append(cmds, c)
 	}
@@ -310,6 +336,28 @@ func busyLoad(kind string, n int) func() {
 			c.Wait()
 		}
 	}
+}
+
+// apmLoad builds utils/testagent and returns the command line of its app,
+// with %d in the socket path for the process's number. Without correlate,
+// the agent library gets a name the correlation spec's pattern misses.
+func apmLoad(correlate bool) []string {
+	dir, err := os.MkdirTemp("", "bench-apm")
+	check(err)
+	atExit(func() { os.RemoveAll(dir) })
+	if out, err := exec.Command("make", "-C", "utils/testagent", "OUT="+dir).CombinedOutput(); err != nil {
+		fatalf("building the test agent (run from the repository root): %v\n%s", err, out)
+	}
+	libs, _ := filepath.Glob(filepath.Join(dir, "elastic-jvmti-linux-*.so"))
+	if len(libs) != 1 {
+		fatalf("no test agent library in %s", dir)
+	}
+	lib := libs[0]
+	if !correlate {
+		lib = filepath.Join(dir, "libtestagent.so")
+		check(os.Rename(libs[0], lib))
+	}
+	return []string{filepath.Join(dir, "app"), lib, filepath.Join(dir, "agent-%d.sock"), "1000000"}
 }
 
 func check(err error) {
