@@ -215,3 +215,33 @@ func TestCorrelatorRefusesAndDrops(t *testing.T) {
 		t.Errorf("%d samples dropped, want 3", s.SamplesDropped)
 	}
 }
+
+// An agent that replaces its socket is registered again on the new one.
+func TestCorrelatorSocketReplaced(t *testing.T) {
+	f := newFakeProc(t, os.Getuid())
+	path := filepath.Join(f.root, "tmp", "agent.sock")
+	l := listen(t, path)
+	c := newTestCorrelator(f)
+	defer c.closeAll()
+	c.SetAgent(fakePID, Agent{SocketPath: "/tmp/agent.sock", Generation: 1})
+	c.flush(time.Now().Add(time.Second))
+	if regs, _ := decode(t, received(t, l)); len(regs) != 1 {
+		t.Fatalf("%d registrations, want 1", len(regs))
+	}
+
+	l.Close()
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	l = listen(t, path)
+	c.Count(fakePID, apmContext(1, 1), libpf.TraceHash{Lo: 1})
+	c.flush(time.Now().Add(time.Second)) // the send fails: the old socket is gone
+	c.flush(time.Now().Add(time.Second))
+	regs, corr := decode(t, received(t, l))
+	if len(regs) != 1 || len(corr) != 1 || corr[0].count != 1 {
+		t.Errorf("on the new socket: %d registrations, correlations %+v; want 1 and one of count 1", len(regs), corr)
+	}
+	if s := c.Stats(); s.Registrations != 2 || s.SamplesDropped != 0 {
+		t.Errorf("stats %+v", s)
+	}
+}

@@ -10,8 +10,8 @@ import (
 	"maps"
 	"math/bits"
 	"os"
-	"sync/atomic"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
