@@ -111,14 +111,20 @@ func TestLiveAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	// The first transaction line: the storage is published and the worker
-	// threads have their records.
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Once the storage is published and a worker's first round printed,
+	// that worker has its record.
 	var tid int
-	fmt.Sscanf(line, "idle %d", &tid)
+	published := false
+	for r := bufio.NewReader(stdout); tid == 0 || !published; {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		published = published || strings.HasPrefix(line, "published ")
+		if tid == 0 {
+			fmt.Sscanf(line, "idle %d", &tid)
+		}
+	}
 	pid := cmd.Process.Pid
 
 	bias := mappedBias(t, pid, lib)
