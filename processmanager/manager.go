@@ -315,25 +315,18 @@ func (m *Manager) Sweep() int {
 	return n
 }
 
-// generation returns the generation of a pid's current state, 0 if the
-// pid is not tracked.
-func (m *Manager) generation(pid uint32) uint64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if p, ok := m.procs[pid]; ok {
-		return p.gen
-	}
-	return 0
-}
-
-// sampled is called for every sample of a tracked process and runs
-// checkProcess when it is due: a process only gets it while it runs.
-func (m *Manager) sampled(pid uint32) {
+// sampled is called for every sample and returns the generation of the
+// pid's current state, 0 if the pid is not tracked. It runs checkProcess
+// when that is due: a process only gets it while it runs.
+func (m *Manager) sampled(pid uint32) uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	p, ok := m.procs[pid]
-	if !ok || !p.mapsRead {
-		return
+	if !ok {
+		return 0
+	}
+	if !p.mapsRead {
+		return p.gen
 	}
 	if now := m.now(); now.Sub(p.lastCheck) >= m.checkInterval {
 		p.lastCheck = now
@@ -341,6 +334,10 @@ func (m *Manager) sampled(pid uint32) {
 	} else if p.apm.pending() {
 		m.readAPMAgent(p) // paced by its backoff
 	}
+	if m.procs[pid] != p {
+		return 0 // the check found it gone
+	}
+	return p.gen
 }
 
 // checkProcess looks for what a process may have changed without telling:

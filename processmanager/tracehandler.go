@@ -102,8 +102,8 @@ func (h *Handler) wallTime(ktime uint64) time.Time {
 // reports the sample.
 func (h *Handler) HandleTrace(raw *support.Trace) {
 	h.received.Add(1)
-	h.m.sampled(raw.PID)
-	trace, info, ok := h.lookup(raw)
+	gen := h.m.sampled(raw.PID)
+	trace, info, ok := h.lookup(raw, gen)
 	if !ok {
 		h.misses.Add(1)
 		c, err := h.m.convert(raw)
@@ -133,13 +133,13 @@ func (h *Handler) HandleTrace(raw *support.Trace) {
 }
 
 // lookup returns the cached conversion of raw if it is still valid: made
-// for the same pid, with the process state that pid has now.
-func (h *Handler) lookup(raw *support.Trace) (*libpf.Trace, *libpf.ProcessInfo, bool) {
+// for the same pid, with the process state that pid has now (gen).
+func (h *Handler) lookup(raw *support.Trace, gen uint64) (*libpf.Trace, *libpf.ProcessInfo, bool) {
 	if raw == nil {
 		return nil, nil, false
 	}
 	c, ok := h.cache.Get(raw.Hash)
-	if !ok || c.pid != raw.PID || h.m.generation(raw.PID) != c.gen {
+	if !ok || c.pid != raw.PID || gen != c.gen {
 		return nil, nil, false
 	}
 	if !c.retryAt.IsZero() && !h.m.now().Before(c.retryAt) {

@@ -106,12 +106,7 @@ func openAgentSocket(procFS string, pid uint32, path string) (*agentSocket, erro
 	if err != nil {
 		return nil, err
 	}
-	root, err := unix.Open(fmt.Sprintf("%s/%d/root", procFS, pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("opening the root of process %d: %w", pid, err)
-	}
-	defer unix.Close(root)
-	fd, st, err := resolveBeneath(root, path)
+	fd, st, err := resolveInRoot(procFS, pid, path)
 	if err != nil {
 		return nil, err
 	}
@@ -123,6 +118,17 @@ func openAgentSocket(procFS string, pid uint32, path string) (*agentSocket, erro
 		return nil, &RefusedError{RefusedOwner, path}
 	}
 	return connectFD(fd, st)
+}
+
+// resolveInRoot resolves path inside the root of process pid (see
+// resolveBeneath).
+func resolveInRoot(procFS string, pid uint32, path string) (int, unix.Stat_t, error) {
+	root, err := unix.Open(fmt.Sprintf("%s/%d/root", procFS, pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, unix.Stat_t{}, fmt.Errorf("opening the root of process %d: %w", pid, err)
+	}
+	defer unix.Close(root)
+	return resolveBeneath(root, path)
 }
 
 // resolveBeneath opens path (absolute, without "..") beneath the directory
@@ -272,12 +278,7 @@ func processUID(procFS string, pid uint32) (uint32, error) {
 // sameSocket says whether path, resolved as openAgentSocket does, still
 // names the socket s is connected to.
 func sameSocket(procFS string, pid uint32, path string, s *agentSocket) bool {
-	root, err := unix.Open(fmt.Sprintf("%s/%d/root", procFS, pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return false
-	}
-	defer unix.Close(root)
-	fd, st, err := resolveBeneath(root, path)
+	fd, st, err := resolveInRoot(procFS, pid, path)
 	if err != nil {
 		return false
 	}
