@@ -230,9 +230,7 @@ func (c *Correlator) Close() {
 
 func (c *Correlator) closeAll() {
 	for pid, cn := range c.conns {
-		if cn.sock != nil {
-			cn.sock.close()
-		}
+		c.reset(cn)
 		delete(c.conns, pid)
 	}
 }
@@ -346,8 +344,8 @@ func (c *Correlator) collect() []*outbox {
 func (c *Correlator) connFor(pid uint32, a Agent, now time.Time) *conn {
 	cn := c.conns[pid]
 	if cn == nil || cn.gen != a.Generation {
-		if cn != nil && cn.sock != nil {
-			cn.sock.close()
+		if cn != nil {
+			c.reset(cn)
 		}
 		cn = &conn{gen: a.Generation, retry: libpf.NewBackoff(connectRetryMin, connectRetryMax)}
 		c.conns[pid] = cn
@@ -446,9 +444,11 @@ func (c *Correlator) drain(b *outbox) (full bool) {
 			c.mu.Unlock()
 			return false
 		}
-		c.mu.Lock()
 		if it.register {
 			b.conn.registered = true
+		}
+		c.mu.Lock()
+		if it.register {
 			c.stats.Registrations++
 		} else {
 			c.stats.Messages++
