@@ -4,15 +4,18 @@
 # An absolute path: sudo's secure_path would not find /usr/local/go/bin.
 GO       ?= $(shell command -v go || echo go)
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS  := -X main.version=$(VERSION)
+COMMIT   ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS  := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 BINARY   := ebpf-profiler
 ARGS     ?=
 SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: build run ebpf test test-deps unit-test integration-test fuzz bench lint format clean
 
+# A static binary (no cgo): it runs in a minimal container image and on any
+# libc.
 build:
-	$(GO) build -ldflags "$(LDFLAGS)" -o $(BINARY) ./cmd/ebpf-profiler
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BINARY) ./cmd/ebpf-profiler
 
 run: build
 	$(SUDO) ./$(BINARY) $(ARGS)
@@ -46,7 +49,7 @@ unit-test:
 # root only, run one package at a time so that their perf events do not
 # share the CPUs.
 integration-test: build
-	$(SUDO) env EBPF_PROFILER_INTEGRATION=1 EBPF_PROFILER_E2E=1 EBPF_PROFILER_BIN=$(CURDIR)/$(BINARY) \
+	$(SUDO) env EBPF_PROFILER_TEST_INTEGRATION=1 EBPF_PROFILER_TEST_E2E=1 EBPF_PROFILER_TEST_BIN=$(CURDIR)/$(BINARY) \
 		$(GO) test -p 1 -count=1 -v -timeout 20m ./tracer ./test/...
 
 # Coverage-guided fuzzing of each parser of outside input (go test alone

@@ -2,6 +2,8 @@ package support
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 
 	"github.com/cilium/ebpf"
@@ -15,4 +17,12 @@ func LoadSpec() (*ebpf.CollectionSpec, error) {
 		return nil, fmt.Errorf("parsing embedded BPF object: %w", err)
 	}
 	return spec, nil
+}
+
+// ObjectHash is the SHA-256 of the embedded BPF object, hex-encoded: what
+// `sha256sum support/ebpf/` + ObjectName prints for the object this binary
+// runs.
+func ObjectHash() string {
+	sum := sha256.Sum256(tracerObject)
+	return hex.EncodeToString(sum[:])
 }

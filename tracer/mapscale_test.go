@@ -146,7 +146,7 @@ func TestMapCreateError(t *testing.T) {
 // the kernel accounts it (memlock in fdinfo). Run it with -v to read the
 // figures:
 //
-//	sudo EBPF_PROFILER_INTEGRATION=1 go test -count=1 -v -run 'TestMapMemory|TestMaxMapScaleFactor' ./tracer
+//	sudo EBPF_PROFILER_TEST_INTEGRATION=1 go test -count=1 -v -run 'TestMapMemory|TestMaxMapScaleFactor' ./tracer
 func TestMapMemory(t *testing.T) {
 	testenv.RequireBPF(t)
 	for _, factor := range []uint{0, 1, 2, 4} {

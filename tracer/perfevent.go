@@ -15,13 +15,15 @@ import (
 // attached.
 type perfEvent struct {
 	fd   int
+	cpu  int
 	link link.Link // nil when attached with the ioctl of kernels before 5.15
 }
 
 // openPerfEvent opens a cpu-clock event sampling cpu every 1/hz seconds of
-// CPU time and runs prog on each sample. A fixed period (not a frequency)
-// keeps the sampling interval exact: the period type is cpu/nanoseconds.
-func openPerfEvent(cpu, hz int, prog *ebpf.Program) (*perfEvent, error) {
+// CPU time and runs prog on each sample, enabled or not. A fixed period
+// (not a frequency) keeps the sampling interval exact: the period type is
+// cpu/nanoseconds.
+func openPerfEvent(cpu, hz int, prog *ebpf.Program, enabled bool) (*perfEvent, error) {
 	attr := unix.PerfEventAttr{
 		Type:   unix.PERF_TYPE_SOFTWARE,
 		Config: unix.PERF_COUNT_SW_CPU_CLOCK,
@@ -33,7 +35,7 @@ func openPerfEvent(cpu, hz int, prog *ebpf.Program) (*perfEvent, error) {
 	if err != nil {
 		return nil, perfEventError(cpu, err)
 	}
-	pe := &perfEvent{fd: fd}
+	pe := &perfEvent{fd: fd, cpu: cpu}
 	pe.link, err = link.AttachRawLink(link.RawLinkOptions{
 		Target:  fd,
 		Program: prog,
@@ -46,11 +48,23 @@ func openPerfEvent(cpu, hz int, prog *ebpf.Program) (*perfEvent, error) {
 			return nil, fmt.Errorf("attaching the sampling program to CPU %d: %w", cpu, err)
 		}
 	}
-	if err := unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_ENABLE, 0); err != nil {
+	if err := pe.enable(enabled); err != nil {
 		pe.close()
-		return nil, fmt.Errorf("enabling sampling on CPU %d: %w", cpu, err)
+		return nil, err
 	}
 	return pe, nil
+}
+
+// enable starts or stops the event's sampling.
+func (pe *perfEvent) enable(on bool) error {
+	req, what := uint(unix.PERF_EVENT_IOC_DISABLE), "disabling"
+	if on {
+		req, what = unix.PERF_EVENT_IOC_ENABLE, "enabling"
+	}
+	if err := unix.IoctlSetInt(pe.fd, req, 0); err != nil {
+		return fmt.Errorf("%s sampling on CPU %d: %w", what, pe.cpu, err)
+	}
+	return nil
 }
 
 func perfEventError(cpu int, err error) error {

@@ -50,28 +50,60 @@ type kernelFeatures struct {
 func probeFeatures() (kernelFeatures, error) {
 	var f kernelFeatures
 	if err := features.HaveProgramType(ebpf.PerfEvent); err != nil {
-		return f, fmt.Errorf("BPF perf_event programs are unavailable on kernel %s: %w", kernelRelease(), err)
+		return f, fmt.Errorf("BPF perf_event programs are unavailable on kernel %s: %w", KernelRelease(), err)
 	}
 	if err := features.HaveMapType(ebpf.RingBuf); err != nil {
-		return f, fmt.Errorf("BPF ring buffers are unavailable on kernel %s (kernel >= 5.8 needed): %w", kernelRelease(), err)
+		return f, fmt.Errorf("BPF ring buffers are unavailable on kernel %s (kernel >= 5.8 needed): %w", KernelRelease(), err)
 	}
 	if err := features.HaveProgramHelper(ebpf.PerfEvent, asm.FnGetStack); err != nil {
-		return f, fmt.Errorf("bpf_get_stack is unavailable on kernel %s: %w", kernelRelease(), err)
+		return f, fmt.Errorf("bpf_get_stack is unavailable on kernel %s: %w", KernelRelease(), err)
 	}
 	f.taskPtRegs = features.HaveProgramHelper(ebpf.PerfEvent, asm.FnTaskPtRegs) == nil
 	f.findVMA = features.HaveProgramHelper(ebpf.PerfEvent, asm.FnFindVma) == nil &&
-		(runtime.GOARCH != "arm64" || kernelAtLeast(kernelRelease(), 6, 0))
+		(runtime.GOARCH != "arm64" || kernelAtLeast(KernelRelease(), "6.0"))
 	return f, nil
 }
 
-// kernelAtLeast reports whether a kernel release ("6.1.0-18-amd64") is at
-// least major.minor; an unparsable one is not.
-func kernelAtLeast(release string, major, minor int) bool {
-	var maj, mnr int
-	if _, err := fmt.Sscanf(release, "%d.%d", &maj, &mnr); err != nil {
-		return false
+// MinKernel is the oldest kernel release supported: the BPF ring buffer
+// (5.8), BTF and CO-RE, and 5.10 is the oldest long-term release our kernel
+// matrix runs.
+const MinKernel = "5.10"
+
+// CheckKernelVersion refuses a kernel release older than MinKernel. A
+// release that does not parse passes: loading reports what is missing.
+func CheckKernelVersion(release string) error {
+	v, err := parseRelease(release)
+	if err != nil || !olderThan(v, MinKernel) {
+		return nil
 	}
-	return maj > major || (maj == major && mnr >= minor)
+	return fmt.Errorf("kernel %s is older than %s, the oldest ebpf-profiler supports "+
+		"(BPF ring buffer, BTF): upgrade the kernel", release, MinKernel)
+}
+
+// kernelAtLeast reports whether a kernel release ("6.1.0-18-amd64") is at
+// least version ("6.1"); an unparsable release is not.
+func kernelAtLeast(release, version string) bool {
+	v, err := parseRelease(release)
+	return err == nil && !olderThan(v, version)
+}
+
+// olderThan reports whether major.minor v is older than version, a
+// constant "major.minor".
+func olderThan(v [2]int, version string) bool {
+	w, err := parseRelease(version)
+	if err != nil {
+		panic(err) // a constant of ours
+	}
+	return v[0] < w[0] || (v[0] == w[0] && v[1] < w[1])
+}
+
+// parseRelease returns the major and minor version of a kernel release.
+func parseRelease(release string) ([2]int, error) {
+	var v [2]int
+	if _, err := fmt.Sscanf(release, "%d.%d", &v[0], &v[1]); err != nil {
+		return v, fmt.Errorf("kernel release %q: %w", release, err)
+	}
+	return v, nil
 }
 
 const onlineCPUsPath = "/sys/devices/system/cpu/online"

@@ -2,6 +2,7 @@ package tracer
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -40,6 +41,35 @@ func TestEventBufferBytes(t *testing.T) {
 	for _, tt := range tests {
 		if got := eventBufferBytes(tt.cpus, tt.hz); got != tt.want {
 			t.Errorf("eventBufferBytes(%d, %d) = %d, want %d", tt.cpus, tt.hz, got, tt.want)
+		}
+	}
+}
+
+func TestCheckKernelVersion(t *testing.T) {
+	tests := []struct {
+		release string
+		refused bool
+	}{
+		{"5.10.0-28-amd64", false},
+		{"5.10", false},
+		{"6.1.0-18-arm64", false},
+		{"6.18.0", false},
+		{"7.2.0-rc1", false},
+		{"5.9.16", true},
+		{"5.4.0-150-generic", true},
+		{"4.18.0-553.el8_10.x86_64", true},
+		{"4.19.0", true},
+		// Unparsable releases pass: loading reports what is missing.
+		{"", false},
+		{"unknown", false},
+	}
+	for _, tt := range tests {
+		err := CheckKernelVersion(tt.release)
+		if refused := err != nil; refused != tt.refused {
+			t.Errorf("CheckKernelVersion(%q) = %v, want refused %v", tt.release, err, tt.refused)
+		}
+		if err != nil && (!strings.Contains(err.Error(), tt.release) || !strings.Contains(err.Error(), MinKernel)) {
+			t.Errorf("error %q should name the release and %s", err, MinKernel)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"math/bits"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -46,11 +47,16 @@ const (
 
 // Tracer is the loaded BPF object with its attachments.
 type Tracer struct {
-	cfg        Config
-	shared     *support.Shared
-	coll       *ebpf.Collection
-	reader     *ringbuf.Reader
+	cfg    Config
+	shared *support.Shared
+	coll   *ebpf.Collection
+	reader *ringbuf.Reader
+	// mu guards perfEvents and samplingOff: SetSampling may come from
+	// another goroutine than Attach and Detach.
+	mu         sync.Mutex
 	perfEvents []*perfEvent
+	// samplingOff holds the perf events disabled (SetSampling).
+	samplingOff bool
 	// procLinks attach the process exit, exec and mapping probes.
 	procLinks []link.Link
 	// mapWatch is the fexit program that reports new executable mappings,
@@ -188,7 +194,7 @@ func setConstants(spec *ebpf.CollectionSpec, values map[string]any) error {
 func loadError(err error) error {
 	var verr *ebpf.VerifierError
 	if errors.As(err, &verr) {
-		return fmt.Errorf("the kernel's verifier rejected a BPF program (kernel %s): %+v", kernelRelease(), verr)
+		return fmt.Errorf("the kernel's verifier rejected a BPF program (kernel %s): %+v", KernelRelease(), verr)
 	}
 	if errors.Is(err, unix.EPERM) {
 		return fmt.Errorf("loading BPF programs: %w (needs root; on kernels before 5.11 also a high enough RLIMIT_MEMLOCK)", err)
@@ -233,26 +239,52 @@ func (t *Tracer) Attach() error {
 		t.procLinks = append(t.procLinks, l)
 	}
 	t.attachMapWatch()
-	entry := t.coll.Programs["sample_entry"]
-	for _, cpu := range t.cpus {
-		pe, err := openPerfEvent(cpu, t.cfg.SamplesPerSecond, entry)
-		if err != nil {
-			t.Detach()
-			return err
-		}
-		t.perfEvents = append(t.perfEvents, pe)
+	if err := t.openPerfEvents(); err != nil {
+		t.Detach()
+		return err
 	}
 	log.Infof("Sampling %d CPUs at %d Hz (perf events attached via %s; new mappings watched by %s)",
 		len(t.cpus), t.cfg.SamplesPerSecond, t.perfEvents[0].attachMode(), t.mapWatchMode)
 	return nil
 }
 
+func (t *Tracer) openPerfEvents() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	entry := t.coll.Programs["sample_entry"]
+	for _, cpu := range t.cpus {
+		pe, err := openPerfEvent(cpu, t.cfg.SamplesPerSecond, entry, !t.samplingOff)
+		if err != nil {
+			return err
+		}
+		t.perfEvents = append(t.perfEvents, pe)
+	}
+	return nil
+}
+
+// SetSampling turns sampling on or off without unloading anything (for
+// probabilistic profiling): off, the perf events are disabled and cost
+// nothing. It may be called before Attach, which then attaches them in
+// that state.
+func (t *Tracer) SetSampling(on bool) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.samplingOff = !on
+	var errs []error
+	for _, pe := range t.perfEvents {
+		errs = append(errs, pe.enable(on))
+	}
+	return errors.Join(errs...)
+}
+
 // Detach stops sampling. Events already in the ring buffer can still be read.
 func (t *Tracer) Detach() {
+	t.mu.Lock()
 	for _, pe := range t.perfEvents {
 		pe.close()
 	}
 	t.perfEvents = nil
+	t.mu.Unlock()
 	for _, l := range t.procLinks {
 		l.Close()
 	}
@@ -279,6 +311,15 @@ func (t *Tracer) VerifiedInstructions() map[string]uint32 {
 		}
 	}
 	return out
+}
+
+// MapMaxEntries is the capacity of a loaded map, 0 for a map that does not
+// exist.
+func (t *Tracer) MapMaxEntries(name string) uint32 {
+	if m, ok := t.coll.Maps[name]; ok {
+		return m.MaxEntries()
+	}
+	return 0
 }
 
 // Metrics returns the BPF counters summed over CPUs, by name.
@@ -314,7 +355,8 @@ func (t *Tracer) Close() error {
 	return nil
 }
 
-func kernelRelease() string {
+// KernelRelease is the running kernel's release, as uname -r prints it.
+func KernelRelease() string {
 	var uts unix.Utsname
 	if err := unix.Uname(&uts); err != nil {
 		return "unknown"

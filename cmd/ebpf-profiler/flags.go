@@ -17,10 +17,26 @@ import (
 // defaultOutputDir is where pprof files go when no collection agent is set.
 const defaultOutputDir = "/var/lib/ebpf-profiler/pprof"
 
+// envPrefix names the environment variables that set flags:
+// -collection-agent is EBPF_PROFILER_COLLECTION_AGENT. The command line wins
+// over the environment.
+const envPrefix = "EBPF_PROFILER_"
+
+// testEnvPrefix is reserved for the test suite's own variables.
+const testEnvPrefix = envPrefix + "TEST_"
+
+// notFromEnv are the flags the environment does not set: -version is an
+// action, not a setting (and EBPF_PROFILER_VERSION is a name deployments use
+// for their own purposes), -v is -verbose's shorthand.
+var notFromEnv = []string{"version", "v"}
+
 // config is the validated command line.
 type config struct {
 	collectionAgent  string
 	disableTLS       bool
+	tlsCAFile        string
+	tlsCertFile      string
+	tlsKeyFile       string
 	samplesPerSecond int
 	reporterInterval time.Duration
 	monitorInterval  time.Duration
@@ -32,15 +48,23 @@ type config struct {
 	outputDir        string
 	maxOutputFiles   int
 	pprofAddr        string
+	// probabilisticThreshold is the percentage of probabilistic intervals
+	// that sample; 100 samples always.
+	probabilisticThreshold uint
+	probabilisticInterval  time.Duration
+	noKernelVersionCheck   bool
+	// warnings are problems with the environment that do not stop the
+	// daemon, logged once logging is set up.
+	warnings []string
 }
 
 // knownTracers are the values -tracers accepts. Interpreter unwinders join
 // this list as they are implemented.
 var knownTracers = []string{"native"}
 
-// parseFlags parses and validates the command line; usage and errors go to
-// out.
-func parseFlags(args []string, out io.Writer) (*config, error) {
+// parseFlags parses and validates the command line and the environment
+// (environ as os.Environ returns it); usage and errors go to out.
+func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	var c config
 	var tracers string
 	outputDirSet := false
@@ -49,11 +73,16 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 	fs.StringVar(&c.collectionAgent, "collection-agent", "",
 		"OTLP/gRPC endpoint (host:port) to push profiles to. Without it, profiles are written to -output-dir.")
 	fs.BoolVar(&c.disableTLS, "disable-tls", false, "Talk to the collection agent without TLS.")
+	fs.StringVar(&c.tlsCAFile, "tls-ca-file", "",
+		"PEM file of the CA certificates that verify the collection agent, instead of the system's roots.")
+	fs.StringVar(&c.tlsCertFile, "tls-cert-file", "",
+		"PEM client certificate for mutual TLS with the collection agent (with -tls-key-file; re-read when it changes).")
+	fs.StringVar(&c.tlsKeyFile, "tls-key-file", "", "PEM private key of -tls-cert-file.")
 	fs.IntVar(&c.samplesPerSecond, "samples-per-second", 20, "Samples per second per CPU (1-10000).")
 	fs.DurationVar(&c.reporterInterval, "reporter-interval", 5*time.Second,
 		"How often profiles are exported (1s-1h).")
-	fs.DurationVar(&c.monitorInterval, "monitor-interval", 5*time.Second,
-		"How often internal counters are checked and logged (1s-1h).")
+	fs.DurationVar(&c.monitorInterval, "monitor-interval", time.Minute,
+		"How often the daemon checks its own counters and logs one status line (1s-1h).")
 	fs.StringVar(&tracers, "tracers", "all",
 		"Comma-separated unwinders to enable: all, or any of "+strings.Join(knownTracers, ", ")+".")
 	fs.UintVar(&c.bpfLogLevel, "bpf-log-level", 0, "BPF verifier log level (0-2); logs are printed with -v.")
@@ -69,17 +98,33 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 		"Directory for gzipped pprof files, one per reporter interval (default only without -collection-agent; \"\" disables).")
 	fs.IntVar(&c.maxOutputFiles, "max-output-files", 720, "Most pprof files kept in -output-dir; older ones are deleted (0 = keep all).")
 	fs.StringVar(&c.pprofAddr, "pprof", "", "Serve the daemon's own Go pprof data on this address (e.g. localhost:6060).")
+	fs.UintVar(&c.probabilisticThreshold, "probabilistic-threshold", 100,
+		"Probabilistic profiling (1-99): every -probabilistic-interval a number from 0 to 99 is drawn, "+
+			"and the host is sampled for that interval when it is below the threshold. 100 samples always.")
+	fs.DurationVar(&c.probabilisticInterval, "probabilistic-interval", time.Minute,
+		"How long each probabilistic decision holds (1s-24h).")
+	fs.BoolVar(&c.noKernelVersionCheck, "no-kernel-version-check", false,
+		fmt.Sprintf("Start on kernels older than %s (e.g. with BPF features backported); loading may still fail.",
+			tracer.MinKernel))
+	fs.Usage = func() {
+		fmt.Fprintf(out, "Usage of ebpf-profiler (every flag but -version and -v can also be set as %sNAME, "+
+			"e.g. %sCOLLECTION_AGENT):\n", envPrefix, envPrefix)
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (all options are flags)", fs.Arg(0))
 	}
+	var err error
+	if c.warnings, err = setFromEnv(fs, environ); err != nil {
+		return nil, err
+	}
 	fs.Visit(func(f *flag.Flag) { outputDirSet = outputDirSet || f.Name == "output-dir" })
 	if c.collectionAgent != "" && !outputDirSet {
 		c.outputDir = ""
 	}
-	var err error
 	if c.tracers, err = parseTracers(tracers); err != nil {
 		return nil, err
 	}
@@ -118,6 +163,21 @@ func (c *config) validate() error {
 	if c.maxOutputFiles < 0 {
 		errs = append(errs, fmt.Errorf("-max-output-files=%d: want 0 or more", c.maxOutputFiles))
 	}
+	if c.tlsCAFile != "" || c.tlsCertFile != "" || c.tlsKeyFile != "" {
+		if c.collectionAgent == "" || c.disableTLS {
+			errs = append(errs, errors.New("-tls-ca-file, -tls-cert-file and -tls-key-file need -collection-agent, with TLS"))
+		}
+		if (c.tlsCertFile == "") != (c.tlsKeyFile == "") {
+			errs = append(errs, errors.New("-tls-cert-file and -tls-key-file go together"))
+		}
+	}
+	if c.probabilisticThreshold < 1 || c.probabilisticThreshold > 100 {
+		errs = append(errs, fmt.Errorf("-probabilistic-threshold=%d: want 1 to 99, or 100 to always sample",
+			c.probabilisticThreshold))
+	}
+	if c.probabilisticInterval < time.Second || c.probabilisticInterval > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("-probabilistic-interval=%v: want 1s to 24h", c.probabilisticInterval))
+	}
 	if c.collectionAgent == "" && c.outputDir == "" {
 		errs = append(errs, errors.New("nothing to report to: set -collection-agent or -output-dir"))
 	}
@@ -139,4 +199,44 @@ func parseTracers(s string) ([]string, error) {
 	}
 	slices.Sort(out)
 	return slices.Compact(out), nil
+}
+
+// envName is the environment variable that sets flag name.
+func envName(name string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// setFromEnv sets each flag the command line left alone from its
+// environment variable. A value that does not parse is an error naming the
+// variable; a variable with our prefix that names no flag (a typo, most
+// likely) is returned as a warning.
+func setFromEnv(fs *flag.FlagSet, environ []string) (warnings []string, err error) {
+	onCommandLine := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = true })
+	byEnv := map[string]*flag.Flag{}
+	fs.VisitAll(func(f *flag.Flag) {
+		if !slices.Contains(notFromEnv, f.Name) {
+			byEnv[envName(f.Name)] = f
+		}
+	})
+	var errs []error
+	for _, kv := range environ {
+		key, value, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(key, envPrefix) || strings.HasPrefix(key, testEnvPrefix) {
+			continue
+		}
+		f, ok := byEnv[key]
+		switch {
+		case !ok:
+			warnings = append(warnings, fmt.Sprintf("Ignoring %s: no flag -%s (see -help)", key,
+				strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(key, envPrefix), "_", "-"))))
+		case onCommandLine[f.Name]:
+			warnings = append(warnings, fmt.Sprintf("Ignoring %s: -%s is on the command line", key, f.Name))
+		default:
+			if err := fs.Set(f.Name, value); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", key, value, err))
+			}
+		}
+	}
+	return warnings, errors.Join(errs...)
 }

@@ -12,14 +12,69 @@ func TestParseFlags(t *testing.T) {
 	tests := []struct {
 		name    string
 		args    []string
+		env     []string
 		wantErr string
 		check   func(*config) bool
 	}{
 		{name: "local default", check: func(c *config) bool {
 			return c.outputDir == defaultOutputDir && c.samplesPerSecond == 20 &&
 				c.reporterInterval == 5*time.Second && slices.Equal(c.tracers, []string{"native"}) &&
-				c.mapScaleFactor == 0
+				c.mapScaleFactor == 0 && c.probabilisticThreshold == 100 && c.probabilisticInterval == time.Minute &&
+				!c.noKernelVersionCheck && c.monitorInterval == time.Minute && len(c.warnings) == 0
 		}},
+		{name: "environment sets flags",
+			env: []string{"PATH=/bin", "EBPF_PROFILER_COLLECTION_AGENT=collector:4317", "EBPF_PROFILER_DISABLE_TLS=true",
+				"EBPF_PROFILER_SAMPLES_PER_SECOND=99", "EBPF_PROFILER_PROBABILISTIC_INTERVAL=2m30s",
+				"EBPF_PROFILER_NO_KERNEL_VERSION_CHECK=1", "EBPF_PROFILER_TRACERS=native"},
+			check: func(c *config) bool {
+				return c.collectionAgent == "collector:4317" && c.disableTLS && c.samplesPerSecond == 99 &&
+					c.probabilisticInterval == 150*time.Second && c.noKernelVersionCheck && c.outputDir == "" &&
+					len(c.warnings) == 0
+			}},
+		{name: "environment output dir counts as set",
+			env:   []string{"EBPF_PROFILER_COLLECTION_AGENT=collector:4317", "EBPF_PROFILER_OUTPUT_DIR=/tmp/p"},
+			check: func(c *config) bool { return c.outputDir == "/tmp/p" }},
+		{name: "command line wins over environment", args: []string{"-samples-per-second=50"},
+			env: []string{"EBPF_PROFILER_SAMPLES_PER_SECOND=7"},
+			check: func(c *config) bool {
+				return c.samplesPerSecond == 50 && slices.Equal(c.warnings,
+					[]string{"Ignoring EBPF_PROFILER_SAMPLES_PER_SECOND: -samples-per-second is on the command line"})
+			}},
+		{name: "unknown variable warns; test and version variables do not set flags",
+			env: []string{"EBPF_PROFILER_SAMPLES_PER_SECNOD=7", "EBPF_PROFILER_TEST_E2E=1", "EBPF_PROFILER_VERSION=1.2",
+				"EBPF_PROFILER_V=true", "OTHER_SAMPLES_PER_SECOND=3"},
+			check: func(c *config) bool {
+				return c.samplesPerSecond == 20 && !c.version && !c.verbose && slices.Equal(c.warnings, []string{
+					"Ignoring EBPF_PROFILER_SAMPLES_PER_SECNOD: no flag -samples-per-secnod (see -help)",
+					"Ignoring EBPF_PROFILER_VERSION: no flag -version (see -help)",
+					"Ignoring EBPF_PROFILER_V: no flag -v (see -help)",
+				})
+			}},
+		{name: "bad environment value names the variable", env: []string{"EBPF_PROFILER_SAMPLES_PER_SECOND=fast"},
+			wantErr: `EBPF_PROFILER_SAMPLES_PER_SECOND="fast"`},
+		{name: "invalid environment value is validated", env: []string{"EBPF_PROFILER_SAMPLES_PER_SECOND=0"},
+			wantErr: "-samples-per-second=0: want 1 to 10000"},
+		{name: "probabilistic", args: []string{"-probabilistic-threshold=50", "-probabilistic-interval=2m30s"},
+			check: func(c *config) bool {
+				return c.probabilisticThreshold == 50 && c.probabilisticInterval == 150*time.Second
+			}},
+		{name: "probabilistic threshold 0", args: []string{"-probabilistic-threshold=0"},
+			wantErr: "-probabilistic-threshold=0: want 1 to 99, or 100"},
+		{name: "probabilistic threshold 101", args: []string{"-probabilistic-threshold=101"},
+			wantErr: "-probabilistic-threshold=101"},
+		{name: "probabilistic interval too short", args: []string{"-probabilistic-interval=100ms"},
+			wantErr: "-probabilistic-interval=100ms: want 1s to 24h"},
+		{name: "TLS files", args: []string{"-collection-agent=c:4317", "-tls-ca-file=/ca.pem",
+			"-tls-cert-file=/c.pem", "-tls-key-file=/k.pem"},
+			check: func(c *config) bool {
+				return c.tlsCAFile == "/ca.pem" && c.tlsCertFile == "/c.pem" && c.tlsKeyFile == "/k.pem"
+			}},
+		{name: "TLS files without TLS", args: []string{"-collection-agent=c:4317", "-disable-tls", "-tls-ca-file=/ca.pem"},
+			wantErr: "need -collection-agent, with TLS"},
+		{name: "TLS files without collector", args: []string{"-tls-ca-file=/ca.pem"},
+			wantErr: "need -collection-agent, with TLS"},
+		{name: "client certificate without key", args: []string{"-collection-agent=c:4317", "-tls-cert-file=/c.pem"},
+			wantErr: "-tls-cert-file and -tls-key-file go together"},
 		{name: "largest map scale factor", args: []string{"-map-scale-factor=8"},
 			check: func(c *config) bool { return c.mapScaleFactor == 8 }},
 		{name: "collector turns off the default output dir",
@@ -47,7 +102,7 @@ func TestParseFlags(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := parseFlags(tt.args, io.Discard)
+			c, err := parseFlags(tt.args, tt.env, io.Discard)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("error %v, want one containing %q", err, tt.wantErr)

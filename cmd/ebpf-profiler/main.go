@@ -12,6 +12,7 @@ import (
 	_ "net/http/pprof" // for -pprof
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"syscall"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/processmanager"
 	"github.com/hostprof/ebpf-profiler/reporter"
+	"github.com/hostprof/ebpf-profiler/support"
 	"github.com/hostprof/ebpf-profiler/tracecorr"
 	"github.com/hostprof/ebpf-profiler/tracer"
 )
@@ -29,8 +31,13 @@ import (
 // their transactions' samples.
 const correlationFlush = 400 * time.Millisecond
 
-// version is set at build time (-ldflags "-X main.version=...").
-var version = "dev"
+// version and commit are set at build time (-ldflags "-X main.version=...
+// -X main.commit=..."); without them, commit comes from the VCS stamp Go
+// puts in the binary.
+var (
+	version = "dev"
+	commit  = ""
+)
 
 // Exit codes: 0 on success and after a signal, 1 when profiling cannot
 // start, 2 for a bad command line.
@@ -49,7 +56,7 @@ func main() {
 }
 
 func run(args []string) int {
-	cfg, err := parseFlags(args, os.Stderr)
+	cfg, err := parseFlags(args, os.Environ(), os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
@@ -58,12 +65,15 @@ func run(args []string) int {
 		return exitUsage
 	}
 	if cfg.version {
-		fmt.Printf("ebpf-profiler %s\n", version)
+		fmt.Println(versionLine())
 		return 0
 	}
 	log.SetFormatter(&log.TextFormatter{FullTimestamp: true})
 	if cfg.verbose {
 		log.SetLevel(log.DebugLevel)
+	}
+	for _, w := range cfg.warnings {
+		log.Warn(w)
 	}
 
 	if cfg.pprofAddr != "" {
@@ -81,7 +91,14 @@ func run(args []string) int {
 // profile runs until ctx is cancelled, then flushes the last interval.
 func profile(ctx context.Context, cfg *config) error {
 	start := time.Now()
-	log.Infof("Starting ebpf-profiler %s", version)
+	log.Infof("Starting %s", versionLine())
+	release := tracer.KernelRelease()
+	if err := tracer.CheckKernelVersion(release); err != nil {
+		if !cfg.noKernelVersionCheck {
+			return fmt.Errorf("%w, or pass -no-kernel-version-check to try anyway", err)
+		}
+		log.Warnf("%v; starting anyway (-no-kernel-version-check)", err)
+	}
 
 	warnMissingCapabilities()
 	tr, err := tracer.New(tracer.Config{
@@ -135,6 +152,14 @@ func profile(ctx context.Context, cfg *config) error {
 	if err := rep.Start(context.Background()); err != nil {
 		return err
 	}
+	prob := newProbabilistic(cfg.probabilisticThreshold, cfg.probabilisticInterval, tr)
+	if prob.enabled() {
+		log.Infof("Probabilistic profiling: sampling %d%% of %v intervals", prob.threshold, prob.interval)
+		prob.decide()
+		probTicker := time.NewTicker(prob.interval)
+		defer probTicker.Stop()
+		go prob.run(ctx, probTicker.C)
+	}
 	if err := tr.Attach(); err != nil {
 		rep.Close()
 		return err
@@ -146,7 +171,7 @@ func profile(ctx context.Context, cfg *config) error {
 	pumpDone := make(chan error, 1)
 	go func() { pumpDone <- tr.Run(pumpCtx, handler) }()
 
-	mon := newMonitor(tr, handler, pm, rep, corr)
+	mon := newMonitor(tr, handler, pm, rep, corr, prob)
 	log.Debugf("Start-up took %v", time.Since(start).Round(time.Millisecond))
 	// Loading parsed the kernel's BTF, tens of MiB of garbage by now: hand
 	// it back to the OS rather than wait for the scavenger.
@@ -185,6 +210,35 @@ loop:
 		return fmt.Errorf("reading BPF events: %w", pumpErr)
 	}
 	return nil
+}
+
+// versionLine names this build: version, commit and the BPF object's hash,
+// which together say exactly what runs.
+func versionLine() string {
+	return fmt.Sprintf("ebpf-profiler %s (commit %s, BPF object sha256:%s, %s, %s/%s)",
+		version, buildCommit(), support.ObjectHash(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}
+
+// buildCommit is the commit set at build time, or else the one Go stamped,
+// marked "-dirty" when the tree had changes.
+func buildCommit() string {
+	if commit != "" {
+		return commit
+	}
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	rev, dirty := "unknown", ""
+	for _, s := range info.Settings {
+		switch {
+		case s.Key == "vcs.revision":
+			rev = s.Value
+		case s.Key == "vcs.modified" && s.Value == "true":
+			dirty = "-dirty"
+		}
+	}
+	return rev + dirty
 }
 
 // servePprof serves the daemon's own profiles for debugging its overhead.

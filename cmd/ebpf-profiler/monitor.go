@@ -1,7 +1,9 @@
 package main
 
 import (
+	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,23 +17,31 @@ import (
 	"github.com/hostprof/ebpf-profiler/tracer"
 )
 
-// monitor watches the counters of every stage: it warns when samples are
-// being lost and frees the state of processes that exited unnoticed.
+// monitor watches the counters of every stage: each interval it logs one
+// status line, warns when samples are being lost or a map fills, and frees
+// the state of processes that exited unnoticed.
 type monitor struct {
 	tr      *tracer.Tracer
 	handler *processmanager.Handler
 	pm      *processmanager.Manager
 	rep     *reporter.Reporter
 	corr    *tracecorr.Correlator
-	last    map[string]uint64
-	// refused is the correlator's count of refused APM sockets at the last
-	// check.
-	refused uint64
-	// malformed is the tracer's count of undecodable events at the last
-	// check.
-	malformed uint64
+	prob    *probabilistic
+	// last is the snapshot at the previous check.
+	last snapshot
+	// fullMaps are the maps already warned about.
+	fullMaps map[string]bool
 	// lastKsymsReload is when kernel symbols were last read.
 	lastKsymsReload time.Time
+}
+
+// snapshot is every stage's counters at one check.
+type snapshot struct {
+	bpf       map[string]uint64
+	malformed uint64
+	handler   processmanager.Stats
+	rep       reporter.Stats
+	corr      tracecorr.Stats
 }
 
 // ksymsReloadInterval is how often kernel symbols are read again, so that
@@ -39,10 +49,13 @@ type monitor struct {
 // tens of milliseconds.
 const ksymsReloadInterval = 10 * time.Minute
 
+// mapFullWarning is the fill level of a map that earns a warning.
+const mapFullWarning = 0.9
+
 func newMonitor(tr *tracer.Tracer, h *processmanager.Handler, pm *processmanager.Manager,
-	rep *reporter.Reporter, corr *tracecorr.Correlator) *monitor {
-	return &monitor{tr: tr, handler: h, pm: pm, rep: rep, corr: corr, last: map[string]uint64{},
-		lastKsymsReload: time.Now()}
+	rep *reporter.Reporter, corr *tracecorr.Correlator, prob *probabilistic) *monitor {
+	return &monitor{tr: tr, handler: h, pm: pm, rep: rep, corr: corr, prob: prob,
+		last: snapshot{bpf: map[string]uint64{}}, fullMaps: map[string]bool{}, lastKsymsReload: time.Now()}
 }
 
 // lossCounters are the BPF counters that mean samples were lost.
@@ -54,44 +67,178 @@ func (m *monitor) check() {
 		m.pm.ReloadKernelSymbols()
 		m.lastKsymsReload = time.Now()
 	}
-	if n := m.tr.MalformedEvents(); n > m.malformed {
-		log.Warnf("%d BPF events did not decode (BPF object and daemon out of step?)", n-m.malformed)
-		m.malformed = n
-	}
-	counters, err := m.tr.Metrics()
-	if err != nil {
+	cur := snapshot{malformed: m.tr.MalformedEvents(), handler: m.handler.Stats(), rep: m.rep.Stats(),
+		corr: m.corr.Stats()}
+	var err error
+	if cur.bpf, err = m.tr.Metrics(); err != nil {
 		log.Warnf("Reading BPF counters: %v", err)
-		return
+		cur.bpf = m.last.bpf
+	}
+	if n := cur.malformed - m.last.malformed; n > 0 {
+		log.Warnf("%d BPF events did not decode (BPF object and daemon out of step?)", n)
 	}
 	for _, name := range lossCounters {
-		if d := counters[name] - m.last[name]; d > 0 {
+		if d := cur.bpf[name] - m.last.bpf[name]; d > 0 {
 			log.Warnf("BPF counter %s grew by %d: samples are being lost", name, d)
 		}
 	}
+	fills := m.mapFills(cur.handler)
+	m.warnFullMaps(fills)
+	log.WithFields(statusFields(m.last, cur, fills, m.samplingState())).Info("Status")
 	if log.IsLevelEnabled(log.DebugLevel) {
-		var b strings.Builder
-		for _, name := range slices.Sorted(maps.Keys(counters)) {
-			if d := counters[name] - m.last[name]; d > 0 {
-				b.WriteString(" " + name + "=+" + strconv.FormatUint(d, 10))
-			}
-		}
-		log.Debugf("BPF counters:%s", b.String())
-		log.Debugf("Trace handling: %+v", m.handler.Stats())
-		log.Debugf("Reporter: %+v", m.rep.Stats())
-		log.Debugf("APM correlation: %+v", m.corr.Stats())
+		log.Debugf("BPF counters: %s", counterDeltas(m.last.bpf, cur.bpf, func(string) bool { return true }))
+		log.Debugf("Trace handling: %+v", cur.handler)
+		log.Debugf("Reporter: %+v", cur.rep)
+		log.Debugf("APM correlation: %+v", cur.corr)
 	}
-	m.last = counters
+	m.last = cur
+}
+
+// samplingState is "on" or "off" under probabilistic profiling, else "".
+func (m *monitor) samplingState() string {
+	if m.prob == nil || !m.prob.enabled() {
+		return ""
+	}
+	return onOff(m.prob.on.Load())
+}
+
+// mapFill is how full a BPF map that user space fills is.
+type mapFill struct {
+	name       string
+	used       int
+	capacity   uint32
+	scalesWith bool // -map-scale-factor enlarges it
+}
+
+func (f mapFill) ratio() float64 {
+	if f.capacity == 0 {
+		return 0
+	}
+	return float64(f.used) / float64(f.capacity)
+}
+
+func (m *monitor) mapFills(hs processmanager.Stats) []mapFill {
+	r := hs.DeltasResident
+	capacity := m.tr.DeltaCapacity()
+	return []mapFill{
+		{"stack_deltas", r.Deltas, capacity.Deltas, true},
+		{"delta_pages", r.Pages, m.tr.MapMaxEntries("delta_pages"), true},
+		{"pid_mappings", r.MappingPrefixes, m.tr.MapMaxEntries("pid_mappings"), true},
+		{"unwind_rules", r.Rules, capacity.Rules, true},
+		{"known_files", r.Files, m.tr.MapMaxEntries("known_files"), false},
+		{"python_procs", hs.PythonProcesses, m.tr.MapMaxEntries("python_procs"), false},
+	}
+}
+
+// warnFullMaps warns once per map that crosses mapFullWarning: what does
+// not fit falls back to frame pointers.
+func (m *monitor) warnFullMaps(fills []mapFill) {
+	for _, f := range fills {
+		if f.ratio() < mapFullWarning || m.fullMaps[f.name] {
+			continue
+		}
+		m.fullMaps[f.name] = true
+		advice := ""
+		if f.scalesWith {
+			advice = "; raise -map-scale-factor"
+		}
+		log.Warnf("BPF map %s is %.0f%% full (%d of %d)%s", f.name, 100*f.ratio(), f.used, f.capacity, advice)
+	}
+}
+
+// statusFields is the one-line status of the interval between two
+// snapshots: what was sampled and exported, what was lost or failed and
+// why, and how full the maps are. Counts are the interval's; sizes are
+// current.
+func statusFields(prev, cur snapshot, fills []mapFill, sampling string) log.Fields {
+	d := func(a, b uint64) uint64 { return b - a }
+	f := log.Fields{
+		"samples":         d(prev.bpf["samples"], cur.bpf["samples"]),
+		"traces_sent":     d(prev.bpf["traces_sent"], cur.bpf["traces_sent"]),
+		"traces_received": d(prev.handler.TracesReceived, cur.handler.TracesReceived),
+		"reported": d(prev.rep.SamplesReceived, cur.rep.SamplesReceived) -
+			min(d(prev.rep.SamplesDropped, cur.rep.SamplesDropped), d(prev.rep.SamplesReceived, cur.rep.SamplesReceived)),
+		"exported": d(prev.rep.SamplesExported, cur.rep.SamplesExported),
+		"export_errors": d(prev.rep.ExportErrors, cur.rep.ExportErrors) +
+			d(prev.rep.PprofErrors, cur.rep.PprofErrors),
+		"processes":  cur.handler.ProcessesTracked,
+		"bpf_errors": counterDeltas(prev.bpf, cur.bpf, func(name string) bool { return strings.HasPrefix(name, "err_") }),
+		"drops": nonZero(map[string]uint64{
+			"reporter_samples":    d(prev.rep.SamplesDropped, cur.rep.SamplesDropped),
+			"export_requests":     d(prev.rep.RequestsDropped, cur.rep.RequestsDropped),
+			"correlation_samples": d(prev.corr.SamplesDropped, cur.corr.SamplesDropped),
+			"undecodable_events":  d(prev.malformed, cur.malformed),
+			"conversion_errors":   d(prev.handler.ConversionErrors, cur.handler.ConversionErrors),
+			"delta_mappings":      d(prev.handler.DeltaMappingsDropped, cur.handler.DeltaMappingsDropped),
+		}),
+		"maps":    fillSummary(fills),
+		"rss_mib": rssMiB(),
+	}
+	if sampling != "" {
+		f["sampling"] = sampling
+	}
+	return f
+}
+
+// counterDeltas lists the counters that grew, "name=+n" joined by commas,
+// or "none".
+func counterDeltas(prev, cur map[string]uint64, include func(string) bool) string {
+	grew := map[string]uint64{}
+	for name, v := range cur {
+		if include(name) {
+			grew[name] = v - prev[name]
+		}
+	}
+	return nonZero(grew)
+}
+
+func nonZero(counts map[string]uint64) string {
+	var parts []string
+	for _, name := range slices.Sorted(maps.Keys(counts)) {
+		if n := counts[name]; n > 0 {
+			parts = append(parts, name+"=+"+strconv.FormatUint(n, 10))
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ",")
+}
+
+func fillSummary(fills []mapFill) string {
+	parts := make([]string, 0, len(fills))
+	for _, f := range fills {
+		parts = append(parts, fmt.Sprintf("%s=%.1f%%", f.name, 100*f.ratio()))
+	}
+	return strings.Join(parts, ",")
+}
+
+// rssMiB is the daemon's resident memory in MiB, -1 when unreadable.
+func rssMiB() float64 {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return -1
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) < 2 {
+		return -1
+	}
+	pages, err := strconv.ParseUint(fields[1], 10, 64)
+	if err != nil {
+		return -1
+	}
+	mib := float64(pages) * float64(os.Getpagesize()) / (1 << 20)
+	return float64(int(mib*10)) / 10
 }
 
 // summary logs what the whole run did, once at exit.
 func (m *monitor) summary() {
-	hs := m.handler.Stats()
-	rs := m.rep.Stats()
+	hs, rs := m.last.handler, m.last.rep
 	log.WithFields(log.Fields{
-		"bpf_samples":      m.last["samples"],
-		"bpf_idle_samples": m.last["idle_samples"],
-		"bpf_traces_sent":  m.last["traces_sent"],
-		"bpf_traces_lost":  m.last["err_trace_dropped"],
+		"bpf_samples":      m.last.bpf["samples"],
+		"bpf_idle_samples": m.last.bpf["idle_samples"],
+		"bpf_traces_sent":  m.last.bpf["traces_sent"],
+		"bpf_traces_lost":  m.last.bpf["err_trace_dropped"],
 		"traces_received":  hs.TracesReceived,
 		"samples_exported": rs.SamplesExported,
 		"processes":        hs.ProcessesSeen,
@@ -100,7 +247,7 @@ func (m *monitor) summary() {
 		"delta_mappings":   hs.DeltasResident.Mappings,
 		"requests_dropped": rs.RequestsDropped,
 	}).Info("Stopped")
-	if cs := m.corr.Stats(); cs.Registrations > 0 || cs.SamplesDropped > 0 || refusals(cs) > 0 {
+	if cs := m.last.corr; cs.Registrations > 0 || cs.SamplesDropped > 0 || refusals(cs) > 0 {
 		log.WithFields(log.Fields{
 			"registrations":           cs.Registrations,
 			"correlation_messages":    cs.Messages,

@@ -11,7 +11,7 @@ import (
 )
 
 const (
-	envE2E     = "EBPF_PROFILER_E2E"
+	envE2E     = "EBPF_PROFILER_TEST_E2E"
 	modulePath = "github.com/hostprof/ebpf-profiler"
 )
 

@@ -16,7 +16,7 @@ import (
 )
 
 const (
-	envProfilerBin = "EBPF_PROFILER_BIN"
+	envProfilerBin = "EBPF_PROFILER_TEST_BIN"
 	profilerPkg    = "./cmd/ebpf-profiler"
 
 	profilerStartGrace   = 2 * time.Second // let the daemon load its eBPF programs
@@ -26,7 +26,7 @@ const (
 	profilerBuildTimeout = 10 * time.Minute
 )
 
-// profilerBinary returns $EBPF_PROFILER_BIN, or builds ./cmd/ebpf-profiler
+// profilerBinary returns $EBPF_PROFILER_TEST_BIN, or builds ./cmd/ebpf-profiler
 // into a temp dir. It skips the test while that package does not exist yet.
 func profilerBinary(t *testing.T) string {
 	t.Helper()
