@@ -22,8 +22,17 @@ const (
 type Config struct {
 	// CollectionAgent is the collector's host:port; empty disables OTLP export.
 	CollectionAgent string
-	// DisableTLS sends OTLP in plain text instead of TLS with the system roots.
+	// DisableTLS sends OTLP in plain text instead of TLS; it excludes CAFile,
+	// ClientCertFile and ClientKeyFile.
 	DisableTLS bool
+	// CAFile is a PEM file of CA certificates that replaces the system roots
+	// for verifying the collector; empty keeps the system roots. New reads it.
+	CAFile string
+	// ClientCertFile and ClientKeyFile are the PEM certificate and key the
+	// reporter presents to the collector for mutual TLS; set both or neither.
+	// New loads them, and a handshake reloads them when either file changed,
+	// so a rotated certificate is used without restarting.
+	ClientCertFile, ClientKeyFile string
 	// Interval is how often collected samples are exported.
 	Interval time.Duration
 	// SamplesPerSecond is the sampling frequency; the profile period is
@@ -81,6 +90,7 @@ func (c Config) withDefaults() (Config, error) {
 			errs = append(errs, err)
 		}
 	}
+	errs = append(errs, c.tlsFileErrors()...)
 	if c.CollectionAgent == "" && c.OutputDir == "" && c.TopN == 0 {
 		errs = append(errs, errors.New("no output configured: set a collection agent, an output directory or a top-N summary"))
 	}
@@ -100,6 +110,33 @@ func (c Config) withDefaults() (Config, error) {
 		c.FlushTimeout = defaultFlushTimeout
 	}
 	return c, nil
+}
+
+// tlsFileErrors reports TLS files that would be silently ignored, and a
+// client certificate without its key or the reverse. The files themselves are
+// read by New.
+func (c Config) tlsFileErrors() []error {
+	var errs []error
+	for _, f := range []struct{ option, path string }{
+		{"CA file", c.CAFile},
+		{"client certificate file", c.ClientCertFile},
+		{"client key file", c.ClientKeyFile},
+	} {
+		switch {
+		case f.path == "":
+		case c.CollectionAgent == "":
+			errs = append(errs, fmt.Errorf("%s %s is set without a collection agent", f.option, f.path))
+		case c.DisableTLS:
+			errs = append(errs, fmt.Errorf("%s %s is set but TLS is disabled", f.option, f.path))
+		}
+	}
+	switch {
+	case c.ClientCertFile != "" && c.ClientKeyFile == "":
+		errs = append(errs, fmt.Errorf("client certificate file %s is set without a client key file", c.ClientCertFile))
+	case c.ClientKeyFile != "" && c.ClientCertFile == "":
+		errs = append(errs, fmt.Errorf("client key file %s is set without a client certificate file", c.ClientKeyFile))
+	}
+	return errs
 }
 
 // period is the sampling period in nanoseconds.

@@ -2,7 +2,6 @@ package reporter
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -77,10 +76,14 @@ type exporter struct {
 }
 
 func newExporter(cfg Config, policy retryPolicy, stats *counters, log *logrus.Entry) (*exporter, error) {
+	log = log.WithField("collector", cfg.CollectionAgent)
 	creds := insecure.NewCredentials()
 	if !cfg.DisableTLS {
-		// Nil RootCAs means the system roots.
-		creds = credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12})
+		tc, err := clientTLS(cfg, log)
+		if err != nil {
+			return nil, err
+		}
+		creds = credentials.NewTLS(tc)
 	}
 	// gRPC's own reconnect backoff defaults to a 2 minute ceiling, which
 	// would leave the channel failing fast long after the collector is back;
@@ -105,7 +108,7 @@ func newExporter(cfg Config, policy retryPolicy, stats *counters, log *logrus.En
 		target: cfg.CollectionAgent,
 		policy: policy,
 		stats:  stats,
-		log:    log.WithField("collector", cfg.CollectionAgent),
+		log:    log,
 		limit:  cfg.MaxQueuedRequests,
 		wake:   make(chan struct{}, 1),
 	}, nil

@@ -121,8 +121,16 @@ func freeAddr(t *testing.T) string {
 	return addr
 }
 
-// newTestReporter builds a reporter with fast retries and a captured log.
+// newTestReporter builds a plaintext reporter with fast retries and a
+// captured log.
 func newTestReporter(t *testing.T, cfg Config) (*Reporter, *logtest.Hook) {
+	t.Helper()
+	cfg.DisableTLS = true
+	return newTestReporterTLS(t, cfg)
+}
+
+// newTestReporterTLS is newTestReporter keeping cfg's TLS settings.
+func newTestReporterTLS(t *testing.T, cfg Config) (*Reporter, *logtest.Hook) {
 	t.Helper()
 	logger, hook := logtest.NewNullLogger()
 	logger.SetLevel(logrus.DebugLevel)
@@ -132,7 +140,6 @@ func newTestReporter(t *testing.T, cfg Config) (*Reporter, *logtest.Hook) {
 	if cfg.SamplesPerSecond == 0 {
 		cfg.SamplesPerSecond = 20
 	}
-	cfg.DisableTLS = true
 	policy := retryPolicy{initial: 10 * time.Millisecond, max: 50 * time.Millisecond, attemptTimeout: 2 * time.Second}
 	r, err := newReporter(cfg, policy, logrus.NewEntry(logger))
 	if err != nil {

@@ -118,6 +118,9 @@ func profile(ctx context.Context, cfg *config) error {
 	rep, err := reporter.New(reporter.Config{
 		CollectionAgent:  cfg.collectionAgent,
 		DisableTLS:       cfg.disableTLS,
+		CAFile:           cfg.tlsCAFile,
+		ClientCertFile:   cfg.tlsCertFile,
+		ClientKeyFile:    cfg.tlsKeyFile,
 		Interval:         cfg.reporterInterval,
 		SamplesPerSecond: cfg.samplesPerSecond,
 		OutputDir:        cfg.outputDir,
