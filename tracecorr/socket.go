@@ -240,6 +240,11 @@ func connectFD(fd int, st unix.Stat_t) (*agentSocket, error) {
 	}
 	if err := unix.Connect(s, &unix.SockaddrUnix{Name: "/proc/self/fd/" + strconv.Itoa(fd)}); err != nil {
 		unix.Close(s)
+		if errors.Is(err, unix.EACCES) {
+			// Connecting takes write permission on the socket file.
+			return nil, fmt.Errorf("connecting to the APM socket: %w (the daemon needs CAP_DAC_OVERRIDE "+
+				"for sockets its user may not write)", err)
+		}
 		return nil, fmt.Errorf("connecting to the APM socket: %w", err)
 	}
 	return &agentSocket{fd: s, id: fileIDOf(&st)}, nil

@@ -11,32 +11,26 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
-	"golang.org/x/sys/unix"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
 )
 
-// Capability numbers from include/uapi/linux/capability.h.
-const (
-	capSysAdmin = 21
-	capPerfmon  = 38
-	capBPF      = 39
-)
-
-// checkPrivileges fails early, with advice, where BPF or perf events would
-// be refused.
+// checkPrivileges fails early, naming what is missing, where BPF or perf
+// events would be refused.
 func checkPrivileges() error {
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	if err := unix.Capget(&hdr, &data[0]); err != nil {
-		return fmt.Errorf("reading capabilities: %w", err)
+	caps, err := libpf.EffectiveCapabilities()
+	if err != nil {
+		return err
 	}
-	has := func(c uint) bool { return data[c/32].Effective&(1<<(c%32)) != 0 }
-	if has(capSysAdmin) || (has(capBPF) && has(capPerfmon)) {
+	if caps.Has(libpf.CapSysAdmin) || (caps.Has(libpf.CapBPF) && caps.Has(libpf.CapPerfmon)) {
 		return nil
 	}
-	if os.Geteuid() != 0 {
-		return errors.New("ebpf-profiler must run as root (it loads BPF programs and opens perf events on every CPU): try sudo")
+	advice := "run it as root, or grant the capabilities (the systemd unit in support/systemd does)"
+	if os.Geteuid() != 0 && caps == 0 {
+		advice = "try sudo"
 	}
-	return errors.New("ebpf-profiler lacks CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON: run it as full root or grant these capabilities")
+	return fmt.Errorf("ebpf-profiler lacks %s: it needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) to load BPF "+
+		"programs and open perf events on every CPU; %s", caps.Missing(libpf.CapBPF, libpf.CapPerfmon), advice)
 }
 
 type kernelFeatures struct {
@@ -60,7 +54,7 @@ func probeFeatures() (kernelFeatures, error) {
 	}
 	f.taskPtRegs = features.HaveProgramHelper(ebpf.PerfEvent, asm.FnTaskPtRegs) == nil
 	f.findVMA = features.HaveProgramHelper(ebpf.PerfEvent, asm.FnFindVma) == nil &&
-		(runtime.GOARCH != "arm64" || kernelAtLeast(KernelRelease(), "6.0"))
+		(runtime.GOARCH != "arm64" || KernelAtLeast(KernelRelease(), "6.0"))
 	return f, nil
 }
 
@@ -80,9 +74,9 @@ func CheckKernelVersion(release string) error {
 		"(BPF ring buffer, BTF): upgrade the kernel", release, MinKernel)
 }
 
-// kernelAtLeast reports whether a kernel release ("6.1.0-18-amd64") is at
+// KernelAtLeast reports whether a kernel release ("6.1.0-18-amd64") is at
 // least version ("6.1"); an unparsable release is not.
-func kernelAtLeast(release, version string) bool {
+func KernelAtLeast(release, version string) bool {
 	v, err := parseRelease(release)
 	return err == nil && !olderThan(v, version)
 }

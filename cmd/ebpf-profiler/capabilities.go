@@ -1,34 +1,59 @@
 package main
 
 import (
+	"strings"
+
 	log "github.com/sirupsen/logrus"
-	"golang.org/x/sys/unix"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/tracer"
 )
 
-// Capabilities beyond BPF and perf events (which the tracer checks) that
-// make the output complete, from include/uapi/linux/capability.h.
-var usefulCapabilities = []struct {
-	bit  uint
-	name string
-	lost string
-}{
-	{19, "CAP_SYS_PTRACE", "user frames cannot be attributed to files (/proc/PID/maps, /proc/PID/root)"},
-	{21, "CAP_SYS_ADMIN", "deleted and other-namespace files cannot be opened (/proc/PID/map_files)"},
-	{34, "CAP_SYSLOG", "kernel frames cannot be symbolized (/proc/kallsyms shows no addresses)"},
+// usefulCapability is a capability beyond BPF and perf events (which the
+// tracer requires) that makes the output complete; any of anyOf will do.
+type usefulCapability struct {
+	anyOf []libpf.Capability
+	lost  string
+	// minKernel is the oldest kernel that knows anyOf[0] ("" = all).
+	minKernel string
+	// maxKernel: only kernels older than this need it ("" = all).
+	maxKernel string
+}
+
+// usefulCapabilities are what a daemon with fewer privileges than root
+// loses, as documented in the README and granted by the systemd unit.
+var usefulCapabilities = []usefulCapability{
+	{anyOf: []libpf.Capability{libpf.CapSysPtrace},
+		lost: "user frames cannot be attributed to files, nor Python frames read (/proc/PID/maps, /proc/PID/mem)"},
+	{anyOf: []libpf.Capability{libpf.CapDACReadSearch, libpf.CapDACOverride},
+		lost: "files other users may not read cannot be opened (/proc/PID/map_files, /proc/PID/root)"},
+	{anyOf: []libpf.Capability{libpf.CapCheckpointRestore, libpf.CapSysAdmin}, minKernel: "5.9",
+		lost: "deleted and other-namespace files cannot be opened (/proc/PID/map_files)"},
+	{anyOf: []libpf.Capability{libpf.CapSysAdmin}, maxKernel: "5.9",
+		lost: "deleted and other-namespace files cannot be opened (/proc/PID/map_files)"},
+	{anyOf: []libpf.Capability{libpf.CapSyslog},
+		lost: "kernel frames cannot be symbolized (/proc/kallsyms shows no addresses)"},
+	{anyOf: []libpf.Capability{libpf.CapSysResource}, maxKernel: "5.11",
+		lost: "the BPF maps may not fit the memlock limit (kernels before 5.11 charge them to it)"},
 }
 
 // warnMissingCapabilities says what a daemon started with reduced
 // capabilities will not report, instead of silently leaving it out.
-func warnMissingCapabilities() {
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	if err := unix.Capget(&hdr, &data[0]); err != nil {
-		log.Warnf("Reading capabilities: %v", err)
+func warnMissingCapabilities(release string) {
+	caps, err := libpf.EffectiveCapabilities()
+	if err != nil {
+		log.Warn(err)
 		return
 	}
 	for _, c := range usefulCapabilities {
-		if data[c.bit/32].Effective&(1<<(c.bit%32)) == 0 {
-			log.Warnf("Without %s %s", c.name, c.lost)
+		if (c.minKernel != "" && !tracer.KernelAtLeast(release, c.minKernel)) ||
+			(c.maxKernel != "" && tracer.KernelAtLeast(release, c.maxKernel)) || caps.HasAny(c.anyOf...) {
+			continue
 		}
+		names := make([]string, len(c.anyOf))
+		for i, cp := range c.anyOf {
+			names[i] = cp.String()
+		}
+		log.Warnf("Without %s %s", strings.Join(names, " or "), c.lost)
 	}
 }

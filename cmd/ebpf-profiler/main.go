@@ -100,7 +100,6 @@ func profile(ctx context.Context, cfg *config) error {
 		log.Warnf("%v; starting anyway (-no-kernel-version-check)", err)
 	}
 
-	warnMissingCapabilities()
 	tr, err := tracer.New(tracer.Config{
 		SamplesPerSecond: cfg.samplesPerSecond,
 		BPFLogLevel:      uint32(cfg.bpfLogLevel),
@@ -110,6 +109,7 @@ func profile(ctx context.Context, cfg *config) error {
 		return err
 	}
 	defer tr.Close()
+	warnMissingCapabilities(release)
 
 	hostID, hostName, err := reporter.HostMetadata()
 	if err != nil {

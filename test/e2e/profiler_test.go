@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -126,14 +127,21 @@ type daemon struct {
 // test ends unless stop was called.
 func startDaemon(t *testing.T, args ...string) *daemon {
 	t.Helper()
-	bin := profilerBinary(t)
+	return startDaemonVia(t, nil, profilerBinary(t), args...)
+}
+
+// startDaemonVia is startDaemon with bin started through a wrapper command
+// (e.g. setpriv with its options), if any.
+func startDaemonVia(t *testing.T, wrapper []string, bin string, args ...string) *daemon {
+	t.Helper()
 	d := &daemon{logPath: filepath.Join(t.TempDir(), "ebpf-profiler.log"), exited: make(chan error, 1)}
 	logFile, err := os.Create(d.logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer logFile.Close() // the child keeps its own descriptor
-	d.cmd = exec.Command(bin, args...)
+	argv := append(append(slices.Clone(wrapper), bin), args...)
+	d.cmd = exec.Command(argv[0], argv[1:]...)
 	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	t.Logf("starting %s %s", bin, strings.Join(args, " "))
