@@ -7,9 +7,9 @@
 # the first, refuse the second; its DWARF checks the CPython offset table), musl
 # (the thread-specific-data layout of musl's libc), bpftool,
 # systemd (systemd-analyze checks the unit), util-linux (setpriv runs the
-# daemon with the unit's capabilities) and the OpenTelemetry Collector the end-to-end tests export to. The
-# CPython releases 3.6-3.13 the Python tests run come with the machine
-# (pyenv).
+# daemon with the unit's capabilities) and the OpenTelemetry Collector the
+# end-to-end tests export to. The CPython releases 3.6-3.13 the Python
+# tests run come with the machine (pyenv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
