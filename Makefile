@@ -10,7 +10,7 @@ BINARY   := ebpf-profiler
 ARGS     ?=
 SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: build run ebpf test test-deps unit-test integration-test fuzz bench lint format clean
+.PHONY: build run ebpf check-ebpf test test-deps unit-test integration-test fuzz bench lint format clean
 
 # A static binary (no cgo): it runs in a minimal container image and on any
 # libc.
@@ -23,6 +23,15 @@ run: build
 # Rebuild the committed BPF objects with the pinned compiler.
 ebpf:
 	$(MAKE) -C support/ebpf
+
+# Fails when the committed BPF objects differ from what the pinned compiler
+# builds from the sources.
+check-ebpf:
+	@out=$$(mktemp -d) && trap 'rm -rf "$$out"' EXIT && \
+	$(MAKE) -s -C support/ebpf -B OUT=$$out && \
+	for o in tracer.ebpf.amd64.o tracer.ebpf.arm64.o; do \
+		cmp -s support/ebpf/$$o $$out/$$o || { echo "support/ebpf/$$o is stale: run make ebpf and commit it"; exit 1; }; \
+	done
 
 # Packages and the OpenTelemetry Collector the tests use (Debian; needs root).
 test-deps:
