@@ -88,8 +88,9 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	fs.UintVar(&c.bpfLogLevel, "bpf-log-level", 0, "BPF verifier log level (0-2); logs are printed with -v.")
 	fs.UintVar(&c.mapScaleFactor, "map-scale-factor", 0,
 		fmt.Sprintf("Scaling factor for eBPF map sizes (0-%d): every increase by 1 doubles the maps of stack deltas "+
-			"and process mappings. Increase if stack deltas fail to load for lack of room. "+
-			"0 holds about 1M stack deltas in 8 MiB of kernel memory; %d holds 256M in 2 GiB.",
+			"and process mappings. Increase if stack deltas fail to load for lack of room "+
+			"(the status line's map fill levels). 0 holds 4M stack deltas, all maps taking about 18 MiB of kernel "+
+			"memory; %d holds 1G in 4.3 GiB.",
 			tracer.MaxMapScaleFactor, tracer.MaxMapScaleFactor))
 	fs.BoolVar(&c.verbose, "verbose", false, "Log debug messages.")
 	fs.BoolVar(&c.verbose, "v", false, "Shorthand for -verbose.")
