@@ -93,11 +93,8 @@ func profile(ctx context.Context, cfg *config) error {
 	start := time.Now()
 	log.Infof("Starting %s", versionLine())
 	release := tracer.KernelRelease()
-	if err := tracer.CheckKernelVersion(release); err != nil {
-		if !cfg.noKernelVersionCheck {
-			return fmt.Errorf("%w, or pass -no-kernel-version-check to try anyway", err)
-		}
-		log.Warnf("%v; starting anyway (-no-kernel-version-check)", err)
+	if err := checkKernel(release, cfg.noKernelVersionCheck); err != nil {
+		return err
 	}
 
 	tr, err := tracer.New(tracer.Config{
@@ -161,7 +158,9 @@ func profile(ctx context.Context, cfg *config) error {
 		prob.decide()
 		probTicker := time.NewTicker(prob.interval)
 		defer probTicker.Stop()
-		go prob.run(ctx, probTicker.C)
+		probCtx, stopProb := context.WithCancel(ctx)
+		defer stopProb()
+		go prob.run(probCtx, probTicker.C)
 	}
 	if err := tr.Attach(); err != nil {
 		rep.Close()
@@ -213,6 +212,21 @@ loop:
 		return fmt.Errorf("reading BPF events: %w", pumpErr)
 	}
 	return nil
+}
+
+// checkKernel refuses a kernel older than we support, unless the operator
+// overrode the check (then it only warns).
+func checkKernel(release string, override bool) error {
+	err := tracer.CheckKernelVersion(release)
+	switch {
+	case err == nil:
+		return nil
+	case override:
+		log.Warnf("%v; starting anyway (-no-kernel-version-check)", err)
+		return nil
+	default:
+		return fmt.Errorf("%w, or pass -no-kernel-version-check to try anyway", err)
+	}
 }
 
 // versionLine names this build: version, commit and the BPF object's hash,
