@@ -2,14 +2,9 @@ package reporter
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -24,89 +19,15 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
+
+	"github.com/hostprof/ebpf-profiler/utils/testcerts"
 )
-
-// testCA is a throwaway certificate authority for the TLS tests.
-type testCA struct {
-	cert   *x509.Certificate
-	key    *ecdsa.PrivateKey
-	pem    []byte
-	serial int64
-}
-
-func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	key := newKey(t)
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "reporter test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: cert, key: key, pem: pemBlock("CERTIFICATE", der), serial: 1}
-}
-
-func newKey(t *testing.T) *ecdsa.PrivateKey {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return key
-}
-
-func pemBlock(typ string, der []byte) []byte {
-	return pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der})
-}
-
-// issue signs a leaf certificate for tmpl, filling in its serial number and
-// validity, and returns the certificate and key as PEM.
-func (ca *testCA) issue(t *testing.T, tmpl *x509.Certificate) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key := newKey(t)
-	ca.serial++
-	tmpl.SerialNumber = big.NewInt(ca.serial)
-	tmpl.NotBefore, tmpl.NotAfter = ca.cert.NotBefore, ca.cert.NotAfter
-	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pemBlock("CERTIFICATE", der), pemBlock("PRIVATE KEY", keyDER)
-}
-
-func (ca *testCA) client(t *testing.T, cn string) (certPEM, keyPEM []byte) {
-	t.Helper()
-	return ca.issue(t, &x509.Certificate{
-		Subject:     pkix.Name{CommonName: cn},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	})
-}
 
 // serverConfig is a collector's TLS config for 127.0.0.1, optionally
 // requiring a client certificate signed by ca.
-func (ca *testCA) serverConfig(t *testing.T, requireClientCert bool) *tls.Config {
+func serverConfig(t *testing.T, ca *testcerts.CA, requireClientCert bool) *tls.Config {
 	t.Helper()
-	certPEM, keyPEM := ca.issue(t, &x509.Certificate{
-		Subject:     pkix.Name{CommonName: "collector"},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	})
+	certPEM, keyPEM := ca.Server(t)
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		t.Fatal(err)
@@ -115,7 +36,7 @@ func (ca *testCA) serverConfig(t *testing.T, requireClientCert bool) *tls.Config
 	if requireClientCert {
 		tc.ClientAuth = tls.RequireAndVerifyClientCert
 		tc.ClientCAs = x509.NewCertPool()
-		tc.ClientCAs.AddCert(ca.cert)
+		tc.ClientCAs.AddCert(ca.Cert)
 	}
 	return tc
 }
@@ -187,7 +108,7 @@ func exportFailure(hook *logtest.Hook) string {
 }
 
 func TestTLSExport(t *testing.T) {
-	ca := newTestCA(t)
+	ca := testcerts.NewCA(t, "reporter test CA")
 	tests := []struct {
 		name              string
 		requireClientCert bool
@@ -210,13 +131,13 @@ func TestTLSExport(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
 			c := &tlsCollector{}
-			addr, _ := serveTLS(t, "127.0.0.1:0", c, ca.serverConfig(t, tt.requireClientCert))
+			addr, _ := serveTLS(t, "127.0.0.1:0", c, serverConfig(t, ca, tt.requireClientCert))
 			cfg := Config{CollectionAgent: addr, FlushTimeout: time.Second}
 			if tt.caFile {
-				cfg.CAFile = writeFile(t, dir, "ca.pem", ca.pem, time.Now())
+				cfg.CAFile = writeFile(t, dir, "ca.pem", ca.PEM, time.Now())
 			}
 			if tt.clientCert {
-				certPEM, keyPEM := ca.client(t, "a")
+				certPEM, keyPEM := ca.Client(t, "a")
 				cfg.ClientCertFile = writeFile(t, dir, "client.pem", certPEM, time.Now())
 				cfg.ClientKeyFile = writeFile(t, dir, "client.key", keyPEM, time.Now())
 			}
@@ -248,16 +169,16 @@ func TestTLSExport(t *testing.T) {
 }
 
 func TestTLSClientCertRotation(t *testing.T) {
-	ca := newTestCA(t)
+	ca := testcerts.NewCA(t, "reporter test CA")
 	dir := t.TempDir()
 	base := time.Now().Add(-time.Hour)
-	certA, keyA := ca.client(t, "a")
+	certA, keyA := ca.Client(t, "a")
 	cfg := Config{
-		CAFile:         writeFile(t, dir, "ca.pem", ca.pem, base),
+		CAFile:         writeFile(t, dir, "ca.pem", ca.PEM, base),
 		ClientCertFile: writeFile(t, dir, "client.pem", certA, base),
 		ClientKeyFile:  writeFile(t, dir, "client.key", keyA, base),
 	}
-	serverTLS := ca.serverConfig(t, true)
+	serverTLS := serverConfig(t, ca, true)
 	first := &tlsCollector{}
 	addr, stop := serveTLS(t, "127.0.0.1:0", first, serverTLS)
 	cfg.CollectionAgent = addr
@@ -268,7 +189,7 @@ func TestTLSClientCertRotation(t *testing.T) {
 	reportN(t, r, 1)
 	waitFor(t, "the export as a", func() bool { return r.Stats().RequestsExported == 1 })
 
-	certB, keyB := ca.client(t, "b")
+	certB, keyB := ca.Client(t, "b")
 	writeFile(t, dir, "client.pem", certB, base.Add(time.Minute))
 	writeFile(t, dir, "client.key", keyB, base.Add(time.Minute))
 	// A new server on the same address makes the client handshake again.
@@ -297,11 +218,11 @@ func TestTLSClientCertRotation(t *testing.T) {
 // TestTLSClientCertKeepsLastGood drives the loader directly through a
 // rotation that goes wrong before it goes right.
 func TestTLSClientCertKeepsLastGood(t *testing.T) {
-	ca := newTestCA(t)
+	ca := testcerts.NewCA(t, "reporter test CA")
 	dir := t.TempDir()
 	base := time.Now().Add(-time.Hour)
-	certA, keyA := ca.client(t, "a")
-	certB, keyB := ca.client(t, "b")
+	certA, keyA := ca.Client(t, "a")
+	certB, keyB := ca.Client(t, "b")
 	logger, hook := logtest.NewNullLogger()
 	l := &clientCertLoader{
 		certFile: writeFile(t, dir, "client.pem", certA, base),
@@ -356,15 +277,15 @@ func TestTLSClientCertKeepsLastGood(t *testing.T) {
 }
 
 func TestTLSConfigErrors(t *testing.T) {
-	ca := newTestCA(t)
+	ca := testcerts.NewCA(t, "reporter test CA")
 	dir := t.TempDir()
 	now := time.Now()
-	certA, keyA := ca.client(t, "a")
-	_, keyB := ca.client(t, "b")
-	caFile := writeFile(t, dir, "ca.pem", ca.pem, now)
+	certA, keyA := ca.Client(t, "a")
+	_, keyB := ca.Client(t, "b")
+	caFile := writeFile(t, dir, "ca.pem", ca.PEM, now)
 	notPEM := writeFile(t, dir, "not.pem", []byte("not a certificate\n"), now)
 	keyOnly := writeFile(t, dir, "key-only.pem", keyA, now)
-	corrupt := writeFile(t, dir, "corrupt.pem", pemBlock("CERTIFICATE", []byte("junk")), now)
+	corrupt := writeFile(t, dir, "corrupt.pem", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("junk")}), now)
 	cert := writeFile(t, dir, "client.pem", certA, now)
 	key := writeFile(t, dir, "client.key", keyA, now)
 	otherKey := writeFile(t, dir, "other.key", keyB, now)

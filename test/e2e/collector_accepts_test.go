@@ -103,7 +103,7 @@ func TestCollectorProfilesFeatureGate(t *testing.T) {
 	}
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "config.yaml")
-	writeFile(t, cfg, collectorConfig("127.0.0.1:0", filepath.Join(dir, "out.jsonl"), "basic"))
+	writeFile(t, cfg, collectorConfig("127.0.0.1:0", filepath.Join(dir, "out.jsonl"), "basic", nil))
 	out, err := exec.Command(bin, "--config="+cfg).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), profilesGate) {
 		t.Fatalf("collector without --feature-gates=+%s: err=%v, want a refusal naming the gate; output:\n%s", profilesGate, err, out)

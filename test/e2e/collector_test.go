@@ -130,12 +130,25 @@ type collector struct {
 // collector is stopped when the test ends.
 func startCollector(t *testing.T) *collector {
 	t.Helper()
+	return startCollectorTLS(t, nil)
+}
+
+// collectorTLS are the PEM files of a collector's TLS listener; with
+// ClientCAFile it requires client certificates signed by that CA.
+type collectorTLS struct {
+	CertFile, KeyFile, ClientCAFile string
+}
+
+// startCollectorTLS is startCollector with a TLS listener when tc is not
+// nil.
+func startCollectorTLS(t *testing.T, tc *collectorTLS) *collector {
+	t.Helper()
 	bin := collectorBinary(t)
 	gate := profilesGateArgs(t, bin)
 	dir := t.TempDir()
 	var lastLog string
 	for attempt := 1; attempt <= 3; attempt++ {
-		c, err := tryStartCollector(t, bin, gate, dir, attempt)
+		c, err := tryStartCollector(t, bin, gate, dir, attempt, tc)
 		if err == nil {
 			t.Cleanup(func() {
 				if err := c.Stop(); err != nil {
@@ -157,7 +170,7 @@ func startCollector(t *testing.T) *collector {
 	return nil
 }
 
-func tryStartCollector(t *testing.T, bin string, gate []string, dir string, attempt int) (*collector, error) {
+func tryStartCollector(t *testing.T, bin string, gate []string, dir string, attempt int, tc *collectorTLS) (*collector, error) {
 	port, err := freePort()
 	if err != nil {
 		t.Fatal(err)
@@ -173,7 +186,7 @@ func tryStartCollector(t *testing.T, bin string, gate []string, dir string, atte
 		verbosity = "basic"
 	}
 	cfgPath := filepath.Join(dir, fmt.Sprintf("config-%d.yaml", attempt))
-	if err := os.WriteFile(cfgPath, []byte(collectorConfig(c.Addr, c.OutPath, verbosity)), 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(collectorConfig(c.Addr, c.OutPath, verbosity, tc)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	logFile, err := os.Create(c.LogPath)
@@ -236,15 +249,22 @@ func (c *collector) Stop() error {
 	return nil
 }
 
-// collectorConfig renders a profiles-only pipeline: OTLP/gRPC in, file
-// exporter (JSON lines) and debug exporter out. Internal telemetry metrics
-// are off so that no fixed port (8888) is bound.
-func collectorConfig(addr, outPath, debugVerbosity string) string {
+// collectorConfig renders a profiles-only pipeline: OTLP/gRPC in (over
+// TLS with tc), file exporter (JSON lines) and debug exporter out. Internal
+// telemetry metrics are off so that no fixed port (8888) is bound.
+func collectorConfig(addr, outPath, debugVerbosity string, tc *collectorTLS) string {
+	tlsYAML := ""
+	if tc != nil {
+		tlsYAML = fmt.Sprintf("\n        tls:\n          cert_file: %q\n          key_file: %q", tc.CertFile, tc.KeyFile)
+		if tc.ClientCAFile != "" {
+			tlsYAML += fmt.Sprintf("\n          client_ca_file: %q", tc.ClientCAFile)
+		}
+	}
 	return fmt.Sprintf(`receivers:
   otlp:
     protocols:
       grpc:
-        endpoint: %q
+        endpoint: %q%s
 exporters:
   file:
     path: %q
@@ -260,7 +280,7 @@ service:
     profiles:
       receivers: [otlp]
       exporters: [file, debug]
-`, addr, outPath, debugVerbosity)
+`, addr, tlsYAML, outPath, debugVerbosity)
 }
 
 func freePort() (int, error) {

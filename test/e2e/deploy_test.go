@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hostprof/ebpf-profiler/utils/testcerts"
 )
 
 // unitPath is the systemd unit operators install.
@@ -237,4 +239,53 @@ func TestSystemdUnitVerifies(t *testing.T) {
 		t.Fatalf("systemd-analyze security: %v\n%s", err, sec)
 	}
 	t.Logf("%s", linesWith(string(sec), "Overall exposure level"))
+}
+
+// TestMutualTLSToCollector exports to the real Collector over mutual TLS
+// with a self-signed CA: -tls-ca-file verifies the collector, and
+// -tls-cert-file/-tls-key-file are the client certificate it requires.
+// The CA and certificates come from the environment, as a service's
+// EnvironmentFile would give them.
+func TestMutualTLSToCollector(t *testing.T) {
+	requireE2E(t)
+	requireRoot(t)
+	dir := t.TempDir()
+	ca := testcerts.NewCA(t, "e2e test CA")
+	write := func(name string, data []byte) string {
+		path := filepath.Join(dir, name)
+		writeFile(t, path, string(data))
+		return path
+	}
+	serverCert, serverKey := ca.Server(t)
+	clientCert, clientKey := ca.Client(t, "ebpf-profiler")
+	caFile := write("ca.pem", ca.PEM)
+	c := startCollectorTLS(t, &collectorTLS{
+		CertFile: write("server.pem", serverCert), KeyFile: write("server-key.pem", serverKey), ClientCAFile: caFile,
+	})
+	t.Setenv("EBPF_PROFILER_TLS_CA_FILE", caFile)
+	t.Setenv("EBPF_PROFILER_TLS_CERT_FILE", write("client.pem", clientCert))
+	t.Setenv("EBPF_PROFILER_TLS_KEY_FILE", write("client-key.pem", clientKey))
+	d := startDaemon(t, "-collection-agent="+c.Addr, "-reporter-interval=1s", "-samples-per-second=100")
+	workload := startWorkload(t, 3*time.Second)
+	if err := workload.Wait(); err != nil {
+		t.Fatalf("workload: %v", err)
+	}
+	time.Sleep(profilerDrainWait)
+	d.stop(t)
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	exported, err := parseExportLog(d.logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pds, err := readFileExporterOutput(c.OutPath, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := statsOf(pds)
+	t.Logf("collector received over mutual TLS: %s; daemon exported %d samples", got, exported.Samples)
+	if got.Samples == 0 || got.Samples != exported.Samples {
+		t.Errorf("collector received %d samples, daemon exported %d: want equal and > 0", got.Samples, exported.Samples)
+	}
 }
