@@ -116,17 +116,8 @@ func TestLeastPrivilege(t *testing.T) {
 	c := startCollector(t)
 	d := startDaemonVia(t, setprivArgs(caps), binaryForNobody(t),
 		"-collection-agent="+c.Addr, "-disable-tls", "-reporter-interval=1s", "-samples-per-second=100")
-	workload := startWorkload(t, workloadDuration)
-	if err := workload.Wait(); err != nil {
-		t.Fatalf("workload: %v", err)
-	}
-	time.Sleep(profilerDrainWait)
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid))
 	if err != nil {
-		t.Fatal(err)
-	}
-	d.stop(t)
-	if err := c.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	if uid := statusField(string(status), "Uid"); strings.Fields(uid)[1] != nobody {
@@ -134,6 +125,7 @@ func TestLeastPrivilege(t *testing.T) {
 	}
 	t.Logf("daemon's CapEff %s, NoNewPrivs %s", statusField(string(status), "CapEff"),
 		statusField(string(status), "NoNewPrivs"))
+	pid, pds := exportWorkload(t, c, d, workloadDuration)
 	log, err := os.ReadFile(d.logPath)
 	if err != nil {
 		t.Fatal(err)
@@ -141,12 +133,7 @@ func TestLeastPrivilege(t *testing.T) {
 	if w := linesWith(string(log), "Without CAP_"); w != "" {
 		t.Errorf("the unit's capabilities left the daemon short of some:\n%s", w)
 	}
-	pds, err := readFileExporterOutput(c.OutPath, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("collector received: %s", statsOf(pds))
-	checkExportedContent(t, pds, workload.Process.Pid)
+	checkExportedContent(t, pds, pid)
 }
 
 func statusField(status, key string) string {
@@ -266,26 +253,5 @@ func TestMutualTLSToCollector(t *testing.T) {
 	t.Setenv("EBPF_PROFILER_TLS_CERT_FILE", write("client.pem", clientCert))
 	t.Setenv("EBPF_PROFILER_TLS_KEY_FILE", write("client-key.pem", clientKey))
 	d := startDaemon(t, "-collection-agent="+c.Addr, "-reporter-interval=1s", "-samples-per-second=100")
-	workload := startWorkload(t, 3*time.Second)
-	if err := workload.Wait(); err != nil {
-		t.Fatalf("workload: %v", err)
-	}
-	time.Sleep(profilerDrainWait)
-	d.stop(t)
-	if err := c.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	exported, err := parseExportLog(d.logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pds, err := readFileExporterOutput(c.OutPath, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := statsOf(pds)
-	t.Logf("collector received over mutual TLS: %s; daemon exported %d samples", got, exported.Samples)
-	if got.Samples == 0 || got.Samples != exported.Samples {
-		t.Errorf("collector received %d samples, daemon exported %d: want equal and > 0", got.Samples, exported.Samples)
-	}
+	exportWorkload(t, c, d, 3*time.Second)
 }
