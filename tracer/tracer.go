@@ -239,27 +239,31 @@ func (t *Tracer) Attach() error {
 		t.procLinks = append(t.procLinks, l)
 	}
 	t.attachMapWatch()
-	if err := t.openPerfEvents(); err != nil {
+	mode, err := t.openPerfEvents()
+	if err != nil {
 		t.Detach()
 		return err
 	}
 	log.Infof("Sampling %d CPUs at %d Hz (perf events attached via %s; new mappings watched by %s)",
-		len(t.cpus), t.cfg.SamplesPerSecond, t.perfEvents[0].attachMode(), t.mapWatchMode)
+		len(t.cpus), t.cfg.SamplesPerSecond, mode, t.mapWatchMode)
 	return nil
 }
 
-func (t *Tracer) openPerfEvents() error {
+// openPerfEvents opens every CPU's event, enabled unless sampling is off,
+// and returns how the program was attached to them.
+func (t *Tracer) openPerfEvents() (attachMode string, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	entry := t.coll.Programs["sample_entry"]
 	for _, cpu := range t.cpus {
 		pe, err := openPerfEvent(cpu, t.cfg.SamplesPerSecond, entry, !t.samplingOff)
 		if err != nil {
-			return err
+			return "", err
 		}
 		t.perfEvents = append(t.perfEvents, pe)
+		attachMode = pe.attachMode()
 	}
-	return nil
+	return attachMode, nil
 }
 
 // SetSampling turns sampling on or off without unloading anything (for
