@@ -96,7 +96,7 @@ func (m *monitor) check() {
 
 // samplingState is "on" or "off" under probabilistic profiling, else "".
 func (m *monitor) samplingState() string {
-	if m.prob == nil || !m.prob.enabled() {
+	if !m.prob.enabled() {
 		return ""
 	}
 	return onOff(m.prob.on.Load())

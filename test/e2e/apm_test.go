@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -454,11 +453,10 @@ func daemonPeakRSS(t *testing.T, pid int) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`VmHWM:\s+(\d+) kB`).FindSubmatch(b)
-	if m == nil {
-		t.Fatal("no VmHWM in the daemon's status")
+	kb, err := strconv.ParseInt(strings.TrimSuffix(statusField(string(b), "VmHWM"), " kB"), 10, 64)
+	if err != nil {
+		t.Fatalf("the daemon's VmHWM: %v", err)
 	}
-	kb, _ := strconv.ParseInt(string(m[1]), 10, 64)
 	return kb << 10
 }
 
