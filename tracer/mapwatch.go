@@ -16,14 +16,14 @@ import (
 // program names its target at load time, so it is loaded on its own after
 // the collection and a kernel without it still loads everything else.
 const (
-	mapWatchFexit  = "exec_mapped_fexit"
+	MapWatchFexit  = "exec_mapped_fexit"
 	mapWatchKprobe = "exec_mapped_kprobe"
 )
 
 // splitMapWatch removes the fexit program from spec and returns it.
 func splitMapWatch(spec *ebpf.CollectionSpec) *ebpf.ProgramSpec {
-	ps := spec.Programs[mapWatchFexit]
-	delete(spec.Programs, mapWatchFexit)
+	ps := spec.Programs[MapWatchFexit]
+	delete(spec.Programs, MapWatchFexit)
 	return ps
 }
 
@@ -31,16 +31,19 @@ func splitMapWatch(spec *ebpf.CollectionSpec) *ebpf.ProgramSpec {
 // maps.
 func loadMapWatch(spec *ebpf.CollectionSpec, ps *ebpf.ProgramSpec, coll *ebpf.Collection) (*ebpf.Program, error) {
 	if ps == nil {
-		return nil, errors.New("BPF object lacks " + mapWatchFexit)
+		return nil, errors.New("BPF object lacks " + MapWatchFexit)
 	}
 	one := spec.Copy()
-	one.Programs = map[string]*ebpf.ProgramSpec{mapWatchFexit: ps.Copy()}
-	c, err := ebpf.NewCollectionWithOptions(one, ebpf.CollectionOptions{MapReplacements: coll.Maps})
+	one.Programs = map[string]*ebpf.ProgramSpec{MapWatchFexit: ps.Copy()}
+	c, err := ebpf.NewCollectionWithOptions(one, ebpf.CollectionOptions{
+		MapReplacements: coll.Maps,
+		Programs:        ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats},
+	})
 	if err != nil {
 		return nil, err
 	}
-	p := c.Programs[mapWatchFexit]
-	delete(c.Programs, mapWatchFexit)
+	p := c.Programs[MapWatchFexit]
+	delete(c.Programs, MapWatchFexit)
 	c.Close()
 	return p, nil
 }

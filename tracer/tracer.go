@@ -10,6 +10,8 @@ import (
 	"maps"
 	"math/bits"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -134,7 +136,9 @@ func New(cfg Config) (*Tracer, error) {
 	}
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
 		MapReplacements: scaled,
-		Programs:        ebpf.ProgramOptions{LogLevel: ebpf.LogLevel(cfg.BPFLogLevel)},
+		// The statistics are a few lines; VerifiedInstructions reads
+		// them on kernels whose program info lacks the count.
+		Programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevel(cfg.BPFLogLevel) | ebpf.LogLevelStats},
 	})
 	closeMaps(scaled)
 	if err != nil {
@@ -296,25 +300,55 @@ func (t *Tracer) Detach() {
 }
 
 // VerifiedInstructions returns, per loaded program, how many instructions
-// the verifier processed to accept it (1,000,000 is the kernel's limit);
-// programs whose count the kernel does not report (before 5.16) are left
-// out.
+// the verifier processed to accept it (1,000,000 is the kernel's limit):
+// from the program's info where the kernel reports it (5.16), else from the
+// statistics line of its verifier log.
 func (t *Tracer) VerifiedInstructions() map[string]uint32 {
 	out := map[string]uint32{}
 	progs := maps.Clone(t.coll.Programs)
 	if t.mapWatch != nil {
-		progs["map_watch"] = t.mapWatch
+		progs[MapWatchFexit] = t.mapWatch
 	}
 	for name, p := range progs {
-		info, err := p.Info()
-		if err != nil {
-			continue
+		if info, err := p.Info(); err == nil {
+			if n, ok := info.VerifiedInstructions(); ok {
+				out[name] = n
+				continue
+			}
 		}
-		if n, ok := info.VerifiedInstructions(); ok {
+		if n, ok := processedInsns(p.VerifierLog); ok {
 			out[name] = n
 		}
 	}
 	return out
+}
+
+// processedInsnsRe matches the verifier's statistics line, "processed 123
+// insns (limit 1000000) ...", the same since 5.2.
+var processedInsnsRe = regexp.MustCompile(`(?m)^processed (\d+) insns`)
+
+func processedInsns(verifierLog string) (uint32, bool) {
+	m := processedInsnsRe.FindStringSubmatch(verifierLog)
+	if m == nil {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(m[1], 10, 32)
+	if err != nil {
+		return 0, false
+	}
+	return uint32(n), true
+}
+
+// Attachment says how Attach attached: the sampling program to the perf
+// events ("bpf_link", or "ioctl" before 5.15) and the watch of new
+// executable mappings (MapWatchModes). Empty before Attach.
+func (t *Tracer) Attachment() (perfEvents, mapWatch string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.perfEvents) > 0 {
+		perfEvents = t.perfEvents[0].attachMode()
+	}
+	return perfEvents, t.mapWatchMode
 }
 
 // MapMaxEntries is the capacity of a loaded map, 0 for a map that does not

@@ -3,8 +3,6 @@ package integration
 import (
 	"context"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strconv"
 	"sync"
 	"testing"
@@ -18,8 +16,14 @@ import (
 	"github.com/hostprof/ebpf-profiler/utils/testenv"
 )
 
-// requireRoot skips an integration test unless the suite runs them.
-func requireRoot(t *testing.T) { testenv.RequireBPF(t) }
+// requireRoot skips an integration test unless the suite runs them. A run
+// that only prepares workloads needs neither root nor BPF.
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if !preparing() {
+		testenv.RequireBPF(t)
+	}
+}
 
 // sample is one reported sample.
 type sample struct {
@@ -117,6 +121,7 @@ type session struct {
 
 func startSession(t *testing.T, hz int) *session {
 	t.Helper()
+	skipIfPreparing(t)
 	tr, err := tracer.New(tracer.Config{SamplesPerSecond: hz})
 	if err != nil {
 		t.Fatal(err)
@@ -158,25 +163,6 @@ func (s *session) stop(t *testing.T) {
 	}
 	s.pm.Close()
 	s.tr.Close()
-}
-
-// buildWorkload compiles utils/workloads/<name>.c with gcc.
-func buildWorkload(t *testing.T, name string, flags ...string) string {
-	t.Helper()
-	return buildWorkloadAs(t, name, name, flags...)
-}
-
-// buildWorkloadAs compiles utils/workloads/<name>.c into a binary named bin.
-func buildWorkloadAs(t *testing.T, name, binName string, flags ...string) string {
-	t.Helper()
-	_, here, _, _ := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(here), "..", "..", "utils", "workloads", name+".c")
-	bin := filepath.Join(t.TempDir(), binName)
-	args := append(append([]string{}, flags...), "-o", bin, src)
-	if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
-		t.Fatalf("gcc %v: %v\n%s", args, err, out)
-	}
-	return bin
 }
 
 // runWorkload runs bin for the given time and returns its pid and the CPU

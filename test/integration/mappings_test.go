@@ -29,20 +29,6 @@ var (
 	dlLibStack  = regexp.MustCompile(`^dl_leaf;dl_top;dm_call;` + cRoot + `$`)
 )
 
-// buildDlopen builds utils/workloads/dlopen and its library with -O2
-// -fomit-frame-pointer and strips the executable; the library keeps its
-// symbols.
-func buildDlopen(t *testing.T) (bin, lib string, syms *nmSymbols) {
-	t.Helper()
-	src, out := workloadDir("dlopen"), t.TempDir()
-	flags := []string{"-O2", "-fomit-frame-pointer"}
-	lib = filepath.Join(out, "libdlhot.so")
-	run(t, src, nil, "gcc", append(flags, "-shared", "-fPIC", "-o", lib, "libdlhot.c")...)
-	bin = filepath.Join(out, "dlopen")
-	run(t, src, nil, "gcc", append(flags, "-o", bin, "main.c", "-ldl")...)
-	return bin, lib, stripCopy(t, bin)
-}
-
 // dlopenRun is a running dlopen workload.
 type dlopenRun struct {
 	cmd *exec.Cmd
@@ -116,7 +102,7 @@ func (c *shareCounter) String() string {
 // dlopenShares sorts a dlopen workload's samples from `from` on into before
 // the load, the first second after it, and later, and counts those with the
 // stack expected then.
-func dlopenShares(samples []sample, bin string, syms *nmSymbols, from, loaded time.Time) (before, first, later shareCounter) {
+func dlopenShares(samples []sample, bin string, syms *symbolTable, from, loaded time.Time) (before, first, later shareCounter) {
 	for _, smp := range samples {
 		at := smp.meta.Time
 		stack := stackString(smp.trace, bin, syms)
@@ -135,7 +121,7 @@ func dlopenShares(samples []sample, bin string, syms *nmSymbols, from, loaded ti
 
 // firstFull is the time from the load to the first sample in the library
 // with the full stack.
-func firstFull(samples []sample, bin string, syms *nmSymbols, loaded time.Time) time.Duration {
+func firstFull(samples []sample, bin string, syms *symbolTable, loaded time.Time) time.Duration {
 	for _, smp := range samples {
 		if smp.meta.Time.After(loaded) && dlLibStack.MatchString(stackString(smp.trace, bin, syms)) {
 			return smp.meta.Time.Sub(loaded)
