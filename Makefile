@@ -10,7 +10,7 @@ BINARY   := ebpf-profiler
 ARGS     ?=
 SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: build run ebpf check-ebpf test test-deps unit-test integration-test fuzz bench lint format clean
+.PHONY: build run ebpf check-ebpf test test-deps unit-test integration-test kernel-matrix fuzz bench lint format clean
 
 # A static binary (no cgo): it runs in a minimal container image and on any
 # libc.
@@ -61,6 +61,14 @@ integration-test: build
 	$(SUDO) env EBPF_PROFILER_TEST_INTEGRATION=1 EBPF_PROFILER_TEST_E2E=1 EBPF_PROFILER_TEST_BIN=$(CURDIR)/$(BINARY) \
 		$(GO) test -p 1 -count=1 -v -timeout 20m ./tracer ./test/...
 
+# The BPF integration tests on every supported kernel (5.10, 6.1, 6.12, 7.2)
+# for amd64 and arm64, each booted under qemu (utils/kernelmatrix; kernels
+# are downloaded once and cached). KERNEL_MATRIX_ARGS narrows it, e.g.
+# "-kernels 5.10 -arch arm64 -v".
+KERNEL_MATRIX_ARGS ?=
+kernel-matrix:
+	$(SUDO) $(GO) run ./utils/kernelmatrix $(KERNEL_MATRIX_ARGS)
+
 # Coverage-guided fuzzing of each parser of outside input (go test alone
 # only replays the seed corpus).
 # A count, not a duration: Go 1.26's fuzz coordinator can fail a target
@@ -85,6 +93,7 @@ test: test-deps lint
 	$(SUDO) $(GO) test -count=1 $(UNIT_PACKAGES)
 	$(MAKE) fuzz
 	$(MAKE) integration-test
+	$(MAKE) kernel-matrix
 
 bench: build
 	$(SUDO) $(GO) run ./utils/bench -bin ./$(BINARY) $(BENCH_ARGS)

@@ -7,14 +7,16 @@
 # the first, refuse the second; its DWARF checks the CPython offset table), musl
 # (the thread-specific-data layout of musl's libc), bpftool,
 # systemd (systemd-analyze checks the unit), util-linux (setpriv runs the
-# daemon with the unit's capabilities) and the OpenTelemetry Collector the
+# daemon with the unit's capabilities), qemu for amd64 and arm64 (the kernel
+# matrix boots Debian's kernels in it) and the OpenTelemetry Collector the
 # end-to-end tests export to. The CPython releases 3.6-3.13 the Python
 # tests run come with the machine (pyenv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(clang-16 clang-format-16 llvm-16 gcc g++ binutils make bpftool libc6-arm64-cross libgcc-s1-arm64-cross
-  gcc-aarch64-linux-gnu libc6-dev-arm64-cross python3 python3-dbg python3.11-dbg musl-tools systemd util-linux)
+  gcc-aarch64-linux-gnu libc6-dev-arm64-cross python3 python3-dbg python3.11-dbg musl-tools systemd util-linux
+  qemu-system-x86 qemu-system-arm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

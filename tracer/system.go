@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
+	log "github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
 )
@@ -38,6 +41,9 @@ type kernelFeatures struct {
 	// findVMA: bpf_find_vma (5.17), whose callback is a BPF subprogram in
 	// programs that also tail call, which the arm64 JIT allows from 6.0.
 	findVMA bool
+	// onDemandHash: perf_event programs may use hash maps that allocate
+	// their elements on update (BPF_F_NO_PREALLOC), from 6.1 on.
+	onDemandHash bool
 }
 
 // probeFeatures checks what the programs need and what they can use.
@@ -55,7 +61,46 @@ func probeFeatures() (kernelFeatures, error) {
 	f.taskPtRegs = features.HaveProgramHelper(ebpf.PerfEvent, asm.FnTaskPtRegs) == nil
 	f.findVMA = features.HaveProgramHelper(ebpf.PerfEvent, asm.FnFindVma) == nil &&
 		(runtime.GOARCH != "arm64" || KernelAtLeast(KernelRelease(), "6.0"))
+	f.onDemandHash = probeOnDemandHash()
 	return f, nil
+}
+
+// probeOnDemandHash loads a perf_event program that refers to a hash map
+// without preallocation: kernels before 6.1 refuse it ("perf_event
+// programs can only use preallocated hash map").
+func probeOnDemandHash() bool {
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1, Flags: unix.BPF_F_NO_PREALLOC})
+	if err != nil {
+		return false
+	}
+	defer m.Close()
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.PerfEvent, License: "GPL", Instructions: asm.Instructions{
+		asm.LoadMapPtr(asm.R1, m.FD()),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+	}})
+	if err != nil {
+		return false
+	}
+	p.Close()
+	return true
+}
+
+// preallocateHashMaps clears BPF_F_NO_PREALLOC from the hash maps of spec,
+// for kernels whose perf_event programs cannot use them otherwise. They
+// then take their full size in memory at load (tries always allocate on
+// demand and are left alone).
+func preallocateHashMaps(spec *ebpf.CollectionSpec) {
+	var names []string
+	for name, ms := range spec.Maps {
+		if ms.Type == ebpf.Hash && ms.Flags&unix.BPF_F_NO_PREALLOC != 0 {
+			ms.Flags &^= unix.BPF_F_NO_PREALLOC
+			names = append(names, fmt.Sprintf("%s (%d entries)", name, ms.MaxEntries))
+		}
+	}
+	sort.Strings(names)
+	log.Infof("Kernel %s: BPF perf_event programs can use hash maps allocated on demand from 6.1 on; "+
+		"preallocating %s", KernelRelease(), strings.Join(names, ", "))
 }
 
 // MinKernel is the oldest kernel release supported: the BPF ring buffer

@@ -112,9 +112,11 @@ func New(cfg Config) (*Tracer, error) {
 	if err := scaleMaps(spec, cfg.MapScaleFactor); err != nil {
 		return nil, err
 	}
+	if !feats.onDemandHash {
+		preallocateHashMaps(spec)
+	}
 	if err := setConstants(spec, map[string]any{
 		"have_task_pt_regs":   boolToU32(feats.taskPtRegs),
-		"have_find_vma":       boolToU32(feats.findVMA),
 		"page_shift":          uint32(bits.TrailingZeros(uint(os.Getpagesize()))),
 		"events_wakeup_bytes": uint64(bufBytes / 2),
 		// Five times as often as the process manager re-reads a process's
@@ -129,6 +131,9 @@ func New(cfg Config) (*Tracer, error) {
 		return nil, err
 	}
 
+	if err := chooseNativeUnwinder(spec, feats.findVMA); err != nil {
+		return nil, err
+	}
 	mapWatchSpec := splitMapWatch(spec)
 	scaled, err := createScaledMaps(spec, cfg.MapScaleFactor)
 	if err != nil {
@@ -166,6 +171,25 @@ func New(cfg Config) (*Tracer, error) {
 	return t, nil
 }
 
+// NativeUnwinderNoVMA is the native unwinder built without bpf_find_vma
+// (native_stack.ebpf.c): where the kernel cannot run that helper it is
+// loaded in place of unwind_native, under that name.
+const NativeUnwinderNoVMA = "unwind_native_no_vma"
+
+// chooseNativeUnwinder leaves in spec the variant of the native unwinder
+// the kernel supports, named unwind_native, as the tail-call slot expects.
+func chooseNativeUnwinder(spec *ebpf.CollectionSpec, findVMA bool) error {
+	noVMA, ok := spec.Programs[NativeUnwinderNoVMA]
+	if !ok || spec.Programs["unwind_native"] == nil {
+		return errors.New("BPF object lacks a variant of the native unwinder")
+	}
+	delete(spec.Programs, NativeUnwinderNoVMA)
+	if !findVMA {
+		spec.Programs["unwind_native"] = noVMA
+	}
+	return nil
+}
+
 func boolToU32(b bool) uint32 {
 	if b {
 		return 1
@@ -198,7 +222,12 @@ func setConstants(spec *ebpf.CollectionSpec, values map[string]any) error {
 func loadError(err error) error {
 	var verr *ebpf.VerifierError
 	if errors.As(err, &verr) {
-		return fmt.Errorf("the kernel's verifier rejected a BPF program (kernel %s): %+v", KernelRelease(), verr)
+		// cilium/ebpf names the program first: "program NAME: load program: ...".
+		prog := "a BPF program"
+		if before, _, ok := strings.Cut(err.Error(), ":"); ok && strings.HasPrefix(before, "program ") {
+			prog = "BPF " + before
+		}
+		return fmt.Errorf("the kernel's verifier rejected %s (kernel %s): %+v", prog, KernelRelease(), verr)
 	}
 	if errors.Is(err, unix.EPERM) {
 		return fmt.Errorf("loading BPF programs: %w (needs root; on kernels before 5.11 also a high enough RLIMIT_MEMLOCK)", err)

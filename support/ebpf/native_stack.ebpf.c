@@ -75,12 +75,13 @@ static long resolve_vma(struct task_struct *task, struct vm_area_struct *vma, vo
 }
 
 // The mapping of pc in the current task from its VMAs, for PCs the trie
-// does not cover yet (a new process, new code); NULL when the kernel lacks
-// bpf_find_vma or user space does not know the file.
+// does not cover yet (a new process, new code); NULL without find_vma or
+// when user space does not know the file.
 static __always_inline struct pid_mapping *mapping_from_vma(struct unwind_state *state, u64 pc,
-                                                            struct pid_mapping *out)
+                                                            struct pid_mapping *out,
+                                                            const int find_vma)
 {
-  if (!have_find_vma)
+  if (!find_vma)
     return 0;
   if (pc < state->vma_start || pc >= state->vma_end) {
     struct vma_lookup l = {};
@@ -218,8 +219,16 @@ static __always_inline int step_delta(struct unwind_state *state, const struct u
   return ra < MIN_CODE_ADDRESS ? 1 : 0;
 }
 
-SEC("perf_event")
-int unwind_native(struct bpf_perf_event_data *ctx)
+// The native unwinder's body. It is built twice: with find_vma, PCs outside
+// the mapping trie are resolved from the task's VMAs with bpf_find_vma
+// (5.17), so a process's first samples unwind before user space has read
+// its mappings; without, that helper's callback is not in the program. A
+// kernel that cannot run the callback rejects the whole program even where
+// the call is dead code (5.10: "number of funcs in func_info doesn't match
+// number of subprogs"; arm64 before 6.0 JITs no tail calls from programs
+// with subprograms), so user space loads the variant the kernel supports
+// into the PROG_UNWIND_NATIVE slot.
+static __always_inline int unwind_native_frames(struct bpf_perf_event_data *ctx, const int find_vma)
 {
   struct record *r = get_record();
   if (!r)
@@ -234,7 +243,7 @@ int unwind_native(struct bpf_perf_event_data *ctx)
     if (!m) {
       increment_metric(METRIC_ERR_NO_MAPPING);
       report_unknown_pc(t->pid);
-      m = mapping_from_vma(state, lookup_pc, &from_vma);
+      m = mapping_from_vma(state, lookup_pc, &from_vma, find_vma);
     }
     u64 file_id = 0, addr = state->pc;
     if (m) {
@@ -282,3 +291,9 @@ int unwind_native(struct bpf_perf_event_data *ctx)
   }
   return tail_call_next(ctx, r, PROG_UNWIND_NATIVE);
 }
+
+SEC("perf_event")
+int unwind_native(struct bpf_perf_event_data *ctx) { return unwind_native_frames(ctx, 1); }
+
+SEC("perf_event")
+int unwind_native_no_vma(struct bpf_perf_event_data *ctx) { return unwind_native_frames(ctx, 0); }

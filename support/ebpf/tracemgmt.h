@@ -22,11 +22,6 @@ volatile const u64 unknown_pc_report_interval = 0;
 // memory, which is gone once the process exits, and owes APM agents their
 // correlation messages within the delay it announced.
 volatile const u64 trace_wakeup_latency = 0;
-// Set when bpf_find_vma (5.17) is available and may be mixed with tail
-// calls: PCs outside the mapping trie are then resolved from the task's
-// VMAs, so a process's first samples unwind before user space has read its
-// mappings.
-volatile const u32 have_find_vma = 0;
 // log2 of the page size (vm_pgoff is in pages).
 volatile const u32 page_shift = 12;
 
@@ -122,7 +117,7 @@ struct {
 } delta_pages SEC(".maps");
 
 // Files whose deltas are loaded, by the kernel's name for them, for PCs the
-// trie does not cover (see have_find_vma).
+// trie does not cover (see unwind_native_frames).
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
   __uint(max_entries, 1 << 14);

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"compress/gzip"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// cpioEntry is one entry read back from a "newc" archive.
+type cpioEntry struct {
+	name string
+	mode uint32
+	rdev uint64
+	data string
+}
+
+func readCPIO(t *testing.T, b []byte) []cpioEntry {
+	t.Helper()
+	var out []cpioEntry
+	for off := 0; ; {
+		if len(b)-off < 110 || string(b[off:off+6]) != "070701" {
+			t.Fatalf("no header at offset %d", off)
+		}
+		field := func(i int) uint32 {
+			v, err := strconv.ParseUint(string(b[off+6+8*i:off+14+8*i]), 16, 32)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return uint32(v)
+		}
+		size, nameSize := int(field(6)), int(field(11))
+		name := string(b[off+110 : off+110+nameSize-1])
+		dataOff := off + 110 + nameSize
+		dataOff += (4 - dataOff%4) % 4
+		if name == "TRAILER!!!" {
+			return out
+		}
+		out = append(out, cpioEntry{name, field(1), unix.Mkdev(field(9), field(10)), string(b[dataOff : dataOff+size])})
+		off = dataOff + size
+		off += (4 - off%4) % 4
+	}
+}
+
+func TestWriteInitramfs(t *testing.T) {
+	root := t.TempDir()
+	for path, data := range map[string]string{"init": "#!binary", "a/b/c.so": "lib", "vmtest.args": "x\n"} {
+		p := filepath.Join(root, path)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("b/c.so", filepath.Join(root, "a", "link")); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "initramfs.cpio.gz")
+	if err := writeInitramfs(root, out); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range readCPIO(t, b) {
+		got = append(got, e.name+" "+strconv.FormatUint(uint64(e.mode), 8)+" "+
+			strconv.FormatUint(e.rdev, 16)+" "+e.data)
+	}
+	want := []string{
+		"a 40755 0 ",
+		"a/b 40755 0 ",
+		"a/b/c.so 100755 0 lib",
+		"a/link 120777 0 b/c.so",
+		"init 100755 0 #!binary",
+		"vmtest.args 100755 0 x\n",
+		"dev 40755 0 ",
+		"dev/console 20600 501 ",
+	}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("archive holds\n%q\nwant\n%q", got, want)
+	}
+}
+
+// serialLog is a VM's console as the runner reads it, kernel noise
+// included.
+const serialLog = `[    0.000000] Linux version 5.10.0-32-cloud-arm64
+kernel-matrix init: kernel=5.10.0-32-cloud-arm64 machine=aarch64 cpus=2 uptime=1.52s
+=== RUN   TestProgramsLoad
+    programs_test.go:49: kernel matrix: kernel=5.10.0-32-cloud-arm64 programs=7/8 largest=unwind_native=301234 perf_attach="ioctl" map_watch="kprobe on perf_event_mmap"
+--- PASS: TestProgramsLoad (3.34s)
+=== RUN   TestUnwindWithoutFramePointers
+    --- PASS: TestUnwindWithoutFramePointers/Go,_stripped (6.60s)
+    --- FAIL: TestUnwindWithoutFramePointers/cgo,_stripped (6.81s)
+--- FAIL: TestUnwindWithoutFramePointers (13.4s)
+kernel-matrix init: exit=1 test_wall=55.1s uptime=57.05s
+`
+
+func TestParseSerialLog(t *testing.T) {
+	var r result
+	r.parse([]byte(serialLog), []string{"TestProgramsLoad", "TestUnwindWithoutFramePointers/Go,_stripped",
+		"TestUnwindWithoutFramePointers/cgo,_stripped", "TestFramePointerChain"})
+	if r.kernel != "5.10.0-32-cloud-arm64" || r.exit != 1 || r.programs != "7/8" ||
+		r.largest != "unwind_native=301234" || r.perfAttach != "ioctl" || r.mapWatch != "kprobe on perf_event_mmap" {
+		t.Errorf("parsed %+v", r)
+	}
+	if strings.Join(r.passed, ",") != "TestProgramsLoad,TestUnwindWithoutFramePointers/Go,_stripped" ||
+		strings.Join(r.missing, ",") != "TestUnwindWithoutFramePointers/cgo,_stripped,TestFramePointerChain" ||
+		len(r.failed) != 2 {
+		t.Errorf("passed %q, missing %q, failed %q", r.passed, r.missing, r.failed)
+	}
+	if r.ok() {
+		t.Error("a kernel with a failed test is ok")
+	}
+
+	// All expected tests passed, but the binary never finished (the VM
+	// timed out): not ok.
+	r = result{}
+	r.parse([]byte(strings.Split(serialLog, "=== RUN   TestUnwind")[0]), []string{"TestProgramsLoad"})
+	if r.exit != -2 || r.ok() {
+		t.Errorf("a VM that never finished: exit %d, ok %v", r.exit, r.ok())
+	}
+	r = result{}
+	r.parse([]byte(strings.Replace(serialLog, "exit=1", "exit=0", 1)), []string{"TestProgramsLoad"})
+	if r.ok() {
+		t.Error("ok although a test failed")
+	}
+}

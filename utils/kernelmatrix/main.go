@@ -1,0 +1,242 @@
+// Command kernelmatrix runs the BPF integration tests on every kernel the
+// profiler supports: for each kernel series and architecture it boots
+// Debian's kernel under qemu (software emulation) with an initramfs of
+// its own (vminit as PID 1, the test binary built for the architecture,
+// the workloads built ahead on this machine and the libraries they need)
+// and prints a table of what each kernel did. It exits 1 if any kernel
+// rejected a program or missed an expected stack.
+//
+//	go run ./utils/kernelmatrix [-kernels 5.10,6.1] [-arch arm64] [-run REGEX] [-v]
+//
+// Run it as root from the repository (make kernel-matrix): it fetches the
+// kernels with utils/kernelmatrix/fetch-kernel.sh, which caches them.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// defaultRun selects the tests each VM runs: every program loads and
+// attaches, sampling switches off and on, and the stacks of the
+// frame-pointer C workload, the kernel, and the workloads without frame
+// pointers whose unwinders need no runtime in the VM (stripped C, libc
+// calling back, the vDSO, Go and cgo).
+const defaultRun = `^(TestProgramsLoad|TestSamplingSwitch|TestFramePointerChain|TestKernelFramesAboveUser|` +
+	`TestUnwindWithoutFramePointers)$/^(C_|libc|vDSO|Go|cgo)`
+
+func main() {
+	kernels := flag.String("kernels", "5.10,6.1,6.12,7.2", "kernel series to boot (comma-separated)")
+	arches := flag.String("arch", "amd64,arm64", "architectures (comma-separated)")
+	run := flag.String("run", defaultRun, "the tests to run in each VM (go test -run)")
+	vmTimeout := flag.Duration("vm-timeout", 10*time.Minute, "longest one VM may run")
+	work := flag.String("work", "", "directory for initramfs trees and serial logs (default: a new temporary one, removed when all pass)")
+	verbose := flag.Bool("v", false, "print each VM's serial console as it runs")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "kernelmatrix: unexpected arguments %q\n", flag.Args())
+		os.Exit(2)
+	}
+	if err := matrix(*kernels, *arches, *run, *work, *vmTimeout, *verbose); err != nil {
+		fmt.Fprintf(os.Stderr, "kernelmatrix: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func matrix(kernels, arches, run, work string, vmTimeout time.Duration, verbose bool) error {
+	start := time.Now()
+	if _, err := os.Stat("go.mod"); err != nil {
+		return errors.New("run from the repository's top directory")
+	}
+	keep := work != ""
+	if !keep {
+		var err error
+		if work, err = os.MkdirTemp("", "kernelmatrix-"); err != nil {
+			return err
+		}
+	}
+	var results []result
+	for _, arch := range strings.Split(arches, ",") {
+		tg, ok := targets[arch]
+		if !ok {
+			return fmt.Errorf("unknown architecture %q (want amd64 or arm64)", arch)
+		}
+		t0 := time.Now()
+		vm, err := prepare(tg, filepath.Join(work, arch), run)
+		if err != nil {
+			return fmt.Errorf("preparing the %s VM: %w", arch, err)
+		}
+		fmt.Printf("kernelmatrix: %s initramfs ready in %.1fs: %d tests expected to pass\n", arch, time.Since(t0).Seconds(), len(vm.expected))
+		for _, series := range strings.Split(kernels, ",") {
+			r := boot(vm, series, filepath.Join(work, fmt.Sprintf("serial-%s-%s.log", series, arch)), vmTimeout, verbose)
+			fmt.Printf("kernelmatrix: %s %s: %s\n", series, arch, r.summary())
+			results = append(results, r)
+		}
+	}
+	printTable(os.Stdout, results)
+	fmt.Printf("\nkernelmatrix: %d VMs in %.0fs\n", len(results), time.Since(start).Seconds())
+	failed := 0
+	for _, r := range results {
+		if !r.ok() {
+			failed++
+			r.printFailure(os.Stdout)
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d kernels failed (serial logs in %s)", failed, len(results), work)
+	}
+	if !keep {
+		os.RemoveAll(work)
+	}
+	return nil
+}
+
+// vm is an architecture's initramfs and the tests expected to pass in it.
+type vm struct {
+	target
+	initramfs string
+	expected  []string
+}
+
+// prepare builds dir/root (vminit, the test binary, the workloads and their
+// libraries) into dir/initramfs.cpio.gz.
+func prepare(tg target, dir, run string) (*vm, error) {
+	root := filepath.Join(dir, "root")
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, err
+	}
+	cross := []string{"CGO_ENABLED=0", "GOARCH=" + tg.goarch}
+	if _, err := command(cross, "go", "build", "-trimpath", "-o", filepath.Join(root, "init"), "./utils/kernelmatrix/vminit"); err != nil {
+		return nil, err
+	}
+	if _, err := command(cross, "go", "test", "-c", "-trimpath", "-o", filepath.Join(root, "integration.test"), "./test/integration"); err != nil {
+		return nil, err
+	}
+	// The tests' build steps, run here for the VM's architecture: each
+	// test that gets to profiling skips there, and so is expected to pass
+	// in the VM.
+	workloads := filepath.Join(root, "workloads")
+	out, err := command([]string{"EBPF_PROFILER_TEST_PREPARE=" + workloads, "EBPF_PROFILER_TEST_GOARCH=" + tg.goarch},
+		"go", "test", "-count=1", "-v", "-run", run, "./test/integration")
+	if err != nil {
+		return nil, err
+	}
+	v := &vm{target: tg, initramfs: filepath.Join(dir, "initramfs.cpio.gz"), expected: testResults(out)["SKIP"]}
+	if len(v.expected) == 0 {
+		return nil, fmt.Errorf("-run %q selects no test that profiles", run)
+	}
+	if err := copySharedLibraries(tg, root, workloads); err != nil {
+		return nil, err
+	}
+	args := []string{"/integration.test", "-test.v", "-test.count=1", "-test.timeout=" + (8 * time.Minute).String(), "-test.run=" + run}
+	env := []string{
+		"PATH=/", "HOME=/tmp", "TMPDIR=/tmp",
+		"LD_LIBRARY_PATH=" + tg.guestLibDir,
+		"EBPF_PROFILER_TEST_INTEGRATION=1",
+		"EBPF_PROFILER_TEST_WORKLOADS=/workloads",
+	}
+	for name, lines := range map[string][]string{"vmtest.args": args, "vmtest.env": env} {
+		if err := os.WriteFile(filepath.Join(root, name), []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+			return nil, err
+		}
+	}
+	return v, writeInitramfs(root, v.initramfs)
+}
+
+// command runs name with env added and returns its standard output; an
+// error carries the output.
+func command(env []string, name string, args ...string) ([]byte, error) {
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("%s %s: %w\n%s%s", name, strings.Join(args, " "), err, out, stderr.Bytes())
+	}
+	return out, nil
+}
+
+// testLineRe matches go test -v's result lines, subtests indented.
+var testLineRe = regexp.MustCompile(`(?m)^\s*--- (PASS|FAIL|SKIP): (\S+)`)
+
+// testResults groups the tests in go test -v output by result.
+func testResults(out []byte) map[string][]string {
+	res := map[string][]string{}
+	for _, m := range testLineRe.FindAllSubmatch(out, -1) {
+		res[string(m[1])] = append(res[string(m[1])], string(m[2]))
+	}
+	return res
+}
+
+// fetchKernel returns the path of a series' kernel for arch and the
+// package it came from.
+func fetchKernel(arch, series string) (path, pkg string, err error) {
+	out, err := command(nil, "utils/kernelmatrix/fetch-kernel.sh", arch, series)
+	if err != nil {
+		return "", "", err
+	}
+	path = strings.TrimSpace(string(out))
+	b, _ := os.ReadFile(path + ".package")
+	return path, strings.TrimSpace(string(b)), nil
+}
+
+// boot runs one VM and reads its serial console into a result.
+func boot(v *vm, series, logPath string, timeout time.Duration, verbose bool) result {
+	r := result{series: series, arch: v.goarch, log: logPath}
+	t0 := time.Now()
+	kernel, pkg, err := fetchKernel(v.goarch, series)
+	r.fetch = time.Since(t0)
+	if err != nil {
+		r.err = err
+		return r
+	}
+	r.pkg = pkg
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	args := append(append([]string{}, v.qemu[1:]...),
+		"-accel", "tcg,thread=multi", "-m", "1G", "-smp", "2",
+		"-kernel", kernel, "-initrd", v.initramfs,
+		// panic=-1 and -no-reboot end the VM at once should the kernel
+		// panic (a broken initramfs, PID 1 exiting).
+		"-append", "console="+v.console+" panic=-1 loglevel=4",
+		"-nographic", "-no-reboot", "-monitor", "none", "-serial", "stdio", "-display", "none", "-nodefaults")
+	cmd := exec.CommandContext(ctx, v.qemu[0], args...)
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		r.err = err
+		return r
+	}
+	defer logFile.Close()
+	var serial bytes.Buffer
+	cmd.Stdout = &serial
+	if verbose {
+		cmd.Stdout = io.MultiWriter(&serial, os.Stdout)
+	}
+	cmd.Stderr = cmd.Stdout
+	t1 := time.Now()
+	err = cmd.Run()
+	r.wall = time.Since(t1)
+	logFile.Write(serial.Bytes())
+	if ctx.Err() != nil {
+		err = fmt.Errorf("the VM ran longer than %v", timeout)
+	}
+	r.parse(serial.Bytes(), v.expected)
+	if err != nil && r.err == nil {
+		r.err = err
+	}
+	return r
+}
