@@ -131,8 +131,8 @@ func New(cfg Config) (*Tracer, error) {
 		return nil, err
 	}
 
-	if err := chooseNativeUnwinder(spec, feats.findVMA); err != nil {
-		return nil, err
+	if !feats.findVMA {
+		delete(spec.Programs, ResolveVMA)
 	}
 	mapWatchSpec := splitMapWatch(spec)
 	scaled, err := createScaledMaps(spec, cfg.MapScaleFactor)
@@ -171,24 +171,10 @@ func New(cfg Config) (*Tracer, error) {
 	return t, nil
 }
 
-// NativeUnwinderNoVMA is the native unwinder built without bpf_find_vma
-// (native_stack.ebpf.c): where the kernel cannot run that helper it is
-// loaded in place of unwind_native, under that name.
-const NativeUnwinderNoVMA = "unwind_native_no_vma"
-
-// chooseNativeUnwinder leaves in spec the variant of the native unwinder
-// the kernel supports, named unwind_native, as the tail-call slot expects.
-func chooseNativeUnwinder(spec *ebpf.CollectionSpec, findVMA bool) error {
-	noVMA, ok := spec.Programs[NativeUnwinderNoVMA]
-	if !ok || spec.Programs["unwind_native"] == nil {
-		return errors.New("BPF object lacks a variant of the native unwinder")
-	}
-	delete(spec.Programs, NativeUnwinderNoVMA)
-	if !findVMA {
-		spec.Programs["unwind_native"] = noVMA
-	}
-	return nil
-}
+// ResolveVMA is the program that looks PCs up in the task's VMAs with
+// bpf_find_vma (native_stack.ebpf.c): loaded only where the kernel supports
+// that; without it, the native unwinder goes on without.
+const ResolveVMA = "resolve_vma"
 
 func boolToU32(b bool) uint32 {
 	if b {
@@ -247,6 +233,9 @@ func (t *Tracer) fillProgArray() error {
 	progs := t.coll.Maps["progs"]
 	for name, idx := range t.shared.Programs {
 		p, ok := t.coll.Programs[name]
+		if !ok && name == ResolveVMA {
+			continue
+		}
 		if !ok {
 			return fmt.Errorf("BPF object lacks program %s for tail-call slot %d", name, idx)
 		}

@@ -57,7 +57,7 @@ struct vma_lookup {
 
 // bpf_find_vma's callback: the VMA's file, if user space loaded its deltas,
 // and the bias of this mapping of it.
-static long resolve_vma(struct task_struct *task, struct vm_area_struct *vma, void *data)
+static long vma_callback(struct task_struct *task, struct vm_area_struct *vma, void *data)
 {
   struct vma_lookup *l = data;
   l->start = vma->vm_start;
@@ -74,34 +74,57 @@ static long resolve_vma(struct task_struct *task, struct vm_area_struct *vma, vo
   return 0;
 }
 
-// The mapping of pc in the current task from its VMAs, for PCs the trie
-// does not cover yet (a new process, new code); NULL without find_vma or
-// when user space does not know the file.
-static __always_inline struct pid_mapping *mapping_from_vma(struct unwind_state *state, u64 pc,
-                                                            struct pid_mapping *out,
-                                                            const int find_vma)
+// PCs the mapping trie does not cover yet (a new process, new code) are
+// looked up in the task's VMAs with bpf_find_vma (5.17), so a process's
+// first samples unwind before user space has read its mappings. That runs
+// in its own program, resolve_vma, which user space loads only where the
+// kernel supports it (not on arm64 before 6.0, whose JIT allows no tail
+// calls in programs with subprograms such as the helper's callback). Kept
+// out of unwind_native because a kernel without the helper rejects the
+// callback even in dead code (5.10: "number of funcs in func_info doesn't
+// match number of subprogs"), and 7.2's verifier stops pruning the unwind
+// loop when the loop calls it (16 frames then exceed 1M instructions).
+SEC("perf_event")
+int resolve_vma(struct bpf_perf_event_data *ctx)
 {
-  if (!find_vma)
+  struct record *r = get_record();
+  if (!r)
     return 0;
-  if (pc < state->vma_start || pc >= state->vma_end) {
-    struct vma_lookup l = {};
-    if (bpf_find_vma(bpf_get_current_task_btf(), pc, resolve_vma, &l, 0)) {
-      increment_metric(METRIC_ERR_VMA_LOOKUP);
-      return 0;
-    }
+  struct unwind_state *state = &r->state;
+  struct vma_lookup l = {};
+  if (bpf_find_vma(bpf_get_current_task_btf(), state->vma_pc, vma_callback, &l, 0)) {
+    increment_metric(METRIC_ERR_VMA_LOOKUP);
+  } else {
     state->vma_start = l.start;
     state->vma_end = l.end;
-    state->vma_file_id = l.file_id;
-    state->vma_bias = l.bias;
+    state->vma_mapping.file_id = l.file_id;
+    state->vma_mapping.bias = l.bias;
   }
-  if (!state->vma_file_id) {
+  return tail_call_next(ctx, r, PROG_UNWIND_NATIVE);
+}
+
+// The mapping of pc from the VMA resolve_vma found, or NULL. The first PC
+// of a sample the trie misses goes to resolve_vma (once: bpf_find_vma works
+// once per sample in interrupt context); where that program is not loaded
+// the tail call falls through and there is no VMA.
+static __always_inline struct pid_mapping *mapping_from_vma(void *ctx, struct unwind_state *state,
+                                                            u64 pc)
+{
+  if (pc < state->vma_start || pc >= state->vma_end) {
+    if (state->vma_tried)
+      return 0;
+    state->vma_tried = 1;
+    state->vma_pc = pc;
+    // Uncounted: MAX_TAIL_CALLS leaves room below the kernel's limit.
+    bpf_tail_call(ctx, &progs, PROG_RESOLVE_VMA);
+    return 0;
+  }
+  if (!state->vma_mapping.file_id) {
     increment_metric(METRIC_ERR_VMA_UNKNOWN_FILE);
     return 0;
   }
   increment_metric(METRIC_VMA_RESOLVED);
-  out->file_id = state->vma_file_id;
-  out->bias = state->vma_bias;
-  return out;
+  return &state->vma_mapping;
 }
 
 // Delta idx of the stack_deltas pool, or NULL.
@@ -197,12 +220,20 @@ static __always_inline int step_delta(struct unwind_state *state, const struct u
     increment_metric(METRIC_ERR_BAD_RULE);
     return -1;
   }
-  if (cfa <= state->sp && !(rule->flags & UNWIND_RULE_STACK_SWITCH)) {
+  // A frame whose return address is still in the link register (arm64)
+  // may have no stack of its own: a leaf, or code before the prologue. The
+  // register holds that address only in the interrupted frame.
+  int ra_in_lr = rule->ra_offset == 0;
+  if (ra_in_lr && state->return_address) {
+    increment_metric(METRIC_ERR_BAD_RULE);
+    return -1;
+  }
+  if ((cfa < state->sp || (cfa == state->sp && !ra_in_lr)) && !(rule->flags & UNWIND_RULE_STACK_SWITCH)) {
     increment_metric(METRIC_ERR_SP_NOT_INCREASING);
     return -1;
   }
   u64 ra = state->lr;
-  if (rule->ra_offset && bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa + rule->ra_offset))) {
+  if (!ra_in_lr && bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa + rule->ra_offset))) {
     increment_metric(METRIC_ERR_DELTA_READ);
     return -1;
   }
@@ -219,16 +250,8 @@ static __always_inline int step_delta(struct unwind_state *state, const struct u
   return ra < MIN_CODE_ADDRESS ? 1 : 0;
 }
 
-// The native unwinder's body. It is built twice: with find_vma, PCs outside
-// the mapping trie are resolved from the task's VMAs with bpf_find_vma
-// (5.17), so a process's first samples unwind before user space has read
-// its mappings; without, that helper's callback is not in the program. A
-// kernel that cannot run the callback rejects the whole program even where
-// the call is dead code (5.10: "number of funcs in func_info doesn't match
-// number of subprogs"; arm64 before 6.0 JITs no tail calls from programs
-// with subprograms), so user space loads the variant the kernel supports
-// into the PROG_UNWIND_NATIVE slot.
-static __always_inline int unwind_native_frames(struct bpf_perf_event_data *ctx, const int find_vma)
+SEC("perf_event")
+int unwind_native(struct bpf_perf_event_data *ctx)
 {
   struct record *r = get_record();
   if (!r)
@@ -239,11 +262,11 @@ static __always_inline int unwind_native_frames(struct bpf_perf_event_data *ctx,
   for (int i = 0; i < NATIVE_FRAMES_PER_PROGRAM; i++) {
     // A return address follows its call: look up the call instruction.
     u64 lookup_pc = state->pc - (state->return_address ? 1 : 0);
-    struct pid_mapping *m = find_mapping(t->pid, lookup_pc), from_vma;
+    struct pid_mapping *m = find_mapping(t->pid, lookup_pc);
     if (!m) {
       increment_metric(METRIC_ERR_NO_MAPPING);
       report_unknown_pc(t->pid);
-      m = mapping_from_vma(state, lookup_pc, &from_vma, find_vma);
+      m = mapping_from_vma(ctx, state, lookup_pc);
     }
     u64 file_id = 0, addr = state->pc;
     if (m) {
@@ -291,9 +314,3 @@ static __always_inline int unwind_native_frames(struct bpf_perf_event_data *ctx,
   }
   return tail_call_next(ctx, r, PROG_UNWIND_NATIVE);
 }
-
-SEC("perf_event")
-int unwind_native(struct bpf_perf_event_data *ctx) { return unwind_native_frames(ctx, 1); }
-
-SEC("perf_event")
-int unwind_native_no_vma(struct bpf_perf_event_data *ctx) { return unwind_native_frames(ctx, 0); }

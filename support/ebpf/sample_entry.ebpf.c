@@ -78,6 +78,7 @@ int sample_entry(struct bpf_perf_event_data *ctx)
   r->state.tail_calls = 0;
   r->state.return_address = 0;
   r->state.vma_end = 0;
+  r->state.vma_tried = 0;
   r->state.python.status = PYTHON_UNKNOWN;
   r->state.python.eval_lo = 0;
 

@@ -186,6 +186,8 @@ enum prog_id {
   PROG_UNWIND_STOP = 0,
   PROG_UNWIND_NATIVE = 1,
   PROG_UNWIND_PYTHON = 2,
+  // Optional: loaded only where bpf_find_vma works (native_stack.ebpf.c).
+  PROG_RESOLVE_VMA = 3,
   PROG_COUNT,
 };
 
@@ -469,11 +471,13 @@ struct unwind_state {
   // The VMA last resolved with bpf_find_vma, which works once per sample
   // in interrupt context (it defers releasing the mmap lock to an
   // irq_work that is busy until the interrupt ends): [vma_start, vma_end)
-  // maps file vma_file_id with bias vma_bias. vma_end is 0 when unset.
+  // maps vma_mapping. vma_end is 0 when unset; vma_pc is the PC
+  // resolve_vma looks up, vma_tried set once it was asked to.
   u64 vma_start;
   u64 vma_end;
-  u64 vma_file_id;
-  u64 vma_bias;
+  struct pid_mapping vma_mapping;
+  u64 vma_pc;
+  u32 vma_tried;
   struct python_walk python;
 };
 

@@ -129,6 +129,9 @@ func prepare(tg target, dir, run string) (*vm, error) {
 	// test that gets to profiling skips there, and so is expected to pass
 	// in the VM.
 	workloads := filepath.Join(root, "workloads")
+	if err := os.Mkdir(workloads, 0o755); err != nil {
+		return nil, err
+	}
 	out, err := command([]string{"EBPF_PROFILER_TEST_PREPARE=" + workloads, "EBPF_PROFILER_TEST_GOARCH=" + tg.goarch},
 		"go", "test", "-count=1", "-v", "-run", run, "./test/integration")
 	if err != nil {
