@@ -115,10 +115,13 @@ var unwindCases = []unwindCase{
 	},
 	{
 		// The C leaf runs on the system stack; the unwinder must cross
-		// back to the goroutine's stack in runtime.asmcgocall.
+		// back to the goroutine's stack in runtime.asmcgocall. Samples in
+		// the runtime's return from the call (exitsyscall: more of them
+		// under emulation, where reading the clock is slow) are whole
+		// too.
 		name:     "cgo, stripped",
 		build:    func(t *testing.T) (string, *symbolTable) { return buildGo(t, "cgochain") },
-		stack:    userStack(`c_leaf;([^;]*Cfunc_c_leaf[^;]*;)?runtime\.asmcgocall;(runtime\.cgocall;)?main\._Cfunc_c_leaf;main\.goTop;main\.main;runtime\.main;runtime\.goexit`),
+		stack:    userStack(`(c_leaf;([^;]*Cfunc_c_leaf[^;]*;)?runtime\.asmcgocall;|([^;]*;)*runtime\.exitsyscall;)(runtime\.cgocall;)?main\._Cfunc_c_leaf;main\.goTop;main\.main;runtime\.main;runtime\.goexit`),
 		minShare: 0.95,
 	},
 	{
@@ -131,6 +134,20 @@ var unwindCases = []unwindCase{
 	},
 }
 
+// pacCase is the stripped C workload with its return addresses signed
+// (arm64 pointer authentication; the kernel matrix's arm64 VMs emulate a
+// CPU that has it): the unwinder must strip the signature from each
+// address it reads from the stack.
+var pacCase = unwindCase{
+	name: "C -O2 -fomit-frame-pointer, return addresses signed, stripped",
+	build: func(t *testing.T) (string, *symbolTable) {
+		bin := buildWorkload(t, "fpchain", "-O2", "-fomit-frame-pointer", "-mbranch-protection=pac-ret+leaf")
+		return bin, stripCopy(t, bin)
+	},
+	stack:    userStack(`cf_leaf;cf_mid;cf_top;` + cRoot),
+	minShare: 0.95,
+}
+
 // maxWarmupSamples bounds the samples of a new process before its first
 // fully unwound one: a second of CPU at testHz.
 const maxWarmupSamples = testHz
@@ -140,7 +157,11 @@ const maxWarmupSamples = testHz
 // unwind them. It logs one line per workload for the accuracy table.
 func TestUnwindWithoutFramePointers(t *testing.T) {
 	requireRoot(t)
-	for _, c := range unwindCases {
+	cases := unwindCases
+	if targetArch() == "arm64" {
+		cases = append(cases, pacCase)
+	}
+	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			bin, syms := c.build(t)
 			s := startSession(t, testHz)

@@ -50,12 +50,17 @@ func skipIfPreparing(t *testing.T) {
 // run on.
 type toolchain struct{ goarch, cc, cxx, strip string }
 
+// targetArch is the GOARCH the workloads run on.
+func targetArch() string {
+	if preparing() && os.Getenv(prepareArch) != "" {
+		return os.Getenv(prepareArch)
+	}
+	return runtime.GOARCH
+}
+
 func targetToolchain(t *testing.T) toolchain {
 	t.Helper()
-	goarch := runtime.GOARCH
-	if preparing() && os.Getenv(prepareArch) != "" {
-		goarch = os.Getenv(prepareArch)
-	}
+	goarch := targetArch()
 	if goarch == runtime.GOARCH {
 		return toolchain{goarch, "gcc", "g++", "strip"}
 	}

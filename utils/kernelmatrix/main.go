@@ -31,7 +31,8 @@ import (
 // attaches, sampling switches off and on, and the stacks of the
 // frame-pointer C workload, the kernel, and the workloads without frame
 // pointers whose unwinders need no runtime in the VM (stripped C, libc
-// calling back, the vDSO, Go and cgo).
+// calling back, the vDSO, Go and cgo, and on arm64 C with signed return
+// addresses).
 const defaultRun = `^(TestProgramsLoad|TestSamplingSwitch|TestFramePointerChain|TestKernelFramesAboveUser|` +
 	`TestUnwindWithoutFramePointers)$/^(C_|libc|vDSO|Go|cgo)`
 
