@@ -227,7 +227,9 @@ func readSymbols(t *testing.T, bin string) *symbolTable {
 	s := &symbolTable{}
 	for _, sym := range syms {
 		typ := elf.ST_TYPE(sym.Info)
-		if sym.Name == "" || (typ != elf.STT_FUNC && typ != elf.STT_NOTYPE) ||
+		// "$x" and "$d" are arm64 mapping symbols (code or data starts
+		// here), not names.
+		if sym.Name == "" || strings.HasPrefix(sym.Name, "$") || (typ != elf.STT_FUNC && typ != elf.STT_NOTYPE) ||
 			sym.Section >= elf.SHN_LORESERVE || int(sym.Section) >= len(f.Sections) ||
 			f.Sections[sym.Section].Flags&elf.SHF_EXECINSTR == 0 {
 			continue
