@@ -228,7 +228,8 @@ static __always_inline int step_delta(struct unwind_state *state, const struct u
     increment_metric(METRIC_ERR_BAD_RULE);
     return -1;
   }
-  if ((cfa < state->sp || (cfa == state->sp && !ra_in_lr)) && !(rule->flags & UNWIND_RULE_STACK_SWITCH)) {
+  if ((cfa < state->sp || (cfa == state->sp && !ra_in_lr)) &&
+      !(rule->flags & UNWIND_RULE_STACK_SWITCH)) {
     increment_metric(METRIC_ERR_SP_NOT_INCREASING);
     return -1;
   }
