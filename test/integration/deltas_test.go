@@ -177,7 +177,6 @@ func TestUnwindWithoutFramePointers(t *testing.T) {
 			s.stop(t)
 
 			samples := s.rec.ofPID(pid)
-			sort.SliceStable(samples, func(i, j int) bool { return samples[i].meta.Time.Before(samples[j].meta.Time) })
 			// The warm-up, until the process manager has read the new
 			// process's files, is measured on its own: its length is what
 			// the machine's speed sets (ten times longer under emulation).

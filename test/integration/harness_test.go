@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"os/exec"
+	"sort"
 	"strconv"
 	"sync"
 	"testing"
@@ -43,7 +44,7 @@ func (r *recorder) ReportSample(t *libpf.Trace, m *libpf.SampleMeta) {
 	r.samples = append(r.samples, sample{t, *m})
 }
 
-// ofPID returns the samples of one process.
+// ofPID returns the samples of one process in the order they were taken.
 func (r *recorder) ofPID(pid int) []sample {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -53,6 +54,7 @@ func (r *recorder) ofPID(pid int) []sample {
 			out = append(out, s)
 		}
 	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].meta.Time.Before(out[j].meta.Time) })
 	return out
 }
 

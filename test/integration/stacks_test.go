@@ -4,7 +4,6 @@ import (
 	"math"
 	"os/exec"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -83,7 +82,6 @@ func TestKernelFramesAboveUser(t *testing.T) {
 	// Before the process manager has read libc's unwind tables, a walk
 	// that starts in libc's read wrapper may end there (the warm-up, as in
 	// TestUnwindWithoutFramePointers).
-	sort.SliceStable(samples, func(i, j int) bool { return samples[i].meta.Time.Before(samples[j].meta.Time) })
 	warmup := slices.IndexFunc(samples, func(smp sample) bool {
 		return hasChain(functionNames(smp.trace), []string{"sc_top", "main"})
 	})
