@@ -1,11 +1,9 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/base64"
 	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
@@ -19,6 +17,8 @@ import (
 	"time"
 
 	profilespb "go.opentelemetry.io/proto/slim/otlp/profiles/v1development"
+
+	"github.com/hostprof/ebpf-profiler/utils/testagent/applog"
 )
 
 // The APM correlation test runs the test agent's application
@@ -147,73 +147,12 @@ func buildTestAgent(t *testing.T) string {
 	return dir
 }
 
-// appLog is what a test application printed.
-type appLog struct {
-	loaded, published uint64
-	txs               []txWindow
-	idles             []window
-	msgs              []agentMessage
-}
-
-type window struct {
-	tid        int
-	start, end uint64
-}
-
-type txWindow struct {
-	window
-	traceID       [16]byte
-	transactionID [8]byte
-	spanID        [8]byte
-}
-
-type agentMessage struct {
-	at   uint64
-	data []byte
-}
-
-func parseAppLog(t *testing.T, out string) *appLog {
+// parseAppLog parses a test application's output.
+func parseAppLog(t *testing.T, out string) *applog.Log {
 	t.Helper()
-	l := &appLog{}
-	u := func(s string) uint64 {
-		n, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("app output: %v", err)
-		}
-		return n
-	}
-	h := func(dst []byte, s string) {
-		b, err := hex.DecodeString(s)
-		if err != nil || len(b) != len(dst) {
-			t.Fatalf("app output: bad id %q", s)
-		}
-		copy(dst, b)
-	}
-	sc := bufio.NewScanner(strings.NewReader(out))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		switch {
-		case len(f) == 2 && f[0] == "loaded":
-			l.loaded = u(f[1])
-		case len(f) == 2 && f[0] == "published":
-			l.published = u(f[1])
-		case len(f) == 4 && f[0] == "idle":
-			l.idles = append(l.idles, window{int(u(f[1])), u(f[2]), u(f[3])})
-		case len(f) == 7 && f[0] == "tx":
-			w := txWindow{window: window{int(u(f[1])), u(f[5]), u(f[6])}}
-			h(w.traceID[:], f[2])
-			h(w.transactionID[:], f[3])
-			h(w.spanID[:], f[4])
-			l.txs = append(l.txs, w)
-		case len(f) == 3 && f[0] == "msg":
-			b, err := hex.DecodeString(f[2])
-			if err != nil {
-				t.Fatalf("app output: %v", err)
-			}
-			l.msgs = append(l.msgs, agentMessage{u(f[1]), b})
-		default:
-			t.Fatalf("app output: unexpected line %q", sc.Text())
-		}
+	l, err := applog.Parse(out)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return l
 }
@@ -280,10 +219,10 @@ type correlation struct {
 
 // decodeMessages splits an agent's messages into registrations (samples
 // delay, host id) and correlations.
-func decodeMessages(t *testing.T, msgs []agentMessage) (delays []time.Duration, hostIDs []string, corr []correlation) {
+func decodeMessages(t *testing.T, msgs []applog.Message) (delays []time.Duration, hostIDs []string, corr []correlation) {
 	t.Helper()
 	for _, m := range msgs {
-		b := m.data
+		b := m.Data
 		if len(b) < 4 {
 			t.Fatalf("message of %d bytes", len(b))
 		}
@@ -297,7 +236,7 @@ func decodeMessages(t *testing.T, msgs []agentMessage) (delays []time.Duration, 
 			delays = append(delays, time.Duration(binary.NativeEndian.Uint32(b[4:]))*time.Millisecond)
 			hostIDs = append(hostIDs, string(b[12:]))
 		case typ == 1 && minor == 1 && len(b) == 46:
-			c := correlation{at: m.at, count: int(binary.NativeEndian.Uint16(b[44:]))}
+			c := correlation{at: m.At, count: int(binary.NativeEndian.Uint16(b[44:]))}
 			copy(c.traceID[:], b[4:20])
 			copy(c.transactionID[:], b[20:28])
 			c.stackTraceID = base64.RawURLEncoding.EncodeToString(b[28:44])
@@ -467,8 +406,8 @@ const maxDaemonRSS = 512 << 20
 func checkHostile(t *testing.T, apps []*appRun, log string, outside, rootOwned int, hwm int64) {
 	for i, hc := range hostileCases {
 		pid := apps[i].cmd.Process.Pid
-		if l := parseAppLog(t, apps[i].output()); len(l.msgs) != 0 {
-			t.Errorf("%s: its own socket received %d messages", hc.name, len(l.msgs))
+		if l := parseAppLog(t, apps[i].output()); len(l.Msgs) != 0 {
+			t.Errorf("%s: its own socket received %d messages", hc.name, len(l.Msgs))
 		}
 		prefix := fmt.Sprintf("process %d: refusing APM socket", pid)
 		refusals := 0
@@ -498,35 +437,35 @@ func checkHostile(t *testing.T, apps []*appRun, log string, outside, rootOwned i
 	}
 }
 
-func checkCorrelation(t *testing.T, l *appLog, pds []*profilespb.ProfilesData, pid int) {
+func checkCorrelation(t *testing.T, l *applog.Log, pds []*profilespb.ProfilesData, pid int) {
 	samples, hostID := appSamples(t, pds, pid)
-	delays, hostIDs, corr := decodeMessages(t, l.msgs)
-	t.Logf("app: %d transactions, %d messages; %d samples exported", len(l.txs), len(l.msgs), len(samples))
+	delays, hostIDs, corr := decodeMessages(t, l.Msgs)
+	t.Logf("app: %d transactions, %d messages; %d samples exported", len(l.Txs), len(l.Msgs), len(samples))
 
 	// Registration: once, with our host id, after the storage was published.
 	if len(hostIDs) != 1 || hostID == "" || hostIDs[0] != hostID {
 		t.Fatalf("registrations with host ids %q, want one with the exported host.id %q", hostIDs, hostID)
 	}
-	if l.msgs[0].data[0] != 2 || l.msgs[0].at < l.published {
+	if l.Msgs[0].Data[0] != 2 || l.Msgs[0].At < l.Published {
 		t.Errorf("the first message is not the registration, or it came before the storage was published")
 	}
 	t.Logf("registration %v after the storage was published (%v after the agent was loaded); samples-delay %v",
-		time.Duration(l.msgs[0].at-l.published), time.Duration(l.msgs[0].at-l.loaded), delays[0])
+		time.Duration(l.Msgs[0].At-l.Published), time.Duration(l.Msgs[0].At-l.Loaded), delays[0])
 
 	// Every linked sample lies in a transaction of its thread and links to
 	// it; no sample outside one is linked.
-	byTx := map[[8]byte]*txWindow{}
-	bySpan := map[[8]byte]*txWindow{}
-	for i := range l.txs {
-		byTx[l.txs[i].transactionID] = &l.txs[i]
-		bySpan[l.txs[i].spanID] = &l.txs[i]
+	byTx := map[[8]byte]*applog.Tx{}
+	bySpan := map[[8]byte]*applog.Tx{}
+	for i := range l.Txs {
+		byTx[l.Txs[i].TransactionID] = &l.Txs[i]
+		bySpan[l.Txs[i].SpanID] = &l.Txs[i]
 	}
 	slack := uint64(stampSlack)
 	var firstLinked uint64
 	exported := map[[8]byte]map[string][]uint64{} // transaction -> stack id -> sample times
 	for _, s := range samples {
-		for _, w := range l.idles {
-			if s.tid == w.tid && s.at > w.start+slack && s.at+slack < w.end && s.linked {
+		for _, w := range l.Idles {
+			if w.Inside(s.tid, s.at, slack) && s.linked {
 				t.Errorf("sample at %d of thread %d, outside any trace, links to %x", s.at, s.tid, s.spanID)
 			}
 		}
@@ -535,31 +474,31 @@ func checkCorrelation(t *testing.T, l *appLog, pds []*profilespb.ProfilesData, p
 		}
 		w := bySpan[s.spanID]
 		switch {
-		case w == nil || w.traceID != s.traceID:
+		case w == nil || w.TraceID != s.traceID:
 			t.Errorf("sample links to an unknown trace %x/%x", s.traceID, s.spanID)
 			continue
-		case w.tid != s.tid || s.at+slack < w.start || s.at > w.end+slack:
+		case w.TID != s.tid || s.at+slack < w.Start || s.at > w.End+slack:
 			t.Errorf("sample of thread %d at %d links to the transaction of thread %d in [%d, %d]",
-				s.tid, s.at, w.tid, w.start, w.end)
+				s.tid, s.at, w.TID, w.Start, w.End)
 		case s.stackTraceID == "":
 			t.Errorf("linked sample without a stack-trace id")
 		}
 		if firstLinked == 0 || s.at < firstLinked {
 			firstLinked = s.at
 		}
-		if exported[w.transactionID] == nil {
-			exported[w.transactionID] = map[string][]uint64{}
+		if exported[w.TransactionID] == nil {
+			exported[w.TransactionID] = map[string][]uint64{}
 		}
-		exported[w.transactionID][s.stackTraceID] = append(exported[w.transactionID][s.stackTraceID], s.at)
+		exported[w.TransactionID][s.stackTraceID] = append(exported[w.TransactionID][s.stackTraceID], s.at)
 	}
 	if firstLinked == 0 {
 		t.Fatal("no exported sample links to a trace")
 	}
 	t.Logf("first linked sample %v after the agent was loaded (the daemon knew the process before)",
-		time.Duration(firstLinked-l.loaded))
-	if time.Duration(firstLinked-l.loaded) > 5*time.Second {
+		time.Duration(firstLinked-l.Loaded))
+	if time.Duration(firstLinked-l.Loaded) > 5*time.Second {
 		t.Errorf("the agent loaded into a known process was found after %v, want within 5s",
-			time.Duration(firstLinked-l.loaded))
+			time.Duration(firstLinked-l.Loaded))
 	}
 
 	// Correlation messages carry the stack-trace ids of the linked samples,
@@ -567,7 +506,7 @@ func checkCorrelation(t *testing.T, l *appLog, pds []*profilespb.ProfilesData, p
 	sent := map[[8]byte]map[string]int{}
 	for _, c := range corr {
 		w := byTx[c.transactionID]
-		if w == nil || w.traceID != c.traceID {
+		if w == nil || w.TraceID != c.traceID {
 			t.Errorf("correlation for an unknown transaction %x/%x", c.traceID, c.transactionID)
 			continue
 		}
@@ -578,7 +517,7 @@ func checkCorrelation(t *testing.T, l *appLog, pds []*profilespb.ProfilesData, p
 	}
 	threads := map[int]bool{}
 	for tx, stacks := range exported {
-		threads[byTx[tx].tid] = true
+		threads[byTx[tx].TID] = true
 		for id, times := range stacks {
 			if sent[tx][id] != len(times) {
 				t.Errorf("transaction %x, stack %s: %d samples exported, %d in correlation messages",
@@ -601,18 +540,18 @@ func checkCorrelation(t *testing.T, l *appLog, pds []*profilespb.ProfilesData, p
 	// thread in the transaction's window, for transactions that began
 	// after the agent was found.
 	var checked, within int
-	for _, w := range l.txs {
-		if w.start < firstLinked {
+	for _, w := range l.Txs {
+		if w.Start < firstLinked {
 			continue
 		}
 		inWindow := 0
 		for _, s := range samples {
-			if s.tid == w.tid && s.at+slack >= w.start && s.at <= w.end+slack {
+			if s.tid == w.TID && s.at+slack >= w.Start && s.at <= w.End+slack {
 				inWindow++
 			}
 		}
 		n := 0
-		for _, c := range sent[w.transactionID] {
+		for _, c := range sent[w.TransactionID] {
 			n += c
 		}
 		checked++
@@ -620,7 +559,7 @@ func checkCorrelation(t *testing.T, l *appLog, pds []*profilespb.ProfilesData, p
 			within++
 		} else {
 			t.Errorf("transaction %x of thread %d: %d samples correlated, %d samples of the thread in its window",
-				w.transactionID, w.tid, n, inWindow)
+				w.TransactionID, w.TID, n, inWindow)
 		}
 	}
 	t.Logf("%d of %d transactions within ±10%% of the thread's samples", within, checked)
@@ -632,7 +571,7 @@ func checkCorrelation(t *testing.T, l *appLog, pds []*profilespb.ProfilesData, p
 	// (transaction, stack) count that stack's samples in time order. The
 	// samples taken before the agent's registration waited for its storage
 	// and are left out.
-	registered := l.msgs[0].at
+	registered := l.Msgs[0].At
 	var lat []time.Duration
 	for tx, stacks := range exported {
 		for id, times := range stacks {

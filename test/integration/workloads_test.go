@@ -178,6 +178,24 @@ func buildDlopen(t *testing.T) (bin, lib string, syms *symbolTable) {
 	return bin, lib, stripCopy(t, bin)
 }
 
+// buildTestAgent builds utils/testagent, the test APM agent library and
+// the application that loads it, and returns their paths.
+func buildTestAgent(t *testing.T) (agent, app string) {
+	t.Helper()
+	tc := targetToolchain(t)
+	arch := map[string]string{"amd64": "x86_64", "arm64": "aarch64"}[tc.goarch]
+	app, build := workloadPath(t, "app", "testagent", arch)
+	dir, err := filepath.Abs(filepath.Dir(app)) // make runs elsewhere
+	if err != nil {
+		t.Fatal(err)
+	}
+	if build {
+		run(t, filepath.Join(workloadDir(""), "..", "testagent"), nil,
+			"make", "-s", "OUT="+dir, "ARCH="+arch, "CC="+tc.cc)
+	}
+	return filepath.Join(dir, "elastic-jvmti-linux-"+arch+".so"), filepath.Join(dir, "app")
+}
+
 // workloadDir is utils/workloads/<name>.
 func workloadDir(name string) string {
 	_, here, _, _ := runtime.Caller(0)
