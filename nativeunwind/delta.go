@@ -25,6 +25,11 @@ const (
 	// pushed (PC & 15 >= CFAOffset). CFAOffset is 11 for classic PLTs and
 	// 10 for IBT PLTs, as the linker's CFI expression says.
 	CFAPLT
+	// CFAGoCgo: Go's runtime.asmcgocall calling C on the system stack,
+	// where neither SP nor FP leads back to its frame: CFA = the
+	// goroutine's SP, found from what asmcgocall saved at SP, + CFAOffset;
+	// FPOffset and RAOffset as for CFASP.
+	CFAGoCgo
 )
 
 func (b CFABase) String() string {
@@ -41,6 +46,8 @@ func (b CFABase) String() string {
 		return "signal"
 	case CFAPLT:
 		return "plt"
+	case CFAGoCgo:
+		return "gocgo"
 	default:
 		return fmt.Sprintf("CFABase(%d)", uint8(b))
 	}
@@ -73,7 +80,7 @@ type Rule struct {
 
 func (r Rule) String() string {
 	switch r.CFA {
-	case CFASP, CFAFP:
+	case CFASP, CFAFP, CFAGoCgo:
 		s := fmt.Sprintf("cfa=%s%+d fp=%s ra=%s", r.CFA, r.CFAOffset, slot(r.FPOffset), slot(r.RAOffset))
 		if r.RASigned {
 			s += " pac"

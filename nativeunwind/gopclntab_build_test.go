@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -43,6 +44,7 @@ var goBuilds = []goBuild{
 	{name: "arm64", goarch: "arm64"},
 	{name: "arm64-pie", goarch: "arm64", pie: true, noReplay: true},
 	{name: "arm64-pie-stripped", goarch: "arm64", pie: true, strip: true, twin: "arm64-pie"},
+	{name: "arm64-cgo-pie", goarch: "arm64", cgo: true, pie: true},
 	{name: "amd64-go1.21", goarch: "amd64", toolchain: "go1.21.0"},
 	{name: "amd64-go1.22-cgo-pie", goarch: "amd64", cgo: true, pie: true, toolchain: "go1.22.0"},
 	// Found by the runtime.pclntab symbol: the section is renamed.
@@ -52,6 +54,10 @@ var goBuilds = []goBuild{
 	{name: "amd64-cgo-pie-nosections", twin: "amd64-cgo-pie", derive: dropSectionHeaders},
 	{name: "arm64-pie-nosections", twin: "arm64-pie", derive: dropSectionHeaders},
 }
+
+// crossCC are the C compilers of cgo builds for another architecture
+// (.ci/install-test-deps.sh installs them).
+var crossCC = map[string]string{"arm64": "aarch64-linux-gnu-gcc", "amd64": "x86_64-linux-gnu-gcc"}
 
 // goBuildSet builds variants on demand into one temporary directory.
 type goBuildSet struct {
@@ -142,6 +148,9 @@ func (s *goBuildSet) build(t *testing.T, b goBuild, out string) {
 	}
 	cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH="+b.goarch, "CGO_ENABLED="+cgo,
 		"GOTOOLCHAIN="+toolchain, "GOWORK=off", "GOFLAGS=-buildvcs=false")
+	if b.cgo && b.goarch != runtime.GOARCH {
+		cmd.Env = append(cmd.Env, "CC="+crossCC[b.goarch])
+	}
 	if outb, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, outb)
 	}

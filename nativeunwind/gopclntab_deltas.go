@@ -46,6 +46,12 @@ type goArch struct {
 	frame         func(code []byte) (saved bool, fpFrom uint64)
 	// signal are the signal return trampolines Go installs itself.
 	signal []string
+	// cgoCall is the instruction with which runtime.asmcgocall calls C
+	// (0: it needs no rule of its own). arm64 loads the system stack's
+	// frame pointer before the call, so there only CFAGoCgo leads back to
+	// the goroutine's frame; amd64 leaves BP on the goroutine's stack and
+	// the frame pointer rule holds.
+	cgoCall uint32
 }
 
 func goArchOf(m elf.Machine) (*goArch, error) {
@@ -140,6 +146,7 @@ var goARM64 = goArch{
 		}
 		return false, 0
 	},
+	cgoCall: 0xd63f0020, // blr x1
 }
 
 // Functions whose frames end a stack: a goroutine's stack starts in
@@ -236,7 +243,11 @@ func (t *pclntab) deltas(a *goArch, code codeReader) (Deltas, error) {
 			continue
 		}
 		switcher := goStackSwitchers[name] || f.flag&funcFlagSPWrite != 0
-		if err := t.spDeltas(&w, f, a, code, switcher); err != nil {
+		var cgoCalls []uint64
+		if name == "runtime.asmcgocall" {
+			cgoCalls = a.cgoCalls(f, code)
+		}
+		if err := t.spDeltas(&w, f, a, code, switcher, cgoCalls); err != nil {
 			return nil, fmt.Errorf("pclntab: %s at %#x: %w", name, f.entry, err)
 		}
 	}
@@ -263,6 +274,40 @@ func (w *deltaWriter) add(addr uint64, r Rule) {
 	w.out = append(w.out, Delta{Address: addr, Rule: r})
 }
 
+// overlay gives [at, end) rule r within the last rule written, which
+// resumes at end; it does nothing if that rule starts after at.
+func (w *deltaWriter) overlay(at, end uint64, r Rule) {
+	n := len(w.out)
+	if n == 0 || w.out[n-1].Address > at {
+		return
+	}
+	prev := w.out[n-1].Rule
+	w.add(at, r)
+	w.add(end, prev)
+}
+
+// maxCgoCallScan bounds the code of runtime.asmcgocall searched for its
+// calls into C (about 240 bytes on arm64).
+const maxCgoCallScan = 1024
+
+// cgoCalls returns the addresses of f's instructions that are a.cgoCall.
+func (a *goArch) cgoCalls(f goFunc, code codeReader) []uint64 {
+	if a.cgoCall == 0 || code == nil {
+		return nil
+	}
+	b, err := code(f.entry, min(f.end-f.entry, maxCgoCallScan))
+	if err != nil {
+		return nil
+	}
+	var calls []uint64
+	for off := 0; off+4 <= len(b); off += 4 {
+		if binary.LittleEndian.Uint32(b[off:]) == a.cgoCall {
+			calls = append(calls, f.entry+uint64(off))
+		}
+	}
+	return calls
+}
+
 // frameInfo is how a function sets up its frame.
 type frameInfo struct {
 	saved   bool   // FP (and arm64 LR) saved where compiled code saves them
@@ -273,8 +318,9 @@ type frameInfo struct {
 // spDeltas appends f's rules from its pcsp table, and an unknown rule for
 // the padding after its code. A stack switcher (see goStackSwitchers)
 // gets frame pointer rules where its frame pointer is set, SP rules
-// where it has no frame and no rule where neither holds.
-func (t *pclntab) spDeltas(w *deltaWriter, f goFunc, a *goArch, code codeReader, switcher bool) error {
+// where it has no frame and no rule where neither holds. The calls into C
+// at cgoCalls get CFAGoCgo rules.
+func (t *pclntab) spDeltas(w *deltaWriter, f goFunc, a *goArch, code codeReader, switcher bool, cgoCalls []uint64) error {
 	fi := frameInfo{saved: code == nil && !switcher}
 	if f.flag&funcFlagAsm == 0 && !switcher {
 		fi.saved = true
@@ -320,6 +366,13 @@ func (t *pclntab) spDeltas(w *deltaWriter, f goFunc, a *goArch, code codeReader,
 			}
 		default:
 			w.add(it.pc, a.fpRule(it.val))
+		}
+		for _, c := range cgoCalls {
+			if it.val > 0 && it.pc <= c && c < it.nextPC {
+				r := a.rule(it.val, true)
+				r.CFA, r.StackSwitch = CFAGoCgo, true
+				w.overlay(c, c+4, r)
+			}
 		}
 	}
 	if it.nextPC < f.end {

@@ -3,6 +3,7 @@ package nativeunwind
 import (
 	"debug/elf"
 	"debug/gosym"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os/exec"
@@ -525,4 +526,46 @@ func arm64SPEffect(asm, next string, pc uint64, st *replayState) spEffect {
 		return spEffect{writes: true}
 	}
 	return spEffect{}
+}
+
+// TestGoCgoCallRules: on arm64, runtime.asmcgocall calls C with the system
+// stack's frame pointer loaded, so its calls (blr x1, where the goroutine
+// and the system stack paths call C) need the CFAGoCgo rule, with its
+// 16-byte frame's return address and frame pointer slots; on amd64 the
+// frame pointer rule holds and no rule is CFAGoCgo.
+func TestGoCgoCallRules(t *testing.T) {
+	set := newGoBuildSet(t)
+	for _, c := range []struct {
+		build string
+		calls int
+	}{{"amd64-cgo-pie", 0}, {"arm64-cgo-pie", 2}} {
+		t.Run(c.build, func(t *testing.T) {
+			path := set.path(t, c.build)
+			_, deltas := readGoFile(t, path)
+			f, err := elf.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			want := Rule{CFA: CFAGoCgo, StackSwitch: true, CFAOffset: 16, RAOffset: -16, FPOffset: -24}
+			calls := 0
+			for i, d := range deltas {
+				if d.Rule.CFA != CFAGoCgo {
+					continue
+				}
+				calls++
+				code, err := elfImage{f}.read(d.Address, 4)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Rule != want || i+1 == len(deltas) || deltas[i+1].Address != d.Address+4 ||
+					binary.LittleEndian.Uint32(code) != 0xd63f0020 {
+					t.Errorf("%#x: %v on %x up to %#x, want %v on one blr x1", d.Address, d.Rule, code, deltas[i+1].Address, want)
+				}
+			}
+			if calls != c.calls {
+				t.Errorf("%d CFAGoCgo rules, want %d", calls, c.calls)
+			}
+		})
+	}
 }

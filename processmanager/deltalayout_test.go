@@ -98,6 +98,7 @@ func TestCFABaseMatchesBPF(t *testing.T) {
 	want := map[string]nativeunwind.CFABase{
 		"CFA_UNKNOWN": nativeunwind.CFAUnknown, "CFA_SP": nativeunwind.CFASP, "CFA_FP": nativeunwind.CFAFP,
 		"CFA_STOP": nativeunwind.CFAStop, "CFA_SIGNAL": nativeunwind.CFASignal, "CFA_PLT": nativeunwind.CFAPLT,
+		"CFA_GO_CGO": nativeunwind.CFAGoCgo,
 	}
 	if len(e.Values) != len(want) {
 		t.Errorf("BPF has %d CFA bases, nativeunwind %d", len(e.Values), len(want))

@@ -195,6 +195,40 @@ static __always_inline int step_signal_frame(struct unwind_state *state)
 #endif
 }
 
+// Offset of g.stack.hi in Go's runtime.g, which starts with its stack
+// bounds, struct stack { lo, hi uintptr } (runtime/runtime2.go).
+#define GO_G_STACK_HI 8
+
+// Finds the goroutine's SP of a runtime.asmcgocall that called C on the
+// system stack. Before the call it stored two words at SP: the goroutine's
+// g and how far below g.stack.hi its SP was (the goroutine's stack may move
+// while C runs), or 0 and the SP itself when it already ran on the system
+// stack (runtime/asm_arm64.s and asm_amd64.s, asmcgocall; the two differ
+// in the order of the words). Returns 0 on success, -1 if unreadable.
+static __always_inline int go_cgo_goroutine_sp(const struct unwind_state *state, u64 *sp)
+{
+  u64 saved[2], hi;
+  if (bpf_probe_read_user(saved, sizeof(saved), (void *)state->sp)) {
+    increment_metric(METRIC_ERR_DELTA_READ);
+    return -1;
+  }
+#if defined(__TARGET_ARCH_x86)
+  u64 g = saved[1], depth = saved[0];
+#else
+  u64 g = saved[0], depth = saved[1];
+#endif
+  if (!g) {
+    *sp = depth;
+    return 0;
+  }
+  if (bpf_probe_read_user(&hi, sizeof(hi), (void *)(g + GO_G_STACK_HI))) {
+    increment_metric(METRIC_ERR_DELTA_READ);
+    return -1;
+  }
+  *sp = hi - depth;
+  return 0;
+}
+
 // Steps to the caller with a stack delta's rule. Same contract as
 // step_frame_pointer.
 static __always_inline int step_delta(struct unwind_state *state, const struct unwind_rule *rule)
@@ -210,6 +244,11 @@ static __always_inline int step_delta(struct unwind_state *state, const struct u
   case CFA_PLT:
     // An x86_64 PLT entry has pushed its argument from byte cfa_offset on.
     cfa = state->sp + 8 + ((s64)(state->pc & 15) >= rule->cfa_offset ? 8 : 0);
+    break;
+  case CFA_GO_CGO:
+    if (go_cgo_goroutine_sp(state, &cfa))
+      return -1;
+    cfa += rule->cfa_offset;
     break;
   case CFA_SIGNAL:
     return step_signal_frame(state);

@@ -41,6 +41,9 @@ enum cfa_base {
   CFA_STOP = 3,
   CFA_SIGNAL = 4,
   CFA_PLT = 5,
+  // Go's runtime.asmcgocall calling C on the system stack: CFA = the
+  // goroutine's SP, which it saved on the system stack, + cfa_offset.
+  CFA_GO_CGO = 6,
 };
 
 // Flags of an unwind rule.

@@ -96,7 +96,7 @@ func summary(d nativeunwind.Deltas, st nativeunwind.Stats, took time.Duration) {
 		}
 	}
 	fmt.Printf("\n%d deltas in %v\n", len(d), took.Round(time.Microsecond))
-	for k := nativeunwind.CFAUnknown; k <= nativeunwind.CFAPLT; k++ {
+	for k := nativeunwind.CFAUnknown; k <= nativeunwind.CFAGoCgo; k++ {
 		fmt.Printf("  %-8s %d\n", k, perKind[k])
 	}
 	fmt.Printf("unknown ranges between the first and last delta: %d, %d bytes\n", unknownRanges, unknownBytes)
