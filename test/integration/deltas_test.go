@@ -173,16 +173,26 @@ const maxWarmupSamples = testHz
 // unwind them. It logs one line per workload for the accuracy table.
 func TestUnwindWithoutFramePointers(t *testing.T) {
 	requireRoot(t)
+	// One session for all workloads (each one's samples are its
+	// process's): loading the programs takes seconds under emulation.
+	var s *session
+	if !preparing() {
+		s = startSession(t, testHz)
+	}
 	for _, c := range unwindCases {
 		if c.arches != nil && !slices.Contains(c.arches, targetArch()) {
 			continue
 		}
 		t.Run(c.name, func(t *testing.T) {
 			bin, syms := c.build(t)
-			s := startSession(t, testHz)
+			skipIfPreparing(t)
+			before, _ := s.tr.Metrics()
 			pid, cpu := runWorkload(t, bin, 4*time.Second)
+			s.waitExited(t, pid)
 			metrics, _ := s.tr.Metrics()
-			s.stop(t)
+			for k := range metrics {
+				metrics[k] -= before[k]
+			}
 
 			samples := s.rec.ofPID(pid)
 			// The warm-up, until the process manager has read the new

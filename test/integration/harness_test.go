@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"os/exec"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -165,6 +166,18 @@ func (s *session) stop(t *testing.T) {
 	}
 	s.pm.Close()
 	s.tr.Close()
+}
+
+// waitExited waits until the process exit event of pid has been handled:
+// BPF emitted every sample of the process before it.
+func (s *session) waitExited(t *testing.T, pid int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if slices.Contains(s.log.of(pid), "exit") {
+			return
+		}
+	}
+	t.Fatalf("no exit event for process %d within 5s", pid)
 }
 
 // runWorkload runs bin for the given time and returns its pid and the CPU
