@@ -31,10 +31,10 @@ import (
 // attaches, sampling switches off and on, the stacks of the frame-pointer
 // C workload, the kernel, and the workloads without frame pointers whose
 // unwinders need no runtime in the VM (stripped C, libc calling back, the
-// vDSO, Go and cgo, and on arm64 C with signed return addresses), and the
-// APM trace context read through the thread pointer.
+// vDSO, Go and cgo, and on arm64 C with signed return addresses), the APM
+// trace context read through the thread pointer, and the daemon itself.
 const defaultRun = `^(TestProgramsLoad|TestSamplingSwitch|TestFramePointerChain|TestKernelFramesAboveUser|` +
-	`TestUnwindWithoutFramePointers|TestAPMTraceContext)$/^(C_|libc|vDSO|Go|cgo)`
+	`TestUnwindWithoutFramePointers|TestAPMTraceContext|TestDaemonLocalOutput)$/^(C_|libc|vDSO|Go|cgo)`
 
 func main() {
 	kernels := flag.String("kernels", "5.10,6.1,6.12,7.2", "kernel series to boot (comma-separated)")

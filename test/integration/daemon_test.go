@@ -1,0 +1,152 @@
+package integration
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/pprof/profile"
+)
+
+// TestDaemonLocalOutput runs the daemon itself, built for the architecture
+// the tests run on, with its local output (pprof files): it must pass its
+// kernel check and start on this kernel, write the frame-pointer
+// workload's chain and exit cleanly on SIGTERM. The kernel matrix runs it
+// on every kernel, so the daemon, not only its packages, is tested there.
+func TestDaemonLocalOutput(t *testing.T) {
+	requireRoot(t)
+	daemon := buildDaemon(t)
+	bin := buildWorkload(t, "fpchain", "-O0", "-fno-omit-frame-pointer")
+	skipIfPreparing(t)
+
+	out := t.TempDir()
+	cmd := exec.Command(daemon, "-output-dir="+out, "-reporter-interval=1s",
+		"-samples-per-second="+strconv.Itoa(testHz))
+	var log lockedBuffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+	// Loading the programs takes seconds under emulation.
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(log.String(), "Sampling "); {
+		select {
+		case err := <-exited:
+			t.Fatalf("the daemon exited before sampling (%v):\n%s", err, log.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon did not start sampling within a minute:\n%s", log.String())
+		}
+	}
+
+	pid, cpu := runWorkload(t, bin, 3*time.Second)
+	// A trace waits up to a second in the ring buffer, then up to a
+	// reporter interval.
+	time.Sleep(2500 * time.Millisecond)
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("the daemon's exit after SIGTERM: %v\n%s", err, log.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the daemon did not exit within 30s of SIGTERM:\n%s", log.String())
+	}
+
+	samples, chains := pprofSamplesOf(t, out, pid, []string{"cf_leaf", "cf_mid", "cf_top", "main"})
+	expected := cpu.Seconds() * testHz
+	t.Logf("%d samples of the workload in the pprof files (%.0f expected from its CPU time), %d through cf_leaf → main",
+		samples, expected, chains)
+	if float64(samples) < 0.8*expected || float64(chains) < 0.9*float64(samples) {
+		t.Errorf("%d samples, %d with the chain; want >= 80%% of %.0f, >= 90%% of them with it\n%s",
+			samples, chains, expected, log.String())
+	}
+}
+
+// buildDaemon builds cmd/ebpf-profiler for the architecture the tests run
+// on, or takes the one make integration-test built.
+func buildDaemon(t *testing.T) string {
+	t.Helper()
+	if bin := os.Getenv("EBPF_PROFILER_TEST_BIN"); bin != "" && !preparing() && os.Getenv(prebuiltEnv) == "" {
+		return bin
+	}
+	goarch := targetToolchain(t).goarch
+	bin, build := workloadPath(t, "ebpf-profiler", "daemon", goarch)
+	if build {
+		run(t, filepath.Join(workloadDir(""), "..", ".."), []string{"CGO_ENABLED=0", "GOARCH=" + goarch},
+			"go", "build", "-trimpath", "-o", bin, "./cmd/ebpf-profiler")
+	}
+	return bin
+}
+
+// pprofSamplesOf counts the samples of process pid in the pprof files in
+// dir, and those whose stack holds chain (leaf first).
+func pprofSamplesOf(t *testing.T, dir string, pid int, chain []string) (samples, chains int64) {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "profile-*.pb.gz"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no pprof files in %s (%v)", dir, err)
+	}
+	for _, path := range files {
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := profile.Parse(f)
+		f.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		for _, s := range p.Sample {
+			if pids := s.NumLabel["pid"]; len(pids) != 1 || pids[0] != int64(pid) {
+				continue
+			}
+			var names []string
+			for _, loc := range s.Location {
+				for _, line := range loc.Line {
+					names = append(names, line.Function.Name)
+				}
+			}
+			samples += s.Value[0]
+			if hasChain(names, chain) {
+				chains += s.Value[0]
+			}
+		}
+	}
+	return samples, chains
+}
+
+// lockedBuffer collects a process's output while the test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
