@@ -204,7 +204,10 @@ static __always_inline int step_signal_frame(struct unwind_state *state)
 // g and how far below g.stack.hi its SP was (the goroutine's stack may move
 // while C runs), or 0 and the SP itself when it already ran on the system
 // stack (runtime/asm_arm64.s and asm_amd64.s, asmcgocall; the two differ
-// in the order of the words). Returns 0 on success, -1 if unreadable.
+// in the order of the words). User space gives this rule only on arm64 (on
+// amd64 the frame pointer rule holds there); both layouts are here so that
+// the rule means the same on either. Returns 0 on success, -1 if
+// unreadable.
 static __always_inline int go_cgo_goroutine_sp(const struct unwind_state *state, u64 *sp)
 {
   u64 saved[2], hi;

@@ -364,13 +364,13 @@ func TestAPMCorrelation(t *testing.T) {
 	if err := app.cmd.Wait(); err != nil {
 		t.Fatalf("app: %v", err)
 	}
-	hwm := daemonPeakRSS(t, d.cmd.Process.Pid)
+	hwm := daemonPeakRSS(t, d.Cmd.Process.Pid)
 	time.Sleep(profilerDrainWait)
-	d.stop(t)
+	d.Stop(t, profilerStopTimeout)
 	if err := c.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	log, err := os.ReadFile(d.logPath)
+	log, err := os.ReadFile(d.LogPath)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hostprof/ebpf-profiler/utils/testenv"
 )
 
 const (
@@ -155,12 +157,12 @@ func startCollectorTLS(t *testing.T, tc *collectorTLS) *collector {
 					t.Errorf("stopping collector: %v", err)
 				}
 				if t.Failed() {
-					t.Logf("collector log (tail):\n%s", tailFile(c.LogPath, 60))
+					t.Logf("collector log (tail):\n%s", testenv.TailFile(c.LogPath, 60))
 				}
 			})
 			return c
 		}
-		lastLog = tailFile(c.LogPath, 40)
+		lastLog = testenv.TailFile(c.LogPath, 40)
 		if !strings.Contains(lastLog, "address already in use") {
 			t.Fatalf("starting collector: %v\ncollector log (tail):\n%s", err, lastLog)
 		}

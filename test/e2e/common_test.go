@@ -1,9 +1,6 @@
 package e2e
 
 import (
-	"bufio"
-	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -50,40 +47,6 @@ func repoRoot(t *testing.T) string {
 		}
 		dir = parent
 	}
-}
-
-// tailFile returns the last n lines of a file (for failure diagnostics).
-func tailFile(path string, n int) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return fmt.Sprintf("<%v>", err)
-	}
-	defer f.Close()
-	var lines []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
-	for sc.Scan() {
-		lines = append(lines, sc.Text())
-		if len(lines) > 4*n {
-			lines = lines[len(lines)-n:]
-		}
-	}
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-// exitCode extracts the exit code from an (*exec.Cmd).Wait error.
-func exitCode(err error) int {
-	if err == nil {
-		return 0
-	}
-	var ee interface{ ExitCode() int }
-	if errors.As(err, &ee) {
-		return ee.ExitCode()
-	}
-	return -1
 }
 
 func writeFile(t *testing.T, path, content string) {

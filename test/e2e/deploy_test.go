@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/utils/testcerts"
+	"github.com/hostprof/ebpf-profiler/utils/testenv"
 )
 
 // unitPath is the systemd unit operators install.
@@ -116,7 +117,7 @@ func TestLeastPrivilege(t *testing.T) {
 	c := startCollector(t)
 	d := startDaemonVia(t, setprivArgs(caps), binaryForNobody(t),
 		"-collection-agent="+c.Addr, "-disable-tls", "-reporter-interval=1s", "-samples-per-second=100")
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid))
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.Cmd.Process.Pid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +127,7 @@ func TestLeastPrivilege(t *testing.T) {
 	t.Logf("daemon's CapEff %s, NoNewPrivs %s", statusField(string(status), "CapEff"),
 		statusField(string(status), "NoNewPrivs"))
 	pid, pds := exportWorkload(t, c, d, workloadDuration)
-	log, err := os.ReadFile(d.logPath)
+	log, err := os.ReadFile(d.LogPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +186,7 @@ func TestMissingCapability(t *testing.T) {
 			// SIGINT, after which it exits 0.
 			cmd := exec.Command("timeout", append([]string{"--preserve-status", "-s", "INT", "3"}, argv...)...)
 			out, err := cmd.CombinedOutput()
-			code := exitCode(err)
+			code := testenv.ExitCode(err)
 			if tt.fatal && code != 1 || !tt.fatal && code != 0 {
 				t.Errorf("exit code %d (fatal %v)", code, tt.fatal)
 			}

@@ -8,14 +8,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	profilespb "go.opentelemetry.io/proto/slim/otlp/profiles/v1development"
+
+	"github.com/hostprof/ebpf-profiler/utils/testenv"
 )
 
 const (
@@ -116,74 +115,20 @@ func startWorkload(t *testing.T, d time.Duration) *exec.Cmd {
 	return cmd
 }
 
-// daemon is a running profiler daemon whose output goes to a log file.
-type daemon struct {
-	cmd     *exec.Cmd
-	logPath string
-	exited  chan error
-	done    bool
-}
-
 // startDaemon starts the daemon with args and waits profilerStartGrace for
-// it to load; the test fails if it exits meanwhile. It is killed when the
-// test ends unless stop was called.
-func startDaemon(t *testing.T, args ...string) *daemon {
+// it to load; the test fails if it exits meanwhile.
+func startDaemon(t *testing.T, args ...string) *testenv.Daemon {
 	t.Helper()
 	return startDaemonVia(t, nil, profilerBinary(t), args...)
 }
 
 // startDaemonVia is startDaemon with bin started through a wrapper command
 // (e.g. setpriv with its options), if any.
-func startDaemonVia(t *testing.T, wrapper []string, bin string, args ...string) *daemon {
+func startDaemonVia(t *testing.T, wrapper []string, bin string, args ...string) *testenv.Daemon {
 	t.Helper()
-	d := &daemon{logPath: filepath.Join(t.TempDir(), "ebpf-profiler.log"), exited: make(chan error, 1)}
-	logFile, err := os.Create(d.logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logFile.Close() // the child keeps its own descriptor
-	argv := append(append(slices.Clone(wrapper), bin), args...)
-	d.cmd = exec.Command(argv[0], argv[1:]...)
-	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	t.Logf("starting %s %s", bin, strings.Join(args, " "))
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { d.exited <- d.cmd.Wait() }()
-	t.Cleanup(func() {
-		if !d.done {
-			_ = d.cmd.Process.Kill()
-			<-d.exited
-		}
-		if t.Failed() {
-			t.Logf("daemon log (tail):\n%s", tailFile(d.logPath, 60))
-		}
-	})
-	select {
-	case err := <-d.exited:
-		d.done = true
-		t.Fatalf("daemon exited during startup: %v", err)
-	case <-time.After(profilerStartGrace):
-	}
+	d := testenv.StartDaemon(t, wrapper, bin, args...)
+	d.Alive(t, profilerStartGrace)
 	return d
-}
-
-// stop sends SIGTERM and checks that the daemon exits with 0 in time.
-func (d *daemon) stop(t *testing.T) {
-	t.Helper()
-	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatalf("SIGTERM daemon: %v", err)
-	}
-	select {
-	case err := <-d.exited:
-		d.done = true
-		if code := exitCode(err); code != 0 {
-			t.Errorf("daemon exit after SIGTERM: %v (code %d), want 0", err, code)
-		}
-	case <-time.After(profilerStopTimeout):
-		t.Fatalf("daemon did not exit within %s of SIGTERM", profilerStopTimeout)
-	}
 }
 
 // TestProfilerExportsToCollector runs the daemon against the real collector
@@ -212,18 +157,18 @@ func TestProfilerExportsToCollector(t *testing.T) {
 // exports to c, stops both, and checks that the collector received exactly
 // the samples the daemon says it exported, and some. It returns the
 // workload's pid and what the collector received.
-func exportWorkload(t *testing.T, c *collector, dmn *daemon, d time.Duration) (int, []*profilespb.ProfilesData) {
+func exportWorkload(t *testing.T, c *collector, dmn *testenv.Daemon, d time.Duration) (int, []*profilespb.ProfilesData) {
 	t.Helper()
 	workload := startWorkload(t, d)
 	if err := workload.Wait(); err != nil {
 		t.Fatalf("workload: %v", err)
 	}
 	time.Sleep(profilerDrainWait)
-	dmn.stop(t)
+	dmn.Stop(t, profilerStopTimeout)
 	if err := c.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	exported, err := parseExportLog(dmn.logPath)
+	exported, err := parseExportLog(dmn.LogPath)
 	if err != nil {
 		t.Fatal(err)
 	}

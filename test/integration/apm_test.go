@@ -11,7 +11,8 @@ import (
 )
 
 // apmStampSlack allows for the time between a sample's timestamp and the
-// application's clock readings around set_trace.
+// application's clock readings around set_trace: wider than the e2e
+// test's 2 ms, as this test also runs under emulation.
 const apmStampSlack = uint64(5 * time.Millisecond)
 
 // TestAPMTraceContext runs the test agent's application: two threads

@@ -1,18 +1,15 @@
 package integration
 
 import (
-	"bytes"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/pprof/profile"
+
+	"github.com/hostprof/ebpf-profiler/utils/testenv"
 )
 
 // TestDaemonLocalOutput runs the daemon itself, built for the architecture
@@ -27,56 +24,22 @@ func TestDaemonLocalOutput(t *testing.T) {
 	skipIfPreparing(t)
 
 	out := t.TempDir()
-	cmd := exec.Command(daemon, "-output-dir="+out, "-reporter-interval=1s",
+	d := testenv.StartDaemon(t, nil, daemon, "-output-dir="+out, "-reporter-interval=1s",
 		"-samples-per-second="+strconv.Itoa(testHz))
-	var log lockedBuffer
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	})
 	// Loading the programs takes seconds under emulation.
-	for deadline := time.Now().Add(time.Minute); !strings.Contains(log.String(), "Sampling "); {
-		select {
-		case err := <-exited:
-			t.Fatalf("the daemon exited before sampling (%v):\n%s", err, log.String())
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the daemon did not start sampling within a minute:\n%s", log.String())
-		}
-	}
-
+	d.WaitForLog(t, "Sampling ", time.Minute)
 	pid, cpu := runWorkload(t, bin, 3*time.Second)
-	// A trace waits up to a second in the ring buffer, then up to a
-	// reporter interval.
-	time.Sleep(2500 * time.Millisecond)
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("the daemon's exit after SIGTERM: %v\n%s", err, log.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the daemon did not exit within 30s of SIGTERM:\n%s", log.String())
-	}
+	// On SIGTERM the daemon drains the ring buffer and writes the last
+	// interval.
+	d.Stop(t, time.Minute)
 
 	samples, chains := pprofSamplesOf(t, out, pid, []string{"cf_leaf", "cf_mid", "cf_top", "main"})
 	expected := cpu.Seconds() * testHz
 	t.Logf("%d samples of the workload in the pprof files (%.0f expected from its CPU time), %d through cf_leaf → main",
 		samples, expected, chains)
 	if float64(samples) < 0.8*expected || float64(chains) < 0.9*float64(samples) {
-		t.Errorf("%d samples, %d with the chain; want >= 80%% of %.0f, >= 90%% of them with it\n%s",
-			samples, chains, expected, log.String())
+		t.Errorf("%d samples, %d with the chain; want >= 80%% of %.0f, >= 90%% of them with it",
+			samples, chains, expected)
 	}
 }
 
@@ -131,22 +94,4 @@ func pprofSamplesOf(t *testing.T, dir string, pid int, chain []string) (samples,
 		}
 	}
 	return samples, chains
-}
-
-// lockedBuffer collects a process's output while the test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -162,7 +162,7 @@ var unwindCases = []unwindCase{
 // goRuntimeStack matches a whole stack of the Go runtime's own: a system
 // thread's (from runtime.mstart) or the scheduler's after a goroutine
 // switch (from runtime.mcall, where unwinding stops by design).
-var goRuntimeStack = userStack(`([^;]*;)*runtime\.(mstart|mcall)`)
+var goRuntimeStack = userStack(`((internal/)?runtime[./][^;]*;)*runtime\.(mstart|mcall)`)
 
 // maxWarmupSamples bounds the samples of a new process before its first
 // fully unwound one: a second of CPU at testHz.
@@ -173,18 +173,28 @@ const maxWarmupSamples = testHz
 // unwind them. It logs one line per workload for the accuracy table.
 func TestUnwindWithoutFramePointers(t *testing.T) {
 	requireRoot(t)
-	// One session for all workloads (each one's samples are its
-	// process's): loading the programs takes seconds under emulation.
+	// All workloads are built first (the compilers are not profiled),
+	// then run in one session, each one's samples its process's: loading
+	// the programs takes seconds under emulation.
+	type built struct {
+		unwindCase
+		bin  string
+		syms *symbolTable
+	}
+	var cases []built
+	for _, c := range unwindCases {
+		if c.arches == nil || slices.Contains(c.arches, targetArch()) {
+			bin, syms := c.build(t)
+			cases = append(cases, built{c, bin, syms})
+		}
+	}
 	var s *session
 	if !preparing() {
 		s = startSession(t, testHz)
 	}
-	for _, c := range unwindCases {
-		if c.arches != nil && !slices.Contains(c.arches, targetArch()) {
-			continue
-		}
+	for _, c := range cases {
+		bin, syms := c.bin, c.syms
 		t.Run(c.name, func(t *testing.T) {
-			bin, syms := c.build(t)
 			skipIfPreparing(t)
 			before, _ := s.tr.Metrics()
 			pid, cpu := runWorkload(t, bin, 4*time.Second)

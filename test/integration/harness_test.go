@@ -172,12 +172,12 @@ func (s *session) stop(t *testing.T) {
 // BPF emitted every sample of the process before it.
 func (s *session) waitExited(t *testing.T, pid int) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		if slices.Contains(s.log.of(pid), "exit") {
 			return
 		}
 	}
-	t.Fatalf("no exit event for process %d within 5s", pid)
+	t.Fatalf("no exit event for process %d within a minute", pid)
 }
 
 // runWorkload runs bin for the given time and returns its pid and the CPU

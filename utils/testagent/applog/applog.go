@@ -8,6 +8,7 @@ package applog
 import (
 	"bufio"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -99,7 +100,7 @@ func (l *Log) parseLine(f []string) error {
 		}
 		l.Msgs = append(l.Msgs, Message{num(f[1]), b})
 	default:
-		return fmt.Errorf("unexpected line")
+		return errors.New("unexpected line")
 	}
 	return err
 }
