@@ -173,29 +173,23 @@ const maxWarmupSamples = testHz
 // unwind them. It logs one line per workload for the accuracy table.
 func TestUnwindWithoutFramePointers(t *testing.T) {
 	requireRoot(t)
-	// All workloads are built first (the compilers are not profiled),
-	// then run in one session, each one's samples its process's: loading
-	// the programs takes seconds under emulation.
-	type built struct {
-		unwindCase
-		bin  string
-		syms *symbolTable
-	}
-	var cases []built
-	for _, c := range unwindCases {
-		if c.arches == nil || slices.Contains(c.arches, targetArch()) {
-			bin, syms := c.build(t)
-			cases = append(cases, built{c, bin, syms})
-		}
-	}
+	// One session for all workloads (each one's samples are its
+	// process's): loading the programs takes seconds under emulation.
 	var s *session
 	if !preparing() {
 		s = startSession(t, testHz)
 	}
-	for _, c := range cases {
-		bin, syms := c.bin, c.syms
+	for _, c := range unwindCases {
+		if c.arches != nil && !slices.Contains(c.arches, targetArch()) {
+			continue
+		}
 		t.Run(c.name, func(t *testing.T) {
+			if s != nil {
+				s.setSampling(t, false) // the compilers are not profiled
+			}
+			bin, syms := c.build(t)
 			skipIfPreparing(t)
+			s.setSampling(t, true)
 			before, _ := s.tr.Metrics()
 			pid, cpu := runWorkload(t, bin, 4*time.Second)
 			s.waitExited(t, pid)

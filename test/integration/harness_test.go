@@ -168,6 +168,14 @@ func (s *session) stop(t *testing.T) {
 	s.tr.Close()
 }
 
+// setSampling switches the perf events on or off.
+func (s *session) setSampling(t *testing.T, on bool) {
+	t.Helper()
+	if err := s.tr.SetSampling(on); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // waitExited waits until the process exit event of pid has been handled:
 // BPF emitted every sample of the process before it.
 func (s *session) waitExited(t *testing.T, pid int) {
