@@ -65,10 +65,10 @@ type Manager struct {
 	rereadInterval time.Duration
 	checkInterval  time.Duration
 	corr           *tracecorr.Correlator
-	// youngProcess: see quickRereadInterval.
-	youngProcess time.Duration
-	log          logrus.FieldLogger
-	now          func() time.Time
+	// youngProcess, newbornProcess: see quickRereadInterval.
+	youngProcess, newbornProcess time.Duration
+	log                          logrus.FieldLogger
+	now                          func() time.Time
 
 	// unwind is nil unless Config.Unwinding is set.
 	unwind *unwindSync
@@ -156,6 +156,7 @@ func New(cfg Config) (*Manager, error) {
 		checkInterval:  cmp.Or(cfg.CheckInterval, defaultCheckInterval),
 		corr:           cfg.Correlator,
 		youngProcess:   youngProcess,
+		newbornProcess: newbornProcess,
 		log:            cfg.Logger,
 		now:            time.Now,
 		procs:          map[uint32]*process{},
@@ -458,15 +459,25 @@ func (m *Manager) processMem(p *process) (*os.File, error) {
 
 // quickRereadInterval is the least time between two re-reads of the maps
 // of a process whose last read found new mappings, or that the manager
-// has known for less than youngProcess.
+// has known for less than youngProcess; newbornRereadInterval that during
+// the first newbornProcess, while the dynamic loader maps its libraries.
+// Where BPF cannot watch new mappings (no fexit or kprobes) only these
+// re-reads find them, and a process that lives 20 ms would otherwise be
+// unwound only as far as the mappings it had at exec.
 const (
-	quickRereadInterval = 100 * time.Millisecond
-	youngProcess        = 5 * time.Second
+	quickRereadInterval   = 100 * time.Millisecond
+	youngProcess          = 5 * time.Second
+	newbornRereadInterval = 5 * time.Millisecond
+	newbornProcess        = 200 * time.Millisecond
 )
 
 // rereadWait is the least time from a process's last maps read to the next.
 func (m *Manager) rereadWait(p *process) time.Duration {
-	if p.mapsChanging || m.now().Sub(p.seen) < m.youngProcess {
+	age := m.now().Sub(p.seen)
+	switch {
+	case age < m.newbornProcess:
+		return min(newbornRereadInterval, m.rereadInterval)
+	case p.mapsChanging || age < m.youngProcess:
 		return min(quickRereadInterval, m.rereadInterval)
 	}
 	return m.rereadInterval

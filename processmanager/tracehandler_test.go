@@ -254,7 +254,7 @@ func newDlopenFixture(t *testing.T) *dlopenFixture {
 	f.h.m.now = func() time.Time { return f.now }
 	// The process is no longer young: its re-reads wait the full interval
 	// unless the last one found new mappings.
-	f.h.m.youngProcess = 0
+	f.h.m.youngProcess, f.h.m.newbornProcess = 0, 0
 	f.raw = &support.Trace{PID: 100, Hash: 1, Frames: []support.Frame{{Addr: f.fnAbs}}}
 	return f
 }
@@ -546,5 +546,29 @@ func TestQuickRereadWhileYoung(t *testing.T) {
 	m.RefreshMappings(100)
 	if s := m.Stats(); s.MapsReads != 5 || s.MapsRereadsLimited != 1 {
 		t.Errorf("%d maps reads, %d limited; want 5 and 1", s.MapsReads, s.MapsRereadsLimited)
+	}
+}
+
+// TestNewbornRereads: during a process's first newbornProcess its maps may
+// be re-read every newbornRereadInterval, as the dynamic loader maps its
+// libraries; after it, the young process's quickRereadInterval holds.
+func TestNewbornRereads(t *testing.T) {
+	f := newDlopenFixture(t)
+	m := f.h.m
+	m.youngProcess, m.newbornProcess = youngProcess, newbornProcess
+	m.RefreshMappings(100) // the first read
+	f.now = f.now.Add(newbornRereadInterval)
+	m.RefreshMappings(100) // allowed
+	f.now = f.now.Add(newbornRereadInterval / 2)
+	m.RefreshMappings(100) // limited
+	if s := m.Stats(); s.MapsReads != 2 || s.MapsRereadsLimited != 1 {
+		t.Errorf("newborn: %d maps reads, %d limited; want 2 and 1", s.MapsReads, s.MapsRereadsLimited)
+	}
+	f.now = f.now.Add(newbornProcess)
+	m.RefreshMappings(100) // allowed: a quick interval has passed
+	f.now = f.now.Add(newbornRereadInterval)
+	m.RefreshMappings(100) // limited: young, no longer newborn
+	if s := m.Stats(); s.MapsReads != 3 || s.MapsRereadsLimited != 2 {
+		t.Errorf("young: %d maps reads, %d limited; want 3 and 2", s.MapsReads, s.MapsRereadsLimited)
 	}
 }
