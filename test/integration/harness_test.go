@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"os/exec"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -174,6 +175,21 @@ func (s *session) setSampling(t *testing.T, on bool) {
 	if err := s.tr.SetSampling(on); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// warmup is how many of a new process's samples (in time order) come
+// before the first whose stack matches want: until the process manager
+// has read its files. The machine's speed sets its length (ten times
+// longer under emulation), so tests measure it apart and bound it by
+// maxWarmupSamples.
+func warmup(t *testing.T, samples []sample, bin string, syms *symbolTable, want *regexp.Regexp) int {
+	t.Helper()
+	i := slices.IndexFunc(samples, func(smp sample) bool { return want.MatchString(stackString(smp.trace, bin, syms)) })
+	if i < 0 || i > maxWarmupSamples {
+		t.Fatalf("%d samples before the first with the stack %s (-1: none of %d), want <= %d",
+			i, want, len(samples), maxWarmupSamples)
+	}
+	return i
 }
 
 // waitExited waits until the process exit event of pid has been handled:
