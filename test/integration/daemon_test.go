@@ -21,11 +21,9 @@ import (
 func TestDaemonLocalOutput(t *testing.T) {
 	requireRoot(t)
 	daemon := buildDaemon(t)
-	// Leaves get frame records too (arm64 GCC omits them otherwise): the
-	// daemon's own start-up delays the workload's unwind tables by seconds
-	// under emulation, and until they load only the frame-pointer walk
-	// unwinds it, which skips the caller of a leaf without a record.
-	bin := buildWorkload(t, "fpchain", "-O0", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer")
+	// The daemon's own start-up delays the workload's unwind tables by
+	// seconds under emulation: frame pointers carry it meanwhile.
+	bin := buildWorkload(t, "fpchain", framePointers...)
 	skipIfPreparing(t)
 
 	out := t.TempDir()
