@@ -67,8 +67,8 @@ func buildDaemon(t *testing.T) string {
 // dir, and those whose stack holds chain (leaf first); misses counts the
 // others by stack.
 func pprofSamplesOf(t *testing.T, dir string, pid int, chain []string) (samples, chains int64, misses map[string]int) {
-	misses = map[string]int{}
 	t.Helper()
+	misses = map[string]int{}
 	files, err := filepath.Glob(filepath.Join(dir, "profile-*.pb.gz"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no pprof files in %s (%v)", dir, err)

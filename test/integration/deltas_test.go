@@ -199,41 +199,29 @@ func TestUnwindWithoutFramePointers(t *testing.T) {
 			}
 
 			samples := s.rec.ofPID(pid)
-			// The warm-up, until the process manager has read the new
-			// process's files, is measured on its own: its length is what
-			// the machine's speed sets (ten times longer under emulation).
-			full, elsewhere, warmup := 0, 0, -1
+			warm := warmup(t, samples, bin, syms, c.stack)
+			samples = samples[warm:]
+			full, elsewhere := 0, 0
 			misses := map[string]int{}
-			for i, smp := range samples {
-				stack := stackString(smp.trace, bin, syms)
-				switch {
+			for _, smp := range samples {
+				switch stack := stackString(smp.trace, bin, syms); {
 				case c.stack.MatchString(stack):
 					full++
-					if warmup < 0 {
-						warmup = i
-					}
-				case warmup >= 0 && c.elsewhere != nil && c.elsewhere.MatchString(stack):
+				case c.elsewhere != nil && c.elsewhere.MatchString(stack):
 					elsewhere++
 				default:
 					misses[stack]++
 				}
 			}
 			logTopStacks(t, misses, 5)
-			if warmup < 0 {
-				t.Fatalf("none of %d samples has the expected stack %s", len(samples), c.stack)
-			}
-			if warmup > maxWarmupSamples {
-				t.Fatalf("%d samples before the first with the expected stack %s, want <= %d", warmup, c.stack, maxWarmupSamples)
-			}
-			samples = samples[warmup:]
 			t.Logf("BPF: %d delta frames, %d fp frames, no mapping %d, no deltas %d, stop %d, read errors %d",
 				metrics["delta_frames"], metrics["fp_frames"], metrics["err_no_mapping"], metrics["err_no_deltas"],
 				metrics["stop_deltas"], metrics["err_delta_read"])
 			share := float64(full) / float64(max(len(samples)-elsewhere, 1))
 			t.Logf("accuracy: %s: %d samples after %d of warm-up (%d of them the runtime's own), %.1f%% with the full stack",
-				c.name, len(samples), warmup, elsewhere, 100*share)
-			if float64(len(samples)+warmup) < 0.8*testHz*cpu.Seconds() {
-				t.Errorf("%d samples for %.2f CPU-seconds at %d Hz", len(samples)+warmup, cpu.Seconds(), testHz)
+				c.name, len(samples), warm, elsewhere, 100*share)
+			if float64(len(samples)+warm) < 0.8*testHz*cpu.Seconds() {
+				t.Errorf("%d samples for %.2f CPU-seconds at %d Hz", len(samples)+warm, cpu.Seconds(), testHz)
 			}
 			if share < c.minShare {
 				t.Errorf("%.1f%% of %d samples match %s, want >= %.0f%%", 100*share, len(samples)-elsewhere, c.stack, 100*c.minShare)

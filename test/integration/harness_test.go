@@ -186,6 +186,11 @@ func warmup(t *testing.T, samples []sample, bin string, syms *symbolTable, want 
 	t.Helper()
 	i := slices.IndexFunc(samples, func(smp sample) bool { return want.MatchString(stackString(smp.trace, bin, syms)) })
 	if i < 0 || i > maxWarmupSamples {
+		stacks := map[string]int{}
+		for _, smp := range samples {
+			stacks[stackString(smp.trace, bin, syms)]++
+		}
+		logTopStacks(t, stacks, 5)
 		t.Fatalf("%d samples before the first with the stack %s (-1: none of %d), want <= %d",
 			i, want, len(samples), maxWarmupSamples)
 	}
