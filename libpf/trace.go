@@ -2,6 +2,8 @@ package libpf
 
 import (
 	"encoding/binary"
+	"fmt"
+	"sync"
 	"time"
 )
 
@@ -20,10 +22,29 @@ const (
 	// FrameAbort marks where an unwinder gave up; its Address carries the
 	// unwind_error code of the failure (support/ebpf/types.h).
 	FrameAbort
-	// FramePython is a CPython frame: FunctionName, SourceFile and
-	// SourceLine say what it runs; it has no Mapping.
-	FramePython
+	// FirstRuntimeKind is the first kind of a language runtime's frames:
+	// a runtime's frames have its id as their kind (package interpreter),
+	// and FunctionName, SourceFile and SourceLine say what they run; they
+	// have no Mapping.
+	FirstRuntimeKind
 )
+
+// runtimeKinds names the runtimes' frame kinds, registered at start.
+var runtimeKinds sync.Map // FrameKind -> string
+
+// RegisterFrameKind names the frames of a runtime: name is their OTLP
+// profile.frame.type. Package interpreter's registry calls it.
+func RegisterFrameKind(k FrameKind, name string) {
+	if k < FirstRuntimeKind {
+		panic(fmt.Sprintf("libpf: frame kind %d is the core's", k))
+	}
+	if old, loaded := runtimeKinds.LoadOrStore(k, name); loaded && old != name {
+		panic(fmt.Sprintf("libpf: frame kind %d is %s already", k, old))
+	}
+}
+
+// IsRuntime says whether the kind is a language runtime's.
+func (k FrameKind) IsRuntime() bool { return k >= FirstRuntimeKind }
 
 // String is the OTLP profile.frame.type value of the kind.
 func (k FrameKind) String() string {
@@ -34,11 +55,11 @@ func (k FrameKind) String() string {
 		return "kernel"
 	case FrameAbort:
 		return "abort-marker"
-	case FramePython:
-		return "cpython"
-	default:
-		return "unknown"
 	}
+	if name, ok := runtimeKinds.Load(k); ok {
+		return name.(string)
+	}
+	return "unknown"
 }
 
 // TraceHash is the 128-bit user-space hash of a whole trace (all frames, user
@@ -110,7 +131,8 @@ type ProcessInfo struct {
 	// ContainerID is empty outside containers.
 	ContainerID string
 	// RuntimeName and RuntimeVersion name the language runtime the process
-	// runs, such as "CPython" and "3.12.1"; empty for native programs.
+	// runs, as the runtime names itself, and its release; empty for native
+	// programs.
 	RuntimeName, RuntimeVersion string
 	// ServiceName and DeploymentEnvironment are what the process's APM
 	// agent publishes; empty without one.

@@ -64,11 +64,12 @@ type Rule struct {
 	// to another stack (Go's runtime.systemstack, runtime.asmcgocall);
 	// unwinders otherwise take a CFA that does not grow as corruption.
 	StackSwitch bool
-	// Interpreter: the frame runs an interpreter's eval loop, whose own
-	// frames the interpreter's unwinder reports in its place (see
-	// Deltas.MarkInterpreter). Not part of the CFI.
-	Interpreter bool
-	CFAOffset   int32
+	// Runtime, when set, is the id of the language runtime whose eval
+	// loop the frame runs (package interpreter): its unwinder reports the
+	// loop's own frames in its place (see Deltas.MarkRuntime). Not part of
+	// the CFI.
+	Runtime   uint8
+	CFAOffset int32
 	// FPOffset is where the caller's frame pointer is saved, relative to
 	// the CFA; 0 means the frame pointer register still holds it.
 	FPOffset int32
@@ -88,8 +89,8 @@ func (r Rule) String() string {
 		if r.StackSwitch {
 			s += " switch"
 		}
-		if r.Interpreter {
-			s += " interp"
+		if r.Runtime != 0 {
+			s += fmt.Sprintf(" runtime=%d", r.Runtime)
 		}
 		return s
 	case CFAPLT:
@@ -136,10 +137,10 @@ func (d Deltas) Lookup(addr uint64) (Rule, bool) {
 	return r, r.CFA != CFAUnknown
 }
 
-// MarkInterpreter returns the deltas with Rule.Interpreter set on every
-// rule in effect in [start, end), the code of an interpreter's eval loop.
+// MarkRuntime returns the deltas with Rule.Runtime set to runtime on every
+// rule in effect in [start, end), the code of that runtime's eval loop.
 // Deltas are split at start and end where needed; d is not modified.
-func (d Deltas) MarkInterpreter(start, end uint64) Deltas {
+func (d Deltas) MarkRuntime(start, end uint64, runtime uint8) Deltas {
 	if start >= end {
 		return d
 	}
@@ -156,7 +157,7 @@ func (d Deltas) MarkInterpreter(start, end uint64) Deltas {
 	}
 	mark := func(r Rule) Rule {
 		if r.CFA != CFAUnknown {
-			r.Interpreter = true
+			r.Runtime = runtime
 		}
 		return r
 	}

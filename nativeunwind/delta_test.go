@@ -5,12 +5,12 @@ import (
 	"testing"
 )
 
-func TestMarkInterpreter(t *testing.T) {
+func TestMarkRuntime(t *testing.T) {
 	a := Rule{CFA: CFASP, CFAOffset: 8, RAOffset: -8}
 	b := Rule{CFA: CFASP, CFAOffset: 16, RAOffset: -8}
 	c := Rule{CFA: CFAFP, CFAOffset: 16, FPOffset: -16, RAOffset: -8}
 	gap := Rule{}
-	mark := func(r Rule) Rule { r.Interpreter = true; return r }
+	mark := func(r Rule) Rule { r.Runtime = 4; return r }
 	base := Deltas{{0x100, a}, {0x104, b}, {0x110, c}, {0x180, a}, {0x200, gap}}
 	for _, tc := range []struct {
 		name       string
@@ -29,7 +29,7 @@ func TestMarkInterpreter(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			orig := slices.Clone(base)
-			got := base.MarkInterpreter(tc.start, tc.end)
+			got := base.MarkRuntime(tc.start, tc.end, 4)
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("got  %v\nwant %v", got, tc.want)
 			}
@@ -45,7 +45,7 @@ func TestMarkInterpreter(t *testing.T) {
 				r, _ := got.Lookup(addr)
 				want, _ := base.Lookup(addr)
 				if addr >= tc.start && addr < tc.end && want.CFA != CFAUnknown {
-					want.Interpreter = true
+					want.Runtime = 4
 				}
 				if r != want {
 					t.Fatalf("at %#x: rule %v, want %v", addr, r, want)

@@ -13,13 +13,18 @@ import (
 
 // ConvertTrace turns a raw BPF trace into a user-space trace: kernel frames
 // first, then user frames, each leaf first. The returned trace and process
-// info are shared and must not be modified.
+// info are shared and must not be modified. It does a sample's lifecycle
+// work first (see sampled), as HandleTrace does.
 //
 // A process that is already gone still gets a trace: its kernel frames are
 // symbolized and its user frames carry absolute addresses without mappings.
 func (m *Manager) ConvertTrace(raw *support.Trace) (*libpf.Trace, *libpf.ProcessInfo, error) {
-	c, err := m.convert(raw)
-	return c.trace, c.info, err
+	if raw == nil {
+		return nil, nil, errors.New("converting trace: nil trace")
+	}
+	p, _ := m.sampled(raw)
+	c := m.convertRetrying(raw, p)
+	return c.trace, c.info, nil
 }
 
 // conversion is a converted trace and how long it may be cached.
@@ -33,17 +38,41 @@ type conversion struct {
 	// from then on a maps re-read is allowed again, and converting anew may
 	// resolve the address (code mapped since).
 	retryAt time.Time
+	// unknown counts addresses outside every known mapping, unattributed
+	// the frames not attributed to a file (unknown ones and anonymous
+	// memory).
+	unknown, unattributed int
 }
 
-// convert is ConvertTrace that also says how long the result may be cached.
-func (m *Manager) convert(raw *support.Trace) (conversion, error) {
-	if raw == nil {
-		return conversion{}, errors.New("converting trace: nil trace")
+// convertRetrying converts a trace of p and, where some address was in no
+// known mapping, re-reads p's mappings (rate-limited: lifecycle work the
+// conversion itself does not do) and converts it again if they changed.
+func (m *Manager) convertRetrying(raw *support.Trace, p *process) conversion {
+	c := m.convert(raw, p)
+	if c.unknown > 0 && m.rereadAfterMiss(p) {
+		c = m.convert(raw, p)
 	}
+	m.mu.Lock()
+	m.counters.unmappedFrames += uint64(c.unattributed)
+	m.mu.Unlock()
+	return c
+}
+
+// rereadAfterMiss re-reads a process's mappings after a conversion met an
+// address outside them all, if the rate limit allows; it reports whether
+// they changed.
+func (m *Manager) rereadAfterMiss(p *process) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rereadMaps(p)
+}
+
+// convert converts a trace of p, reading only the state the process's
+// lifecycle built (sampled): mappings, files, attached runtimes.
+func (m *Manager) convert(raw *support.Trace, p *process) conversion {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.counters.tracesConverted++
-	p := m.processFor(raw.PID, raw.Comm)
 
 	frames := make([]libpf.Frame, 0, min(len(raw.KernelStack)+len(raw.Frames), libpf.MaxFrames))
 	for i, addr := range raw.KernelStack {
@@ -52,33 +81,22 @@ func (m *Manager) convert(raw *support.Trace) (conversion, error) {
 			frames = append(frames, m.kernel.frame(addr, i > 0))
 		}
 	}
-	var retryAt time.Time
-	if len(raw.Frames) > 0 {
-		m.ensureMaps(p)
-		m.attachPython(p)
-		if p.apm != nil {
-			m.readAPMAgent(p)
-		}
-		nKernel := len(frames)
-		for attempt := 0; ; attempt++ {
-			var unknown, unattributed int
-			frames, unknown, unattributed = m.appendUserFrames(frames[:nKernel], p, raw.Frames)
-			// An unknown address may be in code mapped since we last looked.
-			if unknown == 0 || attempt > 0 || !m.rereadMaps(p) {
-				m.counters.unmappedFrames += uint64(unattributed)
-				if unknown > 0 {
-					retryAt = p.lastMapsRead.Add(m.rereadWait(p))
-				}
-				break
-			}
-		}
+	c := conversion{info: p.info, gen: p.gen}
+	var missed bool
+	frames, c.unknown, c.unattributed, missed = m.appendUserFrames(frames, p, raw.Frames)
+	if c.unknown > 0 {
+		c.retryAt = p.lastMapsRead.Add(m.rereadWait(p))
 	}
-
-	if hasPythonFrames(frames) {
-		// Symbolizing checks that each code object is still the one it
-		// names; a cached trace would not.
-		if at := m.now().Add(pythonTraceRecheck); retryAt.IsZero() || at.Before(retryAt) {
-			retryAt = at
+	recheck := p.runtimeTraceRecheck(frames)
+	if missed && (recheck == 0 || recheck > minRuntimeUpdate) {
+		// Code a runtime claimed but could not name yet.
+		recheck = minRuntimeUpdate
+	}
+	if recheck > 0 {
+		// Symbolizing checks that each object is still the one it names;
+		// a cached trace would not.
+		if at := m.now().Add(recheck); c.retryAt.IsZero() || at.Before(c.retryAt) {
+			c.retryAt = at
 		}
 	}
 	truncated := raw.Truncated
@@ -89,31 +107,31 @@ func (m *Manager) convert(raw *support.Trace) (conversion, error) {
 	if truncated {
 		m.counters.truncatedTraces++
 	}
-	t := &libpf.Trace{
+	c.trace = &libpf.Trace{
 		Hash:      m.hashTrace(raw.PID, frames, truncated),
 		Frames:    frames,
 		Truncated: truncated,
 	}
-	c := conversion{trace: t, info: p.info, gen: p.gen, retryAt: retryAt}
-	if m.procs[p.pid] != p || p.python.pending() || p.apm.pending() {
+	if m.procs[p.pid] != p || p.runtimesPending() || p.apm.pending() {
 		// Not cached: the next trace must come here to retry.
 		c.gen = 0
 	}
-	return c, nil
+	return c
 }
 
 // appendUserFrames converts user frames. It returns how many addresses were
-// outside every known mapping (unknown) and how many frames could not be
-// attributed to a file (unattributed: unknown ones and anonymous memory).
+// outside every known mapping (unknown), how many frames could not be
+// attributed to a file (unattributed: unknown ones and anonymous memory),
+// and whether a runtime could not name code it claimed (missed).
 func (m *Manager) appendUserFrames(frames []libpf.Frame, p *process, raw []support.Frame) (
-	out []libpf.Frame, unknown, unattributed int) {
+	out []libpf.Frame, unknown, unattributed int, missed bool) {
 	for _, rf := range raw {
-		switch rf.Kind {
-		case libpf.FrameAbort:
+		switch {
+		case rf.Kind == libpf.FrameAbort:
 			frames = append(frames, libpf.Frame{Kind: libpf.FrameAbort, Address: rf.Addr})
 			continue
-		case libpf.FramePython:
-			frames = append(frames, m.pythonFrame(p, rf.FileID, uint32(rf.Addr)))
+		case rf.Kind.IsRuntime():
+			frames = m.runtimeFrames(p, rf, frames)
 			continue
 		}
 		addr := rf.Addr
@@ -142,9 +160,15 @@ func (m *Manager) appendUserFrames(frames []libpf.Frame, p *process, raw []suppo
 			unknown++
 			unattributed++
 		case mp.pf == nil:
-			// Anonymous executable memory: JIT code whose runtime has no
-			// unwinder here. Its frames (the frame-pointer walk went on
-			// through them) show as one labelled frame.
+			// Anonymous executable memory: JIT code. A runtime that
+			// claimed it may name it (a perf map); else its frames (the
+			// frame-pointer walk went on through them) show as one
+			// labelled frame.
+			if named, ok := p.symbolizeAnonymous(addr); ok {
+				frames = append(frames, named)
+				continue
+			}
+			missed = missed || p.claimed(addr)
 			unattributed++
 			if n := len(frames); n > 0 && frames[n-1].FunctionName == anonymousCode && frames[n-1].Mapping == nil {
 				continue
@@ -158,21 +182,7 @@ func (m *Manager) appendUserFrames(frames []libpf.Frame, p *process, raw []suppo
 		}
 		frames = append(frames, f)
 	}
-	return frames, unknown, unattributed
-}
-
-// pythonTraceRecheck is how long a converted trace with Python frames is
-// served from the cache: a code object may be freed and its address
-// reused by another with the same offsets.
-const pythonTraceRecheck = 10 * time.Second
-
-func hasPythonFrames(frames []libpf.Frame) bool {
-	for i := range frames {
-		if frames[i].Kind == libpf.FramePython {
-			return true
-		}
-	}
-	return false
+	return frames, unknown, unattributed, missed
 }
 
 // anonymousCode names frames in anonymous executable memory.
@@ -181,14 +191,14 @@ const anonymousCode = "[anonymous executable memory]"
 // hashTrace computes the 128-bit trace hash: xxh3 over each frame's kind,
 // file id and address. User frames without a file id have process-specific
 // addresses, so the pid is mixed in for them; kernel addresses are the same
-// in every process. Python frames are what they run: function, file and
+// in every process. Runtime frames are what they run: function, file and
 // line, the same in every process. A truncated trace differs from a
 // complete one of the same frames.
 func (m *Manager) hashTrace(pid uint32, frames []libpf.Frame, truncated bool) libpf.TraceHash {
 	buf := m.hashBuf[:0]
 	for i := range frames {
 		f := &frames[i]
-		if f.Kind == libpf.FramePython {
+		if f.Kind.IsRuntime() {
 			buf = append(buf, byte(f.Kind))
 			buf = append(buf, f.FunctionName...)
 			buf = append(buf, 0)

@@ -61,11 +61,11 @@ type deltaLoader struct {
 	maps     DeltaMaps
 	pageBits uint
 	maxRules int
-	// flagRASigned, flagStackSwitch and flagInterpreter are the BPF rule
-	// flags for Rule.RASigned, Rule.StackSwitch and Rule.Interpreter.
-	flagRASigned, flagStackSwitch, flagInterpreter uint8
-	rules                                          map[nativeunwind.Rule]uint16
-	pool                                           spanAllocator
+	// flagRASigned and flagStackSwitch are the BPF rule flags for
+	// Rule.RASigned and Rule.StackSwitch.
+	flagRASigned, flagStackSwitch uint8
+	rules                         map[nativeunwind.Rule]uint16
+	pool                          spanAllocator
 	// slot: spans are multiples of it, so each file starts a pool slot.
 	slot  uint32
 	files map[uint64]*loadedFile
@@ -111,7 +111,6 @@ func newDeltaLoader(maps DeltaMaps, c support.DeltaCapacity) *deltaLoader {
 		maxRules:        int(c.Rules),
 		flagRASigned:    c.FlagRASigned,
 		flagStackSwitch: c.FlagStackSwitch,
-		flagInterpreter: c.FlagInterpreter,
 		rules:           map[nativeunwind.Rule]uint16{},
 		pool:            newSpanAllocator(c.Deltas),
 		slot:            max(c.DeltasPerSlot, 1),
@@ -286,16 +285,13 @@ func (l *deltaLoader) intern(r nativeunwind.Rule) (uint16, error) {
 		return 0, errTooManyRules
 	}
 	rule := support.UnwindRule{
-		CFABase: uint8(r.CFA), CFAOffset: r.CFAOffset, FPOffset: r.FPOffset, RAOffset: r.RAOffset,
+		CFABase: uint8(r.CFA), Runtime: r.Runtime, CFAOffset: r.CFAOffset, FPOffset: r.FPOffset, RAOffset: r.RAOffset,
 	}
 	if r.RASigned {
 		rule.Flags |= l.flagRASigned
 	}
 	if r.StackSwitch {
 		rule.Flags |= l.flagStackSwitch
-	}
-	if r.Interpreter {
-		rule.Flags |= l.flagInterpreter
 	}
 	err := l.maps.SetUnwindRule(uint16(id), rule)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/support"
 )
@@ -17,7 +18,7 @@ type fakeDeltaMaps struct {
 	pages    map[support.DeltaPageKey]support.DeltaPage
 	mappings map[support.PidMappingKey]support.PidMapping
 	known    map[support.FileKey]support.KnownFile
-	python   map[uint32]support.PythonProc
+	runtimes map[support.RuntimeProcKey]any
 }
 
 func newFakeDeltaMaps() *fakeDeltaMaps {
@@ -27,17 +28,17 @@ func newFakeDeltaMaps() *fakeDeltaMaps {
 		pages:    map[support.DeltaPageKey]support.DeltaPage{},
 		mappings: map[support.PidMappingKey]support.PidMapping{},
 		known:    map[support.FileKey]support.KnownFile{},
-		python:   map[uint32]support.PythonProc{},
+		runtimes: map[support.RuntimeProcKey]any{},
 	}
 }
 
-func (f *fakeDeltaMaps) SetPythonProc(pid uint32, p support.PythonProc) error {
-	f.python[pid] = p
+func (f *fakeDeltaMaps) SetRuntimeConfig(pid uint32, id interpreter.ID, v any) error {
+	f.runtimes[support.RuntimeProcKey{PID: pid, Runtime: uint32(id)}] = v
 	return nil
 }
 
-func (f *fakeDeltaMaps) DeletePythonProc(pid uint32) error {
-	delete(f.python, pid)
+func (f *fakeDeltaMaps) DeleteRuntimeConfig(pid uint32, id interpreter.ID) error {
+	delete(f.runtimes, support.RuntimeProcKey{PID: pid, Runtime: uint32(id)})
 	return nil
 }
 

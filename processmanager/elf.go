@@ -10,7 +10,8 @@ import (
 	"io"
 	"os"
 
-	"github.com/hostprof/ebpf-profiler/interpreter/python"
+	"github.com/hostprof/ebpf-profiler/interpreter"
+	"github.com/hostprof/ebpf-profiler/interpreter/libc"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/tracecorr"
 )
@@ -22,12 +23,12 @@ type elfData struct {
 	loads      []loadSegment
 	gnuBuildID string
 	goBuildID  string
-	// python is the CPython interpreter the file holds, or nil.
-	python *python.Binary
+	// runtimes are the language runtimes found in the file.
+	runtimes []runtimeMatch
 	// tsd says where the C library this file is keeps thread-specific
 	// data; nil unless the file defines pthread_getspecific, with tsdErr
 	// set if its code could not be decoded.
-	tsd    *python.TSDLayout
+	tsd    *libc.TSDLayout
 	tsdErr error
 	// apm is set for an APM agent's library (see files.go).
 	apm *tracecorr.Library
@@ -58,11 +59,18 @@ func isELF(r io.ReaderAt) bool {
 	return err == nil && string(magic[:]) == elf.ELFMAG
 }
 
-// parseELF reads the load segments, build ids and symbols of an ELF file.
-// Corrupt files yield an error, never a panic: debug/elf is hardened and
-// fuzzed, and a recover turns any panic it still has into an error because
-// these bytes come from arbitrary files on the host.
-func parseELF(r io.ReaderAt) (d *elfData, err error) {
+// runtimeMatch is a runtime found in a file.
+type runtimeMatch struct {
+	rt  *interpreter.Runtime
+	bin interpreter.Binary
+}
+
+// parseELF reads the load segments, build ids and symbols of an ELF file,
+// and finds which of the runtimes rts it holds (path is its name). Corrupt
+// files yield an error, never a panic: debug/elf is hardened and fuzzed,
+// and a recover turns any panic it still has into an error because these
+// bytes come from arbitrary files on the host.
+func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime) (d *elfData, err error) {
 	if !isELF(r) {
 		return nil, errNotELF
 	}
@@ -102,17 +110,32 @@ func parseELF(r io.ReaderAt) (d *elfData, err error) {
 		cands = append(cands, goCands...)
 	}
 	d.symbols = buildSymbolTable(cands)
-	if b, err := python.NewBinary(f, func() ([][2]uint64, error) { return nativeunwind.FunctionRanges(f) }); err == nil {
-		d.python = b
-	}
+	d.runtimes = recogniseRuntimes(&interpreter.File{
+		Path: path, ELF: f, FunctionRanges: func() ([][2]uint64, error) { return nativeunwind.FunctionRanges(f) },
+	}, rts)
 	if definesGetspecific(syms) {
-		if l, err := python.TSDLayoutFromLibc(f); err == nil {
+		if l, err := libc.TSDLayoutFromLibc(f); err == nil {
 			d.tsd = &l
 		} else {
 			d.tsdErr = err
 		}
 	}
 	return d, nil
+}
+
+// recogniseRuntimes asks each runtime whether the file holds it. A runtime
+// that finds its file unreadable costs only itself.
+func recogniseRuntimes(f *interpreter.File, rts []*interpreter.Runtime) []runtimeMatch {
+	var out []runtimeMatch
+	for _, rt := range rts {
+		if rt.Recognise == nil {
+			continue
+		}
+		if bin, err := rt.Recognise(f); err == nil && bin != nil {
+			out = append(out, runtimeMatch{rt, bin})
+		}
+	}
+	return out
 }
 
 // readAgentLibrary reads an APM agent library's correlation symbols.

@@ -6,6 +6,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/hostprof/ebpf-profiler/interpreter"
 )
 
 // note encodes one ELF note record with 4-byte alignment.
@@ -170,7 +172,7 @@ func ownVDSO(t testing.TB) []byte {
 }
 
 func TestParseELFVDSO(t *testing.T) {
-	d, err := parseELF(bytes.NewReader(ownVDSO(t)))
+	d, err := parseELF(bytes.NewReader(ownVDSO(t)), "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +196,7 @@ func TestParseELFTruncated(t *testing.T) {
 			if n > len(image) {
 				continue
 			}
-			_, err := parseELF(bytes.NewReader(image[:n]))
+			_, err := parseELF(bytes.NewReader(image[:n]), "", nil)
 			if n < 64 && err == nil {
 				t.Errorf("%d bytes: header cut short but no error", n)
 			}
@@ -206,10 +208,10 @@ func TestParseELFTruncated(t *testing.T) {
 			for i := off; i < off+2 && i < len(bad); i++ {
 				bad[i] = 0xff
 			}
-			_, _ = parseELF(bytes.NewReader(bad))
+			_, _ = parseELF(bytes.NewReader(bad), "", nil)
 		}
 	}
-	if _, err := parseELF(bytes.NewReader([]byte("#!/bin/sh\necho hi\n"))); err != errNotELF {
+	if _, err := parseELF(bytes.NewReader([]byte("#!/bin/sh\necho hi\n")), "", nil); err != errNotELF {
 		t.Errorf("script: err = %v, want errNotELF", err)
 	}
 }
@@ -219,7 +221,7 @@ func TestParseELFTruncated(t *testing.T) {
 func FuzzParseELF(f *testing.F) {
 	f.Add(ownVDSO(f))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		d, err := parseELF(bytes.NewReader(data))
+		d, err := parseELF(bytes.NewReader(data), "fuzz", interpreter.All())
 		if err == nil && d.symbols != nil {
 			for _, e := range d.symbols.entries {
 				d.symbols.lookup(e.start)

@@ -11,6 +11,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/zeebo/xxh3"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/tracecorr"
 )
@@ -81,8 +82,10 @@ func openMapping(procFS string, pid uint32, e *mapsEntry) (*os.File, error) {
 // keep the fileInfo of their mappings, so eviction only costs a re-parse when
 // a new process maps an evicted file.
 type fileCache struct {
-	lru          *lru[fileKey, *fileInfo]
-	log          logrus.FieldLogger
+	lru *lru[fileKey, *fileInfo]
+	log logrus.FieldLogger
+	// runtimes are looked for in every file.
+	runtimes     []*interpreter.Runtime
 	hits, misses uint64
 	elfErrors    uint64
 }
@@ -176,7 +179,7 @@ func (c *fileCache) get(key fileKey, r readSeekerAt, name string) (*fileInfo, er
 	if isELF(r) {
 		// A corrupt ELF file still has a file id; it just cannot be
 		// symbolized locally.
-		if fi.elf, err = parseELF(r); err != nil {
+		if fi.elf, err = parseELF(r, name, c.runtimes); err != nil {
 			c.elfErrors++
 			c.log.WithError(err).Debugf("not symbolizing %s", name)
 		}

@@ -11,7 +11,9 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/support"
 	"github.com/hostprof/ebpf-profiler/tracecorr"
 )
 
@@ -41,6 +43,10 @@ type Config struct {
 	// Correlator, when set, is told of APM agents and counts the samples
 	// taken in their traces.
 	Correlator *tracecorr.Correlator
+	// Runtimes are the language runtimes looked for in processes
+	// (package interpreter's registry, as -tracers selects it); none when
+	// empty.
+	Runtimes []*interpreter.Runtime
 	// CheckInterval is how often a process that is being sampled has its
 	// maps re-read and its APM agent's storage pointer looked at again,
 	// so that a library it dlopens is found even where no mapping watcher
@@ -65,6 +71,7 @@ type Manager struct {
 	rereadInterval time.Duration
 	checkInterval  time.Duration
 	corr           *tracecorr.Correlator
+	runtimes       []*interpreter.Runtime
 	// youngProcess, newbornProcess: see quickRereadInterval.
 	youngProcess, newbornProcess time.Duration
 	log                          logrus.FieldLogger
@@ -108,7 +115,7 @@ type process struct {
 	// lastCheck is when checkProcess last ran for it.
 	lastCheck time.Time
 	// mapsChanging is set when the last read found new mappings: a
-	// process that maps libraries (a program starting, Python importing
+	// process that maps libraries (a program starting, an interpreter importing
 	// extension modules) usually maps more soon, so its next re-read may
 	// come sooner (quickRereadInterval), as for a young process.
 	mapsChanging bool
@@ -116,8 +123,8 @@ type process struct {
 	seen time.Time
 	// mappings are the executable mappings, sorted by start address.
 	mappings []*mapping
-	// python is set when the process runs CPython.
-	python *pythonProcess
+	// runtimes are the language runtimes the process runs.
+	runtimes []*runtimeState
 	// apm is set when the process has an APM agent.
 	apm *apmProcess
 	// mem is the process's memory (/proc/PID/mem), opened on first need
@@ -155,12 +162,14 @@ func New(cfg Config) (*Manager, error) {
 		rereadInterval: cmp.Or(cfg.MapsRereadInterval, defaultMapsRereadInterval),
 		checkInterval:  cmp.Or(cfg.CheckInterval, defaultCheckInterval),
 		corr:           cfg.Correlator,
+		runtimes:       cfg.Runtimes,
 		youngProcess:   youngProcess,
 		newbornProcess: newbornProcess,
 		log:            cfg.Logger,
 		now:            time.Now,
 		procs:          map[uint32]*process{},
 		nextGen:        1,
+		counters:       counters{runtimeAttached: map[string]uint64{}, runtimeRefusals: map[string]uint64{}},
 	}
 	if m.log == nil {
 		m.log = logrus.StandardLogger()
@@ -169,8 +178,9 @@ func New(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("procfs not usable at %s (mount it or set Config.ProcFS): %w", m.procFS, err)
 	}
 	m.files = fileCache{
-		lru: newLRU[fileKey, *fileInfo](cmp.Or(cfg.FileCacheSize, defaultFileCacheSize)),
-		log: m.log,
+		lru:      newLRU[fileKey, *fileInfo](cmp.Or(cfg.FileCacheSize, defaultFileCacheSize)),
+		log:      m.log,
+		runtimes: cfg.Runtimes,
 	}
 	m.byFileID = newLRU[uint64, *mapping](cmp.Or(cfg.FileCacheSize, defaultFileCacheSize))
 	m.exited = newLRU[uint32, exitedProcess](maxExitedProcesses)
@@ -192,7 +202,7 @@ func (m *Manager) Close() {
 // m.mu.
 func (m *Manager) forget(pid uint32) {
 	if p, ok := m.procs[pid]; ok {
-		m.dropPython(p)
+		m.dropRuntimes(p)
 		m.dropAPM(p)
 		if p.mem != nil {
 			p.mem.Close()
@@ -235,8 +245,8 @@ func (m *Manager) loadKernel() *kernel {
 
 // RefreshMappings reads a process's mappings now if it is new, or re-reads
 // them if the rate limit allows, so that its code is mapped for BPF before
-// its next samples; and retries (paced) describing its interpreter to BPF
-// where that failed.
+// its next samples; and retries (paced) attaching its runtimes where that
+// failed.
 func (m *Manager) RefreshMappings(pid libpf.PID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -246,8 +256,8 @@ func (m *Manager) RefreshMappings(pid libpf.PID) {
 	} else {
 		m.rereadMaps(p)
 	}
-	// BPF also asks when an interpreter it was not told of runs.
-	m.attachPython(p)
+	// BPF also asks when a runtime it was not told of runs.
+	m.refreshRuntimes(p)
 	if p.apm != nil {
 		m.readAPMAgent(p)
 	}
@@ -316,29 +326,35 @@ func (m *Manager) Sweep() int {
 	return n
 }
 
-// sampled is called for every sample and returns the generation of the
-// pid's current state, 0 if the pid is not tracked. It runs checkProcess
-// when that is due: a process only gets it while it runs.
-func (m *Manager) sampled(pid uint32) uint64 {
+// sampled is a sample's lifecycle work, done before its trace is
+// converted (or found converted): the pid's state is created on first
+// sight and its mappings read for a trace with user frames; runtimes and
+// the APM agent that wait are retried (paced), and checkProcess runs when
+// it is due, so a process only gets it while it runs. It returns the
+// state the trace belongs to and its generation, 0 if it is not kept.
+func (m *Manager) sampled(raw *support.Trace) (*process, uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	p, ok := m.procs[pid]
-	if !ok {
-		return 0
+	p := m.processFor(raw.PID, raw.Comm)
+	if m.procs[p.pid] != p {
+		return p, 0
 	}
 	if !p.mapsRead {
-		return p.gen
-	}
-	if now := m.now(); now.Sub(p.lastCheck) >= m.checkInterval {
+		if len(raw.Frames) > 0 {
+			m.ensureMaps(p)
+		}
+	} else if now := m.now(); now.Sub(p.lastCheck) >= m.checkInterval {
 		p.lastCheck = now
 		m.checkProcess(p)
-	} else if p.apm.pending() {
+	}
+	if m.procs[p.pid] != p {
+		return p, 0 // a read found it gone
+	}
+	m.refreshRuntimes(p)
+	if p.apm.pending() {
 		m.readAPMAgent(p) // paced by its backoff
 	}
-	if m.procs[pid] != p {
-		return 0 // the check found it gone
-	}
-	return p.gen
+	return p, p.gen
 }
 
 // checkProcess looks for what a process may have changed without telling:
@@ -347,7 +363,15 @@ func (m *Manager) sampled(pid uint32) uint64 {
 func (m *Manager) checkProcess(p *process) {
 	m.counters.processChecks++
 	m.rereadMaps(p)
-	if m.procs[p.pid] == p && p.apm != nil {
+	if m.procs[p.pid] != p {
+		return
+	}
+	for _, st := range p.runtimes {
+		if st.proc != nil {
+			m.updateRuntime(p, st)
+		}
+	}
+	if p.apm != nil {
 		m.recheckAPMAgent(p)
 	}
 }
@@ -520,7 +544,7 @@ func (m *Manager) loadMaps(p *process) (changed bool, err error) {
 	}
 	p.mappings = fresh
 	if changed {
-		m.findInterpreters(p)
+		m.findRuntimes(p)
 		m.findAPMAgent(p)
 	}
 	return changed, nil

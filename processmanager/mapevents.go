@@ -107,7 +107,7 @@ func (m *Manager) ExecMapped(pid libpf.PID, em support.ExecMapping) {
 		m.syncUnwind(p.pid, old, fresh)
 	}
 	p.mappings = fresh
-	m.findInterpreters(p)
+	m.findRuntimes(p)
 	m.findAPMAgent(p)
 	// Cached conversions may have left addresses of it unmapped.
 	p.gen = m.newGeneration()

@@ -1,5 +1,7 @@
 package processmanager
 
+import "maps"
+
 // Stats are the counters of a Manager and of the Handler in front of it.
 // Counts are totals since start; sizes are current.
 type Stats struct {
@@ -28,17 +30,22 @@ type Stats struct {
 	MapsReads         uint64
 	// MappingsAdded counts executable mappings added as BPF reported them.
 	MappingsAdded uint64
-	// PythonProcesses are tracked processes that run CPython;
-	// InterpreterErrors counts runtimes found in a process but not
-	// supported (a version without struct offsets) and failed attempts to
-	// describe one to the unwinder (not counting waits for the
-	// interpreter to start). PythonAttached counts processes described;
-	// PythonFrameErrors counts Python frames that could not be
+	// RuntimeProcesses are tracked processes per runtime (by name) that
+	// run it, RuntimeAttached the processes each attached to so far;
+	// RuntimeConfigs are the processes whose configuration is in the
+	// runtimes' BPF map. InterpreterErrors counts runtimes found in a
+	// process but not supported (a version without struct offsets) and
+	// failed attempts to attach one (not counting waits for the runtime to
+	// start). RuntimeFrameErrors counts runtime frames that could not be
 	// symbolized.
-	PythonProcesses   int
-	InterpreterErrors uint64
-	PythonAttached    uint64
-	PythonFrameErrors uint64
+	RuntimeProcesses   map[string]int
+	RuntimeAttached    map[string]uint64
+	RuntimeConfigs     int
+	InterpreterErrors  uint64
+	RuntimeFrameErrors uint64
+	// RuntimeRefusals counts processes a runtime refused for good, by
+	// runtime and reason ("<runtime>/<reason>").
+	RuntimeRefusals map[string]uint64
 	// APMAgents counts APM agent libraries found in processes; APMErrors
 	// failed reads of one (not counting waits for the agent to publish).
 	APMAgents, APMErrors uint64
@@ -86,8 +93,9 @@ type counters struct {
 	fileErrors         uint64
 	mappingsAdded      uint64
 	interpreterErrors  uint64
-	pythonAttached     uint64
-	pythonFrameErrors  uint64
+	runtimeAttached    map[string]uint64
+	runtimeFrameErrors uint64
+	runtimeRefusals    map[string]uint64
 	apmAgents          uint64
 	apmErrors          uint64
 	processChecks      uint64
@@ -112,8 +120,10 @@ func (m *Manager) Stats() Stats {
 		MapsRereadsLimited: c.mapsRereadsLimited,
 		MappingsAdded:      c.mappingsAdded,
 		InterpreterErrors:  c.interpreterErrors,
-		PythonAttached:     c.pythonAttached,
-		PythonFrameErrors:  c.pythonFrameErrors,
+		RuntimeAttached:    maps.Clone(c.runtimeAttached),
+		RuntimeFrameErrors: c.runtimeFrameErrors,
+		RuntimeRefusals:    maps.Clone(c.runtimeRefusals),
+		RuntimeProcesses:   map[string]int{},
 		APMAgents:          c.apmAgents,
 		APMErrors:          c.apmErrors,
 		ProcessChecks:      c.processChecks,
@@ -126,8 +136,13 @@ func (m *Manager) Stats() Stats {
 		KernelSymbols:      len(m.kernel.syms.syms),
 	}
 	for _, p := range m.procs {
-		if p.python != nil {
-			st.PythonProcesses++
+		for _, rs := range p.runtimes {
+			if rs.bin != nil || rs.proc != nil {
+				st.RuntimeProcesses[rs.rt.Name]++
+			}
+			if rs.inBPF {
+				st.RuntimeConfigs++
+			}
 		}
 	}
 	if u := m.unwind; u != nil {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hostprof/ebpf-profiler/interpreter/python"
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/support"
 )
@@ -366,7 +367,7 @@ func TestStrippedGoNamedFromPclntab(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	d, err := parseELF(f)
+	d, err := parseELF(f, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -424,7 +425,7 @@ func TestPythonProcess(t *testing.T) {
 	fs.setProcess(100, 1, "/usr/bin/python3.12", lib, textMapping(t, libc, base+0x10000000))
 	fs.setProcess(101, 1, "/bin/true")
 	maps := newFakeDeltaMaps()
-	m := newUnwindingManager(t, fs, maps, nil)
+	m := newUnwindingManager(t, fs, maps, nil, python.Runtime)
 	start := lib.start
 	_, info, err := m.ConvertTrace(&support.Trace{PID: 100, Frames: []support.Frame{{Addr: start + 0x10}}})
 	if err != nil {
@@ -440,21 +441,22 @@ func TestPythonProcess(t *testing.T) {
 	if native.RuntimeName != "" {
 		t.Errorf("native process has runtime %q", native.RuntimeName)
 	}
-	if s := m.Stats(); s.PythonProcesses != 1 || s.InterpreterErrors != 0 || s.PythonAttached != 1 {
+	if s := m.Stats(); s.RuntimeProcesses["cpython"] != 1 || s.InterpreterErrors != 0 || s.RuntimeAttached["cpython"] != 1 {
 		t.Errorf("%d Python processes, %d errors, %d described to BPF; want 1, 0 and 1",
-			s.PythonProcesses, s.InterpreterErrors, s.PythonAttached)
+			s.RuntimeProcesses["cpython"], s.InterpreterErrors, s.RuntimeAttached["cpython"])
 	}
-	p, ok := maps.python[100]
-	if !ok || len(maps.python) != 1 {
-		t.Fatalf("Python unwinder map %+v, want process 100 only", maps.python)
+	entry, ok := maps.runtimes[support.RuntimeProcKey{PID: 100, Runtime: uint32(python.ID)}]
+	if !ok || len(maps.runtimes) != 1 {
+		t.Fatalf("runtime configuration map %+v, want CPython of process 100 only", maps.runtimes)
 	}
 	// _PyRuntime lies in the library's data, above where it is loaded.
-	if p.FrameLayout != support.PythonFrames312 || p.KeyAddr < base || p.KeyReadyAddr < base ||
+	p := entry.(python.UnwinderProc)
+	if p.FrameLayout != python.Frames312 || p.KeyAddr < base || p.KeyReadyAddr < base ||
 		p.TSDMaxKey != 32 || p.TSDEntrySize != 16 {
 		t.Errorf("Python unwinder entry %+v", p)
 	}
 	m.ProcessExited(100)
-	if len(maps.python) != 0 {
-		t.Errorf("Python unwinder map %+v after the exit", maps.python)
+	if len(maps.runtimes) != 0 {
+		t.Errorf("runtime configuration map %+v after the exit", maps.runtimes)
 	}
 }

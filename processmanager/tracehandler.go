@@ -102,15 +102,11 @@ func (h *Handler) wallTime(ktime uint64) time.Time {
 // reports the sample.
 func (h *Handler) HandleTrace(raw *support.Trace) {
 	h.received.Add(1)
-	gen := h.m.sampled(raw.PID)
+	p, gen := h.m.sampled(raw)
 	trace, info, ok := h.lookup(raw, gen)
 	if !ok {
 		h.misses.Add(1)
-		c, err := h.m.convert(raw)
-		if err != nil {
-			h.errors.Add(1)
-			return
-		}
+		c := h.m.convertRetrying(raw, p)
 		trace, info = c.trace, c.info
 		if c.gen != 0 {
 			h.cache.Add(raw.Hash, cachedTrace{trace: trace, info: info, pid: raw.PID, gen: c.gen, retryAt: c.retryAt})

@@ -22,9 +22,9 @@ type Unwinding struct {
 	Maps     DeltaMaps
 	Capacity support.DeltaCapacity
 	Extract  ExtractFunc
-	// Interpreters, when set, receives what the interpreter unwinders
-	// need of each process that runs an interpreter.
-	Interpreters InterpreterMaps
+	// Runtimes, when set, receives what the runtimes' unwinders need of
+	// each process that runs a runtime.
+	Runtimes RuntimeMaps
 	// APM, when set, receives where each process's APM agent keeps its
 	// threads' trace context.
 	APM APMMaps
@@ -96,9 +96,9 @@ func (s *unwindSync) publish() {
 type unwindJob struct {
 	pid uint32
 	// detachAll forgets the pid; otherwise the job attaches or (detach)
-	// removes one mapping.
-	detachAll, detach bool
-	m                 attachedMapping
+	// removes one mapping, or adds a runtime's region.
+	detachAll, detach, region bool
+	m                         attachedMapping
 	// key names the file for BPF, with its executable segment's
 	// p_vaddr - p_offset; hasKey is false for the vDSO and files whose
 	// executable segments disagree on it.
@@ -108,17 +108,25 @@ type unwindJob struct {
 	// open reads the mapped file; called only when its deltas are not
 	// loaded yet.
 	open func() (mappedImage, error)
-	// interpreter is the code of the file's interpreter eval loop, whose
-	// deltas are marked for the interpreter's unwinder; [start, end)
-	// ranges, none when the file holds no interpreter.
-	interpreter [][2]uint64
+	// runtimeCode are the eval loops of the runtimes in the file, whose
+	// deltas are marked for the runtimes' unwinders.
+	runtimeCode []runtimeCode
 	// barrier, when set, is closed once every earlier job is done.
 	barrier chan struct{}
 }
 
 type attachedMapping struct {
 	start, end, bias uint64
-	fileID           uint64
+	// fileID is 0 for a runtime's region of anonymous code, which runtime
+	// unwinds if set.
+	fileID  uint64
+	runtime uint8
+}
+
+// runtimeCode is a range of file addresses of a runtime's eval loop.
+type runtimeCode struct {
+	start, end uint64
+	runtime    uint8
 }
 
 func newUnwindSync(u Unwinding, log logrus.FieldLogger) *unwindSync {
@@ -154,10 +162,27 @@ func (s *unwindSync) attach(pid uint32, mp *mapping, procFS string) {
 		j.vaddrAdjust, j.hasKey = mp.file.elf.execVaddrAdjust()
 		j.key = support.NewFileKey(e.dev, e.inode)
 	}
-	if in := mp.file.elf.python; in != nil {
-		j.interpreter = in.EvalRanges
+	for _, rm := range mp.file.elf.runtimes {
+		if rm.rt.ID == 0 || rm.bin.Unsupported() != nil {
+			continue // no unwinder, or never attached: nothing to hand over
+		}
+		for _, r := range rm.bin.CodeRanges() {
+			j.runtimeCode = append(j.runtimeCode, runtimeCode{r[0], r[1], uint8(rm.rt.ID)})
+		}
 	}
 	s.send(j)
+}
+
+// addRegion queues the claim of a runtime's region of anonymous code
+// [start, end): known code to the native unwinder, handed to runtime's
+// unwinder where runtime is set.
+func (s *unwindSync) addRegion(pid uint32, start, end uint64, runtime uint8) {
+	s.send(unwindJob{pid: pid, region: true, m: attachedMapping{start: start, end: end, runtime: runtime}})
+}
+
+// removeRegion queues the removal of a region added at start.
+func (s *unwindSync) removeRegion(pid uint32, start uint64) {
+	s.send(unwindJob{pid: pid, detach: true, m: attachedMapping{start: start}})
 }
 
 // detach queues the removal of a mapping. Removals are never dropped: the
@@ -221,6 +246,10 @@ func (s *unwindSync) handle(j unwindJob) {
 		delete(s.attached, j.pid)
 	case j.detach:
 		s.remove(j.pid, j.m.start)
+	case j.region:
+		if err := s.addTrie(j.pid, j.m); err != nil {
+			s.log.WithError(err).Debugf("process %d: region at %#x", j.pid, j.m.start)
+		}
 	default:
 		err := s.add(j)
 		switch {
@@ -251,8 +280,8 @@ func (s *unwindSync) add(j unwindJob) error {
 			return nil, fmt.Errorf("extracting stack deltas: %w", err)
 		}
 		s.filesLoaded.Add(1)
-		for _, r := range j.interpreter {
-			d = d.MarkInterpreter(r[0], r[1])
+		for _, c := range j.runtimeCode {
+			d = d.MarkRuntime(c.start, c.end, c.runtime)
 		}
 		return d, nil
 	})
@@ -265,16 +294,23 @@ func (s *unwindSync) add(j unwindJob) error {
 			s.log.WithError(err).Debugf("process %d: mapping at %#x", j.pid, j.m.start)
 		}
 	}
-	for _, p := range rangePrefixes(j.m.start, j.m.end) {
-		key := support.NewPidMappingKey(j.pid, p[0], int(p[1]))
-		if err := s.u.Maps.SetPidMapping(key, support.PidMapping{FileID: j.m.fileID, Bias: j.m.bias}); err != nil {
+	return s.addTrie(j.pid, j.m)
+}
+
+// addTrie writes a mapping (or region) to the mapping trie.
+func (s *unwindSync) addTrie(pid uint32, m attachedMapping) error {
+	if _, ok := s.attached[pid][m.start]; ok && m.fileID == 0 {
+		s.remove(pid, m.start)
+	}
+	s.attachedFor(pid)[m.start] = m
+	for _, p := range rangePrefixes(m.start, m.end) {
+		key := support.NewPidMappingKey(pid, p[0], int(p[1]))
+		if err := s.u.Maps.SetPidMapping(key, support.PidMapping{FileID: m.fileID, Bias: m.bias, Runtime: m.runtime}); err != nil {
 			s.loadErrors.Add(1)
-			s.attachedFor(j.pid)[j.m.start] = j.m
-			s.remove(j.pid, j.m.start)
+			s.remove(pid, m.start)
 			return fmt.Errorf("writing the mapping trie: %w", err)
 		}
 	}
-	s.attachedFor(j.pid)[j.m.start] = j.m
 	return nil
 }
 

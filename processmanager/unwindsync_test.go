@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/support"
 )
@@ -113,7 +114,8 @@ func TestExecMappedAddsMapping(t *testing.T) {
 
 // newUnwindingManager returns a Manager over fs that loads into maps one
 // delta per file, counting extractions in *extractions when it is set.
-func newUnwindingManager(t *testing.T, fs *fakeProcFS, maps *fakeDeltaMaps, extractions *int) *Manager {
+func newUnwindingManager(t *testing.T, fs *fakeProcFS, maps *fakeDeltaMaps, extractions *int,
+	runtimes ...*interpreter.Runtime) *Manager {
 	t.Helper()
 	extract := func(io.ReaderAt) (nativeunwind.Deltas, error) {
 		if extractions != nil {
@@ -123,7 +125,7 @@ func newUnwindingManager(t *testing.T, fs *fakeProcFS, maps *fakeDeltaMaps, extr
 	}
 	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger(),
 		Unwinding: &Unwinding{Maps: maps, Capacity: support.DeltaCapacity{Rules: 8, Deltas: 1024, PageBits: 16},
-			Extract: extract, Interpreters: maps}})
+			Extract: extract, Runtimes: maps}, Runtimes: runtimes})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	commonpb "go.opentelemetry.io/proto/slim/otlp/common/v1"
 	profilespb "go.opentelemetry.io/proto/slim/otlp/profiles/v1development"
 
+	"github.com/hostprof/ebpf-profiler/interpreter/python"
 	"github.com/hostprof/ebpf-profiler/libpf"
 )
 
@@ -404,13 +405,13 @@ func TestBuildRequestPythonFrames(t *testing.T) {
 	a := newAggregator(f.start, 10)
 	trace := &libpf.Trace{Hash: libpf.TraceHash{Lo: 1}, Frames: []libpf.Frame{
 		{Kind: libpf.FrameNative, Address: 0x100, Mapping: f.libcA, FunctionName: "write", SourceFile: "write.c", SourceLine: 10},
-		{Kind: libpf.FramePython, FunctionName: "cf_leaf", SourceFile: "/srv/app.py", SourceLine: 18},
-		{Kind: libpf.FramePython, FunctionName: "Worker.run", SourceFile: "/srv/app.py", SourceLine: 30},
-		{Kind: libpf.FramePython, FunctionName: "<module>", SourceFile: "/srv/app.py", SourceLine: 41},
+		{Kind: python.Kind, FunctionName: "cf_leaf", SourceFile: "/srv/app.py", SourceLine: 18},
+		{Kind: python.Kind, FunctionName: "Worker.run", SourceFile: "/srv/app.py", SourceLine: 30},
+		{Kind: python.Kind, FunctionName: "<module>", SourceFile: "/srv/app.py", SourceLine: 41},
 	}}
 	other := &libpf.Trace{Hash: libpf.TraceHash{Lo: 2}, Frames: []libpf.Frame{
-		{Kind: libpf.FramePython, FunctionName: "cf_leaf", SourceFile: "/srv/app.py", SourceLine: 19},
-		{Kind: libpf.FramePython, FunctionName: "<module>", SourceFile: "/srv/app.py", SourceLine: 41},
+		{Kind: python.Kind, FunctionName: "cf_leaf", SourceFile: "/srv/app.py", SourceLine: 19},
+		{Kind: python.Kind, FunctionName: "<module>", SourceFile: "/srv/app.py", SourceLine: 41},
 	}}
 	a.add(trace, &libpf.SampleMeta{Process: f.procA}, uint64(f.start.UnixNano()))
 	a.add(other, &libpf.SampleMeta{Process: f.procA}, uint64(f.start.UnixNano()))

@@ -25,9 +25,8 @@ type DeltaCapacity struct {
 	// 1).
 	DeltasPerSlot uint32
 	// FlagRASigned is the rule flag for a signed return address,
-	// FlagStackSwitch the one for a frame that switched stacks,
-	// FlagInterpreter the one for an interpreter's eval loop.
-	FlagRASigned, FlagStackSwitch, FlagInterpreter uint8
+	// FlagStackSwitch the one for a frame that switched stacks.
+	FlagRASigned, FlagStackSwitch uint8
 }
 
 // FileKey mirrors struct file_key: a file as the kernel names it.
@@ -50,9 +49,11 @@ type KnownFile struct {
 
 // UnwindRule mirrors struct unwind_rule.
 type UnwindRule struct {
-	CFABase   uint8
-	Flags     uint8
-	_         uint16
+	CFABase uint8
+	Flags   uint8
+	// Runtime is the runtime whose eval loop the frame runs, 0 for none.
+	Runtime   uint8
+	_         uint8
 	CFAOffset int32
 	FPOffset  int32
 	RAOffset  int32
@@ -93,7 +94,25 @@ type PidMappingKey struct {
 type PidMapping struct {
 	FileID uint64
 	Bias   uint64
+	// Runtime is the runtime whose unwinder takes over at PCs of the
+	// mapping (its JIT code), 0 for none.
+	Runtime uint8
+	_       [7]uint8
 }
+
+// RuntimeProcKey mirrors struct runtime_proc_key.
+type RuntimeProcKey struct {
+	PID     uint32
+	Runtime uint32
+}
+
+// RuntimeProcSize is the room for one runtime's per-process configuration
+// (RUNTIME_PROC_SIZE), checked against struct runtime_proc.
+const RuntimeProcSize = 128
+
+// RuntimeProc mirrors struct runtime_proc: a runtime's own struct,
+// encoded.
+type RuntimeProc [RuntimeProcSize]byte
 
 // pidMappingFixedBits is the part of a PidMappingKey's prefix that is the
 // pid: every prefix covers one pid entirely.
@@ -114,41 +133,66 @@ func NewPidMappingKey(pid uint32, addr uint64, addrBits int) PidMappingKey {
 // mirrors pairs each C struct user space writes or reads with its Go
 // mirror.
 var mirrors = map[string]any{
-	"unwind_rule":     UnwindRule{},
-	"stack_delta":     StackDelta{},
-	"delta_slot":      DeltaSlot{},
-	"delta_page_key":  DeltaPageKey{},
-	"delta_page":      DeltaPage{},
-	"pid_mapping_key": PidMappingKey{},
-	"pid_mapping":     PidMapping{},
-	"file_key":        FileKey{},
-	"known_file":      KnownFile{},
-	"python_proc":     PythonProc{},
-	"apm_proc":        APMProc{},
-	"apm_context":     apmContext{},
+	"unwind_rule":      UnwindRule{},
+	"stack_delta":      StackDelta{},
+	"delta_slot":       DeltaSlot{},
+	"delta_page_key":   DeltaPageKey{},
+	"delta_page":       DeltaPage{},
+	"pid_mapping_key":  PidMappingKey{},
+	"pid_mapping":      PidMapping{},
+	"file_key":         FileKey{},
+	"known_file":       KnownFile{},
+	"runtime_proc_key": RuntimeProcKey{},
+	"runtime_proc":     RuntimeProc{},
+	"apm_proc":         APMProc{},
+	"apm_context":      apmContext{},
 }
 
-// checkMirrors makes sure each Go mirror has its C struct's size and the
-// offsets of its fields, in order (padding fields aside: "pad..." in C,
-// "_" in Go).
+// checkMirrors makes sure each Go mirror has its C struct's layout.
 func checkMirrors(types *btf.Spec) error {
 	for name, mirror := range mirrors {
-		var st *btf.Struct
-		if err := types.TypeByName(name, &st); err != nil {
-			return fmt.Errorf("BPF object lacks struct %s: %w", name, err)
-		}
-		got := []uintptr{uintptr(st.Size)}
-		for _, m := range st.Members {
-			if !strings.HasPrefix(m.Name, "pad") {
-				got = append(got, uintptr(m.Offset.Bytes()))
-			}
-		}
-		if want := goLayout(reflect.TypeOf(mirror)); !slices.Equal(got, want) {
-			return fmt.Errorf("struct %s has size and offsets %v, the Go mirror %v", name, got, want)
+		if err := checkMirror(types, name, mirror); err != nil {
+			return err
 		}
 	}
 	return nil
 }
+
+// checkMirror makes sure a Go mirror has its C struct's size and the
+// offsets of its fields, in order (padding fields aside: "pad..." in C,
+// "_" in Go).
+func checkMirror(types *btf.Spec, name string, mirror any) error {
+	var st *btf.Struct
+	if err := types.TypeByName(name, &st); err != nil {
+		return fmt.Errorf("BPF object lacks struct %s: %w", name, err)
+	}
+	got := []uintptr{uintptr(st.Size)}
+	for _, m := range st.Members {
+		if !strings.HasPrefix(m.Name, "pad") {
+			got = append(got, uintptr(m.Offset.Bytes()))
+		}
+	}
+	if want := goLayout(reflect.TypeOf(mirror)); !slices.Equal(got, want) {
+		return fmt.Errorf("struct %s has size and offsets %v, the Go mirror %v", name, got, want)
+	}
+	return nil
+}
+
+// CheckMirror makes sure a Go mirror of a C struct the object's BTF
+// describes has the C layout: for runtimes' per-process configurations.
+func (s *Shared) CheckMirror(name string, mirror any) error {
+	if err := checkMirror(s.types, name, mirror); err != nil {
+		return err
+	}
+	if size := reflect.TypeOf(mirror).Size(); size > RuntimeProcSize {
+		return fmt.Errorf("struct %s takes %d bytes, more than the %d of struct runtime_proc", name, size, RuntimeProcSize)
+	}
+	return nil
+}
+
+// EnumValues returns the values of an enum of the object's BTF by name:
+// for runtimes' own enums.
+func (s *Shared) EnumValues(name string) (map[string]uint64, error) { return enumValues(s.types, name) }
 
 // goLayout is a Go struct's size and the offsets of its named fields; an
 // array (DeltaSlot) counts as one field at 0.

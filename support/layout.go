@@ -18,21 +18,35 @@ import (
 // Shared holds what user space needs to know about the BPF object, read from
 // its BTF: enum values by name and the layout of the records BPF emits.
 type Shared struct {
-	// Programs are the tail-call targets: program name -> progs map index.
+	// Programs are the core's tail-call targets: program name -> progs
+	// map index.
 	Programs map[string]uint32
+	// Runtimes are the runtimes the object has an unwinder for: name (of
+	// RUNTIME_<NAME>, lower case) -> id. Runtime <name>'s program is
+	// unwind_<name>, its tail-call slot its id.
+	Runtimes map[string]uint8
 	// Metrics are the counter names, indexed by metric id.
 	Metrics []string
+	// RuntimeMetrics are the runtimes' counter names, by index in the
+	// runtime_metrics map (id * RuntimeMetricsPerRuntime + counter).
+	RuntimeMetrics map[uint32]string
 	// DeltaPageBits: a delta page covers 1 << DeltaPageBits addresses.
 	DeltaPageBits uint
 	// RuleFlagRASigned is enum unwind_rule_flag's UNWIND_RULE_RA_SIGNED.
 	RuleFlagRASigned uint8
 	// RuleFlagStackSwitch is UNWIND_RULE_STACK_SWITCH.
 	RuleFlagStackSwitch uint8
-	// RuleFlagInterpreter is UNWIND_RULE_INTERPRETER.
-	RuleFlagInterpreter uint8
 
 	trace traceLayout
+	types *btf.Spec
 }
+
+// RuntimeMetricsPerRuntime is RUNTIME_METRICS_MAX: the counters each
+// runtime has in the runtime_metrics map.
+const RuntimeMetricsPerRuntime = 16
+
+// RuntimeProgram names the BPF unwinder of a runtime.
+func RuntimeProgram(name string) string { return "unwind_" + name }
 
 // traceLayout holds byte offsets of struct trace and struct frame fields.
 type traceLayout struct {
@@ -54,7 +68,7 @@ type traceLayout struct {
 // ReadShared extracts the shared definitions from the object's BTF and checks
 // them against what the Go side assumes.
 func ReadShared(spec *ebpf.CollectionSpec) (*Shared, error) {
-	s := &Shared{Programs: map[string]uint32{}}
+	s := &Shared{Programs: map[string]uint32{}, types: spec.Types}
 	progs, err := enumValues(spec.Types, "prog_id")
 	if err != nil {
 		return nil, err
@@ -84,7 +98,7 @@ func ReadShared(spec *ebpf.CollectionSpec) (*Shared, error) {
 	if err := checkMirrors(spec.Types); err != nil {
 		return nil, err
 	}
-	if err := checkPythonFrameLayouts(spec.Types); err != nil {
+	if err := s.readRuntimes(); err != nil {
 		return nil, err
 	}
 	layout, err := enumValues(spec.Types, "delta_layout")
@@ -101,8 +115,7 @@ func ReadShared(spec *ebpf.CollectionSpec) (*Shared, error) {
 	}
 	s.RuleFlagRASigned = uint8(flags["UNWIND_RULE_RA_SIGNED"])
 	s.RuleFlagStackSwitch = uint8(flags["UNWIND_RULE_STACK_SWITCH"])
-	s.RuleFlagInterpreter = uint8(flags["UNWIND_RULE_INTERPRETER"])
-	if s.RuleFlagRASigned == 0 || s.RuleFlagStackSwitch == 0 || s.RuleFlagInterpreter == 0 {
+	if s.RuleFlagRASigned == 0 || s.RuleFlagStackSwitch == 0 {
 		return nil, fmt.Errorf("BPF object's enum unwind_rule_flag lacks a flag: %v", flags)
 	}
 	return s, nil
@@ -131,11 +144,49 @@ func checkFrameKinds(types *btf.Spec) error {
 		"FRAME_KIND_NATIVE":  libpf.FrameNative,
 		"FRAME_KIND_KERNEL":  libpf.FrameKernel,
 		"FRAME_KIND_ABORT":   libpf.FrameAbort,
-		"FRAME_KIND_PYTHON":  libpf.FramePython,
 	}
 	for name, v := range kinds {
 		if k, ok := want[name]; !ok || uint64(k) != v {
 			return fmt.Errorf("BPF frame kind %s=%d has no libpf equivalent", name, v)
+		}
+	}
+	return nil
+}
+
+// readRuntimes reads the runtime registry of the object (enum runtime_id)
+// and each runtime's counters (its enum <name>_metric).
+func (s *Shared) readRuntimes() error {
+	ids, err := enumValues(s.types, "runtime_id")
+	if err != nil {
+		return err
+	}
+	first, limit := ids["RUNTIME_FIRST"], ids["RUNTIME_MAX"]
+	if first != uint64(libpf.FirstRuntimeKind) || limit == 0 {
+		return fmt.Errorf("BPF enum runtime_id starts at %d (libpf: %d), ends at %d", first, libpf.FirstRuntimeKind, limit)
+	}
+	s.Runtimes = map[string]uint8{}
+	s.RuntimeMetrics = map[uint32]string{}
+	for cname, id := range ids {
+		if cname == "RUNTIME_FIRST" || cname == "RUNTIME_MAX" {
+			continue
+		}
+		if id < first || id >= limit {
+			return fmt.Errorf("BPF runtime %s has id %d, outside [%d, %d)", cname, id, first, limit)
+		}
+		name := strings.ToLower(strings.TrimPrefix(cname, "RUNTIME_"))
+		s.Runtimes[name] = uint8(id)
+		metrics, err := enumValues(s.types, name+"_metric")
+		if err != nil {
+			return fmt.Errorf("runtime %s: %w", name, err)
+		}
+		for mname, v := range metrics {
+			if strings.HasSuffix(mname, "_COUNT") {
+				continue
+			}
+			if v >= RuntimeMetricsPerRuntime {
+				return fmt.Errorf("runtime %s: counter %s=%d beyond %d", name, mname, v, RuntimeMetricsPerRuntime)
+			}
+			s.RuntimeMetrics[uint32(id)*RuntimeMetricsPerRuntime+uint32(v)] = strings.ToLower(strings.TrimPrefix(mname, "METRIC_"))
 		}
 	}
 	return nil

@@ -24,14 +24,14 @@ type Trace struct {
 }
 
 // WakesEarly says whether BPF woke the events reader early for the trace
-// (unwind_stop's trace_urgent): it has interpreter frames or an APM trace
+// (unwind_stop's trace_urgent): it has runtime frames or an APM trace
 // context, and user space owes it a short delay.
 func (t *Trace) WakesEarly() bool {
 	if t.APM.Valid {
 		return true
 	}
 	for i := range t.Frames {
-		if t.Frames[i].Kind == libpf.FramePython {
+		if t.Frames[i].Kind.IsRuntime() {
 			return true
 		}
 	}

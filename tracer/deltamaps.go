@@ -1,11 +1,15 @@
 package tracer
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/cilium/ebpf"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -23,7 +27,6 @@ func (t *Tracer) DeltaCapacity() support.DeltaCapacity {
 		PageBits:        t.shared.DeltaPageBits,
 		FlagRASigned:    t.shared.RuleFlagRASigned,
 		FlagStackSwitch: t.shared.RuleFlagStackSwitch,
-		FlagInterpreter: t.shared.RuleFlagInterpreter,
 	}
 }
 
@@ -74,15 +77,42 @@ func (t *Tracer) SetKnownFile(k support.FileKey, v support.KnownFile) error {
 	return t.coll.Maps["known_files"].Put(k, v)
 }
 
-// SetPythonProc describes the CPython process pid to the Python unwinder.
-func (t *Tracer) SetPythonProc(pid uint32, p support.PythonProc) error {
-	return t.coll.Maps["python_procs"].Put(pid, p)
+// SetRuntimeConfig writes what runtime id's unwinder needs of process pid:
+// v is a value of the runtime's ConfigMirror type.
+func (t *Tracer) SetRuntimeConfig(pid uint32, id interpreter.ID, v any) error {
+	rt, ok := t.runtimes[id]
+	if !ok {
+		return fmt.Errorf("runtime %d has no unwinder loaded", id)
+	}
+	if reflect.TypeOf(v) != reflect.TypeOf(rt.ConfigMirror) {
+		return fmt.Errorf("runtime %s: configuration of type %T, want %T", rt.Name, v, rt.ConfigMirror)
+	}
+	var buf bytes.Buffer
+	if err := binary.Write(&buf, binary.NativeEndian, v); err != nil {
+		return fmt.Errorf("runtime %s: encoding its configuration: %w", rt.Name, err)
+	}
+	var value support.RuntimeProc
+	copy(value[:], buf.Bytes())
+	return t.coll.Maps["runtime_procs"].Put(support.RuntimeProcKey{PID: pid, Runtime: uint32(id)}, value)
 }
 
-// DeletePythonProc forgets a CPython process; a missing one is not an
-// error.
-func (t *Tracer) DeletePythonProc(pid uint32) error {
-	return ignoreMissing(t.coll.Maps["python_procs"].Delete(pid))
+// DeleteRuntimeConfig forgets a process's runtime configuration; a missing
+// one is not an error.
+func (t *Tracer) DeleteRuntimeConfig(pid uint32, id interpreter.ID) error {
+	return ignoreMissing(t.coll.Maps["runtime_procs"].Delete(support.RuntimeProcKey{PID: pid, Runtime: uint32(id)}))
+}
+
+// RuntimeConfigs counts the runtime configuration map's entries per pid,
+// by walking it: for tests and debugging, not the sampling path.
+func (t *Tracer) RuntimeConfigs() (map[uint32]int, error) {
+	counts := map[uint32]int{}
+	var k support.RuntimeProcKey
+	var v support.RuntimeProc
+	it := t.coll.Maps["runtime_procs"].Iterate()
+	for it.Next(&k, &v) {
+		counts[k.PID]++
+	}
+	return counts, it.Err()
 }
 
 // SetAPMProc says where the APM agent of process pid keeps its threads'

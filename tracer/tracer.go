@@ -11,6 +11,7 @@ import (
 	"math/bits"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +25,7 @@ import (
 	log "github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -37,6 +39,9 @@ type Config struct {
 	// mappings once per step, from 0 (the compiled sizes) to
 	// MaxMapScaleFactor.
 	MapScaleFactor uint
+	// Runtimes are the language runtimes whose unwinders are loaded; the
+	// programs of the others are not.
+	Runtimes []*interpreter.Runtime
 }
 
 // Bounds of the events ring buffer: it holds about half a second of traces
@@ -68,6 +73,8 @@ type Tracer struct {
 	mapWatchErr  error
 	mapWatchMode string
 	cpus         []int
+	// runtimes are the loaded runtimes' unwinders, by id.
+	runtimes map[interpreter.ID]*interpreter.Runtime
 	// malformed counts ring buffer records that did not decode.
 	malformed atomic.Uint64
 }
@@ -124,7 +131,7 @@ func New(cfg Config) (*Tracer, error) {
 		// and a library dlopen()ed just after a read waited up to two
 		// seconds to be noticed instead of one.
 		"unknown_pc_report_interval": uint64(200 * time.Millisecond),
-		// Python frames are symbolized from the process's memory: a
+		// Runtime frames are symbolized from the process's memory: a
 		// process's last samples must be read before it exits.
 		"trace_wakeup_latency": uint64(TraceWakeupLatency),
 	}); err != nil {
@@ -133,6 +140,10 @@ func New(cfg Config) (*Tracer, error) {
 
 	if !feats.findVMA {
 		delete(spec.Programs, ResolveVMA)
+	}
+	runtimes, err := selectRuntimes(spec, shared, cfg.Runtimes)
+	if err != nil {
+		return nil, err
 	}
 	mapWatchSpec := splitMapWatch(spec)
 	scaled, err := createScaledMaps(spec, cfg.MapScaleFactor)
@@ -149,7 +160,7 @@ func New(cfg Config) (*Tracer, error) {
 	if err != nil {
 		return nil, loadError(err)
 	}
-	t := &Tracer{cfg: cfg, shared: shared, coll: coll, cpus: cpus}
+	t := &Tracer{cfg: cfg, shared: shared, coll: coll, cpus: cpus, runtimes: runtimes}
 	t.mapWatch, t.mapWatchErr = loadMapWatch(spec, mapWatchSpec, coll)
 	if cfg.BPFLogLevel != 0 {
 		for name, p := range coll.Programs {
@@ -220,7 +231,7 @@ func loadError(err error) error {
 	}
 	if strings.Contains(err.Error(), "load kernel spec") {
 		// The programs read kernel structs (a task's stack and thread
-		// pointer, for kernel frames, CPython and APM trace correlation)
+		// pointer, for kernel frames, runtimes and APM trace correlation)
 		// at offsets relocated from the kernel's BTF.
 		return fmt.Errorf("loading BPF programs: the kernel's BTF type information is missing or unreadable "+
 			"(/sys/kernel/btf/vmlinux; kernels built with CONFIG_DEBUG_INFO_BTF=y have it, as distribution kernels "+
@@ -229,9 +240,43 @@ func loadError(err error) error {
 	return fmt.Errorf("loading BPF programs: %w", err)
 }
 
+// selectRuntimes checks the unwinders of the runtimes to load against the
+// object (id, configuration struct) and removes the programs of the others
+// from spec, so that a runtime switched off costs nothing.
+func selectRuntimes(spec *ebpf.CollectionSpec, shared *support.Shared, want []*interpreter.Runtime) (
+	map[interpreter.ID]*interpreter.Runtime, error) {
+	loaded := map[interpreter.ID]*interpreter.Runtime{}
+	for _, rt := range want {
+		if rt.ID == 0 {
+			continue
+		}
+		id, ok := shared.Runtimes[rt.Name]
+		if !ok || interpreter.ID(id) != rt.ID {
+			return nil, fmt.Errorf("runtime %s has id %d, the BPF object's RUNTIME_%s %d (present: %v)",
+				rt.Name, rt.ID, strings.ToUpper(rt.Name), id, ok)
+		}
+		if rt.ConfigStruct != "" {
+			if err := shared.CheckMirror(rt.ConfigStruct, rt.ConfigMirror); err != nil {
+				return nil, fmt.Errorf("runtime %s: %w", rt.Name, err)
+			}
+		}
+		loaded[rt.ID] = rt
+	}
+	for name, id := range shared.Runtimes {
+		if _, ok := loaded[interpreter.ID(id)]; !ok {
+			delete(spec.Programs, support.RuntimeProgram(name))
+		}
+	}
+	return loaded, nil
+}
+
 func (t *Tracer) fillProgArray() error {
 	progs := t.coll.Maps["progs"]
-	for name, idx := range t.shared.Programs {
+	slots := maps.Clone(t.shared.Programs)
+	for id, rt := range t.runtimes {
+		slots[support.RuntimeProgram(rt.Name)] = uint32(id)
+	}
+	for name, idx := range slots {
 		p, ok := t.coll.Programs[name]
 		if !ok && name == ResolveVMA {
 			continue
@@ -244,6 +289,16 @@ func (t *Tracer) fillProgArray() error {
 		}
 	}
 	return nil
+}
+
+// Runtimes names the runtimes whose unwinders are loaded.
+func (t *Tracer) Runtimes() []string {
+	var names []string
+	for _, rt := range t.runtimes {
+		names = append(names, rt.Name)
+	}
+	slices.Sort(names)
+	return names
 }
 
 // Attach starts sampling every online CPU and watching process exits and
@@ -383,15 +438,30 @@ func (t *Tracer) Metrics() (map[string]uint64, error) {
 	m := t.coll.Maps["metrics"]
 	out := make(map[string]uint64, len(t.shared.Metrics))
 	var perCPU []uint64
-	for id, name := range t.shared.Metrics {
-		if err := m.Lookup(uint32(id), &perCPU); err != nil {
-			return nil, fmt.Errorf("reading BPF counter %s: %w", name, err)
+	read := func(m *ebpf.Map, idx uint32, name string) error {
+		if err := m.Lookup(idx, &perCPU); err != nil {
+			return fmt.Errorf("reading BPF counter %s: %w", name, err)
 		}
 		var sum uint64
 		for _, v := range perCPU {
 			sum += v
 		}
 		out[name] = sum
+		return nil
+	}
+	for id, name := range t.shared.Metrics {
+		if err := read(m, uint32(id), name); err != nil {
+			return nil, err
+		}
+	}
+	rm := t.coll.Maps["runtime_metrics"]
+	for idx, name := range t.shared.RuntimeMetrics {
+		if _, loaded := t.runtimes[interpreter.ID(idx/support.RuntimeMetricsPerRuntime)]; !loaded {
+			continue
+		}
+		if err := read(rm, idx, name); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }

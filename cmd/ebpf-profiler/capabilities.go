@@ -24,7 +24,7 @@ type usefulCapability struct {
 // loses, as documented in the README and granted by the systemd unit.
 var usefulCapabilities = []usefulCapability{
 	{anyOf: []libpf.Capability{libpf.CapSysPtrace},
-		lost: "user frames cannot be attributed to files, nor Python frames read (/proc/PID/maps, /proc/PID/mem)"},
+		lost: "user frames cannot be attributed to files, nor runtime frames read (/proc/PID/maps, /proc/PID/mem)"},
 	{anyOf: []libpf.Capability{libpf.CapDACReadSearch, libpf.CapDACOverride},
 		lost: "files other users may not read cannot be opened (/proc/PID/map_files, /proc/PID/root)"},
 	{anyOf: []libpf.Capability{libpf.CapCheckpointRestore, libpf.CapSysAdmin}, minKernel: "5.9",

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/reporter"
 	"github.com/hostprof/ebpf-profiler/tracer"
 )
@@ -58,10 +59,6 @@ type config struct {
 	warnings []string
 }
 
-// knownTracers are the values -tracers accepts. Interpreter unwinders join
-// this list as they are implemented.
-var knownTracers = []string{"native"}
-
 // parseFlags parses and validates the command line and the environment
 // (environ as os.Environ returns it); usage and errors go to out.
 func parseFlags(args, environ []string, out io.Writer) (*config, error) {
@@ -84,7 +81,8 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	fs.DurationVar(&c.monitorInterval, "monitor-interval", time.Minute,
 		"How often the daemon checks its own counters and logs one status line (1s-1h).")
 	fs.StringVar(&tracers, "tracers", "all",
-		"Comma-separated unwinders to enable: all, or any of "+strings.Join(knownTracers, ", ")+".")
+		"Comma-separated unwinders to enable: all, or any of "+strings.Join(interpreter.Names(), ", ")+
+			" (native is always on; a runtime left out loads no BPF program).")
 	fs.UintVar(&c.bpfLogLevel, "bpf-log-level", 0, "BPF verifier log level (0-2); logs are printed with -v.")
 	fs.UintVar(&c.mapScaleFactor, "map-scale-factor", 0,
 		fmt.Sprintf("Scaling factor for eBPF map sizes (0-%d): every increase by 1 doubles the maps of stack deltas "+
@@ -185,21 +183,23 @@ func (c *config) validate() error {
 	return errors.Join(errs...)
 }
 
+// parseTracers returns the unwinders -tracers enables, by name: native and
+// the runtimes of the registry it chooses.
 func parseTracers(s string) ([]string, error) {
-	var out []string
+	var names []string
 	for _, name := range strings.Split(s, ",") {
-		name = strings.TrimSpace(name)
-		switch {
-		case name == "all":
-			out = append(out, knownTracers...)
-		case slices.Contains(knownTracers, name):
-			out = append(out, name)
-		default:
-			return nil, fmt.Errorf("-tracers: unknown tracer %q (known: all, %s)", name, strings.Join(knownTracers, ", "))
-		}
+		names = append(names, strings.TrimSpace(name))
+	}
+	rts, err := interpreter.Select(names)
+	if err != nil {
+		return nil, fmt.Errorf("-tracers: %w", err)
+	}
+	out := []string{interpreter.NativeName}
+	for _, rt := range rts {
+		out = append(out, rt.Name)
 	}
 	slices.Sort(out)
-	return slices.Compact(out), nil
+	return out, nil
 }
 
 // envName is the environment variable that sets flag name.

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hostprof/ebpf-profiler/interpreter"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -18,7 +20,7 @@ func TestParseFlags(t *testing.T) {
 	}{
 		{name: "local default", check: func(c *config) bool {
 			return c.outputDir == defaultOutputDir && c.samplesPerSecond == 20 &&
-				c.reporterInterval == 5*time.Second && slices.Equal(c.tracers, []string{"native"}) &&
+				c.reporterInterval == 5*time.Second && slices.Equal(c.tracers, slices.Sorted(slices.Values(interpreter.Names()))) &&
 				c.mapScaleFactor == 0 && c.probabilisticThreshold == 100 && c.probabilisticInterval == time.Minute &&
 				!c.noKernelVersionCheck && c.monitorInterval == time.Minute && len(c.warnings) == 0
 		}},
@@ -95,6 +97,12 @@ func TestParseFlags(t *testing.T) {
 		{name: "bad monitor interval", args: []string{"-monitor-interval=2h"}, wantErr: "-monitor-interval=2h0m0s"},
 		{name: "bad duration syntax", args: []string{"-reporter-interval=5"}, wantErr: "invalid value"},
 		{name: "unknown tracer", args: []string{"-tracers=native,cobol"}, wantErr: `unknown tracer "cobol"`},
+		{name: "runtime off", args: []string{"-tracers=native"}, check: func(c *config) bool {
+			return slices.Equal(c.tracers, []string{"native"})
+		}},
+		{name: "one runtime", args: []string{"-tracers=cpython"}, check: func(c *config) bool {
+			return slices.Equal(c.tracers, []string{"cpython", "native"})
+		}},
 		{name: "bad log level", args: []string{"-bpf-log-level=3"}, wantErr: "want 0, 1 or 2"},
 		{name: "map scale factor too large", args: []string{"-map-scale-factor=9"}, wantErr: "-map-scale-factor=9: want 0 to 8"},
 		{name: "negative map scale factor", args: []string{"-map-scale-factor=-1"}, wantErr: "invalid value"},

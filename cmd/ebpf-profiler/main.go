@@ -14,11 +14,14 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
 	log "github.com/sirupsen/logrus"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
+	_ "github.com/hostprof/ebpf-profiler/interpreter/all"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/processmanager"
 	"github.com/hostprof/ebpf-profiler/reporter"
@@ -97,15 +100,21 @@ func profile(ctx context.Context, cfg *config) error {
 		return err
 	}
 
+	runtimes, err := interpreter.Select(cfg.tracers)
+	if err != nil {
+		return err
+	}
 	tr, err := tracer.New(tracer.Config{
 		SamplesPerSecond: cfg.samplesPerSecond,
 		BPFLogLevel:      uint32(cfg.bpfLogLevel),
 		MapScaleFactor:   cfg.mapScaleFactor,
+		Runtimes:         runtimes,
 	})
 	if err != nil {
 		return err
 	}
 	defer tr.Close()
+	log.Infof("Unwinders: %s", strings.Join(cfg.tracers, ", "))
 	warnMissingCapabilities(release)
 
 	hostID, hostName, err := reporter.HostMetadata()
@@ -137,7 +146,7 @@ func profile(ctx context.Context, cfg *config) error {
 		FlushInterval: correlationFlush,
 		SamplesDelay:  tracer.TraceWakeupLatency + 2*correlationFlush,
 	})
-	pm, err := processmanager.New(processmanager.Config{Unwinding: unwinding(tr), Correlator: corr})
+	pm, err := processmanager.New(processmanager.Config{Unwinding: unwinding(tr), Correlator: corr, Runtimes: runtimes})
 	if err != nil {
 		return err
 	}
@@ -269,7 +278,7 @@ func servePprof(addr string) {
 // unwinding connects the process manager to the native unwinder's maps.
 func unwinding(tr *tracer.Tracer) *processmanager.Unwinding {
 	return &processmanager.Unwinding{
-		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Interpreters: tr, APM: tr,
+		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Runtimes: tr, APM: tr,
 	}
 }
 

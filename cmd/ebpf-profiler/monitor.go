@@ -126,7 +126,7 @@ func (m *monitor) mapFills(hs processmanager.Stats) []mapFill {
 		{"pid_mappings", r.MappingPrefixes, m.tr.MapMaxEntries("pid_mappings"), true},
 		{"unwind_rules", r.Rules, capacity.Rules, true},
 		{"known_files", r.Files, m.tr.MapMaxEntries("known_files"), false},
-		{"python_procs", hs.PythonProcesses, m.tr.MapMaxEntries("python_procs"), false},
+		{"runtime_procs", hs.RuntimeConfigs, m.tr.MapMaxEntries("runtime_procs"), false},
 	}
 }
 

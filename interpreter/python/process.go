@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/hostprof/ebpf-profiler/support"
+	"github.com/hostprof/ebpf-profiler/interpreter/libc"
 )
 
 // Binary is a CPython interpreter found in an ELF file, with what every
@@ -62,7 +62,7 @@ func NewBinary(f *elf.File, functions func() ([][2]uint64, error)) (*Binary, err
 // the BPF unwinder and symbolizes its Python frames.
 type Process struct {
 	*Symbolizer
-	unwinder support.PythonProc
+	unwinder UnwinderProc
 }
 
 // NewProcess describes a process that maps b's file with load bias bias
@@ -70,7 +70,7 @@ type Process struct {
 // thread-specific data as tsd says and whose memory mem reads. The
 // interpreter need not have started: the unwinder reads its thread state
 // key per sample.
-func (b *Binary) NewProcess(mem io.ReaderAt, bias uint64, tsd TSDLayout) (*Process, error) {
+func (b *Binary) NewProcess(mem io.ReaderAt, bias uint64, tsd libc.TSDLayout) (*Process, error) {
 	if b.Err != nil {
 		return nil, b.Err
 	}
@@ -100,7 +100,7 @@ func (b *Binary) NewProcess(mem io.ReaderAt, bias uint64, tsd TSDLayout) (*Proce
 }
 
 // Unwinder is the process's entry of the BPF Python unwinder's map.
-func (p *Process) Unwinder() support.PythonProc { return p.unwinder }
+func (p *Process) Unwinder() UnwinderProc { return p.unwinder }
 
 func boolByte(b bool) uint8 {
 	if b {
@@ -110,31 +110,31 @@ func boolByte(b bool) uint8 {
 }
 
 // frameLayout says how the unwinder walks this version's frames.
-func (o *Offsets) frameLayout() (support.PythonFrameLayout, error) {
+func (o *Offsets) frameLayout() (FrameLayout, error) {
 	switch {
 	case o.Version.Major != 3 || o.Version.Minor < 6:
 	case o.Version.Minor <= 10:
-		return support.PythonFramesObjects, nil
+		return FramesObjects, nil
 	case o.Version.Minor == 11:
-		return support.PythonFrames311, nil
+		return Frames311, nil
 	case o.Version.Minor == 12:
-		return support.PythonFrames312, nil
+		return Frames312, nil
 	case o.Version.Minor <= 14:
 		// 3.14 links frames as 3.13 does; its f_executable carries tag
 		// bits, which the unwinder clears for every version.
-		return support.PythonFrames313, nil
+		return Frames313, nil
 	}
 	return 0, fmt.Errorf("CPython %v: no frame layout for the unwinder", o.Version)
 }
 
 // unwinderProc is the version's part of the unwinder's entry: which fields
 // link the frames and what each frame reports.
-func (o *Offsets) unwinderProc() (support.PythonProc, error) {
+func (o *Offsets) unwinderProc() (UnwinderProc, error) {
 	layout, err := o.frameLayout()
 	if err != nil {
-		return support.PythonProc{}, err
+		return UnwinderProc{}, err
 	}
-	u := support.PythonProc{FrameLayout: layout}
+	u := UnwinderProc{FrameLayout: layout}
 	f := &o.InterpreterFrame
 	type field struct {
 		name  string
@@ -144,31 +144,31 @@ func (o *Offsets) unwinderProc() (support.PythonProc, error) {
 	var fields []field
 	need := func(name string, value int, dst *uint16) { fields = append(fields, field{name, value, dst}) }
 	switch layout {
-	case support.PythonFramesObjects:
+	case FramesObjects:
 		u.LastiUnit = uint8(o.LastiUnit)
 		need("PyThreadState.frame", o.ThreadState.Frame, &u.TStateFrame)
 		need("PyFrameObject.f_back", o.FrameObject.Back, &u.FramePrevious)
 		need("PyFrameObject.f_code", o.FrameObject.Code, &u.FrameCode)
 		need("PyFrameObject.f_lasti", o.FrameObject.Lasti, &u.FrameInstr)
-	case support.PythonFrames311, support.PythonFrames312:
+	case Frames311, Frames312:
 		need("PyThreadState.cframe", o.ThreadState.CFrame, &u.TStateFrame)
 		need("_PyCFrame.current_frame", o.CFrame.CurrentFrame, &u.CFrameCurrentFrame)
 		need("_PyInterpreterFrame.f_code", f.Code, &u.FrameCode)
 		need("_PyInterpreterFrame.prev_instr", f.PrevInstr, &u.FrameInstr)
-	case support.PythonFrames313:
+	case Frames313:
 		need("PyThreadState.current_frame", o.ThreadState.CurrentFrame, &u.TStateFrame)
 		need("_PyInterpreterFrame.f_executable", f.Executable, &u.FrameCode)
 		need("_PyInterpreterFrame.instr_ptr", f.InstrPtr, &u.FrameInstr)
 	}
-	if layout != support.PythonFramesObjects {
+	if layout != FramesObjects {
 		need("_PyInterpreterFrame.previous", f.Previous, &u.FramePrevious)
 		need("PyCodeObject.co_code_adaptive", o.Code.CodeAdaptive, &u.CodeAdaptive)
 	}
-	if layout == support.PythonFrames311 {
+	if layout == Frames311 {
 		need("_PyInterpreterFrame.is_entry", f.IsEntry, &u.FrameIsEntry)
 		need("_PyCFrame.previous", o.CFrame.Previous, &u.CFramePrevious)
 	}
-	if layout >= support.PythonFrames312 {
+	if layout >= Frames312 {
 		need("_PyInterpreterFrame.owner", f.Owner, &u.FrameOwner)
 		// The lowest owner value of an entry frame: 3.14 gives entry
 		// frames FRAME_OWNED_BY_INTERPRETER, one below CSTACK.
@@ -177,18 +177,18 @@ func (o *Offsets) unwinderProc() (support.PythonProc, error) {
 			entry = min(entry, f.OwnedByInterpreter)
 		}
 		if entry < 0 || entry > 0xff {
-			return support.PythonProc{}, fmt.Errorf("CPython %v: entry frame owner %d", o.Version, entry)
+			return UnwinderProc{}, fmt.Errorf("CPython %v: entry frame owner %d", o.Version, entry)
 		}
 		u.EntryFrameOwner = uint8(entry)
 	}
 	for _, fl := range fields {
 		if fl.value < 0 || fl.value > 0xffff {
-			return support.PythonProc{}, fmt.Errorf("CPython %v: %s at %d", o.Version, fl.name, fl.value)
+			return UnwinderProc{}, fmt.Errorf("CPython %v: %s at %d", o.Version, fl.name, fl.value)
 		}
 		*fl.dst = uint16(fl.value)
 	}
-	if layout == support.PythonFramesObjects && u.LastiUnit == 0 {
-		return support.PythonProc{}, fmt.Errorf("CPython %v: f_lasti without a unit", o.Version)
+	if layout == FramesObjects && u.LastiUnit == 0 {
+		return UnwinderProc{}, fmt.Errorf("CPython %v: f_lasti without a unit", o.Version)
 	}
 	return u, nil
 }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/hostprof/ebpf-profiler/interpreter/libc"
 )
 
 // ErrNoThreadStateKey says the interpreter has no thread state key (yet, or
@@ -94,8 +96,8 @@ func ThreadStateKey(loc ThreadStateKeyLocation, mem io.ReaderAt, bias uint64) (u
 	switch {
 	case loc.Initialized == 0 && int32(key) == -1:
 		return 0, fmt.Errorf("%s is -1: %w", TLSKeySymbol, ErrNoThreadStateKey)
-	case key >= tsdMaxKeys:
-		return 0, fmt.Errorf("thread state key %d: no C library hands out keys beyond %d", key, tsdMaxKeys)
+	case key >= libc.MaxKeys:
+		return 0, fmt.Errorf("thread state key %d: no C library hands out keys beyond %d", key, libc.MaxKeys)
 	}
 	return key, nil
 }

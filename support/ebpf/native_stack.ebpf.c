@@ -1,8 +1,9 @@
 // The native unwinder. For each frame it looks up the stack delta user space
 // extracted from the PC's file (package nativeunwind) and applies its rule;
-// where no delta covers the PC it follows the frame-pointer chain. Later
-// unwinders (interpreters) take over from here by tail call.
-#include "python.h"
+// where no delta covers the PC it follows the frame-pointer chain. A
+// runtime's unwinder takes over by tail call where the mapping (JIT code)
+// or the rule (an eval loop) names the runtime; the core names none.
+#include "tracemgmt.h"
 
 // Addresses below this are never code: a zero or tiny return address ends
 // the walk (the outermost frame).
@@ -293,6 +294,25 @@ static __always_inline int step_delta(struct unwind_state *state, const struct u
   return ra < MIN_CODE_ADDRESS ? 1 : 0;
 }
 
+// Hands the frame at the PC to the runtime whose JIT code it is, before
+// stepping: its unwinder unwinds it.
+static __always_inline int hand_over_at_pc(void *ctx, struct record *r, u8 runtime, u64 addr,
+                                           u8 flags)
+{
+  struct runtime_handoff *h = &r->state.handoff;
+  h->file_id = 0;
+  h->addr = addr;
+  h->flags = flags;
+  h->runtime = runtime;
+  h->cfa = r->state.sp;
+  h->native_done = 0;
+  tail_call_next(ctx, r, runtime);
+  // The tail call failed (counted): the frame stays native and the unwind
+  // stops, as nothing says how to step past JIT code.
+  push_frame(&r->trace, FRAME_KIND_NATIVE, flags, 0, addr);
+  return tail_call_stop(ctx);
+}
+
 SEC("perf_event")
 int unwind_native(struct bpf_perf_event_data *ctx)
 {
@@ -317,15 +337,18 @@ int unwind_native(struct bpf_perf_event_data *ctx)
       addr = state->pc - m->bias;
     }
     u8 flags = state->return_address ? FRAME_FLAG_RETURN_ADDRESS : 0;
+    if (m && runtime_active(state, m->runtime))
+      return hand_over_at_pc(ctx, r, m->runtime, addr, flags);
     struct unwind_rule *rule = file_id ? find_rule(file_id, lookup_pc - m->bias) : 0;
-    // An interpreter's eval loop: its own frames go in place of this one.
-    struct python_walk *py = &state->python;
-    int interp = rule && (rule->flags & UNWIND_RULE_INTERPRETER) && py->status != PYTHON_NONE;
-    if (interp) {
-      py->eval_file_id = file_id;
-      py->eval_addr = addr;
-      py->eval_flags = flags;
-      py->call_frames = 0;
+    // A runtime's eval loop: its own frames go in place of this one.
+    u8 runtime = rule ? rule->runtime : 0;
+    int handoff = runtime_active(state, runtime);
+    struct runtime_handoff *h = &state->handoff;
+    if (handoff) {
+      h->file_id = file_id;
+      h->addr = addr;
+      h->flags = flags;
+      h->runtime = runtime;
     } else if (push_frame(t, FRAME_KIND_NATIVE, flags, file_id, addr)) {
       increment_metric(METRIC_TRUNCATED_TRACES);
       return tail_call_stop(ctx);
@@ -338,18 +361,20 @@ int unwind_native(struct bpf_perf_event_data *ctx)
       increment_metric(METRIC_FP_FRAMES);
       rc = step_frame_pointer(state);
     }
-    if (interp) {
-      py->eval_cfa = state->sp;
-      // 3.6-3.10 run one frame per eval loop call: report it here rather
-      // than spend two tail calls on each.
-      if (py->status == PYTHON_WALKING && py->frame_layout == PYTHON_FRAMES_OBJECTS) {
-        if (python_report_frame_object(py, t)) {
+    if (handoff) {
+      h->cfa = state->sp;
+      if (state->inline_walk.runtime == runtime) {
+        if (inline_walk_step(state, t)) {
           increment_metric(METRIC_TRUNCATED_TRACES);
           return tail_call_stop(ctx);
         }
       } else {
-        py->native_done = rc != 0;
-        return tail_call_next(ctx, r, PROG_UNWIND_PYTHON);
+        h->native_done = rc != 0;
+        tail_call_next(ctx, r, runtime);
+        // The tail call failed (counted): the frame stays native.
+        runtime_give_up(state, runtime);
+        if (runtime_report_native(h, t))
+          return tail_call_stop(ctx);
       }
     }
     if (rc)

@@ -79,8 +79,8 @@ int sample_entry(struct bpf_perf_event_data *ctx)
   r->state.return_address = 0;
   r->state.vma_end = 0;
   r->state.vma_tried = 0;
-  r->state.python.status = PYTHON_UNKNOWN;
-  r->state.python.eval_lo = 0;
+  r->state.handoff.done_mask = 0;
+  r->state.inline_walk.runtime = 0;
 
   if (regs_in_kernel(&ctx->regs))
     add_kernel_frames(ctx, r);

@@ -16,9 +16,9 @@ volatile const u64 events_wakeup_bytes = 0;
 // Set by user space before load: the least time between two unknown-PC
 // reports for one process, in nanoseconds.
 volatile const u64 unknown_pc_report_interval = 0;
-// Set by user space before load: the most time a trace with interpreter
+// Set by user space before load: the most time a trace with runtime
 // frames or an APM trace context waits in the events ring buffer, in
-// nanoseconds. User space symbolizes interpreter frames from the process's
+// nanoseconds. User space symbolizes runtime frames from the process's
 // memory, which is gone once the process exits, and owes APM agents their
 // correlation messages within the delay it announced.
 volatile const u64 trace_wakeup_latency = 0;
@@ -38,6 +38,9 @@ volatile const struct btf_exports {
   enum cfa_base cfa_base;
   enum delta_layout delta_layout;
   enum unwind_rule_flag unwind_rule_flag;
+  enum runtime_id runtime_id;
+  struct runtime_proc_key runtime_proc_key;
+  struct runtime_proc runtime_proc;
   struct process_event process_event;
   struct mmap_event mmap_event;
   struct unwind_rule unwind_rule;
@@ -49,8 +52,6 @@ volatile const struct btf_exports {
   struct pid_mapping pid_mapping;
   struct file_key file_key;
   struct known_file known_file;
-  enum python_frame_layout python_frame_layout;
-  struct python_proc python_proc;
   struct apm_proc apm_proc;
   enum apm_record_layout apm_record_layout;
 } btf_exports __attribute__((used));
@@ -71,10 +72,20 @@ struct {
   __type(value, u64);
 } metrics SEC(".maps");
 
-// Tail-call targets, indexed by enum prog_id; filled by user space.
+// Per-runtime counters: RUNTIME_METRICS_MAX slots per enum runtime_id,
+// indexed within by the runtime's enum <name>_metric.
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, RUNTIME_MAX *RUNTIME_METRICS_MAX);
+  __type(key, u32);
+  __type(value, u64);
+} runtime_metrics SEC(".maps");
+
+// Tail-call targets, indexed by enum prog_id and, for runtimes' unwinders,
+// enum runtime_id; filled by user space.
 struct {
   __uint(type, BPF_MAP_TYPE_PROG_ARRAY);
-  __uint(max_entries, PROG_COUNT);
+  __uint(max_entries, RUNTIME_MAX);
   __type(key, u32);
   __type(value, u32);
 } progs SEC(".maps");
@@ -126,16 +137,17 @@ struct {
   __type(value, struct known_file);
 } known_files SEC(".maps");
 
-// CPython processes by pid (preallocated: kernels before 6.1 refuse
-// other hash maps in perf_event programs).
+// What each runtime's unwinder needs of each process that runs it
+// (preallocated: kernels before 6.1 refuse other hash maps in perf_event
+// programs).
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
   __uint(max_entries, 4096);
-  __type(key, u32);
-  __type(value, struct python_proc);
-} python_procs SEC(".maps");
+  __type(key, struct runtime_proc_key);
+  __type(value, struct runtime_proc);
+} runtime_procs SEC(".maps");
 
-// Processes with an APM agent, by pid (preallocated, as python_procs).
+// Processes with an APM agent, by pid (preallocated, as runtime_procs).
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
   __uint(max_entries, 4096);
@@ -229,8 +241,7 @@ static __always_inline int tail_call_stop(void *ctx)
 // Tells user space, at most once per unknown_pc_report_interval per
 // process and at once, that pid needs a look: a PC is in no mapping it
 // loaded (a new process, or new code, whose mappings it should read), or
-// an interpreter's eval loop runs where it has not described the
-// interpreter to BPF yet.
+// a runtime's code runs where it has not described the runtime to BPF yet.
 static __always_inline void report_unknown_pc(u32 pid)
 {
   u64 now = bpf_ktime_get_ns();
@@ -266,6 +277,103 @@ static __always_inline u64 thread_pointer(void)
   if (CORE_READ_KERNEL(&tp, &task->thread.TASK_THREAD_POINTER))
     return 0;
   return tp;
+}
+
+// Counts one event of a runtime: counter metric of its enum <name>_metric.
+static __always_inline void increment_runtime_metric(u32 runtime, u32 metric)
+{
+  u32 id = runtime * RUNTIME_METRICS_MAX + metric;
+  if (runtime >= RUNTIME_MAX || metric >= RUNTIME_METRICS_MAX)
+    return;
+  u64 *count = bpf_map_lookup_elem(&runtime_metrics, &id);
+  if (count)
+    *count += 1;
+}
+
+// The configuration user space wrote for runtime in process pid, or NULL:
+// a runtime's struct, cast from the generic room.
+static __always_inline const void *runtime_config(u32 pid, u32 runtime)
+{
+  struct runtime_proc_key key = {.pid = pid, .runtime = runtime};
+  return bpf_map_lookup_elem(&runtime_procs, &key);
+}
+
+// Appends a frame of a runtime (its id is the frame's kind); same result
+// as push_frame.
+static __always_inline int push_runtime_frame(struct trace *t, u8 runtime, u64 file_id, u64 addr)
+{
+  t->flags |= TRACE_FLAG_RUNTIME_FRAMES;
+  return push_frame(t, runtime, 0, file_id, addr);
+}
+
+// Reports the native frame a runtime's frames were to replace: it has
+// none, or they could not be read. Same result as push_frame.
+static __always_inline int runtime_report_native(const struct runtime_handoff *h, struct trace *t)
+{
+  return push_frame(t, FRAME_KIND_NATIVE, h->flags, h->file_id, h->addr);
+}
+
+// The runtime gives up for this sample: from here on the frames of its
+// code are reported as native.
+static __always_inline void runtime_give_up(struct unwind_state *state, u32 runtime)
+{
+  if (runtime < RUNTIME_MAX)
+    state->handoff.done_mask |= 1u << runtime;
+  if (state->inline_walk.runtime == runtime)
+    state->inline_walk.runtime = 0;
+}
+
+// Whether a runtime still unwinds its code in this sample.
+static __always_inline int runtime_active(const struct unwind_state *state, u32 runtime)
+{
+  return runtime && runtime < RUNTIME_MAX && !(state->handoff.done_mask & (1u << runtime));
+}
+
+// A runtime's code runs in a process user space has not described to its
+// unwinder (yet): counted, and user space is told.
+static __always_inline void runtime_missing(struct unwind_state *state, u32 pid, u32 runtime,
+                                            u32 metric)
+{
+  increment_runtime_metric(runtime, metric);
+  report_unknown_pc(pid);
+  runtime_give_up(state, runtime);
+}
+
+// Hands the unwind back from a runtime's unwinder: to the native unwinder,
+// or to the end where the native unwind had ended at the handed-over
+// frame.
+static __always_inline int runtime_return(void *ctx, struct record *r)
+{
+  if (r->state.handoff.native_done)
+    return tail_call_stop(ctx);
+  return tail_call_next(ctx, r, PROG_UNWIND_NATIVE);
+}
+
+// Reports the node of a runtime's linked frame list at an eval loop frame
+// (struct inline_walk) and moves to its caller. A node that cannot be read
+// ends the runtime's walk: its eval frames from here on are reported as
+// native. Returns push_frame's result.
+static __always_inline int inline_walk_step(struct unwind_state *state, struct trace *t)
+{
+  struct inline_walk *w = &state->inline_walk;
+  u8 runtime = w->runtime;
+  u64 node = w->node;
+  if (!node) {
+    increment_runtime_metric(runtime, w->metric_no_frame);
+    return runtime_report_native(&state->handoff, t);
+  }
+  u64 id, next;
+  s32 addr;
+  if (bpf_probe_read_user(&id, sizeof(id), (void *)(node + w->id_off)) ||
+      bpf_probe_read_user(&next, sizeof(next), (void *)(node + w->next_off)) ||
+      bpf_probe_read_user(&addr, sizeof(addr), (void *)(node + w->addr_off))) {
+    increment_runtime_metric(runtime, w->metric_read_error);
+    runtime_give_up(state, runtime);
+    return runtime_report_native(&state->handoff, t);
+  }
+  w->node = next;
+  increment_runtime_metric(runtime, w->metric_frames);
+  return push_runtime_frame(t, runtime, id, (u32)(addr * (s32)w->addr_scale));
 }
 
 #endif // TRACEMGMT_H

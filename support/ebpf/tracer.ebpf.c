@@ -3,8 +3,10 @@
 // chain plus the process exit and exec probes, sharing the maps of tracemgmt.h.
 #include "sample_entry.ebpf.c"
 #include "native_stack.ebpf.c"
-#include "python_stack.ebpf.c"
 #include "unwind_stop.ebpf.c"
 #include "process_events.ebpf.c"
+
+// The runtimes' unwinders (registry: runtimes.h), one line each.
+#include "cpython.ebpf.c"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

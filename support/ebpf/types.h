@@ -5,10 +5,11 @@
 #define TYPES_H
 
 #include "bpfdefs.h"
+#include "runtimes.h"
 
 // Most frames one trace holds, kernel and user together (libpf.MaxFrames):
-// a CPython 3.6-3.10 call takes three (the Python frame and two native
-// frames of the interpreter), so 40 Python calls already fill 128.
+// an interpreted call can take three (the runtime's frame and two native
+// frames of its interpreter), so 40 such calls already fill 128.
 #define MAX_FRAMES 256
 // Most kernel frames a trace holds: the kernel's perf_event_max_stack
 // defaults to 127.
@@ -55,17 +56,17 @@ enum unwind_rule_flag {
   // and asmcgocall run on the system stack while their frame pointer stays
   // on the goroutine's stack).
   UNWIND_RULE_STACK_SWITCH = 2,
-  // The frame runs an interpreter's eval loop (user space marks its
-  // function's deltas): the interpreter's unwinder reports the frames it
-  // runs in its place.
-  UNWIND_RULE_INTERPRETER = 4,
 };
 
 // One unwind rule, shared by every delta that uses it.
 struct unwind_rule {
   u8 cfa_base; // enum cfa_base
   u8 flags;    // enum unwind_rule_flag
-  u16 pad;
+  // Non-zero: the frame runs the eval loop of this runtime (enum
+  // runtime_id; user space marks the loop's deltas), whose unwinder
+  // reports the frames the loop runs in its place, after the step.
+  u8 runtime;
+  u8 pad;
   // CFA_SP, CFA_FP: added to the register. CFA_PLT: the offset in the
   // 16-byte entry from which on the stub has pushed (11, or 10 with IBT).
   s32 cfa_offset;
@@ -110,10 +111,17 @@ struct pid_mapping_key {
   u64 addr_be;
 };
 
-// A mapped file: file address = process address - bias.
+// A mapped file: file address = process address - bias. file_id 0 with
+// bias 0 is code user space knows without a file (JIT code a runtime
+// claimed): its frames keep process addresses and unwind with frame
+// pointers unless runtime is set.
 struct pid_mapping {
   u64 file_id;
   u64 bias;
+  // Non-zero: the code is this runtime's (enum runtime_id), whose
+  // unwinder takes over at the PC.
+  u8 runtime;
+  u8 pad[7];
 };
 
 // A file as the kernel names it: its superblock's device number (kernel
@@ -132,16 +140,14 @@ struct known_file {
   s64 vaddr_adjust;
 };
 
-// Kinds of frames (values of libpf.FrameKind).
+// Kinds of frames (values of libpf.FrameKind). A runtime's frames have its
+// enum runtime_id as their kind; what file_id and addr hold is the
+// runtime's business.
 enum frame_kind {
   FRAME_KIND_UNKNOWN = 0,
   FRAME_KIND_NATIVE = 1,
   FRAME_KIND_KERNEL = 2,
   FRAME_KIND_ABORT = 3,
-  // A CPython frame: file_id is the address of its code object, addr the
-  // byte offset of its instruction (a u32; the top bit set when the frame
-  // has not started).
-  FRAME_KIND_PYTHON = 4,
 };
 
 // Per-frame flags of user frames. (Kernel frames carry none: all but the
@@ -157,6 +163,9 @@ enum trace_flag {
   TRACE_FLAG_TRUNCATED = 1,
   // The thread was in an APM trace: struct trace's apm holds its ids.
   TRACE_FLAG_APM_CONTEXT = 2,
+  // A runtime reported frames of its own, which user space symbolizes
+  // from the process's memory.
+  TRACE_FLAG_RUNTIME_FRAMES = 4,
 };
 
 // What the APM agent of a process published, by pid (package tracecorr):
@@ -164,6 +173,19 @@ enum trace_flag {
 // record from the thread pointer.
 struct apm_proc {
   s64 tls_offset;
+};
+
+// Key of runtime_procs: what runtime's unwinder needs of process pid.
+struct runtime_proc_key {
+  u32 pid;
+  u32 runtime; // enum runtime_id
+};
+
+// A runtime's configuration for one process: its own struct (the
+// runtime's <name>.ebpf.c), written by user space (package interpreter's
+// Host.SetConfig).
+struct runtime_proc {
+  u8 data[RUNTIME_PROC_SIZE];
 };
 
 // A thread's correlation record, as the APM agent lays it out (the
@@ -182,15 +204,15 @@ struct apm_context {
   u8 transaction_id[8];
 };
 
-// Tail-call targets, indices into the progs map. User space loads the program
-// named after each value in lower case without the PROG_ prefix
-// (PROG_UNWIND_NATIVE -> unwind_native).
+// Tail-call targets of the core, indices into the progs map. User space loads
+// the program named after each value in lower case without the PROG_ prefix
+// (PROG_UNWIND_NATIVE -> unwind_native). A runtime's unwinder,
+// unwind_<name>, sits at its enum runtime_id, above these.
 enum prog_id {
   PROG_UNWIND_STOP = 0,
   PROG_UNWIND_NATIVE = 1,
-  PROG_UNWIND_PYTHON = 2,
   // Optional: loaded only where bpf_find_vma works (native_stack.ebpf.c).
-  PROG_RESOLVE_VMA = 3,
+  PROG_RESOLVE_VMA = 2,
   PROG_COUNT,
 };
 
@@ -262,24 +284,6 @@ enum metric_id {
   METRIC_ERR_MMAP_READ,
   // The events ring buffer was full: a process event was dropped.
   METRIC_ERR_PROCESS_EVENT_DROPPED,
-  // Python frames reported.
-  METRIC_PYTHON_FRAMES,
-  // An eval loop frame was entering or leaving its call (3.11+): the
-  // Python frames are its caller's, so the native frame is reported.
-  METRIC_PYTHON_CALL_BOUNDARY,
-  // A frame of CPython's eval loop in a process user space has not (yet)
-  // described: the native frame is reported, and user space is told
-  // (EVENT_UNKNOWN_PC).
-  METRIC_ERR_PYTHON_NO_PROC,
-  // The thread's PyThreadState or its current frame could not be read (a
-  // thread that never ran Python has none; the interpreter may not have
-  // created its key yet).
-  METRIC_ERR_PYTHON_THREAD_STATE,
-  // Reading a Python frame failed.
-  METRIC_ERR_PYTHON_FRAME_READ,
-  // An eval loop frame had no Python frame left to report: the native
-  // frame is reported.
-  METRIC_ERR_PYTHON_NO_FRAME,
   // Samples of a thread that was in an APM trace.
   METRIC_APM_CONTEXTS,
   // An APM correlation record was being updated (valid = 0): ignored.
@@ -297,71 +301,6 @@ enum unwind_error {
   UNWIND_ERROR_FP_MISALIGNED = 3,
   UNWIND_ERROR_TAIL_CALL_LIMIT = 4,
   UNWIND_ERROR_USER_REGS = 5,
-  UNWIND_ERROR_PYTHON_FRAME_READ = 6,
-};
-
-// How a CPython version links the frames its unwinder walks (the values of
-// package python's FrameLayout).
-enum python_frame_layout {
-  // 3.6-3.10: each call of the eval loop runs one PyFrameObject, found in
-  // tstate->frame, its caller's in f_back.
-  PYTHON_FRAMES_OBJECTS = 1,
-  // 3.11: _PyInterpreterFrames from tstate->cframe->current_frame, linked
-  // by previous; the frames of one call of the eval loop end with the one
-  // whose is_entry is set.
-  PYTHON_FRAMES_311 = 2,
-  // 3.12: as 3.11, but a call of the eval loop ends at the frame it put on
-  // the C stack, owned by FRAME_OWNED_BY_CSTACK, which runs no code.
-  PYTHON_FRAMES_312 = 3,
-  // 3.13+: as 3.12, from tstate->current_frame.
-  PYTHON_FRAMES_313 = 4,
-};
-
-// What the Python unwinder needs of a CPython process, by pid; user space
-// fills it from package python's tables.
-struct python_proc {
-  // CPython's pthread key for thread states, a u32 at key_addr: it exists
-  // once the int at key_ready_addr is 1 (3.7+: Py_tss_t._is_initialized)
-  // or, where key_ready_addr is 0 (3.6), once the key is not -1. The
-  // interpreter creates it while starting, so it is read per sample.
-  u64 key_addr;
-  u64 key_ready_addr;
-  // The interrupted thread's PyThreadState is the value bound to the key,
-  // which the unwinder finds the way the C library's pthread_getspecific
-  // does, from the thread pointer tp, for keys below tsd_max_key:
-  //   base = tsd_self_deref ? *(tp + tsd_self_offset) : tp
-  //   block = base + tsd_block_offset, then *block if tsd_block_deref
-  //   tstate = *(block + key * tsd_entry_size + tsd_data_offset)
-  s64 tsd_self_offset;
-  s64 tsd_block_offset;
-  s64 tsd_data_offset;
-  u32 tsd_entry_size;
-  u32 tsd_max_key;
-  u8 tsd_self_deref;
-  u8 tsd_block_deref;
-  u8 frame_layout; // enum python_frame_layout
-  // PYTHON_FRAMES_OBJECTS: bytes per unit of f_lasti.
-  u8 lasti_unit;
-  // 3.12+: a frame whose owner is this or above is the entry frame a call
-  // of the eval loop keeps on its C stack (FRAME_OWNED_BY_CSTACK in 3.12
-  // and 3.13, FRAME_OWNED_BY_INTERPRETER in 3.14), which runs no code.
-  u8 entry_frame_owner;
-  u8 pad[3];
-  // Byte offsets into CPython's structs: tstate->frame, ->cframe or
-  // ->current_frame as the layout says; _PyCFrame's current_frame and
-  // previous; the frame's caller (f_back, previous), code (f_code,
-  // f_executable), instruction (f_lasti, prev_instr, instr_ptr), owner and
-  // is_entry; co_code_adaptive.
-  u16 tstate_frame;
-  u16 cframe_current_frame;
-  u16 cframe_previous;
-  u16 frame_previous;
-  u16 frame_code;
-  u16 frame_instr;
-  u16 frame_owner;
-  u16 frame_is_entry;
-  u16 code_adaptive;
-  u16 pad16[3];
 };
 
 struct frame {
@@ -412,53 +351,47 @@ struct trace {
   struct frame frames[MAX_FRAMES];
 };
 
-enum python_status {
-  // Not looked at yet in this sample.
-  PYTHON_UNKNOWN = 0,
-  // frame is the next Python frame to report.
-  PYTHON_WALKING = 1,
-  // No Python frames to report: not a Python process as far as user space
-  // told, or its thread state could not be read.
-  PYTHON_NONE = 2,
+// Where a runtime's unwinder took over from the native unwinder in a
+// sample, and what it leaves to it.
+struct runtime_handoff {
+  // The native frame the runtime's frames replace (its eval loop's, or the
+  // JIT code's at the PC), reported instead when it has none.
+  u64 file_id;
+  u64 addr;
+  // The CFA of the eval loop's frame, after the native step past it.
+  u64 cfa;
+  u8 flags;
+  // The runtime (enum runtime_id).
+  u8 runtime;
+  // The native unwind ended at this frame.
+  u8 native_done;
+  u8 pad;
+  // Runtimes that gave up for this sample (1 << id): frames of their code
+  // are reported as native.
+  u32 done_mask;
 };
 
-// Where the Python unwinder is in a sample.
-struct python_walk {
-  // The next frame to report; 0 when none are left.
-  u64 frame;
-  // PYTHON_FRAMES_311: the _PyCFrame of the next eval loop call.
-  u64 cframe;
-  // The C stack of the eval loop's call: [eval_lo, eval_cfa), from the
-  // previous call's CFA (0 for the first) to this one's. A call keeps its
-  // _PyCFrame (3.11) or its entry frame (3.12+) there (in the eval loop's
-  // own frame, or in a part the compiler split off), which tells the
-  // frames of this call from those of its caller while it is entering or
-  // leaving.
-  u64 eval_lo;
-  u64 eval_cfa;
-  // Where the current call's walk began, to take back the frames it
-  // reported if they turn out to be its caller's.
-  u64 call_first_frame;
-  u32 call_first_index;
-  // Python frames reported for the current call.
-  u32 call_frames;
-  // The eval loop's native frame the Python frames replace, reported
-  // instead when there are none.
-  u64 eval_file_id;
-  u64 eval_addr;
-  u8 eval_flags;
-  u8 status; // enum python_status
-  // The native unwind ended at the eval loop's frame.
-  u8 native_done;
-  // Copied from struct python_proc: the native unwinder reports
-  // PYTHON_FRAMES_OBJECTS frames itself, one per eval loop frame, without
-  // spending tail calls.
-  u8 frame_layout;
-  u8 lasti_unit;
-  u8 pad;
-  u16 frame_previous;
-  u16 frame_code;
-  u16 frame_instr;
+// A runtime whose frames form a linked list, one per call of its eval loop
+// (an interpreter that runs one frame object per call), lets the native unwinder report them itself
+// at each eval loop frame, without spending two tail calls on each.
+struct inline_walk {
+  // The next node to report; 0 when none are left.
+  u64 node;
+  // Offsets in a node: its caller's node, the frame's file_id (a pointer)
+  // and its addr (an s32 multiplied by addr_scale, reported as a u32).
+  u16 next_off;
+  u16 id_off;
+  u16 addr_off;
+  u8 addr_scale;
+  // The runtime whose eval loop frames it reports; 0 when not walking.
+  u8 runtime;
+  // The runtime's counters (its enum <name>_metric) for frames reported,
+  // for an eval loop frame with no node left, and for nodes that could not
+  // be read.
+  u8 metric_frames;
+  u8 metric_no_frame;
+  u8 metric_read_error;
+  u8 pad[5];
 };
 
 // Where the native unwinder is on the user stack.
@@ -481,7 +414,8 @@ struct unwind_state {
   struct pid_mapping vma_mapping;
   u64 vma_pc;
   u32 vma_tried;
-  struct python_walk python;
+  struct runtime_handoff handoff;
+  struct inline_walk inline_walk;
 };
 
 // The per-CPU scratch record a sample is built in across tail calls.

@@ -10,14 +10,14 @@ static __always_inline u64 hash_mix(u64 h, u64 v)
   return h;
 }
 
-// Whether the reader should be woken for this trace: it has interpreter
+// Whether the reader should be woken for this trace: it has runtime
 // frames (symbolized from the process's memory, so the process must still
 // run) or an APM trace context (its stack-trace id is due to the agent
 // within the delay we announced), and no trace woke the reader in the last
 // trace_wakeup_latency. The reader otherwise polls far less often.
 static __always_inline int trace_urgent(const struct record *r)
 {
-  if (r->state.python.status != PYTHON_WALKING && !(r->trace.flags & TRACE_FLAG_APM_CONTEXT))
+  if (!(r->trace.flags & (TRACE_FLAG_RUNTIME_FRAMES | TRACE_FLAG_APM_CONTEXT)))
     return 0;
   u32 zero = 0;
   u64 *last = bpf_map_lookup_elem(&early_wakeups, &zero);

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
+	_ "github.com/hostprof/ebpf-profiler/interpreter/all"
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/processmanager"
@@ -126,13 +128,14 @@ type session struct {
 func startSession(t *testing.T, hz int) *session {
 	t.Helper()
 	skipIfPreparing(t)
-	tr, err := tracer.New(tracer.Config{SamplesPerSecond: hz})
+	runtimes := interpreter.All()
+	tr, err := tracer.New(tracer.Config{SamplesPerSecond: hz, Runtimes: runtimes})
 	if err != nil {
 		t.Fatal(err)
 	}
 	pm, err := processmanager.New(processmanager.Config{Unwinding: &processmanager.Unwinding{
-		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Interpreters: tr, APM: tr,
-	}})
+		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Runtimes: tr, APM: tr,
+	}, Runtimes: runtimes})
 	if err != nil {
 		tr.Close()
 		t.Fatal(err)

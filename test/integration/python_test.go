@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hostprof/ebpf-profiler/interpreter/python"
 	"github.com/hostprof/ebpf-profiler/libpf"
 )
 
@@ -88,7 +89,7 @@ func pythonWorkload(t *testing.T) (string, map[string]uint32) {
 func pythonFrames(tr *libpf.Trace) []libpf.Frame {
 	var out []libpf.Frame
 	for _, f := range tr.Frames {
-		if f.Kind == libpf.FramePython {
+		if f.Kind == python.Kind {
 			out = append(out, f)
 		}
 	}
@@ -114,7 +115,7 @@ func pythonChain(tr *libpf.Trace, chain []string, file string, leafLine uint32) 
 // lib lies leafward of the innermost Python frame.
 func nativeBelow(tr *libpf.Trace, lib string) bool {
 	for _, f := range tr.Frames {
-		if f.Kind == libpf.FramePython {
+		if f.Kind == python.Kind {
 			return false
 		}
 		if f.Kind == libpf.FrameNative && f.Mapping != nil && strings.Contains(filepath.Base(f.Mapping.Path), lib) {
@@ -253,7 +254,7 @@ func logExamples(t *testing.T, what string, samples []sample) {
 		var names []string
 		for _, f := range smp.trace.Frames {
 			switch {
-			case f.Kind == libpf.FramePython:
+			case f.Kind == python.Kind:
 				names = append(names, fmt.Sprintf("py:%s:%d", f.FunctionName, f.SourceLine))
 			case f.FunctionName != "":
 				names = append(names, f.FunctionName)

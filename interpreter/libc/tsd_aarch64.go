@@ -1,4 +1,4 @@
-package python
+package libc
 
 import "encoding/binary"
 

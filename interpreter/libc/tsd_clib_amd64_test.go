@@ -1,6 +1,6 @@
 //go:build linux
 
-package python
+package libc_test
 
 import (
 	"bufio"
@@ -11,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hostprof/ebpf-profiler/interpreter/libc"
+	"github.com/hostprof/ebpf-profiler/interpreter/libc/libctest"
 )
 
 // TestTSDLayoutLive checks the decoded layouts on processes of both C
@@ -76,32 +79,32 @@ func tsdCheckKeys(t *testing.T, bin string, want uint32) {
 		t.Fatalf("%s: key %d, %d threads (%v)", bin, key, len(markers), lines.Err())
 	}
 	pid := cmd.Process.Pid
-	libc, layout := tsdProcessLayout(t, pid)
+	lib, layout := libctest.ProcessLayout(t, pid)
 	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer mem.Close()
 	for tid, marker := range markers {
-		tp, err := tsdFSBase(tid)
+		tp, err := libctest.FSBase(tid)
 		if err != nil {
 			t.Fatalf("thread %d: %v", tid, err)
 		}
 		slot, err := layout.SlotAddress(mem, tp, key)
 		if key >= layout.MaxFastKey {
 			if err == nil {
-				t.Errorf("%s: key %d is past the layout's %d keys, but SlotAddress gave %#x", libc, key, layout.MaxFastKey, slot)
+				t.Errorf("%s: key %d is past the layout's %d keys, but SlotAddress gave %#x", lib, key, layout.MaxFastKey, slot)
 			}
 			continue
 		}
 		if err != nil {
 			t.Fatalf("thread %d: %v", tid, err)
 		}
-		got, err := tsdReadPointer(mem, slot)
+		got, err := libc.ReadPointer(mem, slot)
 		if err != nil || got != marker {
-			t.Errorf("%s, thread %d (fsbase %#x): key %d's slot %#x holds %#x (%v), want %#x", libc, tid, tp, key, slot, got, err, marker)
+			t.Errorf("%s, thread %d (fsbase %#x): key %d's slot %#x holds %#x (%v), want %#x", lib, tid, tp, key, slot, got, err, marker)
 			continue
 		}
-		t.Logf("%s, thread %d: fsbase %#x, key %d's slot %#x holds the marker %#x", libc, tid, tp, key, slot, marker)
+		t.Logf("%s, thread %d: fsbase %#x, key %d's slot %#x holds the marker %#x", lib, tid, tp, key, slot, marker)
 	}
 }

@@ -1,4 +1,4 @@
-package python
+package libc
 
 import (
 	"debug/elf"
@@ -8,9 +8,9 @@ import (
 	"io"
 )
 
-// The unwinder finds a thread's PyThreadState as the value the thread
-// bound to CPython's pthread key (Offsets.ThreadStateFrom), so the BPF
-// program must do what pthread_getspecific does, from the task's thread
+// A runtime that keeps its thread state behind a pthread key
+// finds a thread's state as the value the thread bound to that key, so its
+// BPF program must do what pthread_getspecific does, from the task's thread
 // pointer (x86_64: fsbase; arm64: tpidr_el0). Where the C library keeps
 // that per-thread data is private to it and differs between versions and
 // architectures, so this file learns it from the code of the
@@ -61,8 +61,8 @@ func (l Libc) String() string {
 // for key < MaxFastKey; SlotAddress does the same in Go. Offsets are signed:
 // on arm64 glibc's struct pthread lies below tp. Where the function reads
 // per-key data through a generation check (glibc's seq), a key deleted and
-// reused could show a stale value; CPython never deletes its key while the
-// interpreter runs.
+// reused could show a stale value; runtimes that use this keep their key
+// while they run.
 type TSDLayout struct {
 	Libc Libc
 	// SelfDeref says the function reads the thread's own pointer at tp +
@@ -102,21 +102,21 @@ func (l TSDLayout) SlotAddress(mem io.ReaderAt, tp uint64, key uint32) (uint64, 
 	base := tp
 	if l.SelfDeref {
 		var err error
-		if base, err = tsdReadPointer(mem, tp+uint64(l.SelfOffset)); err != nil {
+		if base, err = ReadPointer(mem, tp+uint64(l.SelfOffset)); err != nil {
 			return 0, fmt.Errorf("reading the thread's self pointer: %w", err)
 		}
 	}
 	block := base + uint64(l.FirstBlockOffset)
 	if l.BlockDeref {
 		var err error
-		if block, err = tsdReadPointer(mem, block); err != nil {
+		if block, err = ReadPointer(mem, block); err != nil {
 			return 0, fmt.Errorf("reading the thread's key data pointer: %w", err)
 		}
 	}
 	return block + uint64(key)*uint64(l.EntrySize) + uint64(l.DataOffset), nil
 }
 
-func tsdReadPointer(mem io.ReaderAt, addr uint64) (uint64, error) {
+func ReadPointer(mem io.ReaderAt, addr uint64) (uint64, error) {
 	var buf [8]byte
 	if _, err := mem.ReadAt(buf[:], int64(addr)); err != nil {
 		return 0, fmt.Errorf("at %#x: %w", addr, err)

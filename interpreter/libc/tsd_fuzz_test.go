@@ -1,4 +1,4 @@
-package python
+package libc
 
 import (
 	"debug/elf"
@@ -30,7 +30,7 @@ func FuzzTSDLayout(f *testing.F) {
 			}
 			return
 		}
-		ok := l.MaxFastKey > 0 && l.MaxFastKey <= tsdMaxKeys
+		ok := l.MaxFastKey > 0 && l.MaxFastKey <= MaxKeys
 		switch l.Libc {
 		case LibcGlibc:
 			ok = ok && l.EntrySize == 16 && l.DataOffset == 8 && !l.BlockDeref

@@ -1,4 +1,4 @@
-package python
+package libc
 
 import "fmt"
 
@@ -22,8 +22,11 @@ const (
 	tsdMaxPending = 4  // instructions between the data load and its use
 	tsdMaxLoads   = 4  // pointer loads before the data load
 	tsdMaxValue   = 1 << 32
-	tsdMaxKeys    = 1024 // PTHREAD_KEYS_MAX of glibc (bits/local_lim.h)
 )
+
+// MaxKeys bounds the pthread keys any C library hands out: PTHREAD_KEYS_MAX
+// of glibc (bits/local_lim.h).
+const MaxKeys = 1024
 
 // tsdVal is what the machine knows of a register.
 type tsdVal struct {
@@ -77,7 +80,7 @@ func tsdShl(v tsdVal, n int) tsdVal {
 }
 
 // tsdTrunc32 is the result of a 32-bit operation, which zero-extends. The
-// machine assumes no wrap-around: keys are below tsdMaxKeys.
+// machine assumes no wrap-around: keys are below MaxKeys.
 func tsdTrunc32(v tsdVal) tsdVal {
 	if !v.known || v.base != tsdNoBase {
 		return tsdVal{}
@@ -220,7 +223,7 @@ func (m *tsdMachine) layout(pc int) (TSDLayout, error) {
 	for b := f.base; b != tsdTP; b = m.loads[b-tsdTP-1].from {
 		chain = append([]int64{m.loads[b-tsdTP-1].off}, chain...)
 	}
-	if m.bounded && (m.bound <= 0 || m.bound > tsdMaxKeys) {
+	if m.bounded && (m.bound <= 0 || m.bound > MaxKeys) {
 		return TSDLayout{}, tsdErr(pc, "implausible key bound %d", m.bound)
 	}
 	l := TSDLayout{EntrySize: f.scale, MaxFastKey: uint32(m.bound)}

@@ -1,0 +1,8 @@
+// Package all registers every language runtime: importing it is what
+// makes them known to the daemon. A new runtime adds its line here.
+package all
+
+import (
+	_ "github.com/hostprof/ebpf-profiler/interpreter/perfmap"
+	_ "github.com/hostprof/ebpf-profiler/interpreter/python"
+)

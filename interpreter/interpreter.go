@@ -1,0 +1,189 @@
+// Package interpreter is the plug-in interface of language runtimes and
+// their registry. A runtime is one package, interpreter/<name>, that
+// registers a Runtime from its init; interpreter/all imports them all. The
+// process manager drives every runtime through this interface in stages:
+//
+//   - recognise: Runtime.Recognise looks at each mapped file once per file
+//     (the result is cached with the file's data), Runtime.Detect at a
+//     process whose runtime shows in no file (perf maps);
+//   - attach: Binary.Attach reads the process (version, struct offsets) and
+//     pushes the per-process configuration its BPF unwinder needs
+//     (Host.SetConfig);
+//   - claim code ranges: Binary.CodeRanges (an eval loop in the file) and
+//     Host.SetRegions (JIT code in anonymous memory, at run time);
+//   - symbolize: Process.Symbolize turns the runtime's BPF frames into
+//     frames with function, file and line (inlined calls as frames of their
+//     own); AddrSymbolizer names native frames in its regions;
+//   - detach: Process.Detach, after which the host removes every BPF entry
+//     it wrote for the process.
+//
+// The core (processmanager, tracer, reporter, cmd) names no runtime: it
+// knows one by its Runtime value and its ID.
+package interpreter
+
+import (
+	"debug/elf"
+	"errors"
+	"io"
+	"time"
+
+	"github.com/hostprof/ebpf-profiler/interpreter/libc"
+	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/support"
+)
+
+// ID is a runtime's BPF id (enum runtime_id in support/ebpf/runtimes.h):
+// at once the frame kind of its frames, the tail-call slot of its BPF
+// unwinder and its half of the key of its per-process configuration.
+type ID uint8
+
+// Kind is the frame kind of the runtime's frames.
+func (id ID) Kind() libpf.FrameKind { return libpf.FrameKind(id) }
+
+// Runtime describes a language runtime. Register it from the runtime
+// package's init.
+type Runtime struct {
+	// Name is the -tracers choice and, where ID is set, names the BPF
+	// program unwind_<Name> and is the OTLP profile.frame.type of its
+	// frames (the OpenTelemetry semantic conventions' value).
+	Name string
+	// DisplayName is what ProcessInfo.RuntimeName says.
+	DisplayName string
+	// ID is the runtime's BPF id; 0 for a runtime without a BPF unwinder
+	// of its own (its regions are walked with frame pointers).
+	ID ID
+	// ConfigStruct names the C struct of the per-process configuration of
+	// its BPF unwinder, which ConfigMirror (a zero value) mirrors; the
+	// tracer checks the two against the object's BTF.
+	ConfigStruct string
+	ConfigMirror any
+
+	// Recognise finds the runtime in a mapped file: nil, nil when the
+	// file holds none. It runs once per file; an error says the file is
+	// the runtime's but unreadable (counted).
+	Recognise func(f *File) (Binary, error)
+	// Detect finds the runtime in a process whose files do not show it
+	// (a perf map beside JIT code). It runs when the process's mappings
+	// change; nil, nil when the process has none. Its Host has no Bias.
+	Detect func(h Host) (Process, error)
+
+	// RetryMin and RetryMax pace attach attempts that failed: from
+	// RetryMin, doubling up to RetryMax.
+	RetryMin, RetryMax time.Duration
+	// TraceRecheck, when set, is how long a converted trace with frames of
+	// this runtime is served from the cache: the runtime's objects may be
+	// freed and their addresses reused.
+	TraceRecheck time.Duration
+}
+
+// File is a mapped file as Recognise sees it.
+type File struct {
+	// Path is the file's path as the process that maps it names it.
+	Path string
+	ELF  *elf.File
+	// FunctionRanges lists the ranges of the file's FDEs
+	// (nativeunwind.FunctionRanges), read on first call.
+	FunctionRanges func() ([][2]uint64, error)
+}
+
+// Binary is a runtime found in a file, with what every process running it
+// shares.
+type Binary interface {
+	// Version is the runtime's release as it states it ("3.12.1").
+	Version() string
+	// Unsupported says why processes of this binary can never be unwound
+	// (a version without struct offsets, a debug build); nil when they can.
+	Unsupported() error
+	// CodeRanges are file address ranges [start, end) of the runtime's
+	// eval loop: the native unwinder hands each of its frames to the
+	// runtime's BPF unwinder after stepping past it.
+	CodeRanges() [][2]uint64
+	// Attach describes a process that maps the binary to the runtime's
+	// BPF unwinder. An error is retried, paced by RetryMin and RetryMax.
+	Attach(h Host) (Process, error)
+}
+
+// Process is a process a runtime attached to.
+type Process interface {
+	// Symbolize appends the frames one BPF frame of the runtime stands
+	// for, innermost first (inlined calls as frames of their own). On an
+	// error it appends nothing.
+	Symbolize(f support.Frame, out []libpf.Frame) ([]libpf.Frame, error)
+	// Detach releases what the process holds in Go; the host removes its
+	// BPF entries. It may be called once, after which nothing else is.
+	Detach()
+}
+
+// AddrSymbolizer is a Process that names native frames in the regions it
+// claimed (JIT code walked with frame pointers).
+type AddrSymbolizer interface {
+	// SymbolizeAddr names the code at a process address, false if unknown.
+	SymbolizeAddr(addr uint64) (libpf.Frame, bool)
+}
+
+// Updater is a Process that wants to look again when its process's
+// mappings changed, and now and then while the process is sampled.
+type Updater interface {
+	Update(h Host) error
+}
+
+// Host is the process manager's side of one process and one runtime.
+type Host interface {
+	// PID is the process in the daemon's pid namespace.
+	PID() libpf.PID
+	// Memory reads the process's memory.
+	Memory() (io.ReaderAt, error)
+	// Bias is the load bias of the file the Binary was found in: process
+	// address minus file virtual address.
+	Bias() uint64
+	// Libc says where the process's C library keeps thread-specific data.
+	Libc() (*libc.TSDLayout, error)
+	// SetConfig writes the runtime's per-process configuration for its
+	// BPF unwinder: a value of the Runtime's ConfigMirror type.
+	SetConfig(v any) error
+	// SetRegions replaces the code ranges the runtime claims in the
+	// process.
+	SetRegions(rs []Region) error
+	// Mappings lists the process's executable mappings, anonymous ones
+	// included, sorted by address.
+	Mappings() []Mapping
+	// Root is the process's root directory as the daemon reaches it
+	// (/proc/PID/root).
+	Root() string
+	// NamespacePID is the process's pid in its own pid namespace (the pid
+	// it names its perf map after).
+	NamespacePID() (uint32, error)
+}
+
+// Region is process code a runtime claims: [Start, End).
+type Region struct {
+	Start, End uint64
+	// Unwind hands frames at PCs in the region to the runtime's BPF
+	// unwinder; otherwise the native unwinder walks them with frame
+	// pointers and the runtime names them (AddrSymbolizer).
+	Unwind bool
+}
+
+// Mapping is one executable mapping of a process.
+type Mapping struct {
+	Start, End uint64
+	// Path is empty for anonymous memory.
+	Path string
+}
+
+// ErrDetached says a Process was used after Detach.
+var ErrDetached = errors.New("runtime process detached")
+
+// RefusedError says a runtime refuses a process for good: what it would
+// read is hostile or broken (a symlink out of the process's root, a file
+// too large). The process manager counts Reason and does not retry.
+type RefusedError struct {
+	Reason string
+	Err    error
+}
+
+func (e *RefusedError) Error() string { return e.Err.Error() }
+func (e *RefusedError) Unwrap() error { return e.Err }
+
+// Refuse wraps err as a RefusedError with reason.
+func Refuse(reason string, err error) error { return &RefusedError{Reason: reason, Err: err} }

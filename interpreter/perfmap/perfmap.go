@@ -1,0 +1,233 @@
+// Package perfmap names JIT code from the perf map a process writes,
+// /tmp/perf-PID.map (Node with --perf-basic-prof, JVM perf agents, .NET with
+// DOTNET_PerfMapEnabled=1, LuaJIT, Julia, …). It is a runtime without a BPF
+// unwinder: it claims the process's anonymous executable mappings, which the
+// native unwinder then walks with frame pointers as known code, and names
+// the frames in them.
+//
+// The file is the target's, so it is read as hostile input: inside the
+// process's own root and mount namespace and under its namespaced pid,
+// never following a symlink out of that root, never blocking on a fifo,
+// and within bounds of size, line length and entries.
+package perfmap
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hostprof/ebpf-profiler/interpreter"
+	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/support"
+)
+
+// Runtime is the perf map reader as the process manager drives it.
+var Runtime = &interpreter.Runtime{
+	Name:        "perfmap",
+	DisplayName: "perf map",
+	Detect:      detect,
+	// A process looks for a perf map again when its mappings change, and
+	// otherwise now and then: runtimes write it when they start.
+	RetryMin: time.Second,
+	RetryMax: 30 * time.Second,
+}
+
+func init() { interpreter.Register(Runtime) }
+
+// Bounds of one process's perf map.
+const (
+	// maxFileBytes: a larger file is refused. A busy Node service writes
+	// a few MiB an hour.
+	maxFileBytes = 256 << 20
+	// maxEntries and maxNameBytes bound what is held of it.
+	maxEntries   = 1 << 20
+	maxNameBytes = 64 << 20
+	// readChunk is read per system call.
+	readChunk = 1 << 20
+)
+
+// Errors that refuse a perf map; each is a reason the process manager
+// counts.
+var (
+	ErrSymlink    = errors.New("perf map is a symlink")
+	ErrNotRegular = errors.New("perf map is not a regular file")
+	ErrTooLarge   = errors.New("perf map too large")
+	ErrFull       = errors.New("perf map has more entries than are kept")
+)
+
+// detect attaches to a process with anonymous executable memory and a perf
+// map; nil, nil when it has either not (yet).
+func detect(h interpreter.Host) (interpreter.Process, error) {
+	regions := anonymousCode(h.Mappings())
+	if len(regions) == 0 {
+		return nil, nil
+	}
+	nspid, err := h.NamespacePID()
+	if err != nil {
+		return nil, err
+	}
+	f, err := open(h.Root(), fmt.Sprintf("tmp/perf-%d.map", nspid))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	p := &process{f: f}
+	if err := p.read(); err != nil {
+		p.Detach()
+		return nil, err
+	}
+	if err := h.SetRegions(regions); err != nil {
+		p.Detach()
+		return nil, err
+	}
+	p.regions = regions
+	return p, nil
+}
+
+// open opens path inside the directory root as the process sees it:
+// symlinks resolve inside that root (RESOLVE_IN_ROOT, 5.6+), the file
+// itself may not be one, and a fifo or device does not block the open.
+func open(root, path string) (*os.File, error) {
+	dir, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: root, Err: err}
+	}
+	defer unix.Close(dir)
+	fd, err := unix.Openat2(dir, path, &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC | unix.O_NOCTTY,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	switch {
+	case errors.Is(err, unix.ELOOP):
+		return nil, interpreter.Refuse("symlink", fmt.Errorf("%s/%s: %w", root, path, ErrSymlink))
+	case err != nil:
+		return nil, &os.PathError{Op: "open", Path: root + "/" + path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), root+"/"+path)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("stat %s: %w", f.Name(), err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		f.Close()
+		return nil, interpreter.Refuse("not_regular", fmt.Errorf("%s: %w", f.Name(), ErrNotRegular))
+	}
+	return f, nil
+}
+
+// anonymousCode lists the anonymous executable mappings: JIT code.
+func anonymousCode(ms []interpreter.Mapping) []interpreter.Region {
+	var out []interpreter.Region
+	for _, m := range ms {
+		if m.Path == "" {
+			out = append(out, interpreter.Region{Start: m.Start, End: m.End})
+		}
+	}
+	return out
+}
+
+// process is a process whose perf map is being read.
+type process struct {
+	f *os.File
+	// offset is how far the file has been parsed.
+	offset int64
+	table  table
+	// regions are the anonymous mappings claimed.
+	regions []interpreter.Region
+}
+
+// read parses what the file gained since the last read.
+func (p *process) read() error {
+	if p.f == nil {
+		return interpreter.ErrDetached
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(p.f.Fd()), &st); err != nil {
+		return fmt.Errorf("stat %s: %w", p.f.Name(), err)
+	}
+	if st.Size > maxFileBytes {
+		return interpreter.Refuse("too_large", fmt.Errorf("%s: %d bytes: %w", p.f.Name(), st.Size, ErrTooLarge))
+	}
+	if st.Size < p.offset {
+		// Truncated and rewritten: start over.
+		p.offset, p.table = 0, table{}
+	}
+	for p.offset < st.Size {
+		buf := make([]byte, min(st.Size-p.offset, readChunk))
+		got, err := p.f.ReadAt(buf, p.offset)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("reading %s: %w", p.f.Name(), err)
+		}
+		if got == 0 {
+			break
+		}
+		consumed, full := p.table.parse(buf[:got], maxEntries, maxNameBytes)
+		p.offset += int64(consumed)
+		if full {
+			return interpreter.Refuse("full", fmt.Errorf("%s: %w (%d)", p.f.Name(), ErrFull, maxEntries))
+		}
+		if consumed == 0 {
+			break // an incomplete last line
+		}
+	}
+	return nil
+}
+
+// Update reads what the process appended to its perf map and claims the
+// anonymous code it mapped since.
+func (p *process) Update(h interpreter.Host) error {
+	if err := p.read(); err != nil {
+		return err
+	}
+	regions := anonymousCode(h.Mappings())
+	if !sameRegions(regions, p.regions) {
+		if err := h.SetRegions(regions); err != nil {
+			return err
+		}
+		p.regions = regions
+	}
+	return nil
+}
+
+func sameRegions(a, b []interpreter.Region) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// SymbolizeAddr names the JIT code at a process address.
+func (p *process) SymbolizeAddr(addr uint64) (libpf.Frame, bool) {
+	name, ok := p.table.lookup(addr)
+	if !ok {
+		return libpf.Frame{}, false
+	}
+	return libpf.Frame{Kind: libpf.FrameNative, Address: addr, FunctionName: name}, true
+}
+
+// Symbolize is never called: the reader has no BPF unwinder and so no
+// frames of its own.
+func (p *process) Symbolize(f support.Frame, out []libpf.Frame) ([]libpf.Frame, error) {
+	return out, fmt.Errorf("perf map: no frames of kind %d", f.Kind)
+}
+
+// Detach closes the file.
+func (p *process) Detach() {
+	if p.f != nil {
+		p.f.Close()
+		p.f = nil
+	}
+	p.table = table{}
+}
