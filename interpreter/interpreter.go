@@ -5,7 +5,7 @@
 //
 //   - recognise: Runtime.Recognise looks at each mapped file once per file
 //     (the result is cached with the file's data), Runtime.Detect at a
-//     process whose runtime shows in no file (perf maps);
+//     process whose runtime shows in no file (a symbol file it writes beside JIT code);
 //   - attach: Binary.Attach reads the process (version, struct offsets) and
 //     pushes the per-process configuration its BPF unwinder needs
 //     (Host.SetConfig);
@@ -63,7 +63,7 @@ type Runtime struct {
 	// the runtime's but unreadable (counted).
 	Recognise func(f *File) (Binary, error)
 	// Detect finds the runtime in a process whose files do not show it
-	// (a perf map beside JIT code). It runs when the process's mappings
+	// (a symbol file it writes beside JIT code). It runs when the process's mappings
 	// change; nil, nil when the process has none. Its Host has no Bias.
 	Detect func(h Host) (Process, error)
 
@@ -151,7 +151,7 @@ type Host interface {
 	// (/proc/PID/root).
 	Root() string
 	// NamespacePID is the process's pid in its own pid namespace (the pid
-	// it names its perf map after).
+	// it names its own files after).
 	NamespacePID() (uint32, error)
 }
 

@@ -161,7 +161,7 @@ func (m *Manager) appendUserFrames(frames []libpf.Frame, p *process, raw []suppo
 			unattributed++
 		case mp.pf == nil:
 			// Anonymous executable memory: JIT code. A runtime that
-			// claimed it may name it (a perf map); else its frames (the
+			// claimed it may name it; else its frames (the
 			// frame-pointer walk went on through them) show as one
 			// labelled frame.
 			if named, ok := p.symbolizeAnonymous(addr); ok {
