@@ -1,0 +1,187 @@
+package integration
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// perfMapRun is a process that names its JIT code in a perf map.
+type perfMapRun struct {
+	cmd *exec.Cmd
+	// pid is the workload's pid as the daemon sees it.
+	pid int
+}
+
+// startPerfMapWorkload starts name with args and waits until it printed
+// "ready" (its perf map is written). In a namespace it runs as pid 1 of a
+// pid namespace of its own, with a private tmpfs on /tmp in a mount
+// namespace of its own: its perf map is /tmp/perf-1.map there, invisible
+// from the host's /tmp.
+func startPerfMapWorkload(t *testing.T, namespaced bool, name string, args ...string) *perfMapRun {
+	t.Helper()
+	var cmd *exec.Cmd
+	if namespaced {
+		// The workload is opened before the tmpfs hides it (it may be
+		// under /tmp) and run from its descriptor.
+		script := `exec 3<"$0" && mount -t tmpfs tmpfs /tmp && exec /proc/self/fd/3 "$@"`
+		cmd = exec.Command("unshare", append([]string{"--mount", "--pid", "--fork", "--mount-proc",
+			"sh", "-c", script, name}, args...)...)
+	} else {
+		cmd = exec.Command(name, args...)
+	}
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "ready" {
+		t.Fatalf("%s printed %q: %v", name, line, err)
+	}
+	r := &perfMapRun{cmd: cmd, pid: cmd.Process.Pid}
+	if namespaced {
+		// unshare forked the shell that exec'd the workload.
+		children, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", r.pid, r.pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.pid, err = strconv.Atoi(strings.TrimSpace(string(children))); err != nil {
+			t.Fatalf("children of unshare: %q: %v", children, err)
+		}
+		status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", r.pid))
+		if !regexp.MustCompile(`(?m)^NSpid:\s+\d+\s+1$`).Match(status) {
+			t.Fatalf("process %d is not pid 1 of its own namespace:\n%s", r.pid, status)
+		}
+	}
+	return r
+}
+
+func (r *perfMapRun) wait(t *testing.T) {
+	t.Helper()
+	if err := r.cmd.Wait(); err != nil {
+		t.Fatalf("%v: %v", r.cmd.Args, err)
+	}
+}
+
+// checkShare checks that, after a warm-up of at most maxWarmupSamples
+// (until the daemon has read the process's files and its perf map), at
+// least minShare of the process's samples match want.
+func checkShare(t *testing.T, s *session, pid int, want *regexp.Regexp, minShare float64) {
+	t.Helper()
+	samples := s.rec.ofPID(pid)
+	warm := warmup(t, samples, "", nil, want)
+	samples = samples[warm:]
+	ok, misses := 0, map[string]int{}
+	for _, smp := range samples {
+		if stack := stackString(smp.trace, "", nil); want.MatchString(stack) {
+			ok++
+		} else {
+			misses[stack]++
+		}
+	}
+	logTopStacks(t, misses, 3)
+	got := share(ok, len(samples))
+	t.Logf("process %d: %d samples after %d of warm-up, %.1f%% show %s", pid, len(samples), warm, 100*got, want)
+	if len(samples) < testHz || got < minShare {
+		t.Errorf("%.1f%% of %d samples show %s, want >= %.0f%%", 100*got, len(samples), want, 100*minShare)
+	}
+}
+
+// TestPerfMapJIT: a C program JIT-compiles a function into anonymous
+// executable memory and names it in its perf map; its samples name it in
+// its place between the C frames, also when the program runs in a mount
+// and pid namespace of its own.
+func TestPerfMapJIT(t *testing.T) {
+	requireRoot(t)
+	if runtime.GOARCH != "amd64" {
+		t.Fatal("the JIT workload generates x86_64 code")
+	}
+	bin := buildWorkload(t, "jitmap", "-O2")
+	want := userStack(`(jm_tick;)?jm_spin;jm_top;` + cRoot)
+	for _, namespaced := range []bool{false, true} {
+		t.Run(map[bool]string{false: "host", true: "namespaced"}[namespaced], func(t *testing.T) {
+			s := startSession(t, testHz)
+			r := startPerfMapWorkload(t, namespaced, bin, "4")
+			r.wait(t)
+			s.stop(t)
+			checkShare(t, s, r.pid, want, 0.95)
+		})
+	}
+}
+
+// TestPerfMapNode: Node with --perf-basic-prof names its optimized
+// functions in its perf map; with inlining off, each of a three-function
+// chain has a frame of its own, named in order.
+func TestPerfMapNode(t *testing.T) {
+	requireRoot(t)
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatal("node not found (make test-deps installs it)")
+	}
+	_, here, _, _ := runtime.Caller(0)
+	script, err := filepath.Abs(filepath.Join(filepath.Dir(here), "..", "..", "utils", "workloads", "node", "chain.js"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := func(name string) string { return `JS:[*^~+]?` + name + ` ` + regexp.QuoteMeta(script) + `:\d+:\d+` }
+	// Below top: the loop of the script and V8's entry, then node's own
+	// frames down to the thread's root.
+	want := userStack(js("leaf") + `;` + js("mid") + `;` + js("top") + `;.*`)
+	for _, namespaced := range []bool{false, true} {
+		t.Run(map[bool]string{false: "host", true: "namespaced"}[namespaced], func(t *testing.T) {
+			s := startSession(t, testHz)
+			r := startPerfMapWorkload(t, namespaced, node, "--perf-basic-prof", "--no-turbo-inlining", script, "5")
+			r.wait(t)
+			s.stop(t)
+			checkShare(t, s, r.pid, want, 0.9)
+		})
+	}
+}
+
+// TestPerfMapHostile: perf maps that are a symlink out of the process's
+// files, a 1 GiB file of garbage or a fifo are refused with their reason
+// counted, without stalling the daemon, which keeps profiling the process
+// (its JIT frame unnamed) and the others.
+func TestPerfMapHostile(t *testing.T) {
+	requireRoot(t)
+	if runtime.GOARCH != "amd64" {
+		t.Fatal("the JIT workload generates x86_64 code")
+	}
+	bin := buildWorkload(t, "jitmap", "-O2")
+	other := buildWorkload(t, "fpchain", "-O0", "-fno-omit-frame-pointer")
+	unnamed := userStack(`(jm_tick;)?\[anonymous executable memory\];jm_top;` + cRoot)
+	for _, c := range []struct{ mode, reason string }{
+		{"symlink", "symlink"},
+		{"huge", "too_large"},
+		{"fifo", "not_regular"},
+	} {
+		t.Run(c.mode, func(t *testing.T) {
+			s := startSession(t, testHz)
+			r := startPerfMapWorkload(t, false, bin, "3", c.mode)
+			otherPID, _ := runWorkload(t, other, 2*time.Second)
+			r.wait(t)
+			s.stop(t)
+			if n := s.pm.Stats().RuntimeRefusals["perfmap/"+c.reason]; n != 1 {
+				t.Errorf("refusals %v, want perfmap/%s = 1", s.pm.Stats().RuntimeRefusals, c.reason)
+			}
+			// Unclaimed anonymous code is found by re-reading the
+			// process's maps, as in TestJITFrame: a few samples before
+			// that show an address without a mapping.
+			checkShare(t, s, r.pid, unnamed, 0.9)
+			checkShare(t, s, otherPID, userStack(`cf_leaf;cf_mid;cf_top;`+cRoot), 0.95)
+		})
+	}
+}
