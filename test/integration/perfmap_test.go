@@ -39,6 +39,7 @@ func startPerfMapWorkload(t *testing.T, namespaced bool, name string, args ...st
 		cmd = exec.Command(name, args...)
 	}
 	cmd.Stderr = os.Stderr
+	cmd.Dir = t.TempDir() // where node --perf-basic-prof writes its isolate logs
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
