@@ -74,6 +74,10 @@ type Runtime struct {
 	// this runtime is served from the cache: the runtime's objects may be
 	// freed and their addresses reused.
 	TraceRecheck time.Duration
+	// UpdateEvery, when set, is how often a sampled process's Updater
+	// looks again even though nothing asked it to (code freed and its
+	// addresses reused under another name).
+	UpdateEvery time.Duration
 }
 
 // File is a mapped file as Recognise sees it.
@@ -122,9 +126,12 @@ type AddrSymbolizer interface {
 }
 
 // Updater is a Process that wants to look again when its process's
-// mappings changed, and now and then while the process is sampled.
+// mappings changed, when a sample met code it claimed but could not name,
+// and now and then (Runtime.UpdateEvery) while the process is sampled.
 type Updater interface {
-	Update(h Host) error
+	// Update reports whether what the process names changed: traces
+	// converted before are converted again.
+	Update(h Host) (changed bool, err error)
 }
 
 // Host is the process manager's side of one process and one runtime.

@@ -191,24 +191,29 @@ func (m *Manager) updateRuntime(p *process, st *runtimeState) {
 	}
 	st.lastUpdate = m.now()
 	st.missed = false
-	if err := u.Update(&runtimeHost{m: m, p: p, st: st}); m.refused(p, st, err) {
+	changed, err := u.Update(&runtimeHost{m: m, p: p, st: st})
+	if m.refused(p, st, err) {
 		m.dropRuntime(p, st)
+		changed = true
 	} else if err != nil {
 		m.counters.interpreterErrors++
 		m.log.WithError(err).Debugf("process %d: updating %s", p.pid, st.rt.Name)
 	}
-	// Conversions that could not name its code may now.
-	p.gen = m.newGeneration()
+	if changed {
+		// Cached conversions name its code as it was.
+		p.gen = m.newGeneration()
+	}
 }
 
 // refreshRuntimes retries attaching runtimes and lets those that missed
-// code look again: the part of a sample's lifecycle work that is the
+// code, or are due to, look again: the part of a sample's lifecycle work that is the
 // runtimes'. The caller holds m.mu.
 func (m *Manager) refreshRuntimes(p *process) {
 	for _, st := range p.runtimes {
+		due := st.rt.UpdateEvery > 0 && m.now().Sub(st.lastUpdate) >= st.rt.UpdateEvery
 		if st.proc == nil {
 			m.attachRuntime(p, st)
-		} else if st.missed {
+		} else if st.missed || due {
 			m.updateRuntime(p, st)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -34,6 +35,9 @@ var Runtime = &interpreter.Runtime{
 	// otherwise now and then: runtimes write it when they start.
 	RetryMin: time.Second,
 	RetryMax: 30 * time.Second,
+	// A runtime frees code and reuses its addresses for other code, whose
+	// later lines a sampled process's table must not wait long for.
+	UpdateEvery: time.Second,
 }
 
 func init() { interpreter.Register(Runtime) }
@@ -78,7 +82,7 @@ func detect(h interpreter.Host) (interpreter.Process, error) {
 		return nil, err
 	}
 	p := &process{f: f}
-	if err := p.read(); err != nil {
+	if _, err := p.read(); err != nil {
 		p.Detach()
 		return nil, err
 	}
@@ -122,11 +126,12 @@ func open(root, path string) (*os.File, error) {
 	return f, nil
 }
 
-// anonymousCode lists the anonymous executable mappings: JIT code.
+// anonymousCode lists the anonymous executable mappings: JIT code, which
+// the runtime may have named (PR_SET_VMA_ANON_NAME shows "[anon:NAME]").
 func anonymousCode(ms []interpreter.Mapping) []interpreter.Region {
 	var out []interpreter.Region
 	for _, m := range ms {
-		if m.Path == "" {
+		if m.Path == "" || strings.HasPrefix(m.Path, "[anon:") {
 			out = append(out, interpreter.Region{Start: m.Start, End: m.End})
 		}
 	}
@@ -143,27 +148,30 @@ type process struct {
 	regions []interpreter.Region
 }
 
-// read parses what the file gained since the last read.
-func (p *process) read() error {
+// read parses what the file gained since the last read; changed says
+// the table did.
+func (p *process) read() (changed bool, err error) {
 	if p.f == nil {
-		return interpreter.ErrDetached
+		return false, interpreter.ErrDetached
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(int(p.f.Fd()), &st); err != nil {
-		return fmt.Errorf("stat %s: %w", p.f.Name(), err)
+		return false, fmt.Errorf("stat %s: %w", p.f.Name(), err)
 	}
 	if st.Size > maxFileBytes {
-		return interpreter.Refuse("too_large", fmt.Errorf("%s: %d bytes: %w", p.f.Name(), st.Size, ErrTooLarge))
+		return false, interpreter.Refuse("too_large", fmt.Errorf("%s: %d bytes: %w", p.f.Name(), st.Size, ErrTooLarge))
 	}
 	if st.Size < p.offset {
 		// Truncated and rewritten: start over.
-		p.offset, p.table = 0, table{}
+		p.offset, p.table, changed = 0, table{}, true
 	}
+	entries := len(p.table.entries)
+	defer func() { changed = changed || len(p.table.entries) != entries }()
 	for p.offset < st.Size {
 		buf := make([]byte, min(st.Size-p.offset, readChunk))
 		got, err := p.f.ReadAt(buf, p.offset)
 		if err != nil && !errors.Is(err, io.EOF) {
-			return fmt.Errorf("reading %s: %w", p.f.Name(), err)
+			return changed, fmt.Errorf("reading %s: %w", p.f.Name(), err)
 		}
 		if got == 0 {
 			break
@@ -171,29 +179,29 @@ func (p *process) read() error {
 		consumed, full := p.table.parse(buf[:got], maxEntries, maxNameBytes)
 		p.offset += int64(consumed)
 		if full {
-			return interpreter.Refuse("full", fmt.Errorf("%s: %w (%d)", p.f.Name(), ErrFull, maxEntries))
+			return changed, interpreter.Refuse("full", fmt.Errorf("%s: %w (%d)", p.f.Name(), ErrFull, maxEntries))
 		}
 		if consumed == 0 {
 			break // an incomplete last line
 		}
 	}
-	return nil
+	return changed, nil
 }
 
 // Update reads what the process appended to its perf map and claims the
 // anonymous code it mapped since.
-func (p *process) Update(h interpreter.Host) error {
-	if err := p.read(); err != nil {
-		return err
+func (p *process) Update(h interpreter.Host) (changed bool, err error) {
+	if changed, err = p.read(); err != nil {
+		return changed, err
 	}
 	regions := anonymousCode(h.Mappings())
 	if !sameRegions(regions, p.regions) {
 		if err := h.SetRegions(regions); err != nil {
-			return err
+			return changed, err
 		}
-		p.regions = regions
+		p.regions, changed = regions, true
 	}
-	return nil
+	return changed, nil
 }
 
 func sameRegions(a, b []interpreter.Region) bool {
