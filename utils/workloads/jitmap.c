@@ -20,7 +20,7 @@
 #include "workload.h"
 
 #if !defined(__x86_64__)
-#error "jitmap generates x86_64 code"
+#  error "jitmap generates x86_64 code"
 #endif
 
 // jm_spin(iters, tick): push rbp; mov rbp, rsp; mov rcx, rdi;
