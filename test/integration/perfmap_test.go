@@ -30,11 +30,15 @@ func startPerfMapWorkload(t *testing.T, namespaced bool, name string, args ...st
 	t.Helper()
 	var cmd *exec.Cmd
 	if namespaced {
-		// The workload is opened before the tmpfs hides it (it may be
-		// under /tmp) and run from its descriptor.
-		script := `exec 3<"$0" && mount -t tmpfs tmpfs /tmp && exec /proc/self/fd/3 "$@"`
+		// What the tmpfs hides (the workload, the checkout: either may
+		// be under /tmp) stays reachable under /mnt.
+		script := `mount --bind /tmp /mnt && mount -t tmpfs tmpfs /tmp && exec "$0" "$@"`
+		var nsArgs []string
+		for _, a := range append([]string{name}, args...) {
+			nsArgs = append(nsArgs, namespacedPath(a))
+		}
 		cmd = exec.Command("unshare", append([]string{"--mount", "--pid", "--fork", "--mount-proc",
-			"sh", "-c", script, name}, args...)...)
+			"sh", "-c", script}, nsArgs...)...)
 	} else {
 		cmd = exec.Command(name, args...)
 	}
@@ -68,6 +72,15 @@ func startPerfMapWorkload(t *testing.T, namespaced bool, name string, args ...st
 		}
 	}
 	return r
+}
+
+// namespacedPath is where a path under /tmp is inside the namespace of
+// startPerfMapWorkload: under /mnt.
+func namespacedPath(path string) string {
+	if rest, ok := strings.CutPrefix(path, "/tmp/"); ok {
+		return "/mnt/" + rest
+	}
+	return path
 }
 
 func (r *perfMapRun) wait(t *testing.T) {
@@ -137,12 +150,16 @@ func TestPerfMapNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	js := func(name string) string { return `JS:[*^~+]?` + name + ` ` + regexp.QuoteMeta(script) + `:\d+:\d+` }
-	// Below top: the loop of the script and V8's entry, then node's own
-	// frames down to the thread's root.
-	want := userStack(js("leaf") + `;` + js("mid") + `;` + js("top") + `;.*`)
 	for _, namespaced := range []bool{false, true} {
 		t.Run(map[bool]string{false: "host", true: "namespaced"}[namespaced], func(t *testing.T) {
+			path := script
+			if namespaced {
+				path = namespacedPath(script)
+			}
+			js := func(name string) string { return `JS:[*^~+]?` + name + ` ` + regexp.QuoteMeta(path) + `:\d+:\d+` }
+			// Below top: the loop of the script and V8's entry, then
+			// node's own frames down to the thread's root.
+			want := userStack(js("leaf") + `;` + js("mid") + `;` + js("top") + `;.*`)
 			s := startSession(t, testHz)
 			r := startPerfMapWorkload(t, namespaced, node, "--perf-basic-prof", "--no-turbo-inlining", script, "5")
 			r.wait(t)
