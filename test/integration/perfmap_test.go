@@ -83,6 +83,24 @@ func namespacedPath(path string) string {
 	return path
 }
 
+// waitAttached waits until the perf map reader attached to one more
+// process than before and returns when: a process's JIT code is named from
+// then on. The wait since the workload was ready is logged (a process
+// first seen before its perf map was written is retried after
+// RetryMin).
+func waitAttached(t *testing.T, s *session, before uint64, ready time.Time) time.Time {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if s.pm.Stats().RuntimeAttached["perfmap"] > before {
+			at := time.Now()
+			t.Logf("perf map reader attached %v after the workload was ready", at.Sub(ready).Round(time.Millisecond))
+			return at
+		}
+	}
+	t.Fatal("the perf map reader did not attach within 10 s")
+	return time.Time{}
+}
+
 func (r *perfMapRun) wait(t *testing.T) {
 	t.Helper()
 	if err := r.cmd.Wait(); err != nil {
@@ -93,9 +111,14 @@ func (r *perfMapRun) wait(t *testing.T) {
 // checkShare checks that, after a warm-up of at most maxWarmupSamples
 // (until the daemon has read the process's files and its perf map), at
 // least minShare of the process's samples match want.
-func checkShare(t *testing.T, s *session, pid int, want *regexp.Regexp, minShare float64) {
+func checkShare(t *testing.T, s *session, pid int, want *regexp.Regexp, minShare float64, from time.Time) {
 	t.Helper()
-	samples := s.rec.ofPID(pid)
+	var samples []sample
+	for _, smp := range s.rec.ofPID(pid) {
+		if !smp.meta.Time.Before(from) {
+			samples = append(samples, smp)
+		}
+	}
 	warm := warmup(t, samples, "", nil, want)
 	samples = samples[warm:]
 	ok, misses := 0, map[string]int{}
@@ -128,10 +151,12 @@ func TestPerfMapJIT(t *testing.T) {
 	for _, namespaced := range []bool{false, true} {
 		t.Run(map[bool]string{false: "host", true: "namespaced"}[namespaced], func(t *testing.T) {
 			s := startSession(t, testHz)
+			before := s.pm.Stats().RuntimeAttached["perfmap"]
 			r := startPerfMapWorkload(t, namespaced, bin, "4")
+			attached := waitAttached(t, s, before, time.Now())
 			r.wait(t)
 			s.stop(t)
-			checkShare(t, s, r.pid, want, 0.95)
+			checkShare(t, s, r.pid, want, 0.95, attached)
 		})
 	}
 }
@@ -161,10 +186,12 @@ func TestPerfMapNode(t *testing.T) {
 			// node's own frames down to the thread's root.
 			want := userStack(js("leaf") + `;` + js("mid") + `;` + js("top") + `;.*`)
 			s := startSession(t, testHz)
+			before := s.pm.Stats().RuntimeAttached["perfmap"]
 			r := startPerfMapWorkload(t, namespaced, node, "--perf-basic-prof", "--no-turbo-inlining", script, "5")
+			attached := waitAttached(t, s, before, time.Now())
 			r.wait(t)
 			s.stop(t)
-			checkShare(t, s, r.pid, want, 0.9)
+			checkShare(t, s, r.pid, want, 0.9, attached)
 		})
 	}
 }
@@ -198,8 +225,8 @@ func TestPerfMapHostile(t *testing.T) {
 			// Unclaimed anonymous code is found by re-reading the
 			// process's maps, as in TestJITFrame: a few samples before
 			// that show an address without a mapping.
-			checkShare(t, s, r.pid, unnamed, 0.9)
-			checkShare(t, s, otherPID, userStack(`cf_leaf;cf_mid;cf_top;`+cRoot), 0.95)
+			checkShare(t, s, r.pid, unnamed, 0.9, time.Time{})
+			checkShare(t, s, otherPID, userStack(`cf_leaf;cf_mid;cf_top;`+cRoot), 0.95, time.Time{})
 		})
 	}
 }
