@@ -23,8 +23,10 @@ type elfData struct {
 	loads      []loadSegment
 	gnuBuildID string
 	goBuildID  string
-	// runtimes are the language runtimes found in the file.
-	runtimes []runtimeMatch
+	// runtimes are the language runtimes found in the file;
+	// recogniseErrs say which found it theirs but could not read it.
+	runtimes      []runtimeMatch
+	recogniseErrs []error
 	// tsd says where the C library this file is keeps thread-specific
 	// data; nil unless the file defines pthread_getspecific, with tsdErr
 	// set if its code could not be decoded.
@@ -110,7 +112,7 @@ func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime) (d *elfDat
 		cands = append(cands, goCands...)
 	}
 	d.symbols = buildSymbolTable(cands)
-	d.runtimes = recogniseRuntimes(&interpreter.File{
+	d.runtimes, d.recogniseErrs = recogniseRuntimes(&interpreter.File{
 		Path: path, ELF: f, FunctionRanges: func() ([][2]uint64, error) { return nativeunwind.FunctionRanges(f) },
 	}, rts)
 	if definesGetspecific(syms) {
@@ -124,18 +126,21 @@ func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime) (d *elfDat
 }
 
 // recogniseRuntimes asks each runtime whether the file holds it. A runtime
-// that finds its file unreadable costs only itself.
-func recogniseRuntimes(f *interpreter.File, rts []*interpreter.Runtime) []runtimeMatch {
-	var out []runtimeMatch
+// that finds its file unreadable costs only itself: its error is returned
+// to be counted.
+func recogniseRuntimes(f *interpreter.File, rts []*interpreter.Runtime) (out []runtimeMatch, errs []error) {
 	for _, rt := range rts {
 		if rt.Recognise == nil {
 			continue
 		}
-		if bin, err := rt.Recognise(f); err == nil && bin != nil {
+		switch bin, err := rt.Recognise(f); {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("%s: %w", rt.Name, err))
+		case bin != nil:
 			out = append(out, runtimeMatch{rt, bin})
 		}
 	}
-	return out
+	return out, errs
 }
 
 // readAgentLibrary reads an APM agent library's correlation symbols.

@@ -88,6 +88,9 @@ type fileCache struct {
 	runtimes     []*interpreter.Runtime
 	hits, misses uint64
 	elfErrors    uint64
+	// runtimeErrors counts files a runtime found its own but could not
+	// read (Runtime.Recognise errors).
+	runtimeErrors uint64
 }
 
 // fileForMapping returns the data of the file behind a mapping, parsing it
@@ -182,6 +185,12 @@ func (c *fileCache) get(key fileKey, r readSeekerAt, name string) (*fileInfo, er
 		if fi.elf, err = parseELF(r, name, c.runtimes); err != nil {
 			c.elfErrors++
 			c.log.WithError(err).Debugf("not symbolizing %s", name)
+		}
+		if fi.elf != nil {
+			for _, err := range fi.elf.recogniseErrs {
+				c.runtimeErrors++
+				c.log.WithError(err).Debugf("not unwinding the runtime in %s", name)
+			}
 		}
 		if fi.elf != nil && tracecorr.IsAgentLibrary(name) {
 			if fi.elf.apm, err = readAgentLibrary(r); err != nil {

@@ -49,9 +49,9 @@ type runtimeState struct {
 }
 
 // pending says the runtime waits to be attached: conversions of the
-// process are not cached meanwhile.
+// process are not cached meanwhile. One that refused never will be.
 func (st *runtimeState) pending() bool {
-	return st.proc == nil && st.bin != nil && st.bin.Unsupported() == nil
+	return st.proc == nil && !st.refused && st.bin != nil && st.bin.Unsupported() == nil
 }
 
 // runtimeFor returns the state of the runtime whose frames have kind k.

@@ -33,10 +33,11 @@ type Stats struct {
 	// RuntimeProcesses are tracked processes per runtime (by name) that
 	// run it, RuntimeAttached the processes each attached to so far;
 	// RuntimeConfigs are the processes whose configuration is in the
-	// runtimes' BPF map. InterpreterErrors counts runtimes found in a
-	// process but not supported (a version without struct offsets) and
-	// failed attempts to attach one (not counting waits for the runtime to
-	// start). RuntimeFrameErrors counts runtime frames that could not be
+	// runtimes' BPF map. InterpreterErrors counts files a runtime found
+	// its own but could not read, runtimes found in a process but not
+	// supported (a version without struct offsets) and failed attempts to
+	// attach one (not counting waits for the runtime to start).
+	// RuntimeFrameErrors counts runtime frames that could not be
 	// symbolized.
 	RuntimeProcesses   map[string]int
 	RuntimeAttached    map[string]uint64
@@ -119,7 +120,7 @@ func (m *Manager) Stats() Stats {
 		MapsReads:          c.mapsReads,
 		MapsRereadsLimited: c.mapsRereadsLimited,
 		MappingsAdded:      c.mappingsAdded,
-		InterpreterErrors:  c.interpreterErrors,
+		InterpreterErrors:  c.interpreterErrors + m.files.runtimeErrors,
 		RuntimeAttached:    maps.Clone(c.runtimeAttached),
 		RuntimeFrameErrors: c.runtimeFrameErrors,
 		RuntimeRefusals:    maps.Clone(c.runtimeRefusals),

@@ -96,7 +96,8 @@ func (s *unwindSync) publish() {
 type unwindJob struct {
 	pid uint32
 	// detachAll forgets the pid; otherwise the job attaches or (detach)
-	// removes one mapping, or adds a runtime's region.
+	// removes one mapping, or adds (region) or removes (detach and region)
+	// a runtime's region.
 	detachAll, detach, region bool
 	m                         attachedMapping
 	// key names the file for BPF, with its executable segment's
@@ -182,7 +183,7 @@ func (s *unwindSync) addRegion(pid uint32, start, end uint64, runtime uint8) {
 
 // removeRegion queues the removal of a region added at start.
 func (s *unwindSync) removeRegion(pid uint32, start uint64) {
-	s.send(unwindJob{pid: pid, detach: true, m: attachedMapping{start: start}})
+	s.send(unwindJob{pid: pid, detach: true, region: true, m: attachedMapping{start: start}})
 }
 
 // detach queues the removal of a mapping. Removals are never dropped: the
@@ -245,7 +246,11 @@ func (s *unwindSync) handle(j unwindJob) {
 		}
 		delete(s.attached, j.pid)
 	case j.detach:
-		s.remove(j.pid, j.m.start)
+		// A region starts where its anonymous mapping does, and a file
+		// may be mapped over it: each removes only its own kind.
+		if m, ok := s.attached[j.pid][j.m.start]; ok && (m.fileID == 0) == j.region {
+			s.remove(j.pid, j.m.start)
+		}
 	case j.region:
 		if err := s.addTrie(j.pid, j.m); err != nil {
 			s.log.WithError(err).Debugf("process %d: region at %#x", j.pid, j.m.start)
