@@ -96,34 +96,46 @@ func detect(h interpreter.Host) (interpreter.Process, error) {
 
 // open opens path inside the directory root as the process sees it:
 // symlinks resolve inside that root (RESOLVE_IN_ROOT, 5.6+), the file
-// itself may not be one, and a fifo or device does not block the open.
+// itself may not be one, and only a regular file is opened for reading:
+// opening a fifo may block and opening a device runs its driver (a
+// watchdog starts counting down), so the file is looked at through an
+// O_PATH descriptor first.
 func open(root, path string) (*os.File, error) {
 	dir, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: root, Err: err}
 	}
 	defer unix.Close(dir)
+	name := root + "/" + path
 	fd, err := unix.Openat2(dir, path, &unix.OpenHow{
-		Flags:   unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC | unix.O_NOCTTY,
+		Flags:   unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
 		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
 	})
 	switch {
 	case errors.Is(err, unix.ELOOP):
-		return nil, interpreter.Refuse("symlink", fmt.Errorf("%s/%s: %w", root, path, ErrSymlink))
+		return nil, interpreter.Refuse("symlink", fmt.Errorf("%s: %w", name, ErrSymlink))
 	case err != nil:
-		return nil, &os.PathError{Op: "open", Path: root + "/" + path, Err: err}
+		return nil, &os.PathError{Op: "open", Path: name, Err: err}
 	}
-	f := os.NewFile(uintptr(fd), root+"/"+path)
+	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("stat %s: %w", f.Name(), err)
+		return nil, fmt.Errorf("stat %s: %w", name, err)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		f.Close()
-		return nil, interpreter.Refuse("not_regular", fmt.Errorf("%s: %w", f.Name(), ErrNotRegular))
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+	case unix.S_IFLNK: // O_PATH|O_NOFOLLOW opens the link itself
+		return nil, interpreter.Refuse("symlink", fmt.Errorf("%s: %w", name, ErrSymlink))
+	default:
+		return nil, interpreter.Refuse("not_regular", fmt.Errorf("%s: %w", name, ErrNotRegular))
 	}
-	return f, nil
+	// Open the file just looked at, not its path, which may name
+	// another by now.
+	rfd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: name, Err: err}
+	}
+	return os.NewFile(uintptr(rfd), name), nil
 }
 
 // anonymousCode lists the anonymous executable mappings: JIT code, which

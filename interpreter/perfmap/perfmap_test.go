@@ -1,20 +1,27 @@
 package perfmap
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
-	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/libc"
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/support"
 )
 
 // fakeHost is a process as the reader sees it: a root directory, a pid
@@ -22,44 +29,51 @@ import (
 type fakeHost struct {
 	root     string
 	nspid    uint32
+	nspidErr error
 	mappings []interpreter.Mapping
-	// regions records every SetRegions call.
-	regions [][]interpreter.Region
+	// regions records every SetRegions call; setRegionsErr fails them.
+	regions       [][]interpreter.Region
+	setRegionsErr error
 }
 
-func (h *fakeHost) PID() libpf.PID                 { return 4242 }
-func (h *fakeHost) Memory() (io.ReaderAt, error)   { return nil, errors.New("no memory") }
-func (h *fakeHost) Bias() uint64                   { return 0 }
-func (h *fakeHost) Libc() (*libc.TSDLayout, error) { return nil, errors.New("no libc") }
-func (h *fakeHost) SetConfig(any) error            { return errors.New("no BPF unwinder") }
-func (h *fakeHost) Mappings() []interpreter.Mapping {
-	return h.mappings
-}
-func (h *fakeHost) Root() string                  { return h.root }
-func (h *fakeHost) NamespacePID() (uint32, error) { return h.nspid, nil }
+func (h *fakeHost) PID() libpf.PID                  { return 4242 }
+func (h *fakeHost) Memory() (io.ReaderAt, error)    { return nil, errors.New("no memory") }
+func (h *fakeHost) Bias() uint64                    { return 0 }
+func (h *fakeHost) Libc() (*libc.TSDLayout, error)  { return nil, errors.New("no libc") }
+func (h *fakeHost) SetConfig(any) error             { return errors.New("no BPF unwinder") }
+func (h *fakeHost) Mappings() []interpreter.Mapping { return h.mappings }
+func (h *fakeHost) Root() string                    { return h.root }
+func (h *fakeHost) NamespacePID() (uint32, error)   { return h.nspid, h.nspidErr }
 func (h *fakeHost) SetRegions(rs []interpreter.Region) error {
+	if h.setRegionsErr != nil {
+		return h.setRegionsErr
+	}
 	h.regions = append(h.regions, rs)
 	return nil
 }
 
-// newHost is a process with pid 7 in its namespace, a root with /tmp and
-// one anonymous executable mapping at 0x10000.
+var (
+	binary = interpreter.Mapping{Start: 0x400000, End: 0x401000, Path: "/usr/bin/app"}
+	jit    = interpreter.Mapping{Start: 0x10000, End: 0x20000}
+)
+
+// newHost is a process with pid 7 in its namespace, a root with /tmp,
+// its binary and one anonymous executable mapping at 0x10000.
 func newHost(t *testing.T) *fakeHost {
 	t.Helper()
 	root := t.TempDir()
 	if err := os.Mkdir(filepath.Join(root, "tmp"), 0o1777); err != nil {
 		t.Fatal(err)
 	}
-	return &fakeHost{root: root, nspid: 7, mappings: []interpreter.Mapping{
-		{Start: 0x400000, End: 0x401000, Path: "/usr/bin/app"},
-		{Start: 0x10000, End: 0x20000},
-	}}
+	return &fakeHost{root: root, nspid: 7, mappings: []interpreter.Mapping{binary, jit}}
 }
 
 func (h *fakeHost) mapPath() string {
 	return filepath.Join(h.root, "tmp", fmt.Sprintf("perf-%d.map", h.nspid))
 }
 
+// write writes s to the perf map, opened with flag besides O_WRONLY and
+// O_CREATE.
 func (h *fakeHost) write(t *testing.T, s string, flag int) {
 	t.Helper()
 	f, err := os.OpenFile(h.mapPath(), os.O_WRONLY|os.O_CREATE|flag, 0o644)
@@ -69,7 +83,9 @@ func (h *fakeHost) write(t *testing.T, s string, flag int) {
 	if _, err := f.WriteString(s); err != nil {
 		t.Fatal(err)
 	}
-	f.Close()
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func attach(t *testing.T, h *fakeHost) *process {
@@ -90,85 +106,13 @@ func name(p *process, addr uint64) string {
 	return f.FunctionName
 }
 
-func TestDetect(t *testing.T) {
-	h := newHost(t)
-	if p, err := detect(h); p != nil || err != nil {
-		t.Errorf("without a perf map: %v, %v", p, err)
-	}
-	h.write(t, "10000 100 jitted\n", 0)
-	noAnon := &fakeHost{root: h.root, nspid: 7, mappings: h.mappings[:1]}
-	if p, err := detect(noAnon); p != nil || err != nil {
-		t.Errorf("without anonymous executable memory: %v, %v", p, err)
-	}
-	p := attach(t, h)
-	if want := []interpreter.Region{{Start: 0x10000, End: 0x20000}}; len(h.regions) != 1 || !slices.Equal(h.regions[0], want) {
-		t.Errorf("claimed %v, want %v", h.regions, want)
-	}
-	if got := name(p, 0x10080); got != "jitted" {
-		t.Errorf("name at 0x10080: %q", got)
-	}
-	if f, _ := p.SymbolizeAddr(0x10080); f.Kind != libpf.FrameNative || f.Address != 0x10080 {
-		t.Errorf("frame %+v, want a native frame at its address", f)
-	}
-	if got := name(p, 0x10100); got != "" {
-		t.Errorf("name past the entry: %q", got)
-	}
-}
-
-// The file grows as the runtime compiles; each Update reads what it
-// gained, completes a line written in two parts, and says whether the
-// names changed.
-func TestUpdateReadsAppended(t *testing.T) {
-	h := newHost(t)
-	h.write(t, "10000 100 one\n10100 10 tw", 0)
-	p := attach(t, h)
-	if name(p, 0x10100) != "" {
-		t.Fatal("a partial line was used")
-	}
-	if changed, err := p.Update(h); err != nil || changed {
-		t.Errorf("update without news: %v %v", changed, err)
-	}
-	h.write(t, "o\n10200 10 three\n10000 100 one-again\n", os.O_APPEND)
-	if changed, err := p.Update(h); err != nil || !changed {
-		t.Errorf("update after appending: %v %v", changed, err)
-	}
-	for addr, want := range map[uint64]string{0x10000: "one-again", 0x10105: "two", 0x10200: "three"} {
-		if got := name(p, addr); got != want {
-			t.Errorf("name at %#x: %q, want %q", addr, got, want)
+// checkNames checks the names of addresses ("" for none).
+func checkNames(t *testing.T, p *process, want map[uint64]string) {
+	t.Helper()
+	for addr, w := range want {
+		if got := name(p, addr); got != w {
+			t.Errorf("name at %#x: %q, want %q", addr, got, w)
 		}
-	}
-	if len(h.regions) != 1 {
-		t.Errorf("regions set %d times with no mapping change", len(h.regions))
-	}
-	// Truncated and written anew: the old names go.
-	h.write(t, "10000 10 fresh\n", os.O_TRUNC)
-	if changed, err := p.Update(h); err != nil || !changed {
-		t.Errorf("update after truncation: %v %v", changed, err)
-	}
-	if got, gone := name(p, 0x10000), name(p, 0x10200); got != "fresh" || gone != "" {
-		t.Errorf("after truncation: %q and %q", got, gone)
-	}
-}
-
-// Update claims anonymous code mapped or unmapped since.
-func TestUpdateClaimsNewCode(t *testing.T) {
-	h := newHost(t)
-	h.write(t, "10000 100 one\n", 0)
-	p := attach(t, h)
-	h.mappings = append(h.mappings, interpreter.Mapping{Start: 0x30000, End: 0x31000, Path: "[anon:v8]"})
-	if changed, err := p.Update(h); err != nil || !changed {
-		t.Fatalf("update after a new mapping: %v %v", changed, err)
-	}
-	want := []interpreter.Region{{Start: 0x10000, End: 0x20000}, {Start: 0x30000, End: 0x31000}}
-	if got := h.regions[len(h.regions)-1]; !slices.Equal(got, want) {
-		t.Errorf("claimed %v, want %v", got, want)
-	}
-	h.mappings = h.mappings[:1]
-	if _, err := p.Update(h); err != nil {
-		t.Fatal(err)
-	}
-	if got := h.regions[len(h.regions)-1]; len(got) != 0 {
-		t.Errorf("claimed %v after the code was unmapped", got)
 	}
 }
 
@@ -181,130 +125,585 @@ func refused(t *testing.T, err error, reason string, sentinel error) {
 	}
 }
 
-// detectWithin runs detect and fails if it does not return promptly.
+// within runs f and fails the test if it does not return promptly: a
+// reader that blocks on a hostile file stalls the daemon.
+func within[T any](t *testing.T, f func() T) T {
+	t.Helper()
+	done := make(chan T, 1)
+	go func() { done <- f() }()
+	select {
+	case v := <-done:
+		return v
+	case <-time.After(5 * time.Second):
+		t.Fatal("blocked")
+		panic("unreachable")
+	}
+}
+
+type detected struct {
+	p   interpreter.Process
+	err error
+}
+
 func detectWithin(t *testing.T, h *fakeHost) (interpreter.Process, error) {
 	t.Helper()
-	type result struct {
-		p   interpreter.Process
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
+	r := within(t, func() detected {
 		p, err := detect(h)
-		done <- result{p, err}
-	}()
-	select {
-	case r := <-done:
-		return r.p, r.err
-	case <-time.After(5 * time.Second):
-		t.Fatal("detect blocked")
-		return nil, nil
+		return detected{p, err}
+	})
+	return r.p, r.err
+}
+
+func TestAnonymousCode(t *testing.T) {
+	ms := []interpreter.Mapping{
+		{Start: 0x1000, End: 0x2000},
+		{Start: 0x3000, End: 0x4000, Path: "[anon:v8 code]"},
+		{Start: 0x5000, End: 0x6000, Path: "/usr/bin/node"},
+		{Start: 0x7000, End: 0x8000, Path: "[heap]"},
+		{Start: 0x9000, End: 0xa000, Path: "/memfd:doublemapper (deleted)"},
+		{Start: 0xb000, End: 0xc000, Path: "[anon_shmem:x]"},
+	}
+	want := []interpreter.Region{{Start: 0x1000, End: 0x2000}, {Start: 0x3000, End: 0x4000}}
+	if got := anonymousCode(ms); !slices.Equal(got, want) {
+		t.Errorf("claimed %v, want %v", got, want)
+	}
+	if got := anonymousCode(nil); got != nil {
+		t.Errorf("claimed %v of no mappings", got)
 	}
 }
 
-func TestHostileFiles(t *testing.T) {
-	t.Run("symlink out", func(t *testing.T) {
-		h := newHost(t)
-		if err := os.Symlink("/etc/shadow", h.mapPath()); err != nil {
-			t.Fatal(err)
-		}
-		p, err := detectWithin(t, h)
-		refused(t, err, "symlink", ErrSymlink)
-		if p != nil || len(h.regions) != 0 {
-			t.Errorf("attached %v, claimed %v", p, h.regions)
-		}
-	})
-	t.Run("symlink inside", func(t *testing.T) {
-		h := newHost(t)
-		h.write(t, "10000 100 one\n", 0)
-		if err := os.Rename(h.mapPath(), filepath.Join(h.root, "tmp", "real.map")); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Symlink("real.map", h.mapPath()); err != nil {
-			t.Fatal(err)
-		}
-		_, err := detectWithin(t, h)
-		refused(t, err, "symlink", ErrSymlink)
-	})
-	t.Run("directory symlink out of the root", func(t *testing.T) {
-		// The process's /tmp is a symlink to a directory outside its
-		// root holding a perf map: resolved inside the root, it is not
-		// there.
-		outside := t.TempDir()
-		h := newHost(t)
-		if err := os.WriteFile(filepath.Join(outside, "perf-7.map"), []byte("10000 100 outside\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Remove(filepath.Join(h.root, "tmp")); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Symlink(outside, filepath.Join(h.root, "tmp")); err != nil {
-			t.Fatal(err)
-		}
-		// Resolved inside the root, the link's target leads back to the
-		// link (ELOOP, refused as a symlink) or nowhere.
-		p, err := detectWithin(t, h)
-		var r *interpreter.RefusedError
-		if p != nil || (err != nil && !errors.As(err, &r)) {
-			t.Errorf("detect through a symlink out of the root: %v, %v", p, err)
-		}
-	})
-	t.Run("fifo", func(t *testing.T) {
-		h := newHost(t)
-		if err := syscall.Mkfifo(h.mapPath(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		_, err := detectWithin(t, h)
-		refused(t, err, "not_regular", ErrNotRegular)
-	})
-	t.Run("directory", func(t *testing.T) {
-		h := newHost(t)
-		if err := os.Mkdir(h.mapPath(), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		_, err := detectWithin(t, h)
-		refused(t, err, "not_regular", ErrNotRegular)
-	})
-	t.Run("1 GiB of garbage", func(t *testing.T) {
-		h := newHost(t)
-		f, err := os.Create(h.mapPath())
-		if err != nil {
-			t.Fatal(err)
-		}
-		garbage := make([]byte, 1<<16)
-		for i := range garbage {
-			garbage[i] = byte(i*7 + 3)
-		}
-		if _, err := f.Write(garbage); err != nil {
-			t.Fatal(err)
-		}
-		if err := f.Truncate(1 << 30); err != nil { // sparse: no disk used
-			t.Fatal(err)
-		}
-		f.Close()
-		start := time.Now()
-		_, err = detectWithin(t, h)
-		refused(t, err, "too_large", ErrTooLarge)
-		t.Logf("refused in %v", time.Since(start))
-	})
-	t.Run("garbage under the bound", func(t *testing.T) {
-		h := newHost(t)
-		garbage := make([]byte, 1<<20)
-		for i := range garbage {
-			garbage[i] = byte(i*131 + i>>8)
-		}
-		h.write(t, string(garbage)+"\n10000 100 good\n", 0)
-		p := attach(t, h)
-		if got := name(p, 0x10000); got != "good" {
-			t.Errorf("the good line after garbage: %q", got)
-		}
-		if p.table.badLines == 0 {
-			t.Error("no bad lines counted")
-		}
-	})
+func TestDetect(t *testing.T) {
+	named := interpreter.Mapping{Start: 0x30000, End: 0x31000, Path: "[anon:v8]"}
+	for _, c := range []struct {
+		name     string
+		mappings []interpreter.Mapping
+		perfMap  *string // nil: none
+		attach   bool
+		regions  []interpreter.Region // Unwind false: walked with frame pointers
+		names    map[uint64]string
+	}{
+		{"no anonymous code", []interpreter.Mapping{binary}, ptr("10000 100 jitted\n"), false, nil, nil},
+		{"no perf map", []interpreter.Mapping{binary, jit}, nil, false, nil, nil},
+		{"perf map", []interpreter.Mapping{binary, jit}, ptr("10000 100 jitted\n"), true,
+			[]interpreter.Region{{Start: 0x10000, End: 0x20000}},
+			map[uint64]string{0x10000: "jitted", 0x100ff: "jitted", 0x10100: "", 0x400100: ""}},
+		{"named anonymous code", []interpreter.Mapping{binary, jit, named}, ptr("10000 100 a\n30000 10 b\n"), true,
+			[]interpreter.Region{{Start: 0x10000, End: 0x20000}, {Start: 0x30000, End: 0x31000}},
+			map[uint64]string{0x10000: "a", 0x30000: "b"}},
+		// The runtime created its perf map and has not written yet.
+		{"empty perf map", []interpreter.Mapping{binary, jit}, ptr(""), true,
+			[]interpreter.Region{{Start: 0x10000, End: 0x20000}}, map[uint64]string{0x10000: ""}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHost(t)
+			h.mappings = c.mappings
+			if c.perfMap != nil {
+				h.write(t, *c.perfMap, 0)
+			}
+			p, err := detectWithin(t, h)
+			if err != nil || (p != nil) != c.attach {
+				t.Fatalf("detect: %v, %v; want attached %v", p, err, c.attach)
+			}
+			if !c.attach {
+				if len(h.regions) != 0 {
+					t.Errorf("claimed %v without attaching", h.regions)
+				}
+				return
+			}
+			defer p.Detach()
+			if len(h.regions) != 1 || !slices.Equal(h.regions[0], c.regions) {
+				t.Errorf("claimed %v, want %v once", h.regions, c.regions)
+			}
+			checkNames(t, p.(*process), c.names)
+		})
+	}
 }
 
-func TestDetachedProcess(t *testing.T) {
+func ptr[T any](v T) *T { return &v }
+
+func TestDetectErrors(t *testing.T) {
+	h := newHost(t)
+	h.write(t, "10000 100 jitted\n", 0)
+	h.nspidErr = errors.New("no such process")
+	if p, err := detect(h); p != nil || !errors.Is(err, h.nspidErr) {
+		t.Errorf("detect without a namespace pid: %v, %v", p, err)
+	}
+	h.nspidErr = nil
+	h.setRegionsErr = errors.New("map full")
+	if p, err := detect(h); p != nil || !errors.Is(err, h.setRegionsErr) {
+		t.Errorf("detect with SetRegions failing: %v, %v", p, err)
+	}
+}
+
+func TestSymbolizeAddr(t *testing.T) {
+	h := newHost(t)
+	h.write(t, "10000 100 LazyCompile:*f /srv/a.js:1\n", 0)
+	p := attach(t, h)
+	f, ok := p.SymbolizeAddr(0x10080)
+	want := libpf.Frame{Kind: libpf.FrameNative, Address: 0x10080, FunctionName: "LazyCompile:*f /srv/a.js:1"}
+	if !ok || f != want {
+		t.Errorf("SymbolizeAddr: %+v %v, want %+v", f, ok, want)
+	}
+	// The reader has no frames of its own.
+	out := []libpf.Frame{want}
+	if got, err := p.Symbolize(support.Frame{}, out); err == nil || len(got) != 1 {
+		t.Errorf("Symbolize: %v, %v", got, err)
+	}
+}
+
+// The file grows as the runtime compiles; each Update reads what it
+// gained, completes a line written in two parts, and says whether the
+// names changed.
+func TestUpdateReadsAppended(t *testing.T) {
+	h := newHost(t)
+	h.write(t, "10000 100 one\n10100 10 tw", 0)
+	p := attach(t, h)
+	checkNames(t, p, map[uint64]string{0x10000: "one", 0x10100: ""})
+	if changed, err := p.Update(h); err != nil || changed {
+		t.Errorf("update without news: %v %v", changed, err)
+	}
+	h.write(t, "o\n10200 10 three\n10000 100 one-again\n10300 1", os.O_APPEND)
+	if changed, err := p.Update(h); err != nil || !changed {
+		t.Errorf("update after appending: %v %v", changed, err)
+	}
+	checkNames(t, p, map[uint64]string{0x10000: "one-again", 0x10105: "two", 0x10200: "three", 0x10300: ""})
+	h.write(t, "0 four\n", os.O_APPEND)
+	if changed, err := p.Update(h); err != nil || !changed {
+		t.Errorf("update after completing a line: %v %v", changed, err)
+	}
+	checkNames(t, p, map[uint64]string{0x10000: "one-again", 0x10300: "four"})
+	if len(h.regions) != 1 {
+		t.Errorf("regions set %d times with no mapping change", len(h.regions))
+	}
+}
+
+// A perf map truncated and written anew is read from its start again: its
+// old names go.
+func TestUpdateRewritten(t *testing.T) {
+	h := newHost(t)
+	h.write(t, "10000 100 old\n10200 100 gone\n", 0)
+	p := attach(t, h)
+	h.write(t, "10000 10 fresh\n", os.O_TRUNC)
+	if changed, err := p.Update(h); err != nil || !changed {
+		t.Errorf("update after truncation: %v %v", changed, err)
+	}
+	checkNames(t, p, map[uint64]string{0x10000: "fresh", 0x10050: "", 0x10200: ""})
+	// Emptied: no names, and then new ones as it grows again.
+	h.write(t, "", os.O_TRUNC)
+	if changed, err := p.Update(h); err != nil || !changed {
+		t.Errorf("update after emptying: %v %v", changed, err)
+	}
+	checkNames(t, p, map[uint64]string{0x10000: ""})
+	h.write(t, "10000 10 again\n", os.O_APPEND)
+	if _, err := p.Update(h); err != nil {
+		t.Fatal(err)
+	}
+	checkNames(t, p, map[uint64]string{0x10000: "again"})
+}
+
+// Update claims anonymous code mapped or unmapped since, and claims
+// nothing anew when the mappings did not change.
+func TestUpdateRegions(t *testing.T) {
+	h := newHost(t)
+	h.write(t, "10000 100 one\n30000 100 two\n", 0)
+	p := attach(t, h)
+	steps := []struct {
+		name     string
+		mappings []interpreter.Mapping
+		changed  bool
+		claimed  []interpreter.Region // nil: no SetRegions call
+	}{
+		{"unchanged", []interpreter.Mapping{binary, jit}, false, nil},
+		{"code mapped", []interpreter.Mapping{binary, jit, {Start: 0x30000, End: 0x31000, Path: "[anon:v8]"}}, true,
+			[]interpreter.Region{{Start: 0x10000, End: 0x20000}, {Start: 0x30000, End: 0x31000}}},
+		{"unchanged again", []interpreter.Mapping{binary, jit, {Start: 0x30000, End: 0x31000, Path: "[anon:v8]"}}, false, nil},
+		{"code grown", []interpreter.Mapping{binary, {Start: 0x10000, End: 0x28000}, {Start: 0x30000, End: 0x31000}}, true,
+			[]interpreter.Region{{Start: 0x10000, End: 0x28000}, {Start: 0x30000, End: 0x31000}}},
+		{"code unmapped", []interpreter.Mapping{binary}, true, []interpreter.Region{}},
+	}
+	for _, s := range steps {
+		h.mappings = s.mappings
+		calls := len(h.regions)
+		changed, err := p.Update(h)
+		if err != nil || changed != s.changed {
+			t.Errorf("%s: update %v %v, want changed %v", s.name, changed, err, s.changed)
+		}
+		switch {
+		case s.claimed == nil && len(h.regions) != calls:
+			t.Errorf("%s: claimed %v", s.name, h.regions[calls:])
+		case s.claimed != nil && (len(h.regions) != calls+1 || !slices.Equal(h.regions[calls], s.claimed)):
+			t.Errorf("%s: claimed %v, want %v", s.name, h.regions[calls:], s.claimed)
+		}
+	}
+	// The names stay whatever the mappings do: code leaves the perf map
+	// only when the runtime writes a new line for its address.
+	checkNames(t, p, map[uint64]string{0x10000: "one", 0x30000: "two"})
+}
+
+// A failed SetRegions is tried again by the next Update.
+func TestUpdateRegionsRetried(t *testing.T) {
+	h := newHost(t)
+	h.write(t, "10000 100 one\n", 0)
+	p := attach(t, h)
+	h.mappings = append(h.mappings, interpreter.Mapping{Start: 0x30000, End: 0x31000})
+	h.setRegionsErr = errors.New("map full")
+	if _, err := p.Update(h); !errors.Is(err, h.setRegionsErr) {
+		t.Errorf("update with SetRegions failing: %v", err)
+	}
+	h.setRegionsErr = nil
+	if changed, err := p.Update(h); err != nil || !changed || len(h.regions) != 2 {
+		t.Errorf("update after: %v %v, regions %v", changed, err, h.regions)
+	}
+}
+
+// linesFor returns at most size bytes of perf map lines, naming
+// 0x100000+i*0x10 "fI", and those names.
+func linesFor(size int) (string, map[uint64]string) {
+	var b strings.Builder
+	names := map[uint64]string{}
+	for i := 0; ; i++ {
+		addr := 0x100000 + uint64(i)*0x10
+		line := fmt.Sprintf("%x 10 f%d\n", addr, i)
+		if b.Len()+len(line) > size {
+			return b.String(), names
+		}
+		b.WriteString(line)
+		names[addr] = fmt.Sprintf("f%d", i)
+	}
+}
+
+// A perf map larger than one read chunk: lines across the chunk's end
+// are read whole, and a line too long to keep across it is skipped to its
+// end, its rest no line of its own.
+func TestReadAcrossChunks(t *testing.T) {
+	lines, names := linesFor(readChunk + readChunk/2)
+	if len(lines) <= readChunk || lines[readChunk-1] == '\n' {
+		t.Fatalf("%d bytes of lines: no line across the first chunk's end", len(lines))
+	}
+	h := newHost(t)
+	h.write(t, lines, 0)
+	p := attach(t, h)
+	checkNames(t, p, names)
+
+	// A long line from 6000 bytes before the chunk's end whose rest after
+	// it is "2000 10 injected".
+	lines, names = linesFor(readChunk - 6000)
+	longLine := "3000 10 " + strings.Repeat("x", readChunk-len(lines)-8)
+	h.write(t, lines+longLine+"2000 10 injected\n1000 10 good\n", os.O_TRUNC)
+	if changed, err := p.Update(h); err != nil || !changed {
+		t.Fatalf("update: %v %v", changed, err)
+	}
+	names[0x1000], names[0x2000], names[0x3000] = "good", "", ""
+	checkNames(t, p, names)
+	if p.table.badLines != 1 {
+		t.Errorf("bad lines %d, want 1", p.table.badLines)
+	}
+}
+
+// A long line written in parts as it is read is skipped to its end.
+func TestReadGrowingLongLine(t *testing.T) {
+	h := newHost(t)
+	h.write(t, "10000 10 a\n3000 10 "+strings.Repeat("x", maxLineBytes), 0)
+	p := attach(t, h)
+	h.write(t, strings.Repeat("x", 100), os.O_APPEND)
+	if _, err := p.Update(h); err != nil {
+		t.Fatal(err)
+	}
+	h.write(t, "2000 10 injected\n1000 10 good\n", os.O_APPEND)
+	if _, err := p.Update(h); err != nil {
+		t.Fatal(err)
+	}
+	checkNames(t, p, map[uint64]string{0x10000: "a", 0x1000: "good", 0x2000: "", 0x3000: ""})
+	if p.table.badLines != 1 {
+		t.Errorf("bad lines %d, want 1", p.table.badLines)
+	}
+}
+
+// Files that are no perf map are refused for good, at once, with their
+// reason, and nothing is claimed.
+func TestHostileFiles(t *testing.T) {
+	symlink := func(target string) func(t *testing.T, h *fakeHost) {
+		return func(t *testing.T, h *fakeHost) {
+			if err := os.Symlink(target, h.mapPath()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, c := range []struct {
+		name     string
+		setup    func(t *testing.T, h *fakeHost)
+		reason   string
+		sentinel error
+	}{
+		{"symlink out of the root", symlink("/etc/shadow"), "symlink", ErrSymlink},
+		{"symlink inside, relative", symlink("real.map"), "symlink", ErrSymlink},
+		{"symlink inside, absolute", symlink("/tmp/real.map"), "symlink", ErrSymlink},
+		{"dangling symlink", symlink("/nowhere"), "symlink", ErrSymlink},
+		{"symlink to a magic link", symlink("/proc/self/root/etc/shadow"), "symlink", ErrSymlink},
+		{"fifo", func(t *testing.T, h *fakeHost) {
+			if err := syscall.Mkfifo(h.mapPath(), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, "not_regular", ErrNotRegular},
+		{"directory", func(t *testing.T, h *fakeHost) {
+			if err := os.Mkdir(h.mapPath(), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}, "not_regular", ErrNotRegular},
+		{"character device", func(t *testing.T, h *fakeHost) { mknodNull(t, h.mapPath()) }, "not_regular", ErrNotRegular},
+		{"unix socket", func(t *testing.T, h *fakeHost) {
+			l, err := net.Listen("unix", h.mapPath())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+		}, "not_regular", ErrNotRegular},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHost(t)
+			if err := os.WriteFile(filepath.Join(h.root, "tmp", "real.map"), []byte("10000 100 one\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			c.setup(t, h)
+			p, err := detectWithin(t, h)
+			refused(t, err, c.reason, c.sentinel)
+			if p != nil || len(h.regions) != 0 {
+				t.Errorf("attached %v, claimed %v", p, h.regions)
+			}
+		})
+	}
+}
+
+// mknodNull makes a character device like /dev/null at path.
+func mknodNull(t *testing.T, path string) {
+	t.Helper()
+	if err := unix.Mknod(path, unix.S_IFCHR|0o644, int(unix.Mkdev(1, 3))); err != nil {
+		t.Skipf("mknod: %v", err)
+	}
+}
+
+// Opening a device runs its driver, and opening a fifo makes the reader
+// one of its readers: neither is opened to be looked at.
+func TestSpecialFilesNotOpened(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		make func(t *testing.T, path string)
+	}{
+		{"character device", mknodNull},
+		{"fifo", func(t *testing.T, path string) {
+			if err := syscall.Mkfifo(path, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHost(t)
+			c.make(t, h.mapPath())
+			// The watch sees opens for reading or writing, and on this
+			// kernel none with O_PATH.
+			if opened(t, h.mapPath(), func() { openClose(h.mapPath(), unix.O_PATH) }) ||
+				!opened(t, h.mapPath(), func() { openClose(h.mapPath(), unix.O_RDONLY|unix.O_NONBLOCK) }) {
+				t.Skip("inotify does not tell O_PATH opens from others on this kernel")
+			}
+			if opened(t, h.mapPath(), func() { detectWithin(t, h) }) {
+				t.Error("detect opened it")
+			}
+		})
+	}
+}
+
+func openClose(path string, flags int) {
+	if fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0); err == nil {
+		unix.Close(fd)
+	}
+}
+
+// opened says whether f opened path (an inotify IN_OPEN).
+func opened(t *testing.T, path string, f func()) bool {
+	t.Helper()
+	in, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(in)
+	if _, err := unix.InotifyAddWatch(in, path, unix.IN_OPEN); err != nil {
+		t.Fatal(err)
+	}
+	f()
+	n, err := unix.Read(in, make([]byte, 4096))
+	if err != nil && !errors.Is(err, unix.EAGAIN) {
+		t.Fatal(err)
+	}
+	return n > 0
+}
+
+// A directory on the way that is a symlink resolves inside the process's
+// root, whether absolute or climbing with "..": a file outside the root is
+// never opened.
+func TestDirectorySymlinkStaysInRoot(t *testing.T) {
+	outside := t.TempDir()
+	if err := os.WriteFile(filepath.Join(outside, "secret"), []byte("outside"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name   string
+		target string // what the root's /tmp links to
+		inside string // a directory in the root holding "secret" with "inside"
+		want   string // "" : not opened
+	}{
+		{"absolute, out of the root", outside, "", ""},
+		{"climbing out", strings.Repeat("../", 20) + outside[1:], "", ""},
+		{"to /etc", "/etc", "", ""},
+		{"absolute, inside the root", "/srv/tmp", "srv/tmp", "inside"},
+		{"to the root's /etc", "/etc", "etc", "inside"},
+		{"climbing, inside the root", strings.Repeat("../", 20) + "etc", "etc", "inside"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			root := t.TempDir()
+			if c.inside != "" {
+				dir := filepath.Join(root, c.inside)
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(dir, "secret"), []byte("inside"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.Symlink(c.target, filepath.Join(root, "tmp")); err != nil {
+				t.Fatal(err)
+			}
+			// /etc/shadow too: the host's is outside any root.
+			for _, file := range []string{"tmp/secret", "tmp/shadow"} {
+				f, err := open(root, file)
+				if c.want == "" || file == "tmp/shadow" {
+					var r *interpreter.RefusedError
+					if f != nil || !(errors.Is(err, os.ErrNotExist) || errors.As(err, &r)) {
+						t.Errorf("%s opened (%v), want not found or refused", file, err)
+						if f != nil {
+							f.Close()
+						}
+					}
+					continue
+				}
+				if err != nil {
+					t.Fatalf("%s: %v", file, err)
+				}
+				got, err := io.ReadAll(f)
+				f.Close()
+				if err != nil || string(got) != c.want {
+					t.Errorf("%s read %q %v, want %q", file, got, err, c.want)
+				}
+			}
+		})
+	}
+}
+
+// A 1 GiB file is refused before any of it is read: quickly, with
+// nothing allocated for it and nothing held.
+func TestTooLarge(t *testing.T) {
+	h := newHost(t)
+	f, err := os.Create(h.mapPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("10000 100 one\n\x00\xff garbage\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(1 << 30); err != nil { // sparse: no disk used
+		t.Fatal(err)
+	}
+	f.Close()
+
+	file, err := open(h.root, "tmp/perf-7.map")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &process{f: file}
+	defer p.Detach()
+	type result struct {
+		changed bool
+		err     error
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	r := within(t, func() result {
+		changed, err := p.read()
+		return result{changed, err}
+	})
+	runtime.ReadMemStats(&after)
+	refused(t, r.err, "too_large", ErrTooLarge)
+	if r.changed || len(p.table.entries) != 0 || p.table.names != nil || p.offset != 0 {
+		t.Errorf("read some: changed %v, %d entries, offset %d", r.changed, len(p.table.entries), p.offset)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > readChunk/4 {
+		t.Errorf("allocated %d bytes to refuse it", alloc)
+	}
+
+	pr, err := detectWithin(t, h)
+	refused(t, err, "too_large", ErrTooLarge)
+	if pr != nil || len(h.regions) != 0 {
+		t.Errorf("attached %v, claimed %v", pr, h.regions)
+	}
+}
+
+// A perf map that grows past the bound is refused by the next Update.
+func TestGrownTooLarge(t *testing.T) {
+	h := newHost(t)
+	h.write(t, "10000 100 one\n", 0)
+	p := attach(t, h)
+	if err := os.Truncate(h.mapPath(), maxFileBytes+1); err != nil {
+		t.Fatal(err)
+	}
+	err := within(t, func() error {
+		_, err := p.Update(h)
+		return err
+	})
+	refused(t, err, "too_large", ErrTooLarge)
+	checkNames(t, p, map[uint64]string{0x10000: "one"})
+}
+
+// Garbage reads without error: its lines are counted bad and name
+// nothing; a good line after it still names its code.
+func TestGarbage(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	random := make([]byte, 1<<20)
+	for i := range random {
+		random[i] = byte(rng.Uint32())
+	}
+	noNewlines := bytes.ReplaceAll(random, []byte("\n"), []byte("\x00"))
+	for _, c := range []struct {
+		name  string
+		data  []byte
+		names map[uint64]string
+	}{
+		{"random bytes", random, nil},
+		{"random bytes without newlines", noNewlines, nil},
+		{"NULs", make([]byte, 1<<20), nil},
+		{"over several chunks without a newline", bytes.Repeat([]byte("1000 10 "), 3*readChunk/8), nil},
+		{"random bytes then a good line", append(append(slices.Clip(random), '\n'), "10000 100 good\n"...),
+			map[uint64]string{0x10000: "good"}},
+		{"no newlines then a good line", append(append(slices.Clip(noNewlines), '\n'), "10000 100 good\n"...),
+			map[uint64]string{0x10000: "good"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHost(t)
+			h.write(t, string(c.data), 0)
+			p := attach(t, h)
+			if p.table.badLines == 0 {
+				t.Error("no bad lines counted")
+			}
+			if len(p.table.entries) != len(c.names) {
+				t.Errorf("%d entries, want %d", len(p.table.entries), len(c.names))
+			}
+			checkNames(t, p, c.names)
+			if changed, err := p.Update(h); changed || err != nil {
+				t.Errorf("update without news: %v %v", changed, err)
+			}
+		})
+	}
+}
+
+func TestDetach(t *testing.T) {
 	h := newHost(t)
 	h.write(t, "10000 100 one\n", 0)
 	p := attach(t, h)
@@ -315,47 +714,5 @@ func TestDetachedProcess(t *testing.T) {
 	if name(p, 0x10000) != "" {
 		t.Error("named code after detach")
 	}
-}
-
-// benchMap is a perf map of n entries named as Node names its functions.
-func benchMap(n int) []byte {
-	var b []byte
-	for i := range n {
-		b = fmt.Appendf(b, "%x %x JS:*handleRequest%d /srv/app/lib/server.js:%d:%d\n",
-			0x7f0000000000+uint64(i)*0x200, 0x180, i, i%5000+1, i%80+1)
-	}
-	return b
-}
-
-// BenchmarkParse reads 100,000 entries: the throughput of the reader and
-// what it holds for them.
-func BenchmarkParse(b *testing.B) {
-	const n = 100_000
-	data := benchMap(n)
-	var held int
-	for b.Loop() {
-		var tb table
-		for off := 0; off < len(data); {
-			consumed, _ := tb.parse(data[off:min(off+readChunk, len(data))], maxEntries, maxNameBytes)
-			off += consumed
-		}
-		tb.sort()
-		held = cap(tb.entries)*int(unsafe.Sizeof(entry{})) + cap(tb.names)
-	}
-	b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "entries/s")
-	b.ReportMetric(float64(held), "bytes/100k-entries")
-	b.SetBytes(int64(len(data)))
-}
-
-func BenchmarkLookup(b *testing.B) {
-	var tb table
-	tb.parse(benchMap(100_000), maxEntries, maxNameBytes)
-	tb.sort()
-	i := uint64(0)
-	for b.Loop() {
-		i = (i + 7919) % 100_000
-		if _, ok := tb.lookup(0x7f0000000000 + i*0x200 + 0x10); !ok {
-			b.Fatal("miss")
-		}
-	}
+	p.Detach() // and again, by the test's cleanup
 }

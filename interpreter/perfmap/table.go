@@ -42,28 +42,48 @@ type table struct {
 	seq    uint32
 	// badLines counts lines that did not parse or were too long.
 	badLines uint64
+	// skipping says the last parse dropped the start of a line longer
+	// than any kept: the rest of it, up to its newline, is no line of
+	// its own.
+	skipping bool
 }
 
 // parse adds the complete lines of data and returns how many bytes it
 // consumed (a last line without its newline is left for the next read).
 // It stops at maxEntries or maxNames bytes of names, reporting full.
 func (t *table) parse(data []byte, maxEntries, maxNames int) (consumed int, full bool) {
+	if t.skipping {
+		nl := bytes.IndexByte(data, '\n')
+		if nl < 0 {
+			return len(data), false
+		}
+		consumed, t.skipping = nl+1, false
+	}
 	for {
 		nl := bytes.IndexByte(data[consumed:], '\n')
 		if nl < 0 {
 			if len(data)-consumed > maxLineBytes {
-				// A line longer than any we keep: drop what we have of it.
+				// A line longer than any we keep: drop what we have of
+				// it, and its rest when it comes.
 				t.badLines++
+				t.skipping = true
 				return len(data), false
 			}
 			return consumed, false
 		}
 		line := data[consumed : consumed+nl]
+		if len(line) > maxLineBytes {
+			// Skipped whether or not the table is full, as it is when
+			// it comes in parts.
+			consumed += nl + 1
+			t.badLines++
+			continue
+		}
 		if len(t.entries) >= maxEntries || len(t.names)+len(line) > maxNames {
 			return consumed, true
 		}
 		consumed += nl + 1
-		if len(line) > maxLineBytes || !t.add(line) {
+		if !t.add(line) {
 			t.badLines++
 		}
 	}
