@@ -121,6 +121,10 @@ type process struct {
 	mapsChanging bool
 	// seen is when the manager created this state.
 	seen time.Time
+	// vanished is when a read found the process gone. Its state stays for
+	// the samples still queued before its exit event, which forgets it;
+	// no more is read from it.
+	vanished time.Time
 	// mappings are the executable mappings, sorted by start address.
 	mappings []*mapping
 	// runtimes are the language runtimes the process runs.
@@ -339,6 +343,9 @@ func (m *Manager) sampled(raw *support.Trace) (*process, uint64) {
 	if m.procs[p.pid] != p {
 		return p, 0
 	}
+	if !m.live(p) {
+		return p, p.gen // nothing left to read
+	}
 	if !p.mapsRead {
 		if len(raw.Frames) > 0 {
 			m.ensureMaps(p)
@@ -347,8 +354,8 @@ func (m *Manager) sampled(raw *support.Trace) (*process, uint64) {
 		p.lastCheck = now
 		m.checkProcess(p)
 	}
-	if m.procs[p.pid] != p {
-		return p, 0 // a read found it gone
+	if !m.live(p) {
+		return p, p.gen // a read found it gone
 	}
 	m.refreshRuntimes(p)
 	if p.apm.pending() {
@@ -363,7 +370,7 @@ func (m *Manager) sampled(raw *support.Trace) (*process, uint64) {
 func (m *Manager) checkProcess(p *process) {
 	m.counters.processChecks++
 	m.rereadMaps(p)
-	if m.procs[p.pid] != p {
+	if !m.live(p) {
 		return
 	}
 	for _, st := range p.runtimes {
@@ -387,7 +394,12 @@ func (m *Manager) newGeneration() uint64 {
 // for this trace only and not kept.
 func (m *Manager) processFor(pid uint32, comm string) *process {
 	if p, ok := m.procs[pid]; ok {
-		return p
+		if p.vanished.IsZero() || m.now().Sub(p.vanished) < vanishedGrace {
+			return p
+		}
+		// Its exit event was lost and Sweep has not run: the pid may
+		// be another process's by now.
+		m.forget(pid)
 	}
 	p := &process{pid: pid, gen: m.newGeneration(), seen: m.now()}
 	if pid == 0 {
@@ -417,16 +429,33 @@ func (m *Manager) processFor(pid uint32, comm string) *process {
 	return p
 }
 
+// vanishedGrace is how long the state of a process that a read found gone
+// is kept without its exit event: samples wait in the ring buffer for up
+// to the tracer's poll interval (1 s) and are converted after the process
+// was reaped, and its JIT code is named only from that state.
+const vanishedGrace = 5 * time.Second
+
 // procError counts a failure to read a process. A process that exited is
-// forgotten.
+// marked vanished: its exit event or Sweep forgets it.
 func (m *Manager) procError(pid uint32, err error) {
 	if errors.Is(err, ErrProcessExited) {
+		if p, ok := m.procs[pid]; ok {
+			if !p.vanished.IsZero() {
+				return
+			}
+			p.vanished = m.now()
+		}
 		m.counters.processesVanished++
-		m.forget(pid)
 		return
 	}
 	m.counters.procErrors++
 	m.log.WithError(err).Debugf("reading process %d", pid)
+}
+
+// live says whether p is its pid's state and no read found the process
+// gone: only then is anything read from it.
+func (m *Manager) live(p *process) bool {
+	return m.procs[p.pid] == p && p.vanished.IsZero()
 }
 
 // ensureMaps reads a process's mappings on first need.
@@ -443,8 +472,8 @@ func (m *Manager) ensureMaps(p *process) {
 // them all, at most once per rereadInterval (quickRereadInterval after a
 // read that found new mappings). It reports whether they changed.
 func (m *Manager) rereadMaps(p *process) bool {
-	if m.procs[p.pid] != p {
-		return false // the process is gone
+	if !m.live(p) {
+		return false
 	}
 	if m.now().Sub(p.lastMapsRead) < m.rereadWait(p) {
 		m.counters.mapsRereadsLimited++
@@ -467,7 +496,7 @@ func (m *Manager) rereadMaps(p *process) bool {
 // processMem returns the process's memory, opening it on first need. Only
 // tracked processes keep it open: forget closes it.
 func (m *Manager) processMem(p *process) (*os.File, error) {
-	if m.procs[p.pid] != p {
+	if !m.live(p) {
 		return nil, fmt.Errorf("process %d: %w", p.pid, ErrProcessExited)
 	}
 	if p.mem == nil {

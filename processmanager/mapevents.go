@@ -70,7 +70,7 @@ func (m *Manager) ExecMapped(pid libpf.PID, em support.ExecMapping) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	p := m.processFor(uint32(pid), "")
-	if m.procs[p.pid] != p {
+	if !m.live(p) {
 		return // gone already
 	}
 	if !p.mapsRead {

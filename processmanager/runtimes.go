@@ -148,7 +148,7 @@ func (m *Manager) attachRuntime(p *process, st *runtimeState) {
 	if st.proc != nil || st.refused || (st.bin != nil && st.bin.Unsupported() != nil) || !st.retry.Ready(m.now()) {
 		return
 	}
-	if m.procs[p.pid] != p {
+	if !m.live(p) {
 		return // gone
 	}
 	h := &runtimeHost{m: m, p: p, st: st}

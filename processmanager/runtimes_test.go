@@ -730,6 +730,54 @@ func TestDetectedRuntime(t *testing.T) {
 	}
 }
 
+// TestVanishedProcessKeepsState: samples of a process convert after it
+// was reaped (they wait in the ring buffer ahead of its exit event). A
+// read that finds it gone keeps its state, so its JIT code is still named,
+// and reads nothing more; the exit event frees it, or, when that event was
+// lost, the next sample after vanishedGrace.
+func TestVanishedProcessKeepsState(t *testing.T) {
+	const pid = 100
+	for _, exitEvent := range []bool{true, false} {
+		t.Run(map[bool]string{true: "exit event", false: "exit event lost"}[exitEvent], func(t *testing.T) {
+			j := newJITRuntime()
+			f := newRuntimeFixture(t, j.rt)
+			lib, pc := f.lib.mapAt(0x7f0000000000)
+			code := fakeMapping{start: 0x50000000, end: 0x50001000}
+			f.fs.setProcess(pid, 1, "/bin/app", lib, code)
+			jit := support.Frame{Addr: code.start + 0x10}
+			want := fmt.Sprintf("jit@%#x", jit.Addr)
+			f.convert(t, pid, pc, jit)
+			f.settle()
+
+			f.fs.removeProcess(pid)
+			f.now = f.now.Add(time.Minute) // checks and updates are due
+			reads := f.m.Stats().MapsReads
+			for range 3 {
+				if got := f.convert(t, pid, pc, jit).Frames[0].FunctionName; got != want {
+					t.Fatalf("after the process was reaped its JIT frame is %q, want %q", got, want)
+				}
+			}
+			s := f.m.Stats()
+			if !f.m.Tracks(pid) || s.ProcessesVanished != 1 || s.MapsReads-reads != 1 || j.detaches != 0 {
+				t.Fatalf("tracked %v, %d vanished, %d maps reads, %d detaches; want true, 1, 1, 0",
+					f.m.Tracks(pid), s.ProcessesVanished, s.MapsReads-reads, j.detaches)
+			}
+
+			if exitEvent {
+				f.m.ProcessExited(pid)
+			} else {
+				f.now = f.now.Add(vanishedGrace)
+				f.convert(t, pid, pc, jit)
+			}
+			f.settle()
+			if _, trie, _ := f.entries(pid); f.m.Tracks(pid) || trie != 0 || j.detaches != 1 {
+				t.Errorf("after the exit: tracked %v, %d trie entries, %d detaches; want false, 0, 1",
+					f.m.Tracks(pid), trie, j.detaches)
+			}
+		})
+	}
+}
+
 // TestRuntimeSelection: a runtime the manager is not given is never asked
 // about a file or a process.
 func TestRuntimeSelection(t *testing.T) {
