@@ -93,6 +93,18 @@ func (f *fakeProcFS) removeProcess(pid uint32) {
 	}
 }
 
+// zombie makes a process a zombie: its stat says so and its maps are
+// empty, as the kernel shows an exited process its parent has not reaped.
+func (f *fakeProcFS) zombie(pid uint32, startTime uint64) {
+	dir := filepath.Join(f.root, fmt.Sprint(pid))
+	stat := fmt.Sprintf("%d (fake) Z 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 %d 0 0\n", pid, startTime)
+	for name, content := range map[string]string{"stat": stat, "maps": ""} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+}
+
 // writeFile writes a file for fake processes to map.
 func (f *fakeProcFS) writeFile(name string, data []byte) string {
 	path := filepath.Join(f.root, "files", name)

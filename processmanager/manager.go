@@ -436,16 +436,27 @@ func (m *Manager) processFor(pid uint32, comm string) *process {
 const vanishedGrace = 5 * time.Second
 
 // procError counts a failure to read a process. A process that exited is
-// marked vanished: its exit event or Sweep forgets it.
+// marked vanished: its exit event or Sweep forgets it. One that still
+// runs lost a mapping while it was read: its state is dropped and read
+// anew.
 func (m *Manager) procError(pid uint32, err error) {
 	if errors.Is(err, ErrProcessExited) {
-		if p, ok := m.procs[pid]; ok {
-			if !p.vanished.IsZero() {
-				return
-			}
-			p.vanished = m.now()
+		p, ok := m.procs[pid]
+		if ok && !p.vanished.IsZero() {
+			return
 		}
 		m.counters.processesVanished++
+		if !ok {
+			return
+		}
+		if st, err := readProcStat(m.procFS, pid); err == nil && st.startTime == p.startTime {
+			// It runs: what went was one of its mappings (the dynamic
+			// loader maps and unmaps while it starts). Its state is
+			// read anew on its next sample.
+			m.forget(pid)
+			return
+		}
+		p.vanished = m.now()
 		return
 	}
 	m.counters.procErrors++
@@ -545,6 +556,13 @@ func (m *Manager) loadMaps(p *process) (changed bool, err error) {
 	entries, err := readMaps(m.procFS, p.pid)
 	if err != nil {
 		return false, err
+	}
+	if len(entries) == 0 {
+		// A zombie's maps are empty: it keeps the mappings it had
+		// for the samples still queued.
+		if _, err := readProcStat(m.procFS, p.pid); err != nil {
+			return false, err
+		}
 	}
 	slices.SortFunc(entries, func(a, b mapsEntry) int { return cmp.Compare(a.start, b.start) })
 

@@ -731,14 +731,22 @@ func TestDetectedRuntime(t *testing.T) {
 }
 
 // TestVanishedProcessKeepsState: samples of a process convert after it
-// was reaped (they wait in the ring buffer ahead of its exit event). A
-// read that finds it gone keeps its state, so its JIT code is still named,
-// and reads nothing more; the exit event frees it, or, when that event was
-// lost, the next sample after vanishedGrace.
+// exited (they wait in the ring buffer ahead of its exit event). A read
+// that finds it gone, reaped or a zombie, keeps its state, so its JIT code
+// is still named, and reads nothing more; the exit event frees it, or,
+// when that event was lost, the next sample after vanishedGrace.
 func TestVanishedProcessKeepsState(t *testing.T) {
 	const pid = 100
-	for _, exitEvent := range []bool{true, false} {
-		t.Run(map[bool]string{true: "exit event", false: "exit event lost"}[exitEvent], func(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		zombie    bool
+		exitEvent bool
+	}{
+		{"reaped", false, true},
+		{"zombie", true, true},
+		{"exit event lost", false, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
 			j := newJITRuntime()
 			f := newRuntimeFixture(t, j.rt)
 			lib, pc := f.lib.mapAt(0x7f0000000000)
@@ -749,7 +757,11 @@ func TestVanishedProcessKeepsState(t *testing.T) {
 			f.convert(t, pid, pc, jit)
 			f.settle()
 
-			f.fs.removeProcess(pid)
+			if tt.zombie {
+				f.fs.zombie(pid, 1)
+			} else {
+				f.fs.removeProcess(pid)
+			}
 			f.now = f.now.Add(time.Minute) // checks and updates are due
 			reads := f.m.Stats().MapsReads
 			for range 3 {
@@ -763,7 +775,7 @@ func TestVanishedProcessKeepsState(t *testing.T) {
 					f.m.Tracks(pid), s.ProcessesVanished, s.MapsReads-reads, j.detaches)
 			}
 
-			if exitEvent {
+			if tt.exitEvent {
 				f.m.ProcessExited(pid)
 			} else {
 				f.now = f.now.Add(vanishedGrace)
@@ -775,6 +787,32 @@ func TestVanishedProcessKeepsState(t *testing.T) {
 					f.m.Tracks(pid), trie, j.detaches)
 			}
 		})
+	}
+}
+
+// TestMappingGoneWhileRunning: a read that fails as if the process had
+// exited while it still runs (a mapping the dynamic loader unmapped
+// between the maps read and opening its map_files link) drops the state,
+// which the next sample reads anew; the process is not taken for gone.
+func TestMappingGoneWhileRunning(t *testing.T) {
+	const pid = 100
+	j := newJITRuntime()
+	f := newRuntimeFixture(t, j.rt)
+	lib, pc := f.lib.mapAt(0x7f0000000000)
+	f.fs.setProcess(pid, 1, "/bin/app", lib)
+	f.convert(t, pid, pc)
+	reads := f.m.Stats().MapsReads
+	f.m.mu.Lock()
+	f.m.procError(pid, fmt.Errorf("opening a mapping: %w", ErrProcessExited))
+	f.m.mu.Unlock()
+	if f.m.Tracks(pid) {
+		t.Fatal("state kept after a read failed while the process runs")
+	}
+	if got := f.convert(t, pid, pc).Frames[0].FunctionName; got != f.lib.fn {
+		t.Errorf("frame %q after the state was read anew, want %q", got, f.lib.fn)
+	}
+	if n := f.m.Stats().MapsReads - reads; n != 1 {
+		t.Errorf("%d maps reads, want 1", n)
 	}
 }
 
