@@ -9,14 +9,15 @@
 # systemd (systemd-analyze checks the unit), util-linux (setpriv runs the
 # daemon with the unit's capabilities), qemu for amd64 and arm64 (the kernel
 # matrix boots Debian's kernels in it) and the OpenTelemetry Collector the
-# end-to-end tests export to. The CPython releases 3.6-3.13 the Python
+# end-to-end tests export to, OpenJDK 17 and patchelf (fetch-jdk.sh points
+# newer JDKs at their own libc). The CPython releases 3.6-3.13 the Python
 # tests run come with the machine (pyenv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(clang-16 clang-format-16 llvm-16 gcc g++ binutils make bpftool libc6-arm64-cross libgcc-s1-arm64-cross
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross python3 python3-dbg python3.11-dbg musl-tools systemd util-linux
-  qemu-system-x86 qemu-system-arm)
+  qemu-system-x86 qemu-system-arm openjdk-17-jdk-headless patchelf)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -31,6 +32,10 @@ fi
 # run it, and its headers give the offset table (cached).
 ./utils/pyfetch/fetch-python.sh 3.14 amd64 >/dev/null
 ./utils/pyfetch/fetch-python.sh 3.14 arm64 >/dev/null
+
+# OpenJDK 11, 21 and 25 from Debian's bullseye and trixie, which the HotSpot
+# tests run beside the system's 17 (cached).
+for v in 11 21 25; do ./utils/jdkfetch/fetch-jdk.sh "$v" >/dev/null; done
 
 # Builds the collector once and caches it; prints its path.
 ./utils/collector/build.sh

@@ -1,0 +1,155 @@
+package hotspot
+
+import (
+	"fmt"
+
+	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
+)
+
+// maxHeaps is JVM_HEAPS in support/ebpf/hotspot.ebpf.c.
+const maxHeaps = 3
+
+// CodeHeap is one heap of the code cache: its code [Low, High) and its
+// segment map, a byte per 1 << Log2Segment bytes of code.
+type CodeHeap struct {
+	Low, High   uint64
+	Segmap      uint64
+	Log2Segment uint32
+}
+
+// CodeCache is where a JVM keeps generated code.
+type CodeCache struct {
+	Heaps []CodeHeap
+	// Interpreter is the template interpreter's code [Low, High).
+	InterpLow, InterpHigh uint64
+}
+
+// readCodeCache reads where the code cache and the interpreter are. The
+// heaps are reserved when the JVM starts and never move.
+func readCodeCache(r *procmem.Reader, l *Layout) (*CodeCache, error) {
+	arr, err := r.Ptr(l.CodeCacheHeaps)
+	if err != nil || arr == 0 {
+		return nil, fmt.Errorf("reading CodeCache::_heaps: %v", err)
+	}
+	n, err := r.U32(arr + uint64(l.ArrayLen))
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 || n > maxHeaps {
+		return nil, fmt.Errorf("the code cache has %d heaps, want 1 to %d", n, maxHeaps)
+	}
+	data, err := r.Ptr(arr + uint64(l.ArrayData))
+	if err != nil {
+		return nil, err
+	}
+	cc := &CodeCache{}
+	for i := range uint64(n) {
+		heap, err := r.Ptr(data + 8*i)
+		if err != nil {
+			return nil, err
+		}
+		var h CodeHeap
+		if h.Low, err = r.Ptr(heap + uint64(l.HeapMemory+l.VSLow)); err != nil {
+			return nil, err
+		}
+		if h.High, err = r.Ptr(heap + uint64(l.HeapMemory+l.VSHigh)); err != nil {
+			return nil, err
+		}
+		if h.Segmap, err = r.Ptr(heap + uint64(l.HeapSegmap+l.VSLow)); err != nil {
+			return nil, err
+		}
+		if h.Log2Segment, err = r.U32(heap + uint64(l.HeapLog2Segment)); err != nil {
+			return nil, err
+		}
+		if h.Low == 0 || h.High <= h.Low || h.Segmap == 0 || h.Log2Segment < 4 || h.Log2Segment > 16 {
+			return nil, fmt.Errorf("code heap %d: [%#x, %#x), segment map %#x, segments of 2^%d bytes",
+				i, h.Low, h.High, h.Segmap, h.Log2Segment)
+		}
+		cc.Heaps = append(cc.Heaps, h)
+	}
+	queue, err := r.Ptr(l.Interpreter)
+	if err != nil || queue == 0 {
+		return nil, fmt.Errorf("reading AbstractInterpreter::_code: %v", err)
+	}
+	if cc.InterpLow, err = r.Ptr(queue + uint64(l.StubBuffer)); err != nil {
+		return nil, err
+	}
+	limit, err := r.U32(queue + uint64(l.BufferLimit))
+	if err != nil {
+		return nil, err
+	}
+	cc.InterpHigh = cc.InterpLow + uint64(limit)
+	return cc, nil
+}
+
+// UnwinderProc mirrors struct jvm_proc in support/ebpf/hotspot.ebpf.c; the
+// tracer checks it against the object's BTF.
+type UnwinderProc struct {
+	HeapLow            [maxHeaps]uint64
+	HeapHigh           [maxHeaps]uint64
+	HeapSegmap         [maxHeaps]uint64
+	InterpLow          uint64
+	InterpHigh         uint64
+	BlobName           uint16
+	BlobSize           uint16
+	BlobFrameSize      uint16
+	BlobFrameComplete  uint16
+	BlobCode           uint16
+	BlobKind           uint16
+	NMethodCompileID   uint16
+	_                  uint16
+	Heaps              uint8
+	SegmentShift       uint8
+	HeapBlockSize      uint8
+	FrameCompleteWidth uint8
+	CodeRelative       uint8
+	HasKind            uint8
+	KindNmethod        uint8
+	_                  uint8
+}
+
+// unwinderProc describes a JVM to the BPF unwinder.
+func unwinderProc(l *Layout, cc *CodeCache) (UnwinderProc, error) {
+	u := UnwinderProc{
+		InterpLow:          cc.InterpLow,
+		InterpHigh:         cc.InterpHigh,
+		Heaps:              uint8(len(cc.Heaps)),
+		SegmentShift:       uint8(cc.Heaps[0].Log2Segment),
+		HeapBlockSize:      uint8(l.HeapBlockSize),
+		FrameCompleteWidth: uint8(l.Blob.FrameCompleteWidth),
+		CodeRelative:       b2u8(l.Blob.CodeRelative),
+		HasKind:            b2u8(l.Blob.HasKind),
+		KindNmethod:        l.Blob.KindNmethod,
+	}
+	for i, h := range cc.Heaps {
+		if h.Log2Segment != cc.Heaps[0].Log2Segment {
+			return u, fmt.Errorf("code heaps with segments of 2^%d and 2^%d bytes", h.Log2Segment, cc.Heaps[0].Log2Segment)
+		}
+		u.HeapLow[i], u.HeapHigh[i], u.HeapSegmap[i] = h.Low, h.High, h.Segmap
+	}
+	offsets := []struct {
+		dst *uint16
+		v   uint32
+	}{
+		{&u.BlobName, l.Blob.Name}, {&u.BlobSize, l.Blob.Size}, {&u.BlobFrameSize, l.Blob.FrameSize},
+		{&u.BlobFrameComplete, l.Blob.FrameComplete}, {&u.BlobCode, l.Blob.Code}, {&u.BlobKind, l.Blob.Kind},
+		{&u.NMethodCompileID, l.NM.CompileID},
+	}
+	for _, o := range offsets {
+		if o.v > 0xffff {
+			return u, fmt.Errorf("a CodeBlob field at offset %d", o.v)
+		}
+		*o.dst = uint16(o.v)
+	}
+	if l.HeapBlockSize > 0xff || (u.FrameCompleteWidth != 2 && u.FrameCompleteWidth != 4) {
+		return u, fmt.Errorf("sizeof(HeapBlock) %d, _frame_complete_offset of %d bytes", l.HeapBlockSize, u.FrameCompleteWidth)
+	}
+	return u, nil
+}
+
+func b2u8(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,346 @@
+package hotspot
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Layout is what profiling a JVM takes from its vmStructs: where the code
+// cache, the interpreter and the call stub are, and the offsets and widths
+// of the fields the unwinder and the symbolizer read. Each JDK release
+// renames, moves or narrows a few of them (see internals.md); Layout finds
+// them by name and says which a JVM lacks, rather than keying on version
+// numbers, except where the tables cannot tell (Unsigned5Bias).
+type Layout struct {
+	// Version is the JVM's major, minor, security and build number.
+	Version [4]int32
+
+	// CodeCacheHeaps is the address of CodeCache::_heaps, a
+	// GrowableArray<CodeHeap*>*; its length and data are at
+	// ArrayLen and ArrayData.
+	CodeCacheHeaps      uint64
+	ArrayLen, ArrayData uint32
+	// CodeCacheLow and CodeCacheHigh are the addresses of
+	// CodeCache::_low_bound and _high_bound, which span every heap.
+	CodeCacheLow, CodeCacheHigh uint64
+	// A CodeHeap's code and segment map are VirtualSpaces (HeapMemory,
+	// HeapSegmap) from VSLow; VSHigh is the end of what the heap reserved
+	// (_high_boundary: it commits memory up to it as it fills).
+	// HeapLog2Segment holds the log2 of its segment size.
+	HeapMemory, HeapSegmap, HeapLog2Segment uint32
+	VSLow, VSHigh                           uint32
+	// HeapBlockSize is sizeof(HeapBlock): the CodeBlob follows it.
+	HeapBlockSize uint32
+	HeapBlockUsed uint32
+
+	Blob BlobLayout
+	NM   NMethodLayout
+
+	// Interpreter is the address of AbstractInterpreter::_code, the
+	// StubQueue whose [StubBuffer, +BufferLimit) holds the template
+	// interpreter's code.
+	Interpreter             uint64
+	StubBuffer, BufferLimit uint32
+	// CallStubReturn is the address of
+	// StubRoutines::_call_stub_return_address: a Java frame returning
+	// there was called from C.
+	CallStubReturn uint64
+
+	Method MethodLayout
+
+	// Unsigned5Bias is 1 where HotSpot's compressed integers never use
+	// the byte 0 (JDK 20+, JDK-8292758), else 0. No table says so.
+	Unsigned5Bias uint8
+}
+
+// BlobLayout is a CodeBlob's fields.
+type BlobLayout struct {
+	Name, Size, FrameSize uint32
+	// FrameComplete is the offset of _frame_complete_offset, of
+	// FrameCompleteWidth bytes.
+	FrameComplete, FrameCompleteWidth uint32
+	// Code is _code_begin, a pointer, or where CodeRelative is set
+	// (JDK 23+) _code_offset, relative to the blob.
+	Code         uint32
+	CodeRelative bool
+	// Kind is the offset of _kind (JDK 25+), HasKind says it exists;
+	// KindNmethod is CodeBlobKind::Nmethod.
+	Kind        uint32
+	HasKind     bool
+	KindNmethod uint8
+}
+
+// NMethodLayout is an nmethod's fields.
+type NMethodLayout struct {
+	Method, CompileID, EntryBCI, OrigPC uint32
+	// DeoptHandler is _deopt_handler_begin, a pointer, or where
+	// DeoptRelative is set, _deopt_handler_offset from the blob.
+	DeoptHandler  uint32
+	DeoptRelative bool
+	// Scopes says where the debug information is: ScopesInBlob (JDK
+	// 11-22) with _scopes_data_begin (a pointer), _scopes_pcs_offset,
+	// _dependencies_offset and _metadata_offset from the blob; or in
+	// _immutable_data (JDK 23+), ImmutableData, with the PcDescs at
+	// ScopesPCs and the scopes at ScopesData from it, and the metadata
+	// at _mutable_data + _relocation_size (JDK 25+).
+	ScopesInBlob                             bool
+	ScopesDataBegin, ScopesPCs, Dependencies uint32
+	Metadata, ScopesData, ImmutableData      uint32
+	MutableData, RelocationSize              uint32
+	ImmutableDataSize                        uint32
+	// PcDescSize is sizeof(PcDesc).
+	PcDescSize uint32
+}
+
+// MethodLayout is what naming a Method takes.
+type MethodLayout struct {
+	ConstMethod, AccessFlags, AccessFlagsWidth uint32
+	// ConstMethodSize is sizeof(ConstMethod): the bytecodes follow it,
+	// then the compressed line number table if bit 0 of the flags (at
+	// Flags, FlagsWidth bytes) is set.
+	ConstMethodSize, Constants, Flags, FlagsWidth, CodeSize, NameIndex, SignatureIndex uint32
+	// ConstantPoolSize is sizeof(ConstantPool): its slots follow it.
+	ConstantPoolSize, PoolHolder uint32
+	// SourceFileIndex is the offset of _source_file_name_index in the
+	// ConstantPool, or in the InstanceKlass where SourceFileInKlass is
+	// set (JDK 11).
+	SourceFileIndex   uint32
+	SourceFileInKlass bool
+	KlassName         uint32
+	SymbolLength      uint32
+	SymbolBody        uint32
+}
+
+// layoutReader looks fields up and collects the names it did not find.
+type layoutReader struct {
+	vs      *VMStructs
+	missing []string
+}
+
+func (r *layoutReader) field(names ...string) (Field, bool) {
+	for _, n := range names {
+		if f, ok := r.vs.Fields[n]; ok {
+			return f, true
+		}
+	}
+	return Field{}, false
+}
+
+// offset returns the offset of the first of names that exists, a
+// non-static field.
+func (r *layoutReader) offset(names ...string) uint32 {
+	f, ok := r.field(names...)
+	if !ok || f.IsStatic || f.Offset > 1<<16 {
+		r.missing = append(r.missing, strings.Join(names, " or "))
+		return 0
+	}
+	return uint32(f.Offset)
+}
+
+// address returns the address of a static field.
+func (r *layoutReader) address(name string) uint64 {
+	f, ok := r.vs.Fields[name]
+	if !ok || !f.IsStatic || f.Address == 0 {
+		r.missing = append(r.missing, name)
+		return 0
+	}
+	return f.Address
+}
+
+// width returns the size of a field's type as the table spells it.
+func (r *layoutReader) width(name string) uint32 {
+	f, ok := r.vs.Fields[name]
+	if !ok {
+		return 0 // offset() reported it
+	}
+	if w := typeWidth(f.Type); w != 0 {
+		return w
+	}
+	if size, ok := r.vs.Types[f.Type]; ok && size <= 8 {
+		return uint32(size)
+	}
+	r.missing = append(r.missing, fmt.Sprintf("the width of %s (%q)", name, f.Type))
+	return 0
+}
+
+// typeWidth is the size of the integer types HotSpot's fields use.
+func typeWidth(t string) uint32 {
+	switch t {
+	case "u1", "bool", "uint8_t", "int8_t", "jbyte", "signed char", "volatile signed char":
+		return 1
+	case "u2", "unsigned short", "uint16_t", "int16_t", "jushort", "jshort":
+		return 2
+	case "u4", "int", "unsigned int", "uint32_t", "int32_t", "jint", "juint":
+		return 4
+	case "u8", "uint64_t", "int64_t", "size_t", "intptr_t", "uintptr_t", "address", "jlong":
+		return 8
+	}
+	if strings.HasSuffix(t, "*") {
+		return 8
+	}
+	return 0
+}
+
+func (r *layoutReader) size(typ string) uint32 {
+	s, ok := r.vs.Types[typ]
+	if !ok || s == 0 || s > 1<<16 {
+		r.missing = append(r.missing, "sizeof("+typ+")")
+		return 0
+	}
+	return uint32(s)
+}
+
+func (r *layoutReader) has(name string) bool {
+	_, ok := r.vs.Fields[name]
+	return ok
+}
+
+// ErrLayout says a JVM's tables lack what profiling it takes.
+var ErrLayout = errors.New("HotSpot layout incomplete")
+
+// NewLayout finds the Layout in a JVM's tables; version is read from the
+// process (the static version fields are addresses in its memory).
+func NewLayout(vs *VMStructs, version [4]int32) (*Layout, error) {
+	r := &layoutReader{vs: vs}
+	l := &Layout{Version: version}
+	if version[0] >= 20 {
+		l.Unsigned5Bias = 1
+	}
+
+	l.CodeCacheHeaps = r.address("CodeCache::_heaps")
+	l.CodeCacheLow = r.address("CodeCache::_low_bound")
+	l.CodeCacheHigh = r.address("CodeCache::_high_bound")
+	l.ArrayLen = r.offset("GrowableArrayBase::_len", "GenericGrowableArray::_len")
+	l.ArrayData = r.offset("GrowableArray<int>::_data")
+	l.HeapMemory = r.offset("CodeHeap::_memory")
+	l.HeapSegmap = r.offset("CodeHeap::_segmap")
+	l.HeapLog2Segment = r.offset("CodeHeap::_log2_segment_size")
+	l.VSLow = r.offset("VirtualSpace::_low")
+	l.VSHigh = r.offset("VirtualSpace::_high_boundary")
+	l.HeapBlockSize = r.size("HeapBlock")
+	l.HeapBlockUsed = r.offset("HeapBlock::_header") + r.offset("HeapBlock::Header::_used")
+
+	b := &l.Blob
+	b.Name = r.offset("CodeBlob::_name")
+	b.Size = r.offset("CodeBlob::_size")
+	b.FrameSize = r.offset("CodeBlob::_frame_size")
+	b.FrameComplete = r.offset("CodeBlob::_frame_complete_offset")
+	b.FrameCompleteWidth = r.width("CodeBlob::_frame_complete_offset")
+	if b.CodeRelative = r.has("CodeBlob::_code_offset"); b.CodeRelative {
+		b.Code = r.offset("CodeBlob::_code_offset")
+	} else {
+		b.Code = r.offset("CodeBlob::_code_begin")
+	}
+	if b.HasKind = r.has("CodeBlob::_kind"); b.HasKind {
+		b.Kind = r.offset("CodeBlob::_kind")
+		k, ok := vs.IntConstants["CodeBlobKind::Nmethod"]
+		if !ok || k < 0 || k > 255 {
+			r.missing = append(r.missing, "CodeBlobKind::Nmethod")
+		}
+		b.KindNmethod = uint8(k)
+	}
+
+	n := &l.NM
+	n.Method = r.offset("nmethod::_method", "CompiledMethod::_method")
+	n.CompileID = r.offset("nmethod::_compile_id")
+	n.EntryBCI = r.offset("nmethod::_entry_bci")
+	n.OrigPC = r.offset("nmethod::_orig_pc_offset")
+	if n.DeoptRelative = r.has("nmethod::_deopt_handler_offset"); n.DeoptRelative {
+		n.DeoptHandler = r.offset("nmethod::_deopt_handler_offset")
+	} else {
+		n.DeoptHandler = r.offset("CompiledMethod::_deopt_handler_begin", "nmethod::_deopt_handler_begin")
+	}
+	n.ScopesPCs = r.offset("nmethod::_scopes_pcs_offset")
+	if n.ScopesInBlob = !r.has("nmethod::_immutable_data"); n.ScopesInBlob {
+		n.ScopesDataBegin = r.offset("CompiledMethod::_scopes_data_begin", "nmethod::_scopes_data_begin")
+		n.Dependencies = r.offset("nmethod::_dependencies_offset")
+		n.Metadata = r.offset("nmethod::_metadata_offset")
+	} else {
+		n.ImmutableData = r.offset("nmethod::_immutable_data")
+		n.ScopesData = r.offset("nmethod::_scopes_data_offset")
+		n.ImmutableDataSize = r.offset("nmethod::_immutable_data_size")
+		if !r.has("CodeBlob::_mutable_data") {
+			// JDK 23 and 24 keep the metadata after the code, at an
+			// offset no table exports.
+			r.missing = append(r.missing, "CodeBlob::_mutable_data (JDK 23 and 24 are not supported)")
+		}
+		n.MutableData = r.offset("CodeBlob::_mutable_data")
+		n.RelocationSize = r.offset("CodeBlob::_relocation_size")
+	}
+	n.PcDescSize = r.size("PcDesc")
+
+	l.Interpreter = r.address("AbstractInterpreter::_code")
+	l.StubBuffer = r.offset("StubQueue::_stub_buffer")
+	l.BufferLimit = r.offset("StubQueue::_buffer_limit")
+	l.CallStubReturn = r.address("StubRoutines::_call_stub_return_address")
+
+	m := &l.Method
+	m.ConstMethod = r.offset("Method::_constMethod")
+	m.AccessFlags = r.offset("Method::_access_flags")
+	m.AccessFlagsWidth = r.width("Method::_access_flags")
+	m.ConstMethodSize = r.size("ConstMethod")
+	m.Constants = r.offset("ConstMethod::_constants")
+	flags := "ConstMethod::_flags"
+	if r.has("ConstMethod::_flags._flags") {
+		flags = "ConstMethod::_flags._flags"
+	}
+	m.Flags = r.offset(flags)
+	m.FlagsWidth = r.width(flags)
+	m.CodeSize = r.offset("ConstMethod::_code_size")
+	m.NameIndex = r.offset("ConstMethod::_name_index")
+	m.SignatureIndex = r.offset("ConstMethod::_signature_index")
+	m.ConstantPoolSize = r.size("ConstantPool")
+	m.PoolHolder = r.offset("ConstantPool::_pool_holder")
+	if m.SourceFileInKlass = !r.has("ConstantPool::_source_file_name_index"); m.SourceFileInKlass {
+		m.SourceFileIndex = r.offset("InstanceKlass::_source_file_name_index")
+	} else {
+		m.SourceFileIndex = r.offset("ConstantPool::_source_file_name_index")
+	}
+	m.KlassName = r.offset("Klass::_name")
+	if r.has("Symbol::_length") {
+		m.SymbolLength = r.offset("Symbol::_length")
+	} else {
+		// Some builds export the length with the refcount in one
+		// 32-bit word, the length its high half (little-endian).
+		m.SymbolLength = r.offset("Symbol::_length_and_refcount") + 2
+	}
+	m.SymbolBody = r.offset("Symbol::_body", "Symbol::_body[0]")
+
+	if len(r.missing) > 0 {
+		return nil, fmt.Errorf("%w: JDK %d.%d.%d lacks %s", ErrLayout, version[0], version[1], version[2],
+			strings.Join(r.missing, ", "))
+	}
+	return l, nil
+}
+
+// versionFields are the static ints of the JVM's version, in Layout.Version
+// order.
+var versionFields = []string{
+	"Abstract_VM_Version::_vm_major_version",
+	"Abstract_VM_Version::_vm_minor_version",
+	"Abstract_VM_Version::_vm_security_version",
+	"Abstract_VM_Version::_vm_build_number",
+}
+
+// readVersion reads the JVM's version from its static fields.
+func readVersion(mem interface {
+	U32(addr uint64) (uint32, error)
+}, vs *VMStructs) ([4]int32, error) {
+	var v [4]int32
+	for i, name := range versionFields {
+		f, ok := vs.Fields[name]
+		if !ok || !f.IsStatic {
+			return v, fmt.Errorf("%w: no %s", ErrLayout, name)
+		}
+		n, err := mem.U32(f.Address)
+		if err != nil {
+			return v, fmt.Errorf("reading %s: %w", name, err)
+		}
+		v[i] = int32(n)
+	}
+	if v[0] < 9 {
+		return v, fmt.Errorf("JDK %d: only JDK 9 and later are supported", v[0])
+	}
+	return v, nil
+}

@@ -1,0 +1,312 @@
+// Work in progress (issue 18): not yet included in tracer.ebpf.c nor given
+// its id in runtimes.h, so not built; it compiles, and has neither been
+// verified by a kernel nor run.
+//
+// The HotSpot JVM unwinder (runtime RUNTIME_JVM), x86_64. User space
+// claims the JVM's code cache; the native unwinder hands over at a PC in
+// it. This program walks the Java frames there, interpreted, compiled and
+// stubs, until a return address leaves the code cache (the call stub
+// returning into JavaCalls::call_helper, a native method's caller), and
+// hands back with the registers of the frame it got to.
+//
+// Facts (see interpreter/hotspot/internals.md): a PC's CodeBlob is found
+// through its code heap's segment map; the template interpreter's code is
+// one range; interpreted frames keep Method* at fp-3 words and the bytecode
+// pointer at fp-8, the caller's unextended sp at fp-1; compiled frames keep
+// no frame pointer, their size in words is in the blob.
+//
+// Its frames: the top two bits of addr say what the frame is
+// (enum jvm_frame_type). Interpreted: file_id is the Method*, addr the
+// bytecode pointer (0 in a native method). Compiled: file_id is the
+// nmethod, addr holds its compile id (bits 32-60, to tell it from a later
+// nmethod at the same address) and the PC's offset from its code (bits
+// 0-31); bit 61 is set for the interrupted PC, which HotSpot maps to debug
+// information differently from a return address. Stub: file_id is the
+// blob, addr the PC's offset in it.
+#include "tracemgmt.h"
+
+enum jvm_frame_type {
+  JVM_FRAME_INTERPRETED = 0,
+  JVM_FRAME_COMPILED = 1,
+  JVM_FRAME_STUB = 2,
+};
+#define JVM_FRAME_TYPE_SHIFT 62
+#define JVM_FRAME_TOP        (1ULL << 61)
+
+// The code heaps a code cache has at most: non-nmethods, profiled and
+// non-profiled with a segmented code cache, one without.
+#define JVM_HEAPS 3
+
+// What the JVM unwinder needs of a process (its entry in runtime_procs);
+// user space fills it from the JVM's own vmStructs tables.
+struct jvm_proc {
+  // Code heap i is [heap_lo[i], heap_hi[i]) with one segment map byte per
+  // segment of 1 << segment_shift bytes at heap_segmap[i].
+  u64 heap_lo[JVM_HEAPS];
+  u64 heap_hi[JVM_HEAPS];
+  u64 heap_segmap[JVM_HEAPS];
+  // The template interpreter's code: [interp_lo, interp_hi).
+  u64 interp_lo;
+  u64 interp_hi;
+  // Byte offsets in a CodeBlob: its name (a char*), size, frame size
+  // (words), frame complete offset (frame_complete_width bytes), code
+  // (a pointer, or where code_relative is set an int offset from the
+  // blob) and kind (where has_kind is set, a u8; kind_nmethod is
+  // CodeBlobKind::Nmethod); an nmethod's compile id.
+  u16 blob_name;
+  u16 blob_size;
+  u16 blob_frame_size;
+  u16 blob_frame_complete;
+  u16 blob_code;
+  u16 blob_kind;
+  u16 nmethod_compile_id;
+  u16 pad16;
+  u8 heaps;
+  u8 segment_shift;
+  // sizeof(HeapBlock), which precedes a blob in its heap.
+  u8 heap_block_size;
+  u8 frame_complete_width;
+  u8 code_relative;
+  u8 has_kind;
+  u8 kind_nmethod;
+  u8 pad;
+};
+_Static_assert(sizeof(struct jvm_proc) <= RUNTIME_PROC_SIZE, "jvm_proc too large");
+
+// The runtime's counters (runtime_metrics), reported by user space under the
+// lower-case name without the METRIC_ prefix.
+enum jvm_metric {
+  // Frames reported by kind.
+  METRIC_JVM_INTERPRETED_FRAMES,
+  METRIC_JVM_COMPILED_FRAMES,
+  METRIC_JVM_STUB_FRAMES,
+  // Code of a JVM user space has not (yet) described: the frame is
+  // walked with its frame pointer, and user space is told.
+  METRIC_ERR_JVM_NO_PROC,
+  // A PC in the code cache in no blob (free space, or the segment map
+  // changed while it was read): the walk ends.
+  METRIC_ERR_JVM_NO_BLOB,
+  // A read of the JVM's memory failed: the walk ends.
+  METRIC_ERR_JVM_READ,
+  // An interpreted frame whose frame pointer is not above the stack
+  // pointer (a frame being built): the walk ends.
+  METRIC_ERR_JVM_BAD_FRAME,
+  METRIC_JVM_COUNT,
+};
+_Static_assert(METRIC_JVM_COUNT <= RUNTIME_METRICS_MAX, "too many jvm metrics");
+
+// Never read: puts the structs user space mirrors into the BTF.
+volatile const struct jvm_btf_exports {
+  struct jvm_proc jvm_proc;
+  enum jvm_metric jvm_metric;
+  enum jvm_frame_type jvm_frame_type;
+} jvm_btf_exports __attribute__((used));
+
+// Java frames one run of this program walks before it tail-calls itself.
+#define JVM_FRAMES_PER_PROGRAM 6
+// Segment map hops followed to a blob's start: one per 254 segments
+// (32 KiB of code with 128-byte segments), and a few for chains that
+// freeing blocks left longer.
+#define JVM_SEGMAP_HOPS 24
+
+static __always_inline int jvm_read(void *dst, u32 size, u64 addr)
+{
+  return bpf_probe_read_user(dst, size, (void *)addr);
+}
+
+// The code heap of pc: its index, or -1.
+static __always_inline int jvm_heap_of(const struct jvm_proc *p, u64 pc)
+{
+  for (int i = 0; i < JVM_HEAPS; i++)
+    if (i < p->heaps && pc >= p->heap_lo[i] && pc < p->heap_hi[i])
+      return i;
+  return -1;
+}
+
+// The CodeBlob holding pc in heap h, or 0.
+static __always_inline u64 jvm_find_blob(const struct jvm_proc *p, int h, u64 pc)
+{
+  if (h < 0 || h >= JVM_HEAPS)
+    return 0;
+  u64 lo = p->heap_lo[h], segmap = p->heap_segmap[h];
+  u64 idx = (pc - lo) >> (p->segment_shift & 31);
+  for (int i = 0; i < JVM_SEGMAP_HOPS; i++) {
+    u8 hop;
+    if (jvm_read(&hop, sizeof(hop), segmap + idx))
+      return 0;
+    if (hop == 0xff || hop > idx)
+      return 0; // free, or a chain that runs off the heap
+    if (hop == 0)
+      return lo + (idx << (p->segment_shift & 31)) + p->heap_block_size;
+    idx -= hop;
+  }
+  return 0;
+}
+
+// What the walk knows of the blob at a PC.
+struct jvm_blob {
+  u64 addr;
+  u64 code;
+  s32 size;
+  s32 frame_size;
+  s32 frame_complete;
+  u8 nmethod;
+};
+
+static __always_inline int jvm_read_blob(const struct jvm_proc *p, struct jvm_blob *b)
+{
+  u64 a = b->addr;
+  if (jvm_read(&b->size, sizeof(b->size), a + p->blob_size) ||
+      jvm_read(&b->frame_size, sizeof(b->frame_size), a + p->blob_frame_size))
+    return -1;
+  b->frame_complete = -1;
+  if (p->frame_complete_width == 2) {
+    short fc;
+    if (jvm_read(&fc, sizeof(fc), a + p->blob_frame_complete))
+      return -1;
+    b->frame_complete = fc;
+  } else if (jvm_read(&b->frame_complete, sizeof(b->frame_complete), a + p->blob_frame_complete)) {
+    return -1;
+  }
+  if (p->code_relative) {
+    s32 off;
+    if (jvm_read(&off, sizeof(off), a + p->blob_code))
+      return -1;
+    b->code = a + off;
+  } else if (jvm_read(&b->code, sizeof(b->code), a + p->blob_code)) {
+    return -1;
+  }
+  if (p->has_kind) {
+    u8 kind;
+    if (jvm_read(&kind, sizeof(kind), a + p->blob_kind))
+      return -1;
+    b->nmethod = kind == p->kind_nmethod;
+  } else {
+    // Before JDK 23 the kind shows only in the name: "nmethod" for Java
+    // methods, "native nmethod" for the wrappers of native ones.
+    u64 name, text;
+    if (jvm_read(&name, sizeof(name), a + p->blob_name) || jvm_read(&text, sizeof(text), name))
+      return -1;
+    b->nmethod = text == 0x00646f6874656d6eULL /* "nmethod\0" */ ||
+                 text == 0x6e2065766974616eULL /* "native n" */;
+  }
+  return 0;
+}
+
+SEC("perf_event")
+int unwind_jvm(struct bpf_perf_event_data *ctx)
+{
+  struct record *r = get_record();
+  if (!r)
+    return 0;
+  struct unwind_state *state = &r->state;
+  struct trace *t = &r->trace;
+  const struct jvm_proc *p = runtime_config(t->pid, RUNTIME_JVM);
+  if (!p) {
+    runtime_missing(state, t->pid, RUNTIME_JVM, METRIC_ERR_JVM_NO_PROC);
+    return runtime_return(ctx, r);
+  }
+  for (int i = 0; i < JVM_FRAMES_PER_PROGRAM; i++) {
+    u64 pc = state->pc, sp = state->sp, fp = state->fp;
+    int top = !state->return_address;
+    int h = jvm_heap_of(p, pc);
+    if (h < 0)
+      // Left the code cache: native code again.
+      return tail_call_next(ctx, r, PROG_UNWIND_NATIVE);
+    u64 next_pc, next_sp, next_fp;
+    if (pc >= p->interp_lo && pc < p->interp_hi) {
+      u64 slots[2]; // fp-8 words: bcp; fp-3: Method*
+      u64 sender_sp;
+      if (fp <= sp || jvm_read(&sender_sp, sizeof(sender_sp), fp - 8)) {
+        increment_runtime_metric(RUNTIME_JVM, METRIC_ERR_JVM_BAD_FRAME);
+        goto give_up;
+      }
+      if (jvm_read(&slots[0], sizeof(slots[0]), fp - 64) ||
+          jvm_read(&slots[1], sizeof(slots[1]), fp - 24) || jvm_read(&next_fp, 8, fp) ||
+          jvm_read(&next_pc, 8, fp + 8))
+        goto read_error;
+      increment_runtime_metric(RUNTIME_JVM, METRIC_JVM_INTERPRETED_FRAMES);
+      if (push_runtime_frame(t, RUNTIME_JVM, slots[1], slots[0] & ~(3ULL << JVM_FRAME_TYPE_SHIFT)))
+        goto full;
+      // The caller's sp before the interpreter extended its frame for
+      // the callee's locals: what a compiled caller's frame size counts
+      // from.
+      next_sp = sender_sp > fp ? sender_sp : fp + 16;
+    } else {
+      struct jvm_blob b = {.addr = jvm_find_blob(p, h, pc)};
+      if (!b.addr) {
+        increment_runtime_metric(RUNTIME_JVM, METRIC_ERR_JVM_NO_BLOB);
+        goto give_up;
+      }
+      if (jvm_read_blob(p, &b))
+        goto read_error;
+      u64 addr;
+      u64 file_id = b.addr;
+      if (b.nmethod) {
+        s32 compile_id = 0;
+        jvm_read(&compile_id, sizeof(compile_id), b.addr + p->nmethod_compile_id);
+        addr = ((u64)JVM_FRAME_COMPILED << JVM_FRAME_TYPE_SHIFT) | (top ? JVM_FRAME_TOP : 0) |
+               ((u64)(compile_id & 0x1fffffff) << 32) | (u32)(pc - b.code);
+        increment_runtime_metric(RUNTIME_JVM, METRIC_JVM_COMPILED_FRAMES);
+      } else {
+        addr = ((u64)JVM_FRAME_STUB << JVM_FRAME_TYPE_SHIFT) | (u32)(pc - b.addr);
+        increment_runtime_metric(RUNTIME_JVM, METRIC_JVM_STUB_FRAMES);
+      }
+      if (push_runtime_frame(t, RUNTIME_JVM, file_id, addr))
+        goto full;
+      if (b.frame_size <= 0) {
+        // Hand-written stubs (the call stub, adapters) keep rbp as a
+        // frame pointer when they have a frame at all.
+        if (fp <= sp)
+          goto give_up;
+        if (jvm_read(&next_fp, 8, fp) || jvm_read(&next_pc, 8, fp + 8))
+          goto read_error;
+        next_sp = fp + 16;
+      } else if (top && b.frame_complete > 0 && pc < b.code + b.frame_complete) {
+        // In the prologue: only the return address is pushed (the
+        // frame's rbp is saved in the same instruction that completes
+        // it, or is still in rbp).
+        if (jvm_read(&next_pc, 8, sp))
+          goto read_error;
+        next_sp = sp + 8;
+        next_fp = fp;
+      } else {
+        u8 insn = 0;
+        if (top)
+          jvm_read(&insn, sizeof(insn), pc);
+        if (insn == 0xc3) { // ret: the epilogue popped all but the return address
+          if (jvm_read(&next_pc, 8, sp))
+            goto read_error;
+          next_sp = sp + 8;
+          next_fp = fp;
+        } else if (insn == 0x5d) { // pop rbp
+          if (jvm_read(&next_fp, 8, sp) || jvm_read(&next_pc, 8, sp + 8))
+            goto read_error;
+          next_sp = sp + 16;
+        } else {
+          next_sp = sp + (u64)b.frame_size * 8;
+          if (jvm_read(&next_pc, 8, next_sp - 8) || jvm_read(&next_fp, 8, next_sp - 16))
+            goto read_error;
+        }
+      }
+    }
+    state->pc = next_pc & USER_ADDRESS_MASK;
+    state->sp = next_sp;
+    state->fp = next_fp;
+    state->return_address = 1;
+    if (state->pc < MIN_CODE_ADDRESS)
+      return tail_call_stop(ctx);
+  }
+  return tail_call_next(ctx, r, RUNTIME_JVM);
+
+read_error:
+  increment_runtime_metric(RUNTIME_JVM, METRIC_ERR_JVM_READ);
+give_up:
+  // The rest of the stack cannot be trusted to Java frames: the native
+  // unwinder walks on with frame pointers from the frame reached.
+  runtime_give_up(state, RUNTIME_JVM);
+  return tail_call_next(ctx, r, PROG_UNWIND_NATIVE);
+full:
+  increment_metric(METRIC_TRUNCATED_TRACES);
+  return tail_call_stop(ctx);
+}

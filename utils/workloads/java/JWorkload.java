@@ -1,0 +1,157 @@
+// Java workloads with known hot stacks, for the profiler's integration
+// tests: java JWorkload.java MODE SECONDS (or compiled: java -cp DIR
+// JWorkload MODE SECONDS). Compiles with --release 11 and runs on JDK 11
+// and later. Prints "ready" once it starts its hot phase.
+//
+// Each hot loop sits on one line, which the tests look up by the marker
+// comment at its end ("// hot: NAME").
+import java.util.ArrayList;
+import java.util.List;
+import java.util.zip.Deflater;
+
+public class JWorkload {
+    static final int LOOP = 20000;
+    // Results go here so the JIT cannot drop the loops.
+    static volatile long sink;
+
+    // chain: C2 inlines leaf and mid into top's compiled loop; the stack
+    // must still show all three.
+    static long leaf(long seed) {
+        long x = seed;
+        for (int i = 0; i < LOOP; i++) { x = x * 31 + (i ^ (x >>> 7)); } // hot: leaf
+        return x;
+    }
+
+    static long mid(long seed) {
+        return leaf(seed) + 1;
+    }
+
+    static void top(long deadline) {
+        long s = 0;
+        while (System.nanoTime() < deadline) {
+            s += mid(s);
+        }
+        sink = s;
+    }
+
+    // recursion: 40 levels of recurse above recLeaf.
+    static long recurse(int depth, long seed) {
+        if (depth == 0) {
+            return recLeaf(seed);
+        }
+        return recurse(depth - 1, seed) + depth;
+    }
+
+    static long recLeaf(long seed) {
+        long x = seed;
+        for (int i = 0; i < LOOP; i++) { x = x * 17 + (i ^ (x >>> 5)); } // hot: recLeaf
+        return x;
+    }
+
+    static void recursionTop(long deadline) {
+        long s = 0;
+        while (System.nanoTime() < deadline) {
+            s += recurse(40, s);
+        }
+        sink = s;
+    }
+
+    // threads: each thread runs a chain of its own, named after it.
+    static long t0Leaf(long seed) {
+        long x = seed;
+        for (int i = 0; i < LOOP; i++) { x = x * 31 + i; } // hot: t0Leaf
+        return x;
+    }
+
+    static long t0Mid(long seed) { return t0Leaf(seed) + 1; }
+
+    static void t0Top(long deadline) {
+        long s = 0;
+        while (System.nanoTime() < deadline) { s += t0Mid(s); }
+        sink = s;
+    }
+
+    static long t1Leaf(long seed) {
+        long x = seed;
+        for (int i = 0; i < LOOP; i++) { x = x * 37 + i; } // hot: t1Leaf
+        return x;
+    }
+
+    static long t1Mid(long seed) { return t1Leaf(seed) + 1; }
+
+    static void t1Top(long deadline) {
+        long s = 0;
+        while (System.nanoTime() < deadline) { s += t1Mid(s); }
+        sink = s;
+    }
+
+    static long t2Leaf(long seed) {
+        long x = seed;
+        for (int i = 0; i < LOOP; i++) { x = x * 41 + i; } // hot: t2Leaf
+        return x;
+    }
+
+    static long t2Mid(long seed) { return t2Leaf(seed) + 1; }
+
+    static void t2Top(long deadline) {
+        long s = 0;
+        while (System.nanoTime() < deadline) { s += t2Mid(s); }
+        sink = s;
+    }
+
+    static long t3Leaf(long seed) {
+        long x = seed;
+        for (int i = 0; i < LOOP; i++) { x = x * 43 + i; } // hot: t3Leaf
+        return x;
+    }
+
+    static long t3Mid(long seed) { return t3Leaf(seed) + 1; }
+
+    static void t3Top(long deadline) {
+        long s = 0;
+        while (System.nanoTime() < deadline) { s += t3Mid(s); }
+        sink = s;
+    }
+
+    static void threads(long deadline) throws InterruptedException {
+        List<Thread> ts = new ArrayList<>();
+        ts.add(new Thread(() -> t0Top(deadline), "t0"));
+        ts.add(new Thread(() -> t1Top(deadline), "t1"));
+        ts.add(new Thread(() -> t2Top(deadline), "t2"));
+        ts.add(new Thread(() -> t3Top(deadline), "t3"));
+        for (Thread t : ts) { t.start(); }
+        for (Thread t : ts) { t.join(); }
+    }
+
+    // zlib: Java calls into the JDK's native zip library (JNI), which
+    // calls zlib: native frames beneath a Java frame.
+    static void compress(byte[] in, byte[] out) {
+        Deflater d = new Deflater(9);
+        d.setInput(in);
+        d.finish();
+        while (!d.finished()) { d.deflate(out); } // hot: compress
+        d.end();
+    }
+
+    static void zlibTop(long deadline) {
+        byte[] in = new byte[1 << 20];
+        java.util.Random r = new java.util.Random(1);
+        for (int i = 0; i < in.length; i++) { in[i] = (byte) ('a' + r.nextInt(4)); }
+        byte[] out = new byte[1 << 21];
+        while (System.nanoTime() < deadline) { compress(in, out); }
+    }
+
+    public static void main(String[] args) throws Exception {
+        String mode = args[0];
+        long deadline = System.nanoTime() + (long) (Double.parseDouble(args[1]) * 1e9);
+        System.out.println("ready");
+        System.out.flush();
+        switch (mode) {
+            case "chain": top(deadline); break;
+            case "recursion": recursionTop(deadline); break;
+            case "threads": threads(deadline); break;
+            case "zlib": zlibTop(deadline); break;
+            default: throw new IllegalArgumentException("unknown mode " + mode);
+        }
+    }
+}
