@@ -255,6 +255,9 @@ func (m *Manager) RefreshMappings(pid libpf.PID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	p := m.processFor(uint32(pid), "")
+	if !m.live(p) {
+		return
+	}
 	if !p.mapsRead {
 		m.ensureMaps(p)
 	} else {

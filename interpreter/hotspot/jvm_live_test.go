@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
@@ -27,26 +28,41 @@ type liveJVM struct {
 	mem    *os.File
 }
 
-// compileWorkload compiles JWorkload.java once per test binary.
+// workloadClasses is where TestMain compiled JWorkload.java.
 var workloadClasses string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "jworkload")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	workloadClasses = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// compileWorkload compiles JWorkload.java once per test binary.
+var compileOnce sync.Once
 
 func compileWorkload(t *testing.T) string {
 	t.Helper()
-	if workloadClasses != "" {
-		return workloadClasses
-	}
-	_, here, _, _ := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(here), "..", "..", "utils", "workloads", "java", "JWorkload.java")
-	dir, err := os.MkdirTemp("", "jworkload")
+	var out []byte
+	var err error
+	compileOnce.Do(func() {
+		_, here, _, _ := runtime.Caller(0)
+		src := filepath.Join(filepath.Dir(here), "..", "..", "utils", "workloads", "java", "JWorkload.java")
+		javac := filepath.Join(filepath.Dir(systemJava), "javac")
+		out, err = exec.Command(javac, "--release", "11", "-d", workloadClasses, src).CombinedOutput()
+	})
 	if err != nil {
-		t.Fatal(err)
-	}
-	javac := filepath.Join(filepath.Dir(systemJava), "javac")
-	if out, err := exec.Command(javac, "--release", "11", "-d", dir, src).CombinedOutput(); err != nil {
 		t.Fatalf("javac: %v\n%s", err, out)
 	}
-	workloadClasses = dir
-	return dir
+	if _, err := os.Stat(filepath.Join(workloadClasses, "JWorkload.class")); err != nil {
+		t.Fatalf("JWorkload was not compiled: %v", err)
+	}
+	return workloadClasses
 }
 
 // startJVM runs the workload in mode for seconds with java and waits until
@@ -178,20 +194,6 @@ func TestVMStructsLive(t *testing.T) {
 	}
 	if vs.Types["Method"] == 0 || vs.Types["ConstantPool"] == 0 {
 		t.Errorf("types Method %d, ConstantPool %d", vs.Types["Method"], vs.Types["ConstantPool"])
-	}
-	if os.Getenv("HOTSPOT_DUMP") != "" {
-		for k, v := range vs.Fields {
-			fmt.Printf("F %s %s static=%v off=%d addr=%#x\n", k, v.Type, v.IsStatic, v.Offset, v.Address)
-		}
-		for k, v := range vs.Types {
-			fmt.Printf("T %s %d\n", k, v)
-		}
-		for k, v := range vs.IntConstants {
-			fmt.Printf("I %s %d\n", k, v)
-		}
-		for k, v := range vs.LongConstants {
-			fmt.Printf("L %s %d\n", k, v)
-		}
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
 )
 
 // Layout is what profiling a JVM takes from its vmStructs: where the code
@@ -21,9 +23,6 @@ type Layout struct {
 	// ArrayLen and ArrayData.
 	CodeCacheHeaps      uint64
 	ArrayLen, ArrayData uint32
-	// CodeCacheLow and CodeCacheHigh are the addresses of
-	// CodeCache::_low_bound and _high_bound, which span every heap.
-	CodeCacheLow, CodeCacheHigh uint64
 	// A CodeHeap's code and segment map are VirtualSpaces (HeapMemory,
 	// HeapSegmap) from VSLow; VSHigh is the end of what the heap reserved
 	// (_high_boundary: it commits memory up to it as it fills).
@@ -32,7 +31,6 @@ type Layout struct {
 	VSLow, VSHigh                           uint32
 	// HeapBlockSize is sizeof(HeapBlock): the CodeBlob follows it.
 	HeapBlockSize uint32
-	HeapBlockUsed uint32
 
 	Blob BlobLayout
 	NM   NMethodLayout
@@ -42,10 +40,6 @@ type Layout struct {
 	// interpreter's code.
 	Interpreter             uint64
 	StubBuffer, BufferLimit uint32
-	// CallStubReturn is the address of
-	// StubRoutines::_call_stub_return_address: a Java frame returning
-	// there was called from C.
-	CallStubReturn uint64
 
 	Method MethodLayout
 
@@ -73,11 +67,7 @@ type BlobLayout struct {
 
 // NMethodLayout is an nmethod's fields.
 type NMethodLayout struct {
-	Method, CompileID, EntryBCI, OrigPC uint32
-	// DeoptHandler is _deopt_handler_begin, a pointer, or where
-	// DeoptRelative is set, _deopt_handler_offset from the blob.
-	DeoptHandler  uint32
-	DeoptRelative bool
+	Method, CompileID uint32
 	// Scopes says where the debug information is: ScopesInBlob (JDK
 	// 11-22) with _scopes_data_begin (a pointer), _scopes_pcs_offset,
 	// _dependencies_offset and _metadata_offset from the blob; or in
@@ -99,7 +89,7 @@ type MethodLayout struct {
 	// ConstMethodSize is sizeof(ConstMethod): the bytecodes follow it,
 	// then the compressed line number table if bit 0 of the flags (at
 	// Flags, FlagsWidth bytes) is set.
-	ConstMethodSize, Constants, Flags, FlagsWidth, CodeSize, NameIndex, SignatureIndex uint32
+	ConstMethodSize, Constants, Flags, FlagsWidth, CodeSize, NameIndex uint32
 	// ConstantPoolSize is sizeof(ConstantPool): its slots follow it.
 	ConstantPoolSize, PoolHolder uint32
 	// SourceFileIndex is the offset of _source_file_name_index in the
@@ -209,8 +199,6 @@ func NewLayout(vs *VMStructs, version [4]int32) (*Layout, error) {
 	}
 
 	l.CodeCacheHeaps = r.address("CodeCache::_heaps")
-	l.CodeCacheLow = r.address("CodeCache::_low_bound")
-	l.CodeCacheHigh = r.address("CodeCache::_high_bound")
 	l.ArrayLen = r.offset("GrowableArrayBase::_len", "GenericGrowableArray::_len")
 	l.ArrayData = r.offset("GrowableArray<int>::_data")
 	l.HeapMemory = r.offset("CodeHeap::_memory")
@@ -219,7 +207,6 @@ func NewLayout(vs *VMStructs, version [4]int32) (*Layout, error) {
 	l.VSLow = r.offset("VirtualSpace::_low")
 	l.VSHigh = r.offset("VirtualSpace::_high_boundary")
 	l.HeapBlockSize = r.size("HeapBlock")
-	l.HeapBlockUsed = r.offset("HeapBlock::_header") + r.offset("HeapBlock::Header::_used")
 
 	b := &l.Blob
 	b.Name = r.offset("CodeBlob::_name")
@@ -244,13 +231,6 @@ func NewLayout(vs *VMStructs, version [4]int32) (*Layout, error) {
 	n := &l.NM
 	n.Method = r.offset("nmethod::_method", "CompiledMethod::_method")
 	n.CompileID = r.offset("nmethod::_compile_id")
-	n.EntryBCI = r.offset("nmethod::_entry_bci")
-	n.OrigPC = r.offset("nmethod::_orig_pc_offset")
-	if n.DeoptRelative = r.has("nmethod::_deopt_handler_offset"); n.DeoptRelative {
-		n.DeoptHandler = r.offset("nmethod::_deopt_handler_offset")
-	} else {
-		n.DeoptHandler = r.offset("CompiledMethod::_deopt_handler_begin", "nmethod::_deopt_handler_begin")
-	}
 	n.ScopesPCs = r.offset("nmethod::_scopes_pcs_offset")
 	if n.ScopesInBlob = !r.has("nmethod::_immutable_data"); n.ScopesInBlob {
 		n.ScopesDataBegin = r.offset("CompiledMethod::_scopes_data_begin", "nmethod::_scopes_data_begin")
@@ -273,7 +253,6 @@ func NewLayout(vs *VMStructs, version [4]int32) (*Layout, error) {
 	l.Interpreter = r.address("AbstractInterpreter::_code")
 	l.StubBuffer = r.offset("StubQueue::_stub_buffer")
 	l.BufferLimit = r.offset("StubQueue::_buffer_limit")
-	l.CallStubReturn = r.address("StubRoutines::_call_stub_return_address")
 
 	m := &l.Method
 	m.ConstMethod = r.offset("Method::_constMethod")
@@ -289,7 +268,6 @@ func NewLayout(vs *VMStructs, version [4]int32) (*Layout, error) {
 	m.FlagsWidth = r.width(flags)
 	m.CodeSize = r.offset("ConstMethod::_code_size")
 	m.NameIndex = r.offset("ConstMethod::_name_index")
-	m.SignatureIndex = r.offset("ConstMethod::_signature_index")
 	m.ConstantPoolSize = r.size("ConstantPool")
 	m.PoolHolder = r.offset("ConstantPool::_pool_holder")
 	if m.SourceFileInKlass = !r.has("ConstantPool::_source_file_name_index"); m.SourceFileInKlass {
@@ -324,9 +302,7 @@ var versionFields = []string{
 }
 
 // readVersion reads the JVM's version from its static fields.
-func readVersion(mem interface {
-	U32(addr uint64) (uint32, error)
-}, vs *VMStructs) ([4]int32, error) {
+func readVersion(mem *procmem.Reader, vs *VMStructs) ([4]int32, error) {
 	var v [4]int32
 	for i, name := range versionFields {
 		f, ok := vs.Fields[name]

@@ -39,7 +39,6 @@ const (
 type method struct {
 	constMethod uint64
 	name        string // package.Class.method
-	signature   string
 	file        string
 	codeSize    uint32
 	// lines are (start bci, line) pairs as the table lists them.
@@ -160,10 +159,6 @@ func (s *symbolizer) readMethod(cm uint64) (*method, error) {
 	if err != nil {
 		return nil, err
 	}
-	sigIdx, err := r.U16(cm + uint64(ml.SignatureIndex))
-	if err != nil {
-		return nil, err
-	}
 	holder, err := r.Ptr(cp + uint64(ml.PoolHolder))
 	if err != nil {
 		return nil, err
@@ -181,7 +176,6 @@ func (s *symbolizer) readMethod(cm uint64) (*method, error) {
 		return nil, fmt.Errorf("method name: %w", err)
 	}
 	m := &method{constMethod: cm, codeSize: uint32(codeSize), name: strings.ReplaceAll(class, "/", ".") + "." + name}
-	m.signature, _ = s.cpSymbol(cp, sigIdx)
 	srcBase := cp
 	if ml.SourceFileInKlass {
 		srcBase = holder

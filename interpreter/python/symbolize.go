@@ -15,6 +15,8 @@ import (
 	"io"
 	"math"
 	"sync"
+
+	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
 )
 
 var (
@@ -29,7 +31,7 @@ var (
 	ErrBadObject = errors.New("malformed CPython object")
 	// ErrUnreadable wraps a failed read of the process's memory; the read's
 	// own error is wrapped too (io.EOF once the process has exited).
-	ErrUnreadable = errors.New("python process memory unreadable")
+	ErrUnreadable = procmem.ErrUnreadable
 )
 
 // OffsetNotStarted is the offset of a frame that has not executed an
@@ -112,7 +114,7 @@ type SymbolizerStats struct {
 // coincidences), and only its lines can be wrong until the entry is
 // evicted. We accept that rather than read the line table on every hit.
 type Symbolizer struct {
-	mem    io.ReaderAt
+	mem    *procmem.Reader
 	off    *Offsets
 	format LineTableFormat
 
@@ -142,7 +144,7 @@ func newSymbolizer(mem io.ReaderAt, off *Offsets, entries, bytes int) (*Symboliz
 	if err != nil {
 		return nil, err
 	}
-	s := &Symbolizer{mem: mem, off: off, format: format, cache: newSymCache(entries, bytes)}
+	s := &Symbolizer{mem: procmem.New(mem), off: off, format: format, cache: newSymCache(entries, bytes)}
 	s.tableField = off.Code.Linetable
 	if format == LineTableLnotab {
 		s.tableField = off.Code.Lnotab
@@ -212,7 +214,7 @@ func (s *Symbolizer) Stats() SymbolizerStats {
 // Errors wrap ErrNotCode, ErrBadObject, ErrUnreadable or
 // ErrLineTableMalformed.
 func (s *Symbolizer) Frame(codeAddr uint64, offset uint32) (Frame, error) {
-	if codeAddr == 0 || codeAddr >= symMaxPointer {
+	if codeAddr == 0 || codeAddr >= procmem.MaxPointer {
 		return Frame{}, fmt.Errorf("%w: address %#x", ErrNotCode, codeAddr)
 	}
 	hdr := make([]byte, s.codeSpan)

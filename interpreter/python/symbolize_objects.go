@@ -5,9 +5,11 @@ package python
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
-	"io"
 	"unicode/utf8"
+
+	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
 )
 
 // symType is a static CPython type an object is checked against.
@@ -28,25 +30,14 @@ var symTypeNames = [symNumTypes]string{
 	symTypeBytes: "bytes\x00",
 }
 
-// symMaxPointer bounds the pointers followed: user-space addresses are
-// below 2^56 on every Linux architecture, and the bound keeps a pointer
-// plus an offset or a length from overflowing.
-const symMaxPointer = 1 << 56
-
-// read fills buf from the process's memory at addr.
+// read fills buf from the process's memory at addr; an address no object
+// can be at is a malformed object.
 func (s *Symbolizer) read(addr uint64, buf []byte) error {
-	if addr == 0 || addr >= symMaxPointer {
-		return fmt.Errorf("%w: pointer %#x", ErrBadObject, addr)
+	err := s.mem.Read(addr, buf)
+	if errors.Is(err, procmem.ErrBadAddress) {
+		return fmt.Errorf("%w: %w", ErrBadObject, err)
 	}
-	n, err := s.mem.ReadAt(buf, int64(addr))
-	if n == len(buf) {
-		// io.ReaderAt may report io.EOF along with a full read.
-		return nil
-	}
-	if err == nil {
-		err = io.ErrUnexpectedEOF
-	}
-	return fmt.Errorf("%w: %d bytes at %#x: %w", ErrUnreadable, len(buf), addr, err)
+	return err
 }
 
 // checkType fails unless typ is the address of the static type t.

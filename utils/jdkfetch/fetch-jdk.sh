@@ -32,25 +32,11 @@ JAVA=$JH/bin/java
 if [ -f "$OUT/.complete" ] && "$JAVA" -version >/dev/null 2>&1; then echo "$JAVA"; exit 0; fi
 
 # Private apt config: the system's Debian mirror and its security mirror with SUITE.
-D=$BASE/apt-jdk-$SUITE-amd64
-mkdir -p "$D/lists/partial" "$D/cache/archives/partial" "$OUT/debs"
-MIRROR=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' | awk '$2 !~ /-/ && $1 ~ /debian\/?$/ {print $1; exit}')
-[ -n "$MIRROR" ] || die "no Debian mirror found in the system's apt sources"
-MIRROR=${MIRROR%/}
-SECURITY=${MIRROR%/debian}/debian-security
-KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
-{
-  echo "deb [arch=amd64 signed-by=$KEYRING] $MIRROR $SUITE main"
-  echo "deb [arch=amd64 signed-by=$KEYRING] $SECURITY $SUITE-security main"
-} >"$D/sources.list"
-cat >"$D/apt.conf" <<EOF
-Dir::Etc::sourcelist "$D/sources.list"; Dir::Etc::sourceparts "-";
-Dir::State::Lists "$D/lists"; Dir::Cache "$D/cache"; Dir::State::status "/dev/null";
-APT::Architecture "amd64"; APT::Architectures { "amd64"; }; APT::Sandbox::User "root";
-Acquire::Languages "none"; Acquire::IndexTargets::deb::DEP-11::DefaultEnabled "false";
-EOF
-export APT_CONFIG=$D/apt.conf
-apt-get -q update >&2 || die "apt-get update for $SUITE failed"
+. "$(dirname "$0")/../debfetch/private-apt.sh"
+mkdir -p "$OUT/debs"
+MIRROR=$(debian_mirror) || die "no Debian mirror"
+private_apt "$BASE/apt-jdk-$SUITE-amd64" amd64 "$SUITE" "${MIRROR%/debian}/debian-security" ||
+  die "no apt lists for $SUITE"
 
 PKGS="openjdk-$V-jre-headless openjdk-$V-jdk-headless"
 [ "$NEW_LIBC" = 1 ] && PKGS="$PKGS libc6"

@@ -21,19 +21,9 @@ OUT=$BASE/python-$V-$ARCH WRAPPER=$OUT/bin/python3
 if [ -f "$OUT/.complete" ] && [ -x "$WRAPPER" ]; then echo "$WRAPPER"; exit 0; fi
 
 # Private apt config: the system's Debian mirror, with SUITE added, for ARCH only.
-D=$BASE/apt-$SUITE-$ARCH
-mkdir -p "$D/lists/partial" "$D/cache/archives/partial" "$OUT/debs"
-MIRROR=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' | awk '$2 !~ /-/ {print $1; exit}')
-[ -n "$MIRROR" ] || die "no Debian mirror found in the system's apt sources"
-echo "deb [arch=$ARCH signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] ${MIRROR%/} $SUITE main" >"$D/sources.list"
-cat >"$D/apt.conf" <<EOF
-Dir::Etc::sourcelist "$D/sources.list"; Dir::Etc::sourceparts "-";
-Dir::State::Lists "$D/lists"; Dir::Cache "$D/cache"; Dir::State::status "/dev/null";
-APT::Architecture "$ARCH"; APT::Architectures { "$ARCH"; }; APT::Sandbox::User "root";
-Acquire::Languages "none"; Acquire::IndexTargets::deb::DEP-11::DefaultEnabled "false";
-EOF
-export APT_CONFIG=$D/apt.conf
-apt-get -q update >&2 || die "apt-get update for $SUITE failed"
+. "$(dirname "$0")/../debfetch/private-apt.sh"
+mkdir -p "$OUT/debs"
+private_apt "$BASE/apt-$SUITE-$ARCH" "$ARCH" "$SUITE" || die "no apt lists for $SUITE"
 apt-cache show "python$V-minimal" >/dev/null 2>&1 ||
   die "Debian $SUITE has no CPython $V for $ARCH (no package python$V-minimal)"
 

@@ -1,0 +1,33 @@
+# Sourced by the fetch scripts (utils/pyfetch, utils/jdkfetch): apt under a
+# private configuration, so that packages of other Debian suites can be
+# downloaded without touching /etc/apt or dpkg's state.
+
+# debian_mirror prints the system's Debian mirror (no trailing slash).
+debian_mirror() {
+  local m
+  m=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' | awk '$2 !~ /-/ && $1 ~ /debian\/?$/ {print $1; exit}')
+  [ -n "$m" ] || { echo "no Debian mirror found in the system's apt sources" >&2; return 1; }
+  echo "${m%/}"
+}
+
+# private_apt DIR ARCH SUITE [SECURITY_MIRROR]: an apt configuration in DIR
+# for ARCH with SUITE from the system's mirror (and SUITE-security from
+# SECURITY_MIRROR, if given), exported as APT_CONFIG, its lists updated.
+private_apt() {
+  local dir=$1 arch=$2 suite=$3 security=${4:-} mirror
+  local key=/usr/share/keyrings/debian-archive-keyring.gpg
+  mirror=$(debian_mirror) || return 1
+  mkdir -p "$dir/lists/partial" "$dir/cache/archives/partial"
+  {
+    echo "deb [arch=$arch signed-by=$key] $mirror $suite main"
+    [ -z "$security" ] || echo "deb [arch=$arch signed-by=$key] $security $suite-security main"
+  } >"$dir/sources.list"
+  cat >"$dir/apt.conf" <<EOF
+Dir::Etc::sourcelist "$dir/sources.list"; Dir::Etc::sourceparts "-";
+Dir::State::Lists "$dir/lists"; Dir::Cache "$dir/cache"; Dir::State::status "/dev/null";
+APT::Architecture "$arch"; APT::Architectures { "$arch"; }; APT::Sandbox::User "root";
+Acquire::Languages "none"; Acquire::IndexTargets::deb::DEP-11::DefaultEnabled "false";
+EOF
+  export APT_CONFIG=$dir/apt.conf
+  apt-get -q update >&2 || { echo "apt-get update for $suite failed" >&2; return 1; }
+}
