@@ -102,6 +102,7 @@ func TestKernelFramesAboveUser(t *testing.T) {
 	}
 	samples = samples[warmup:]
 	withKernel, ordered, readSyscall := 0, 0, 0
+	misses := map[string]int{}
 	for _, smp := range samples {
 		frames := smp.trace.Frames
 		if len(frames) == 0 || frames[0].Kind != libpf.FrameKernel {
@@ -125,6 +126,8 @@ func TestKernelFramesAboveUser(t *testing.T) {
 		// the walk starts from) is skipped: sc_top and main must follow.
 		if hasChain(functionNames(smp.trace)[firstUser:], []string{"sc_top", "main"}) {
 			ordered++
+		} else {
+			misses[stackString(smp.trace, "", nil)]++
 		}
 		for _, f := range frames[:firstUser] {
 			if strings.HasSuffix(f.FunctionName, "sys_read") || f.FunctionName == "vfs_read" {
@@ -133,6 +136,7 @@ func TestKernelFramesAboveUser(t *testing.T) {
 			}
 		}
 	}
+	logTopStacks(t, misses, 3)
 	t.Logf("%d samples after %d of warm-up: %d with kernel frames, %d of those with sc_top → main below, %d under vfs_read or *sys_read",
 		len(samples), warmup, withKernel, ordered, readSyscall)
 	if withKernel < len(samples)/2 {
