@@ -6,7 +6,7 @@ import (
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
 )
 
-// maxHeaps is JVM_HEAPS in support/ebpf/hotspot.ebpf.c.
+// maxHeaps is JVM_HEAPS in support/ebpf/jvm.ebpf.c.
 const maxHeaps = 3
 
 // CodeHeap is one heap of the code cache: its code [Low, High) and its
@@ -82,7 +82,7 @@ func readCodeCache(r *procmem.Reader, l *Layout) (*CodeCache, error) {
 	return cc, nil
 }
 
-// UnwinderProc mirrors struct jvm_proc in support/ebpf/hotspot.ebpf.c; the
+// UnwinderProc mirrors struct jvm_proc in support/ebpf/jvm.ebpf.c; the
 // tracer checks it against the object's BTF.
 type UnwinderProc struct {
 	HeapLow            [maxHeaps]uint64

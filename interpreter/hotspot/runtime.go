@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"runtime"
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
@@ -64,8 +65,14 @@ type jvmBinary struct {
 }
 
 // Version is known only once a process runs it.
-func (b *jvmBinary) Version() string         { return "" }
-func (b *jvmBinary) Unsupported() error      { return nil }
+func (b *jvmBinary) Version() string { return "" }
+func (b *jvmBinary) Unsupported() error {
+	// The BPF unwinder knows x86_64's frames only (internals.md).
+	if runtime.GOARCH != "amd64" {
+		return fmt.Errorf("HotSpot frames are unwound on x86_64 only, not %s", runtime.GOARCH)
+	}
+	return nil
+}
 func (b *jvmBinary) CodeRanges() [][2]uint64 { return nil }
 func (b *jvmBinary) Attach(h interpreter.Host) (interpreter.Process, error) {
 	mem, err := h.Memory()

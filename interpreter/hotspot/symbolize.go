@@ -11,7 +11,7 @@ import (
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
-// Frame types (enum jvm_frame_type in support/ebpf/hotspot.ebpf.c): the top
+// Frame types (enum jvm_frame_type in support/ebpf/jvm.ebpf.c): the top
 // two bits of a frame's addr.
 const (
 	frameInterpreted = 0

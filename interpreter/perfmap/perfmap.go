@@ -1,5 +1,5 @@
 // Package perfmap names JIT code from the perf map a process writes,
-// /tmp/perf-PID.map (Node with --perf-basic-prof, JVM perf agents, .NET with
+// /tmp/perf-PID.map (Node with --perf-basic-prof, Java perf agents, .NET with
 // DOTNET_PerfMapEnabled=1, LuaJIT, Julia, …). It is a runtime without a BPF
 // unwinder: it claims the process's anonymous executable mappings, which the
 // native unwinder then walks with frame pointers as known code, and names

@@ -109,7 +109,7 @@ struct {
 } unwind_rules SEC(".maps");
 
 // The pool every file's deltas are allocated from: 4M deltas in 16 MiB,
-// room for libLLVM (1M deltas), node (370k) and libjvm (190k) together
+// room for libLLVM (1M deltas), node (370k) and a JDK's VM library (190k) together
 // with a host's usual libraries.
 struct {
   __uint(type, BPF_MAP_TYPE_ARRAY);

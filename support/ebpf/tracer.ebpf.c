@@ -8,5 +8,6 @@
 
 // The runtimes' unwinders (registry: runtimes.h), one line each.
 #include "cpython.ebpf.c"
+#include "jvm.ebpf.c"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

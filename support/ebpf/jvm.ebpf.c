@@ -1,7 +1,3 @@
-// Work in progress (issue 18): not yet included in tracer.ebpf.c nor given
-// its id in runtimes.h, so not built; it compiles, and has neither been
-// verified by a kernel nor run.
-//
 // The HotSpot JVM unwinder (runtime RUNTIME_JVM), x86_64. User space
 // claims the JVM's code cache; the native unwinder hands over at a PC in
 // it. This program walks the Java frames there, interpreted, compiled and
