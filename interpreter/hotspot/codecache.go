@@ -97,6 +97,9 @@ type UnwinderProc struct {
 	BlobCode           uint16
 	BlobKind           uint16
 	NMethodCompileID   uint16
+	MethodConstMethod  uint16
+	ConstMethodCode    uint16
+	ConstMethodSize    uint16
 	_                  uint16
 	Heaps              uint8
 	SegmentShift       uint8
@@ -133,11 +136,12 @@ func unwinderProc(l *Layout, cc *CodeCache) (UnwinderProc, error) {
 	}{
 		{&u.BlobName, l.Blob.Name}, {&u.BlobSize, l.Blob.Size}, {&u.BlobFrameSize, l.Blob.FrameSize},
 		{&u.BlobFrameComplete, l.Blob.FrameComplete}, {&u.BlobCode, l.Blob.Code}, {&u.BlobKind, l.Blob.Kind},
-		{&u.NMethodCompileID, l.NM.CompileID},
+		{&u.NMethodCompileID, l.NM.CompileID}, {&u.MethodConstMethod, l.Method.ConstMethod},
+		{&u.ConstMethodCode, l.Method.CodeSize}, {&u.ConstMethodSize, l.Method.ConstMethodSize},
 	}
 	for _, o := range offsets {
 		if o.v > 0xffff {
-			return u, fmt.Errorf("a CodeBlob field at offset %d", o.v)
+			return u, fmt.Errorf("a field at offset %d", o.v)
 		}
 		*o.dst = uint16(o.v)
 	}

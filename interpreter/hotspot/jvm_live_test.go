@@ -14,10 +14,8 @@ import (
 	"testing"
 
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
+	"github.com/hostprof/ebpf-profiler/utils/jdkfetch"
 )
-
-// systemJava is the JDK Debian 12 ships, on every test machine.
-const systemJava = "/usr/lib/jvm/java-17-openjdk-amd64/bin/java"
 
 // liveJVM is a running JVM of the workload in utils/workloads/java.
 type liveJVM struct {
@@ -53,7 +51,7 @@ func compileWorkload(t *testing.T) string {
 	compileOnce.Do(func() {
 		_, here, _, _ := runtime.Caller(0)
 		src := filepath.Join(filepath.Dir(here), "..", "..", "utils", "workloads", "java", "JWorkload.java")
-		javac := filepath.Join(filepath.Dir(systemJava), "javac")
+		javac := filepath.Join(filepath.Dir(jdkfetch.SystemJava), "javac")
 		out, err = exec.Command(javac, "--release", "11", "-d", workloadClasses, src).CombinedOutput()
 	})
 	if err != nil {
@@ -83,7 +81,7 @@ func startJVM(t *testing.T, java, mode string, seconds int, flags ...string) *li
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || strings.TrimSpace(line) != "ready" {
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || !strings.HasPrefix(line, "hot phase from ") {
 		t.Fatalf("%s printed %q: %v", java, line, err)
 	}
 	j := &liveJVM{pid: cmd.Process.Pid}
@@ -142,19 +140,16 @@ func readLive(t *testing.T, j *liveJVM) *VMStructs {
 	return vs
 }
 
-// testJDKs are the JDKs the HotSpot tests run: Debian 12's own and those
-// utils/jdkfetch fetches (make test-deps).
+// testJDKs maps each tested JDK version to its java executable.
 func testJDKs(t *testing.T) map[string]string {
 	t.Helper()
-	jdks := map[string]string{"17": systemJava}
-	cache := os.Getenv("XDG_CACHE_HOME")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache")
-	}
-	for _, v := range []string{"11", "21", "25"} {
-		jdks[v] = filepath.Join(cache, "ebpf-profiler", "jdk-"+v+"-amd64", "root", "usr", "lib", "jvm",
-			"java-"+v+"-openjdk-amd64", "bin", "java")
+	jdks := map[string]string{}
+	for _, v := range jdkfetch.Versions() {
+		java, err := jdkfetch.Java(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		jdks[v] = java
 	}
 	return jdks
 }
@@ -184,7 +179,7 @@ func TestLayoutLive(t *testing.T) {
 }
 
 func TestVMStructsLive(t *testing.T) {
-	j := startJVM(t, systemJava, "chain", 3)
+	j := startJVM(t, jdkfetch.SystemJava, "chain", 3)
 	vs := readLive(t, j)
 	t.Logf("%d fields, %d types, %d int and %d long constants", len(vs.Fields), len(vs.Types), len(vs.IntConstants), len(vs.LongConstants))
 	for _, name := range []string{"CodeCache::_heaps", "Method::_constMethod", "ConstMethod::_constants", "Symbol::_length", "Klass::_name", "CodeBlob::_frame_size"} {

@@ -56,6 +56,11 @@ struct jvm_proc {
   u16 blob_code;
   u16 blob_kind;
   u16 nmethod_compile_id;
+  // Byte offsets of Method::_constMethod and ConstMethod::_code_size (a
+  // u16), and sizeof(ConstMethod), which the bytecodes follow.
+  u16 method_const_method;
+  u16 const_method_code_size;
+  u16 const_method_size;
   u16 pad16;
   u8 heaps;
   u8 segment_shift;
@@ -117,6 +122,22 @@ static __always_inline int jvm_heap_of(const struct jvm_proc *p, u64 pc)
     if (i < p->heaps && pc >= p->heap_lo[i] && pc < p->heap_hi[i])
       return i;
   return -1;
+}
+
+// The bytecode pointer of the interrupted interpreted frame: the template
+// interpreter keeps it in r13 and stores it in the frame (at fp-8 words)
+// only when it calls out, so the frame's slot is stale. r13 is taken where
+// it points into the method's bytecodes (it does not in the method's entry
+// code), the slot otherwise.
+static __always_inline u64 jvm_top_bcp(const struct jvm_proc *p, u64 method, u64 slot, u64 r13)
+{
+  u64 cm;
+  u16 code_size;
+  if (jvm_read(&cm, sizeof(cm), method + p->method_const_method) ||
+      jvm_read(&code_size, sizeof(code_size), cm + p->const_method_code_size))
+    return slot;
+  u64 code = cm + p->const_method_size;
+  return r13 >= code && r13 < code + code_size ? r13 : slot;
 }
 
 // The CodeBlob holding pc in heap h, or 0.
@@ -222,7 +243,8 @@ int unwind_jvm(struct bpf_perf_event_data *ctx)
           jvm_read(&next_pc, 8, fp + 8))
         goto read_error;
       increment_runtime_metric(RUNTIME_JVM, METRIC_JVM_INTERPRETED_FRAMES);
-      if (push_runtime_frame(t, RUNTIME_JVM, slots[1], slots[0] & ~(3ULL << JVM_FRAME_TYPE_SHIFT)))
+      u64 bcp = top ? jvm_top_bcp(p, slots[1], slots[0], state->r13) : slots[0];
+      if (push_runtime_frame(t, RUNTIME_JVM, slots[1], bcp & ~(3ULL << JVM_FRAME_TYPE_SHIFT)))
         goto full;
       // The caller's sp before the interpreter extended its frame for
       // the callee's locals: what a compiled caller's frame size counts

@@ -103,6 +103,7 @@ int sample_entry(struct bpf_perf_event_data *ctx)
   r->state.sp = REGS_SP(&regs);
   r->state.fp = REGS_FP(&regs);
   r->state.lr = REGS_LR(&regs);
+  r->state.r13 = REGS_R13(&regs);
 
   bpf_tail_call(ctx, &progs, PROG_UNWIND_NATIVE);
   increment_metric(METRIC_ERR_TAIL_CALL);

@@ -128,8 +128,8 @@ func nativeBelow(tr *libpf.Trace, lib string) bool {
 // completeStack reports whether a trace reaches the root of its thread:
 // the outermost frame is the process's entry point (_start) or, for a
 // thread, the C library's thread start (clone3, which a stripped libc does
-// not name; the unwinder stops there at its end-of-stack CFI), below the
-// interpreter's frames.
+// not name; the unwinder stops there at its end-of-stack CFI), below a
+// runtime's frames.
 func completeStack(tr *libpf.Trace) bool {
 	n := len(tr.Frames)
 	if n < 2 || tr.Truncated {
@@ -147,7 +147,7 @@ func completeStack(tr *libpf.Trace) bool {
 	inLibc := func(f *libpf.Frame) bool {
 		return f.Mapping != nil && strings.HasPrefix(filepath.Base(f.Mapping.Path), "libc.so")
 	}
-	return inLibc(last) && len(pythonFrames(tr)) > 0
+	return inLibc(last) && slices.ContainsFunc(tr.Frames, func(f libpf.Frame) bool { return f.Kind.IsRuntime() })
 }
 
 // pythonRun is one run of the workload: its pid and when its hot phase
@@ -214,7 +214,7 @@ func TestPythonStacks(t *testing.T) {
 			for _, mode := range []string{"chain", "recursion", "threads", "zlib"} {
 				runs[mode] = runPython(t, py, script, mode, run)
 			}
-			logPythonMetrics(t, s)
+			logRuntimeMetrics(t, s, "python")
 			s.stop(t)
 			results[py.name] = [4]workloadResult{
 				checkPythonChain(t, runs["chain"].hotSamples(t, s.rec), script, hot),
@@ -377,15 +377,16 @@ func checkPythonZlib(t *testing.T, samples []sample, script string, hot map[stri
 	return workloadResult{share(withLib, len(samples)), completeShare(samples)}
 }
 
-// logPythonMetrics logs the BPF counters of the Python unwinder.
-func logPythonMetrics(t *testing.T, s *session) {
+// logRuntimeMetrics logs the BPF counters whose names contain runtime,
+// and those of truncation and tail calls.
+func logRuntimeMetrics(t *testing.T, s *session, runtime string) {
 	m, err := s.tr.Metrics()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []string
 	for name, v := range m {
-		if strings.Contains(name, "python") || name == "truncated_traces" || strings.Contains(name, "tail_call") {
+		if strings.Contains(name, runtime) || name == "truncated_traces" || strings.Contains(name, "tail_call") {
 			out = append(out, fmt.Sprintf("%s=%d", name, v))
 		}
 	}

@@ -1,7 +1,8 @@
 // Java workloads with known hot stacks, for the profiler's integration
 // tests: java JWorkload.java MODE SECONDS (or compiled: java -cp DIR
 // JWorkload MODE SECONDS). Compiles with --release 11 and runs on JDK 11
-// and later. Prints "ready" once it starts its hot phase.
+// and later. Prints "hot phase from T" (T in Unix seconds) once it starts
+// its hot phase.
 //
 // Each hot loop sits on one line, which the tests look up by the marker
 // comment at its end ("// hot: NAME").
@@ -14,8 +15,10 @@ public class JWorkload {
     // Results go here so the JIT cannot drop the loops.
     static volatile long sink;
 
-    // chain: C2 inlines leaf and mid into top's compiled loop; the stack
-    // must still show all three.
+    // chain: Thread.run -> Worker.run -> top -> mid -> leaf in the thread
+    // "worker". Left alone, C2 inlines leaf and mid into top's compiled
+    // loop; the tests also run it with mid excluded from compilation, an
+    // interpreted frame between compiled ones. The stack must show all.
     static long leaf(long seed) {
         long x = seed;
         for (int i = 0; i < LOOP; i++) { x = x * 31 + (i ^ (x >>> 7)); } // hot: leaf
@@ -32,6 +35,48 @@ public class JWorkload {
             s += mid(s);
         }
         sink = s;
+    }
+
+    // inline: step is small enough that C2 inlines it into inlineTop's
+    // loop; inlineLeaf, which it calls, is kept out of line by the tests
+    // (CompileCommand dontinline). The stack must still show step as a
+    // frame of its own between them.
+    static long inlineLeaf(long seed) {
+        long x = seed;
+        for (int i = 0; i < LOOP; i++) { x = x * 29 + (i ^ (x >>> 3)); } // hot: inlineLeaf
+        return x;
+    }
+
+    static long step(long x) {
+        return inlineLeaf(x ^ (x >>> 7)) + 1; // hot: step
+    }
+
+    static void inlineTop(long deadline) {
+        long s = 0;
+        while (System.nanoTime() < deadline) {
+            s += step(s);
+        }
+        sink = s;
+    }
+
+    // The thread of chain and inline.
+    static final class Worker implements Runnable {
+        final String mode;
+        final long deadline;
+
+        Worker(String mode, long deadline) {
+            this.mode = mode;
+            this.deadline = deadline;
+        }
+
+        @Override
+        public void run() {
+            if (mode.equals("chain")) {
+                top(deadline);
+            } else {
+                inlineTop(deadline);
+            }
+        }
     }
 
     // recursion: 40 levels of recurse above recLeaf.
@@ -144,10 +189,15 @@ public class JWorkload {
     public static void main(String[] args) throws Exception {
         String mode = args[0];
         long deadline = System.nanoTime() + (long) (Double.parseDouble(args[1]) * 1e9);
-        System.out.println("ready");
+        System.out.println("hot phase from " + System.currentTimeMillis() / 1000.0);
         System.out.flush();
         switch (mode) {
-            case "chain": top(deadline); break;
+            case "chain":
+            case "inline":
+                Thread w = new Thread(new Worker(mode, deadline), "worker");
+                w.start();
+                w.join();
+                break;
             case "recursion": recursionTop(deadline); break;
             case "threads": threads(deadline); break;
             case "zlib": zlibTop(deadline); break;

@@ -1,0 +1,361 @@
+package integration
+
+import (
+	"bufio"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hostprof/ebpf-profiler/interpreter/hotspot"
+	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/utils/jdkfetch"
+)
+
+// javaWorkload compiles utils/workloads/java/JWorkload.java into a
+// temporary directory and returns it, the source's base name and the line
+// of each "// hot: NAME" marker in it.
+func javaWorkload(t *testing.T) (classes string, hot map[string]uint32) {
+	t.Helper()
+	_, here, _, _ := runtime.Caller(0)
+	src := filepath.Join(filepath.Dir(here), "..", "..", "utils", "workloads", "java", "JWorkload.java")
+	classes = t.TempDir()
+	javac := filepath.Join(filepath.Dir(jdkfetch.SystemJava), "javac")
+	if out, err := exec.Command(javac, "--release", "11", "-d", classes, src).CombinedOutput(); err != nil {
+		t.Fatalf("javac: %v\n%s", err, out)
+	}
+	f, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	hot = map[string]uint32{}
+	sc := bufio.NewScanner(f)
+	for n := uint32(1); sc.Scan(); n++ {
+		if _, name, ok := strings.Cut(sc.Text(), "// hot: "); ok {
+			hot[strings.TrimSpace(name)] = n
+		}
+	}
+	return classes, hot
+}
+
+// javaFile is the source file the workload's frames name.
+const javaFile = "JWorkload.java"
+
+// runJava runs the workload in one mode to its end; its hot phase begins
+// when it says so.
+func runJava(t *testing.T, java, classes, mode string, d time.Duration, flags ...string) pythonRun {
+	t.Helper()
+	// quiet: CompileCommand would otherwise print each command first.
+	args := append([]string{"-XX:CompileCommand=quiet"}, flags...)
+	cmd := exec.Command(java, append(args, "-cp", classes, "JWorkload", mode, formatSeconds(d))...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", java, mode, err, out)
+	}
+	var from float64
+	if _, err := fmt.Sscanf(string(out), "hot phase from %g", &from); err != nil {
+		t.Fatalf("%s %s printed %q: %v", java, mode, out, err)
+	}
+	sec, frac := math.Modf(from)
+	return pythonRun{pid: cmd.Process.Pid, hotFrom: time.Unix(int64(sec), int64(frac*1e9))}
+}
+
+// javaFrames returns a trace's Java method frames, leaf first: the JVM's
+// frames that are not its stubs ("[name]").
+func javaFrames(tr *libpf.Trace) []libpf.Frame {
+	var out []libpf.Frame
+	for _, f := range tr.Frames {
+		if f.Kind == hotspot.Kind && !strings.HasPrefix(f.FunctionName, "[") {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// javaNames lists the names of a trace's Java method frames, leaf first.
+func javaNames(tr *libpf.Trace) []string {
+	var names []string
+	for _, f := range javaFrames(tr) {
+		names = append(names, f.FunctionName)
+	}
+	return names
+}
+
+// javaThreadChain reports whether a trace's Java frames are exactly chain
+// (leaf first, every one in JWorkload.java, the leaf at leafLine) above
+// the thread's entry: java.lang.Thread.run at the bottom, with only
+// Thread's own methods (JDK 19+: runWith) between.
+func javaThreadChain(tr *libpf.Trace, chain []string, leafLine uint32) bool {
+	fs := javaFrames(tr)
+	if len(fs) < len(chain)+1 || fs[0].SourceLine != leafLine {
+		return false
+	}
+	for i, name := range chain {
+		if fs[i].FunctionName != name || fs[i].SourceFile != javaFile {
+			return false
+		}
+	}
+	for _, f := range fs[len(chain):] {
+		if !strings.HasPrefix(f.FunctionName, "java.lang.Thread.") || f.SourceFile != "Thread.java" {
+			return false
+		}
+	}
+	return fs[len(fs)-1].FunctionName == "java.lang.Thread.run" && completeStack(tr)
+}
+
+// javaMainChain reports whether a trace's Java frames are exactly chain
+// (leaf first) ending in JWorkload.main, all in JWorkload.java, the leaf
+// at leafLine, and the stack reaches the process's entry.
+func javaMainChain(tr *libpf.Trace, chain []string, leafLine uint32) bool {
+	fs := javaFrames(tr)
+	if len(fs) != len(chain) || len(fs) == 0 || fs[0].SourceLine != leafLine {
+		return false
+	}
+	for i, name := range chain {
+		if fs[i].FunctionName != name || fs[i].SourceFile != javaFile {
+			return false
+		}
+	}
+	return completeStack(tr)
+}
+
+// ofThread keeps the samples of threads named name.
+func ofThread(samples []sample, name string) []sample {
+	var out []sample
+	for _, s := range samples {
+		if s.meta.ThreadName == name {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// logJavaExamples logs a few samples, Java frames marked: the first two
+// (often taken before the daemon described the JVM) and the last two.
+func logJavaExamples(t *testing.T, what string, samples []sample) {
+	t.Helper()
+	some := samples
+	if len(samples) > 4 {
+		some = append(samples[:2:2], samples[len(samples)-2:]...)
+	}
+	for _, smp := range some {
+		var names []string
+		for _, f := range smp.trace.Frames {
+			switch {
+			case f.Kind == hotspot.Kind:
+				names = append(names, fmt.Sprintf("j:%s:%d", f.FunctionName, f.SourceLine))
+			case f.FunctionName != "":
+				names = append(names, f.FunctionName)
+			case f.Mapping != nil:
+				names = append(names, fmt.Sprintf("%s+%#x", filepath.Base(f.Mapping.Path), f.Address))
+			default:
+				names = append(names, fmt.Sprintf("%v:%#x", f.Kind, f.Address))
+			}
+		}
+		t.Logf("%s [%s]: %v", what, smp.meta.ThreadName, names)
+	}
+}
+
+// javaCase is one run of the workload and what its samples must show.
+type javaCase struct {
+	name  string
+	mode  string
+	flags []string
+	// check returns the share of samples that show what they must, and
+	// the share required.
+	check func(t *testing.T, samples []sample, hot map[string]uint32) (got, want float64)
+}
+
+var javaChain = []string{"JWorkload.leaf", "JWorkload.mid", "JWorkload.top", "JWorkload$Worker.run"}
+
+// checkJavaChain: the worker thread's samples show the chain down to
+// Thread.run.
+func checkJavaChain(t *testing.T, samples []sample, hot map[string]uint32) (float64, float64) {
+	t.Helper()
+	worker := ofThread(samples, "worker")
+	ok, misses := tally(worker, func(s sample) bool { return javaThreadChain(s.trace, javaChain, hot["leaf"]) })
+	t.Logf("%d samples of the worker thread, %.1f%% show %v at line %d above Thread.run, %.1f%% complete",
+		len(worker), 100*share(ok, len(worker)), javaChain, hot["leaf"], 100*completeShare(worker))
+	if len(worker) < testHz {
+		t.Errorf("only %d samples of the worker thread", len(worker))
+	}
+	logJavaExamples(t, "miss", misses)
+	return share(ok, len(worker)), 0.95
+}
+
+// checkJavaInline: the worker's samples in inlineLeaf show the helper
+// that C2 inlined into inlineTop as a frame of its own between them.
+func checkJavaInline(t *testing.T, samples []sample, hot map[string]uint32) (float64, float64) {
+	t.Helper()
+	worker := ofThread(samples, "worker")
+	chain := []string{"JWorkload.inlineLeaf", "JWorkload.step", "JWorkload.inlineTop", "JWorkload$Worker.run"}
+	var inLeaf []sample
+	for _, s := range worker {
+		if names := javaNames(s.trace); len(names) > 0 && names[0] == "JWorkload.inlineLeaf" {
+			inLeaf = append(inLeaf, s)
+		}
+	}
+	ok, misses := tally(inLeaf, func(s sample) bool {
+		fs := javaFrames(s.trace)
+		return javaThreadChain(s.trace, chain, hot["inlineLeaf"]) && fs[1].SourceLine == hot["step"]
+	})
+	t.Logf("%d samples of the worker thread, %d in inlineLeaf; %.1f%% of those show %v, step at line %d",
+		len(worker), len(inLeaf), 100*share(ok, len(inLeaf)), chain, hot["step"])
+	if len(inLeaf) < testHz {
+		t.Errorf("only %d samples in inlineLeaf", len(inLeaf))
+	}
+	logJavaExamples(t, "miss", misses)
+	return share(ok, len(inLeaf)), 0.9
+}
+
+func checkJavaRecursion(t *testing.T, samples []sample, hot map[string]uint32) (float64, float64) {
+	t.Helper()
+	main := ofThread(samples, "java")
+	chain := []string{"JWorkload.recLeaf"}
+	for range 41 {
+		chain = append(chain, "JWorkload.recurse")
+	}
+	chain = append(chain, "JWorkload.recursionTop", "JWorkload.main")
+	ok, misses := tally(main, func(s sample) bool { return javaMainChain(s.trace, chain, hot["recLeaf"]) })
+	t.Logf("%d samples of the main thread, %.1f%% show all 41 levels, %.1f%% complete",
+		len(main), 100*share(ok, len(main)), 100*completeShare(main))
+	logJavaExamples(t, "miss", misses)
+	return share(ok, len(main)), 0.9
+}
+
+// checkJavaThreads: each of t0..t3 shows its own chain, never another's.
+func checkJavaThreads(t *testing.T, samples []sample, hot map[string]uint32) (float64, float64) {
+	t.Helper()
+	var all []sample
+	mixed := 0
+	for i := range 4 {
+		name := fmt.Sprintf("t%d", i)
+		mine := ofThread(samples, name)
+		if len(mine) < testHz/2 {
+			t.Errorf("only %d samples of thread %s", len(mine), name)
+		}
+		for _, s := range mine {
+			for _, f := range javaFrames(s.trace) {
+				for j := range 4 {
+					if j != i && strings.HasPrefix(f.FunctionName, fmt.Sprintf("JWorkload.t%d", j)) {
+						mixed++
+					}
+				}
+			}
+		}
+		all = append(all, mine...)
+	}
+	ok, misses := tally(all, func(s sample) bool {
+		n := s.meta.ThreadName
+		chain := []string{"JWorkload." + n + "Leaf", "JWorkload." + n + "Mid", "JWorkload." + n + "Top"}
+		fs := javaFrames(s.trace)
+		// Below the chain, the lambda that started it and Thread.run.
+		return len(fs) > len(chain)+1 && hasChain(javaNames(s.trace)[:len(chain)], chain) &&
+			fs[0].SourceLine == hot[n+"Leaf"] && fs[len(fs)-1].FunctionName == "java.lang.Thread.run" &&
+			completeStack(s.trace)
+	})
+	t.Logf("%d samples of threads t0-t3, %.1f%% show their thread's chain, %d frames of another thread's",
+		len(all), 100*share(ok, len(all)), mixed)
+	if mixed > 0 {
+		t.Errorf("%d frames in the wrong thread's stack", mixed)
+	}
+	logJavaExamples(t, "miss", misses)
+	return share(ok, len(all)), 0.9
+}
+
+// checkJavaZlib: the main thread's samples in Deflater's native code show
+// the JDK's zip library and zlib beneath the Java frames.
+func checkJavaZlib(t *testing.T, samples []sample, hot map[string]uint32) (float64, float64) {
+	t.Helper()
+	main := ofThread(samples, "java")
+	inDeflate := func(s sample) bool {
+		fs := javaFrames(s.trace)
+		i := slices.IndexFunc(fs, func(f libpf.Frame) bool { return f.FunctionName == "JWorkload.compress" })
+		return i > 0 && fs[i].SourceLine == hot["compress"] && fs[len(fs)-1].FunctionName == "JWorkload.main" &&
+			strings.HasPrefix(fs[0].FunctionName, "java.util.zip.Deflater.deflateBytes")
+	}
+	n, misses := tally(main, inDeflate)
+	withLib, libMisses := tally(main, func(s sample) bool {
+		return inDeflate(s) && nativeBelow(s.trace, "libz.so") && completeStack(s.trace)
+	})
+	t.Logf("%d samples of the main thread, %.1f%% in Deflater's native method, %.1f%% of those with libz beneath and complete",
+		len(main), 100*share(n, len(main)), 100*share(withLib, n))
+	if share(n, len(main)) < 0.8 {
+		t.Errorf("zlib: %d of %d samples in Deflater's native method, want >= 80%%", n, len(main))
+		logJavaExamples(t, "not in deflate", misses)
+	}
+	logJavaExamples(t, "no libz frame", libMisses)
+	return share(withLib, n), 0.9
+}
+
+// javaCases are the workloads TestJavaStacks runs on each JDK.
+var javaCases = []javaCase{
+	// The chain: mid interpreted between compiled leaf and top.
+	{"chain, mid interpreted", "chain", []string{"-XX:CompileCommand=exclude,JWorkload::mid"}, checkJavaChain},
+	{"chain, JIT's choice", "chain", nil, checkJavaChain},
+	{"chain, -Xint", "chain", []string{"-Xint"}, checkJavaChain},
+	{"inlined helper", "inline", []string{"-XX:CompileCommand=dontinline,JWorkload::inlineLeaf"}, checkJavaInline},
+	{"recursion 40", "recursion", nil, checkJavaRecursion},
+	{"4 threads", "threads", nil, checkJavaThreads},
+	{"zlib (libz beneath)", "zlib", nil, checkJavaZlib},
+}
+
+// TestJavaStacks profiles each workload of JWorkload.java under every
+// tested JDK and checks the Java frames of its samples: names, files, the
+// leaf's line, their order among the native frames down to the thread's
+// entry, and which thread they belong to.
+func TestJavaStacks(t *testing.T) {
+	requireRoot(t)
+	skipIfPreparing(t)
+	classes, hot := javaWorkload(t)
+	const run = 4 * time.Second
+	results := map[string][]float64{}
+	for _, v := range jdkfetch.Versions() {
+		t.Run("JDK "+v, func(t *testing.T) {
+			java, err := jdkfetch.Java(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := startSession(t, testHz)
+			// A short run first: the daemon has then read this JDK's
+			// files, as on any host after its first minutes.
+			runJava(t, java, classes, "chain", time.Second)
+			runs := make([]pythonRun, len(javaCases))
+			for i, c := range javaCases {
+				runs[i] = runJava(t, java, classes, c.mode, run, c.flags...)
+			}
+			logRuntimeMetrics(t, s, "jvm")
+			s.stop(t)
+			for i, c := range javaCases {
+				t.Run(c.name, func(t *testing.T) {
+					got, want := c.check(t, runs[i].hotSamples(t, s.rec), hot)
+					results[v] = append(results[v], got)
+					if got < want {
+						t.Errorf("%.1f%% of samples as expected, want >= %.0f%%", 100*got, 100*want)
+					}
+				})
+			}
+		})
+	}
+	var table strings.Builder
+	table.WriteString("\n| JDK |")
+	for _, c := range javaCases {
+		fmt.Fprintf(&table, " %s |", c.name)
+	}
+	table.WriteString("\n|---|" + strings.Repeat("---|", len(javaCases)) + "\n")
+	for _, v := range jdkfetch.Versions() {
+		fmt.Fprintf(&table, "| %s |", v)
+		for _, r := range results[v] {
+			fmt.Fprintf(&table, " %.1f%% |", 100*r)
+		}
+		table.WriteString("\n")
+	}
+	t.Log(table.String())
+}
