@@ -178,6 +178,16 @@ type Mapping struct {
 	Path string
 }
 
+// ErrStarting says the runtime has not finished starting in the process:
+// what an attach reads is not filled in yet. The process manager tries
+// again after RetryMin, without backing off, up to StartingTries times;
+// Attach wraps it.
+var ErrStarting = errors.New("the runtime is still starting")
+
+// StartingTries bounds the attach attempts at RetryMin that ErrStarting
+// buys one runtime in one process.
+const StartingTries = 25
+
 // ErrDetached says a Process was used after Detach.
 var ErrDetached = errors.New("runtime process detached")
 

@@ -25,5 +25,12 @@ func (b *Backoff) Failed(now time.Time) time.Duration {
 	return b.wait
 }
 
+// Again schedules the next try after first, without backing off: the
+// failure says the next try will soon succeed.
+func (b *Backoff) Again(now time.Time) time.Duration {
+	b.next = now.Add(b.first)
+	return b.first
+}
+
 // Reset makes the next try due at once.
 func (b *Backoff) Reset() { b.next = time.Time{} }

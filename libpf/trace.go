@@ -104,6 +104,12 @@ type Frame struct {
 	FunctionName string
 	SourceFile   string
 	SourceLine   uint32
+	// Inlined says the compiler inlined the frame's function into the next
+	// frame's (outward): they ran in one machine frame.
+	Inlined bool
+	// Tier is how a runtime ran the frame's code where it says, in the
+	// runtime's words (Java: "interpreted", "C1", "C2").
+	Tier string
 }
 
 // AbsAddress is the frame's address in the process (or kernel) address space.

@@ -76,6 +76,10 @@ type Manager struct {
 	youngProcess, newbornProcess time.Duration
 	log                          logrus.FieldLogger
 	now                          func() time.Time
+	// afterFunc runs f after d on its own goroutine (time.AfterFunc).
+	afterFunc func(d time.Duration, f func())
+	// closed is set by Close: timers that fire later do nothing.
+	closed bool
 
 	// unwind is nil unless Config.Unwinding is set.
 	unwind *unwindSync
@@ -171,6 +175,7 @@ func New(cfg Config) (*Manager, error) {
 		newbornProcess: newbornProcess,
 		log:            cfg.Logger,
 		now:            time.Now,
+		afterFunc:      func(d time.Duration, f func()) { time.AfterFunc(d, f) },
 		procs:          map[uint32]*process{},
 		nextGen:        1,
 		counters:       counters{runtimeAttached: map[string]uint64{}, runtimeRefusals: map[string]uint64{}},
@@ -197,6 +202,9 @@ func New(cfg Config) (*Manager, error) {
 
 // Close stops the background loading of stack deltas.
 func (m *Manager) Close() {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
 	if m.unwind != nil {
 		m.unwind.close()
 	}

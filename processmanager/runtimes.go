@@ -38,8 +38,10 @@ type runtimeState struct {
 	// regions are the code ranges it claimed, as written to the mapping
 	// trie.
 	regions []interpreter.Region
-	// retry paces attach attempts while proc is nil.
-	retry libpf.Backoff
+	// retry paces attach attempts while proc is nil; starting counts
+	// those that failed with interpreter.ErrStarting.
+	retry    libpf.Backoff
+	starting int
 	// refused is set when the runtime refused the process for good.
 	refused bool
 	// missed is set when a conversion found code in its regions that it
@@ -170,11 +172,33 @@ func (m *Manager) attachRuntime(p *process, st *runtimeState) {
 	if m.refused(p, st, err) {
 		return
 	}
+	if errors.Is(err, interpreter.ErrStarting) && st.starting < interpreter.StartingTries {
+		// Not an error: the runtime will be ready soon.
+		st.starting++
+		wait := st.retry.Again(m.now())
+		m.log.WithError(err).Debugf("process %d: %s not started yet (next try in %v)", p.pid, st.rt.Name, wait)
+		m.retryLater(p, wait)
+		return
+	}
 	wait := st.retry.Failed(m.now())
 	if err != nil {
 		m.counters.interpreterErrors++
 		m.log.WithError(err).Debugf("process %d: cannot attach %s yet (next try in %v)", p.pid, st.rt.Name, wait)
 	}
+}
+
+// retryLater tries p's waiting runtimes again after wait, without waiting
+// for a sample to ask: the reader of traces wakes only every 200 ms
+// (tracer.TraceWakeupLatency), and until a runtime is attached BPF cannot
+// unwind its code. The caller holds m.mu.
+func (m *Manager) retryLater(p *process, wait time.Duration) {
+	m.afterFunc(wait, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if !m.closed && m.procs[p.pid] == p && m.live(p) {
+			m.refreshRuntimes(p)
+		}
+	})
 }
 
 // minRuntimeUpdate is the least time between two looks of an attached

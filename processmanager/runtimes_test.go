@@ -210,6 +210,8 @@ func newRuntimeFixture(t *testing.T, rts ...*interpreter.Runtime) *runtimeFixtur
 	}
 	f.m = newUnwindingManager(t, fs, f.maps, nil, rts...)
 	f.m.now = func() time.Time { return f.now }
+	// Timers are the test's: it advances the clock and samples itself.
+	f.m.afterFunc = func(time.Duration, func()) {}
 	return f
 }
 
@@ -573,6 +575,57 @@ func TestRuntimeAttachRetriesPaced(t *testing.T) {
 	}
 	if s := f.m.Stats(); s.InterpreterErrors != 6 || s.RuntimeAttached["testrt"] != 1 {
 		t.Errorf("%d errors and %v attached, want 6 and 1", s.InterpreterErrors, s.RuntimeAttached)
+	}
+}
+
+// TestRuntimeAttachWhileStarting: an attach that fails with
+// interpreter.ErrStarting is tried again after RetryMin without backing
+// off and without counting an error, up to interpreter.StartingTries
+// times, also when no sample comes (a timer); then it backs off as any
+// failure.
+func TestRuntimeAttachWhileStarting(t *testing.T) {
+	const pid = 100
+	tr := newTestRuntime() // RetryMin 1s, RetryMax 4s
+	tr.attach = func(interpreter.Host) error {
+		return fmt.Errorf("%w: no tables yet", interpreter.ErrStarting)
+	}
+	f := newRuntimeFixture(t, tr.rt)
+	var timers []func()
+	f.m.afterFunc = func(d time.Duration, fn func()) {
+		if d != time.Second {
+			t.Errorf("retry timer of %v, want RetryMin", d)
+		}
+		timers = append(timers, fn)
+	}
+	lib, pc := f.lib.mapAt(0x7f0000000000)
+	f.fs.setProcess(pid, 1, "/bin/app", lib)
+	f.convert(t, pid, pc)
+	if len(timers) != 1 {
+		t.Fatalf("%d retry timers, want 1", len(timers))
+	}
+	f.now = f.now.Add(time.Second)
+	timers[0]() // no sample: the timer tries
+	if tr.attaches != 2 {
+		t.Fatalf("%d attaches after the timer, want 2", tr.attaches)
+	}
+	for i := 3; i <= interpreter.StartingTries; i++ {
+		f.now = f.now.Add(time.Second)
+		f.convert(t, pid, pc)
+		if tr.attaches != i {
+			t.Fatalf("after %d s: %d attaches, want %d", i-1, tr.attaches, i)
+		}
+	}
+	if s := f.m.Stats(); s.InterpreterErrors != 0 {
+		t.Errorf("%d errors while starting, want 0", s.InterpreterErrors)
+	}
+	// Then failures count and back off: 1 s, then 2 s.
+	for _, want := range []int{1, 2, 2} {
+		f.now = f.now.Add(time.Second)
+		f.convert(t, pid, pc)
+		if s := f.m.Stats(); tr.attaches != interpreter.StartingTries+want || s.InterpreterErrors != uint64(want) {
+			t.Fatalf("%d attaches and %d errors, want %d and %d", tr.attaches, s.InterpreterErrors,
+				interpreter.StartingTries+want, want)
+		}
 	}
 }
 

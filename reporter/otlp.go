@@ -31,6 +31,10 @@ const (
 	attrThreadName  = "thread.name"
 	attrCPU         = "cpu.logical_number"
 	attrFrameType   = "profile.frame.type"
+	// attrFrameTier is how a runtime ran a frame's code (libpf.Frame.Tier),
+	// followed by " inlined" for a frame inlined into its caller: "C2",
+	// "C2 inlined", "interpreted", or "inlined" alone.
+	attrFrameTier = "profile.frame.tier"
 	// attrStackTraceID is, on samples linked to a trace, the stack-trace id
 	// sent to the APM agent (base64url without padding, as the agent stores
 	// it in its span attribute elastic.profiler_stack_trace_ids), so that a
@@ -81,6 +85,7 @@ type (
 		function int32
 		line     int64
 		kind     int32
+		tier     int32
 	}
 )
 
@@ -193,6 +198,9 @@ func (b *dictBuilder) location(f *libpf.Frame) int32 {
 		address: f.Address,
 		kind:    b.attrStr(attrFrameType, f.Kind.String()),
 	}
+	if tier := frameTier(f); tier != "" {
+		k.tier = b.attrStr(attrFrameTier, tier)
+	}
 	if f.FunctionName != "" {
 		k.function = b.function(f.FunctionName, f.SourceFile)
 		k.line = int64(f.SourceLine)
@@ -202,6 +210,9 @@ func (b *dictBuilder) location(f *libpf.Frame) int32 {
 			MappingIndex:     k.mapping,
 			Address:          k.address,
 			AttributeIndices: []int32{k.kind},
+		}
+		if k.tier != 0 {
+			loc.AttributeIndices = append(loc.AttributeIndices, k.tier)
 		}
 		if k.function != 0 {
 			loc.Lines = []*profilespb.Line{{FunctionIndex: k.function, Line: k.line}}
@@ -423,6 +434,17 @@ func resource(pid libpf.PID, proc *libpf.ProcessInfo, opts buildOptions) *resour
 	add(attrHostID, opts.hostID)
 	add(attrHostName, opts.hostName)
 	return &resourcepb.Resource{Attributes: attrs}
+}
+
+// frameTier is the value of a frame's attrFrameTier, "" for none.
+func frameTier(f *libpf.Frame) string {
+	switch {
+	case !f.Inlined:
+		return f.Tier
+	case f.Tier == "":
+		return "inlined"
+	}
+	return f.Tier + " inlined"
 }
 
 func stringValue(s string) *commonpb.AnyValue {

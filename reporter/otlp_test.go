@@ -442,6 +442,32 @@ func TestBuildRequestPythonFrames(t *testing.T) {
 	}
 }
 
+// TestBuildRequestFrameTier: a frame's tier, and whether it was inlined,
+// is an attribute of its location; frames without either have none, and
+// the same function at another tier is another location.
+func TestBuildRequestFrameTier(t *testing.T) {
+	f := newFixture()
+	a := newAggregator(f.start, 10)
+	k := libpf.FrameKind(python.ID) // any runtime's kind
+	trace := &libpf.Trace{Hash: libpf.TraceHash{Lo: 3}, Frames: []libpf.Frame{
+		{Kind: k, FunctionName: "leaf", Tier: "C2", Inlined: true},
+		{Kind: k, FunctionName: "top", Tier: "C2"},
+		{Kind: k, FunctionName: "leaf", Tier: "interpreted"},
+		{Kind: k, FunctionName: "inl", Inlined: true},
+		{Kind: k, FunctionName: "main"},
+	}}
+	a.add(trace, &libpf.SampleMeta{Process: f.procA}, uint64(f.start.UnixNano()))
+	d := mustBuild(t, a.swap(f.end)).req.Dictionary
+	var got []string
+	for _, l := range d.LocationTable[1:] {
+		tier, _ := attrsOf(d, l.AttributeIndices)["profile.frame.tier"].(string)
+		got = append(got, tier)
+	}
+	if want := []string{"C2 inlined", "C2", "interpreted", "inlined", ""}; !slices.Equal(got, want) {
+		t.Errorf("tiers %q, want %q", got, want)
+	}
+}
+
 // TestBuildRequestTraceLinks: a sample taken in an APM trace links to its
 // trace and span; the same stack outside one is a separate sample without
 // a link; the APM agent's service and environment go on the resource.

@@ -3,6 +3,7 @@ package hotspot
 import (
 	"fmt"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
 )
 
@@ -28,14 +29,20 @@ type CodeCache struct {
 // heaps are reserved when the JVM starts and never move.
 func readCodeCache(r *procmem.Reader, l *Layout) (*CodeCache, error) {
 	arr, err := r.Ptr(l.CodeCacheHeaps)
-	if err != nil || arr == 0 {
-		return nil, fmt.Errorf("reading CodeCache::_heaps: %v", err)
+	if err != nil {
+		return nil, fmt.Errorf("reading CodeCache::_heaps: %w", err)
+	}
+	if arr == 0 {
+		return nil, fmt.Errorf("%w: no code cache yet", interpreter.ErrStarting)
 	}
 	n, err := r.U32(arr + uint64(l.ArrayLen))
 	if err != nil {
 		return nil, err
 	}
-	if n == 0 || n > maxHeaps {
+	if n == 0 {
+		return nil, fmt.Errorf("%w: no code heap yet", interpreter.ErrStarting)
+	}
+	if n > maxHeaps {
 		return nil, fmt.Errorf("the code cache has %d heaps, want 1 to %d", n, maxHeaps)
 	}
 	data, err := r.Ptr(arr + uint64(l.ArrayData))
@@ -68,8 +75,11 @@ func readCodeCache(r *procmem.Reader, l *Layout) (*CodeCache, error) {
 		cc.Heaps = append(cc.Heaps, h)
 	}
 	queue, err := r.Ptr(l.Interpreter)
-	if err != nil || queue == 0 {
-		return nil, fmt.Errorf("reading AbstractInterpreter::_code: %v", err)
+	if err != nil {
+		return nil, fmt.Errorf("reading AbstractInterpreter::_code: %w", err)
+	}
+	if queue == 0 {
+		return nil, fmt.Errorf("%w: no interpreter yet", interpreter.ErrStarting)
 	}
 	if cc.InterpLow, err = r.Ptr(queue + uint64(l.StubBuffer)); err != nil {
 		return nil, err

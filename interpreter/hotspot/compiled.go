@@ -7,43 +7,51 @@ import (
 	"github.com/hostprof/ebpf-profiler/libpf"
 )
 
+// nmethodKey names one nmethod for good: HotSpot never gives two
+// nmethods of a JVM one compile id, so an nmethod freed and another
+// compiled at its address have different keys.
+type nmethodKey struct {
+	addr      uint64
+	compileID uint32
+}
+
+// nmethodInfo is what naming an nmethod's frames takes, read once while
+// it was alive.
+type nmethodInfo struct {
+	method                uint64 // its Method*
+	tier                  string
+	pcs, scopes, metadata []byte
+}
+
+// size is what the info holds, for the cache's bound.
+func (n *nmethodInfo) size() int { return len(n.pcs) + len(n.scopes) + len(n.metadata) + 64 }
+
 // compiled appends the frames of a compiled frame: the methods inlined at
 // the PC, innermost first, then the nmethod's own. pcOffset is from the
 // nmethod's code; top says it is the interrupted PC rather than a return
 // address. The nmethod must still be the one with compileID.
 func (s *symbolizer) compiled(nm uint64, compileID, pcOffset uint32, top bool, out []libpf.Frame) ([]libpf.Frame, error) {
-	r, l := s.r, s.l
-	id, err := r.U32(nm + uint64(l.NM.CompileID))
+	info, err := s.nmethod(nmethodKey{nm, compileID})
 	if err != nil {
 		return out, err
 	}
-	if id&0x1fffffff != compileID {
-		return out, fmt.Errorf("%w: nmethod %#x has compile id %d, the frame %d", ErrStale, nm, id, compileID)
-	}
-	pcs, scopes, metadata, err := s.debugInfo(nm)
-	if err != nil {
-		return out, err
-	}
-	decode := s.pcDesc(pcs, pcOffset, top)
+	decode := s.pcDesc(info.pcs, pcOffset, top)
 	if decode <= 0 {
 		// No debug information at the PC (a native method's wrapper,
 		// or code without a safepoint): the nmethod's method alone.
-		mp, err := r.Ptr(nm + uint64(l.NM.Method))
+		m, err := s.method(info.method)
 		if err != nil {
 			return out, err
 		}
-		m, err := s.method(mp)
-		if err != nil {
-			return out, err
-		}
-		return append(out, m.frame(-1)), nil
+		return append(out, m.frame(-1, info.tier, false)), nil
 	}
 	n := len(out)
+	scopes, metadata := info.scopes, info.metadata
 	for i := 0; i < maxScopes && decode > 0; i++ {
 		if int(decode) >= len(scopes) {
 			return out[:n], fmt.Errorf("scope at %d of %d bytes", decode, len(scopes))
 		}
-		st := &stream{b: scopes, pos: int(decode), bias: l.Unsigned5Bias}
+		st := &stream{b: scopes, pos: int(decode), bias: s.l.Unsigned5Bias}
 		sender, err := st.uint()
 		if err != nil {
 			return out[:n], err
@@ -64,14 +72,96 @@ func (s *symbolizer) compiled(nm uint64, compileID, pcOffset uint32, top bool, o
 		if err != nil {
 			return out[:n], err
 		}
-		// The stream holds bci + 1: 0 is the method's entry (-1).
-		out = append(out, m.frame(int64(bci1)-1))
+		// The stream holds bci + 1: 0 is the method's entry (-1). A scope
+		// with a sender was inlined into it.
+		out = append(out, m.frame(int64(bci1)-1, info.tier, sender > 0))
 		if int64(sender) >= int64(decode) {
 			return out[:n], fmt.Errorf("scope at %d has its sender at %d", decode, sender)
 		}
 		decode = int32(sender)
 	}
 	return out, nil
+}
+
+// nmethod returns the cached info of an nmethod, reading it while the
+// nmethod at the address still has the compile id.
+func (s *symbolizer) nmethod(k nmethodKey) (*nmethodInfo, error) {
+	s.mu.Lock()
+	info, ok := s.nmethods[k]
+	s.mu.Unlock()
+	if ok {
+		return info, nil
+	}
+	check := func() error {
+		id, err := s.r.U32(k.addr + uint64(s.l.NM.CompileID))
+		if err != nil {
+			return err
+		}
+		if id&0x1fffffff != k.compileID {
+			return fmt.Errorf("%w: nmethod %#x has compile id %d, the frame %d", ErrStale, k.addr, id, k.compileID)
+		}
+		return nil
+	}
+	if err := check(); err != nil {
+		return nil, err
+	}
+	info = &nmethodInfo{}
+	var err error
+	if info.method, err = s.r.Ptr(k.addr + uint64(s.l.NM.Method)); err != nil {
+		return nil, err
+	}
+	if info.pcs, info.scopes, info.metadata, err = s.debugInfo(k.addr); err != nil {
+		return nil, err
+	}
+	info.tier = s.tier(k.addr)
+	// Freed while it was read: what was read may be another's.
+	if err := check(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if s.nmethodBytes+info.size() > maxNMethodBytes {
+		clear(s.nmethods)
+		s.nmethodBytes = 0
+	}
+	s.nmethods[k] = info
+	s.nmethodBytes += info.size()
+	s.mu.Unlock()
+	return info, nil
+}
+
+// Compilation levels (CompLevel in compiler/compilerDefinitions.hpp): 1-3
+// are C1's, 4 C2's (or a JVMCI compiler's); 0 is a native method's wrapper.
+const compLevelFullOptimization = 4
+
+// tier names the compiler of an nmethod, "" where the JVM does not say.
+func (s *symbolizer) tier(nm uint64) string {
+	l := &s.l.NM
+	var level uint32
+	switch l.CompLevelWidth {
+	case 1:
+		v, err := s.r.U8(nm + uint64(l.CompLevel))
+		if err != nil {
+			return ""
+		}
+		level = uint32(int8(v))
+	case 4:
+		v, err := s.r.U32(nm + uint64(l.CompLevel))
+		if err != nil {
+			return ""
+		}
+		level = v
+	default:
+		return ""
+	}
+	switch {
+	case level == 0:
+		return TierNative
+	case level < compLevelFullOptimization:
+		return TierC1
+	case level == compLevelFullOptimization:
+		return TierC2
+	}
+	return ""
 }
 
 // debugInfo reads an nmethod's PcDescs, scopes data and metadata.
@@ -128,6 +218,13 @@ func (s *symbolizer) debugInfo(nm uint64) (pcs, scopes, metadata []byte, err err
 		scopesLo, scopesHi = imm+scopesOff, imm+immSize
 		metaLo = mut + relocs
 		metaHi = metaLo + maxMetadata
+		if l.MutableDataSize != 0 {
+			size, err := i32(l.MutableDataSize)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			metaHi = mut + size
+		}
 	}
 	read := func(lo, hi, max uint64) ([]byte, error) {
 		if hi < lo || hi-lo > max {
@@ -146,10 +243,12 @@ func (s *symbolizer) debugInfo(nm uint64) (pcs, scopes, metadata []byte, err err
 	return
 }
 
-// Bounds of an nmethod's sections.
+// Bounds of an nmethod's sections, and of the per-JVM cache of what was
+// read of nmethods.
 const (
-	maxScopesData = 1 << 20
-	maxMetadata   = 64 << 10
+	maxScopesData   = 1 << 20
+	maxMetadata     = 64 << 10
+	maxNMethodBytes = 16 << 20
 )
 
 // pcDesc returns the scope decode offset of the PcDesc of a PC, 0 if

@@ -79,6 +79,11 @@ type NMethodLayout struct {
 	Metadata, ScopesData, ImmutableData      uint32
 	MutableData, RelocationSize              uint32
 	ImmutableDataSize                        uint32
+	// MutableDataSize, where set (JDK 25+), ends the metadata.
+	MutableDataSize uint32
+	// CompLevel is the offset of _comp_level, CompLevelWidth its size (0
+	// where the JVM does not export it).
+	CompLevel, CompLevelWidth uint32
 	// PcDescSize is sizeof(PcDesc).
 	PcDescSize uint32
 }
@@ -247,6 +252,17 @@ func NewLayout(vs *VMStructs, version [4]int32) (*Layout, error) {
 		}
 		n.MutableData = r.offset("CodeBlob::_mutable_data")
 		n.RelocationSize = r.offset("CodeBlob::_relocation_size")
+		if r.has("CodeBlob::_mutable_data_size") {
+			n.MutableDataSize = r.offset("CodeBlob::_mutable_data_size")
+		}
+	}
+	// The tier is a nicety: without it frames are still named.
+	if f, ok := r.field("nmethod::_comp_level"); ok && !f.IsStatic {
+		if w := typeWidth(f.Type); w == 1 || w == 4 {
+			n.CompLevel, n.CompLevelWidth = uint32(f.Offset), w
+		} else if size := r.vs.Types[f.Type]; size == 1 || size == 4 {
+			n.CompLevel, n.CompLevelWidth = uint32(f.Offset), uint32(size)
+		}
 	}
 	n.PcDescSize = r.size("PcDesc")
 

@@ -32,9 +32,10 @@ var Runtime = &interpreter.Runtime{
 	ConfigStruct: "jvm_proc",
 	ConfigMirror: UnwinderProc{},
 	Recognise:    recognise,
-	// The tables are filled in while the JVM starts: until then an
-	// attach fails and is retried.
-	RetryMin: 100 * time.Millisecond,
+	// The tables are filled in while the JVM starts (0.1-0.3 s): until
+	// then an attach fails with interpreter.ErrStarting and is tried
+	// again at RetryMin.
+	RetryMin: 20 * time.Millisecond,
 	RetryMax: 30 * time.Second,
 	// Compiled code is freed and its address reused by other code; the
 	// compile id in each frame tells them apart, but a cached trace would

@@ -21,6 +21,15 @@ const (
 	frameTop         = 1 << 61
 )
 
+// The JIT tiers of Java frames (libpf.Frame.Tier).
+const (
+	TierInterpreted = "interpreted"
+	TierC1          = "C1"
+	TierC2          = "C2"
+	// TierNative is a native method's frame (its compiled wrapper).
+	TierNative = "native"
+)
+
 // ErrStale says a frame's code is gone: an nmethod freed (its address now
 // holds other code, or another nmethod with another compile id).
 var ErrStale = errors.New("JVM code no longer there")
@@ -31,8 +40,10 @@ const (
 	maxLineTable    = 64 << 10
 	maxScopes       = 64
 	maxPcDescs      = 1 << 16
-	// maxMethods bounds the per-JVM cache of named methods.
+	// maxMethods and maxStubs bound the per-JVM caches of named methods
+	// and code blobs.
 	maxMethods = 1 << 16
+	maxStubs   = 1 << 12
 )
 
 // method is what a Method names, with its line number table decoded.
@@ -45,6 +56,11 @@ type method struct {
 	lines [][2]uint32
 }
 
+type stubName struct {
+	ptr  uint64
+	name string
+}
+
 // symbolizer names the Java frames of one JVM.
 type symbolizer struct {
 	r  *procmem.Reader
@@ -53,10 +69,16 @@ type symbolizer struct {
 
 	mu      sync.Mutex
 	methods map[uint64]*method
+	// stubs caches the names of other code blobs by address, with the
+	// pointer the name was read from.
+	stubs map[uint64]stubName
+	// nmethods caches what was read of nmethods, up to maxNMethodBytes.
+	nmethods     map[nmethodKey]*nmethodInfo
+	nmethodBytes int
 }
 
 func newSymbolizer(r *procmem.Reader, l *Layout, cc *CodeCache) *symbolizer {
-	return &symbolizer{r: r, l: l, cc: cc, methods: map[uint64]*method{}}
+	return &symbolizer{r: r, l: l, cc: cc, methods: map[uint64]*method{}, stubs: map[uint64]stubName{}, nmethods: map[nmethodKey]*nmethodInfo{}}
 }
 
 func (s *symbolizer) symbolize(f support.Frame, out []libpf.Frame) ([]libpf.Frame, error) {
@@ -73,26 +95,52 @@ func (s *symbolizer) symbolize(f support.Frame, out []libpf.Frame) ([]libpf.Fram
 				return out, fmt.Errorf("%w: bytecode pointer %#x outside %s", ErrStale, f.Addr, m.name)
 			}
 		}
-		return append(out, m.frame(bci)), nil
+		return append(out, m.frame(bci, TierInterpreted, false)), nil
 	case frameCompiled:
 		return s.compiled(f.FileID, uint32(f.Addr>>32)&0x1fffffff, uint32(f.Addr), f.Addr&frameTop != 0, out)
 	case frameStub:
-		name, err := s.r.Ptr(f.FileID + uint64(s.l.Blob.Name))
+		name, err := s.stubName(f.FileID)
 		if err != nil {
 			return out, err
 		}
-		text, err := s.r.CString(name, 128)
-		if err != nil {
-			return out, err
-		}
-		return append(out, libpf.Frame{Kind: Kind, FunctionName: "[" + text + "]"}), nil
+		return append(out, libpf.Frame{Kind: Kind, FunctionName: "[" + name + "]"}), nil
 	}
 	return out, fmt.Errorf("JVM frame of unknown type %d", f.Addr>>frameTypeShift)
 }
 
-// frame is the frame of m at bci (-1: none).
-func (m *method) frame(bci int64) libpf.Frame {
-	fr := libpf.Frame{Kind: Kind, FunctionName: m.name, SourceFile: m.file}
+// stubName names the code blob at addr that is not an nmethod, cached
+// as methods are.
+func (s *symbolizer) stubName(addr uint64) (string, error) {
+	ptr, err := s.r.Ptr(addr + uint64(s.l.Blob.Name))
+	s.mu.Lock()
+	c, ok := s.stubs[addr]
+	s.mu.Unlock()
+	if err != nil {
+		if ok && errors.Is(err, procmem.ErrUnreadable) {
+			return c.name, nil
+		}
+		return "", err
+	}
+	if ok && c.ptr == ptr {
+		return c.name, nil
+	}
+	name, err := s.r.CString(ptr, 128)
+	if err != nil {
+		return "", err
+	}
+	s.mu.Lock()
+	if len(s.stubs) >= maxStubs {
+		clear(s.stubs)
+	}
+	s.stubs[addr] = stubName{ptr, name}
+	s.mu.Unlock()
+	return name, nil
+}
+
+// frame is the frame of m at bci (-1: none), run at tier, inlined into
+// the next frame or not.
+func (m *method) frame(bci int64, tier string, inlined bool) libpf.Frame {
+	fr := libpf.Frame{Kind: Kind, FunctionName: m.name, SourceFile: m.file, Tier: tier, Inlined: inlined}
 	if line := m.line(bci); line > 0 {
 		fr.SourceLine = line
 	}
@@ -122,12 +170,18 @@ func (m *method) line(bci int64) uint32 {
 func (s *symbolizer) method(addr uint64) (*method, error) {
 	ml := &s.l.Method
 	cm, err := s.r.Ptr(addr + uint64(ml.ConstMethod))
-	if err != nil {
-		return nil, err
-	}
 	s.mu.Lock()
 	m, ok := s.methods[addr]
 	s.mu.Unlock()
+	if err != nil {
+		// The JVM exited since the sample (its last samples are named
+		// after it is gone), or freed the method's memory: the frame ran
+		// the method cached when it was last seen.
+		if ok && errors.Is(err, procmem.ErrUnreadable) {
+			return m, nil
+		}
+		return nil, err
+	}
 	if ok && m.constMethod == cm {
 		return m, nil
 	}

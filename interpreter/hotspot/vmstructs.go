@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
 )
 
@@ -123,6 +124,9 @@ type tableLayout struct {
 // readVMStructs reads the four tables of a process whose libjvm.so's
 // symbols are at syms plus bias.
 func readVMStructs(r *procmem.Reader, syms tableSymbols, bias uint64) (*VMStructs, error) {
+	// The names lie together in libjvm.so's read-only data: about 100
+	// pages for some 8,000 names.
+	names := r.PageCache(1024)
 	u64 := func(i int) (uint64, error) { return r.U64(syms[i] + bias) }
 	layout := func(strideSym int, n int) (tableLayout, error) {
 		l := tableLayout{}
@@ -130,9 +134,11 @@ func readVMStructs(r *procmem.Reader, syms tableSymbols, bias uint64) (*VMStruct
 		if l.stride, err = u64(strideSym); err != nil {
 			return l, err
 		}
-		if l.stride == 0 || l.stride > maxStride {
-			return l, fmt.Errorf("%s is %d: the JVM has not started its tables yet, or they are corrupt",
-				vmTableSymbols[strideSym], l.stride)
+		if l.stride == 0 {
+			return l, fmt.Errorf("%w: %s is 0", interpreter.ErrStarting, vmTableSymbols[strideSym])
+		}
+		if l.stride > maxStride {
+			return l, fmt.Errorf("%s is %d: the tables are corrupt", vmTableSymbols[strideSym], l.stride)
 		}
 		for i := strideSym + 1; i <= strideSym+n; i++ {
 			off, err := u64(i)
@@ -158,14 +164,14 @@ func readVMStructs(r *procmem.Reader, syms tableSymbols, bias uint64) (*VMStruct
 	if err != nil {
 		return nil, err
 	}
-	err = walkTable(r, syms[0]+bias, l, func(e []byte, name string) error {
-		fieldName, err := r.CString(le64(e, l.offsets[1]), maxNameLength)
+	err = walkTable(r, names, syms[0]+bias, l, func(e []byte, name string) error {
+		fieldName, err := names.CString(le64(e, l.offsets[1]), maxNameLength)
 		if err != nil {
 			return fmt.Errorf("field name of %s: %w", name, err)
 		}
 		var typ string
 		if p := le64(e, l.offsets[2]); p != 0 {
-			typ, _ = r.CString(p, maxNameLength) // informative only
+			typ, _ = names.CString(p, maxNameLength) // informative only
 		}
 		f := Field{
 			Type:     typ,
@@ -184,7 +190,7 @@ func readVMStructs(r *procmem.Reader, syms tableSymbols, bias uint64) (*VMStruct
 	if l, err = layout(9, 2); err != nil {
 		return nil, err
 	}
-	err = walkTable(r, syms[8]+bias, l, func(e []byte, name string) error {
+	err = walkTable(r, names, syms[8]+bias, l, func(e []byte, name string) error {
 		vs.Types[name] = le64(e, l.offsets[1])
 		return nil
 	})
@@ -196,7 +202,7 @@ func readVMStructs(r *procmem.Reader, syms tableSymbols, bias uint64) (*VMStruct
 	if l, err = layout(13, 2); err != nil {
 		return nil, err
 	}
-	err = walkTable(r, syms[12]+bias, l, func(e []byte, name string) error {
+	err = walkTable(r, names, syms[12]+bias, l, func(e []byte, name string) error {
 		vs.IntConstants[name] = int32(le32(e, l.offsets[1]))
 		return nil
 	})
@@ -206,7 +212,7 @@ func readVMStructs(r *procmem.Reader, syms tableSymbols, bias uint64) (*VMStruct
 	if l, err = layout(17, 2); err != nil {
 		return nil, err
 	}
-	err = walkTable(r, syms[16]+bias, l, func(e []byte, name string) error {
+	err = walkTable(r, names, syms[16]+bias, l, func(e []byte, name string) error {
 		vs.LongConstants[name] = le64(e, l.offsets[1])
 		return nil
 	})
@@ -219,13 +225,13 @@ func readVMStructs(r *procmem.Reader, syms tableSymbols, bias uint64) (*VMStruct
 // walkTable calls fn with each entry of the table whose pointer is at ptr
 // and the name its first member (at l.offsets[0]) points to, up to the
 // entry whose name is null.
-func walkTable(r *procmem.Reader, ptr uint64, l tableLayout, fn func(entry []byte, name string) error) error {
+func walkTable(r *procmem.Reader, names *procmem.PageCache, ptr uint64, l tableLayout, fn func(entry []byte, name string) error) error {
 	base, err := r.Ptr(ptr)
 	if err != nil {
 		return err
 	}
 	if base == 0 {
-		return errors.New("the table is not set yet")
+		return fmt.Errorf("%w: the table is not set yet", interpreter.ErrStarting)
 	}
 	// Entries are read in batches: one read per entry would cost a system
 	// call each (thousands per JVM).
@@ -236,7 +242,7 @@ func walkTable(r *procmem.Reader, ptr uint64, l tableLayout, fn func(entry []byt
 		if err := r.Read(addr, buf); err != nil {
 			// The table may end near the end of its mapping: read the
 			// rest one entry at a time.
-			err := walkEntries(r, addr, l, batch, fn)
+			err := walkEntries(r, names, addr, l, batch, fn)
 			if errors.Is(err, errTableEnd) {
 				return nil
 			}
@@ -246,7 +252,7 @@ func walkTable(r *procmem.Reader, ptr uint64, l tableLayout, fn func(entry []byt
 			continue
 		}
 		for j := 0; j < batch; j++ {
-			done, err := visitEntry(r, buf[uint64(j)*l.stride:uint64(j+1)*l.stride], l, fn)
+			done, err := visitEntry(names, buf[uint64(j)*l.stride:uint64(j+1)*l.stride], l, fn)
 			if done || err != nil {
 				return err
 			}
@@ -259,13 +265,13 @@ func walkTable(r *procmem.Reader, ptr uint64, l tableLayout, fn func(entry []byt
 var errTableEnd = errors.New("end of table")
 
 // walkEntries visits n entries from addr, reading each on its own.
-func walkEntries(r *procmem.Reader, addr uint64, l tableLayout, n int, fn func([]byte, string) error) error {
+func walkEntries(r *procmem.Reader, names *procmem.PageCache, addr uint64, l tableLayout, n int, fn func([]byte, string) error) error {
 	entry := make([]byte, l.stride)
 	for j := 0; j < n; j++ {
 		if err := r.Read(addr+uint64(j)*l.stride, entry); err != nil {
 			return err
 		}
-		done, err := visitEntry(r, entry, l, fn)
+		done, err := visitEntry(names, entry, l, fn)
 		if err != nil {
 			return err
 		}
@@ -277,12 +283,12 @@ func walkEntries(r *procmem.Reader, addr uint64, l tableLayout, n int, fn func([
 }
 
 // visitEntry calls fn for one entry; done is set at the table's end.
-func visitEntry(r *procmem.Reader, entry []byte, l tableLayout, fn func([]byte, string) error) (done bool, err error) {
+func visitEntry(names *procmem.PageCache, entry []byte, l tableLayout, fn func([]byte, string) error) (done bool, err error) {
 	namePtr := le64(entry, l.offsets[0])
 	if namePtr == 0 {
 		return true, nil
 	}
-	name, err := r.CString(namePtr, maxNameLength)
+	name, err := names.CString(namePtr, maxNameLength)
 	if err != nil {
 		return false, err
 	}

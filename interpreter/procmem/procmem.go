@@ -152,3 +152,49 @@ func (r *Reader) ReadUpTo(addr, n uint64) ([]byte, error) {
 	}
 	return out, nil
 }
+
+// PageCache reads strings through a bounded cache of whole pages: where
+// many small strings lie close together (the names in a runtime's type
+// tables), one read per page instead of one per string.
+type PageCache struct {
+	r     *Reader
+	pages map[uint64][]byte
+	max   int
+}
+
+// PageCache returns a cache of at most maxPages pages over r; it is
+// meant for one burst of reads, then dropped.
+func (r *Reader) PageCache(maxPages int) *PageCache {
+	return &PageCache{r: r, pages: map[uint64][]byte{}, max: maxPages}
+}
+
+// CString reads a NUL-terminated string as Reader.CString does.
+func (c *PageCache) CString(addr uint64, max int) (string, error) {
+	var out []byte
+	for a := addr; len(out) <= max; {
+		base := a &^ 4095
+		page, ok := c.pages[base]
+		if !ok {
+			page = make([]byte, 4096)
+			if err := c.r.Read(base, page); err != nil {
+				// Part of the page is unmapped: read the string on its own.
+				return c.r.CString(addr, max)
+			}
+			if len(c.pages) >= c.max {
+				clear(c.pages)
+			}
+			c.pages[base] = page
+		}
+		rest := page[a-base:]
+		if i := bytes.IndexByte(rest, 0); i >= 0 {
+			out = append(out, rest[:i]...)
+			if len(out) > max {
+				break
+			}
+			return string(out), nil
+		}
+		out = append(out, rest...)
+		a = base + 4096
+	}
+	return "", fmt.Errorf("string at %#x longer than %d bytes", addr, max)
+}

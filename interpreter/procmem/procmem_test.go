@@ -57,3 +57,37 @@ func TestReader(t *testing.T) {
 		t.Errorf("ReadUpTo of nothing readable: %v", err)
 	}
 }
+
+// TestPageCache: strings read through the cache are those read without
+// it, across page ends and at the end of the readable memory, and the
+// cache holds no more pages than asked.
+func TestPageCache(t *testing.T) {
+	data := make([]byte, 3*4096)
+	copy(data[4096-3:], "abcdef\x00") // across a page boundary
+	copy(data[100:], "first\x00")
+	copy(data[len(data)-4:], "end\x00") // ends with the memory
+	copy(data[2*4096+10:], "zzzzzzzzzzzzzzzzzzzz\x00")
+	r := New(pages{base: 0x10000, data: data})
+	c := r.PageCache(2)
+	for _, tc := range []struct {
+		addr uint64
+		max  int
+		want string
+		err  bool
+	}{
+		{0x10000 + 4096 - 3, 16, "abcdef", false},
+		{0x10000 + 100, 16, "first", false},
+		{0x10000 + uint64(len(data)) - 4, 16, "end", false},
+		{0x10000 + 2*4096 + 10, 5, "", true},
+		{0x10000 + uint64(len(data)) + 8, 16, "", true},
+		{0x10000 + 4096 - 3, 16, "abcdef", false}, // again, after the cache was cleared
+	} {
+		got, err := c.CString(tc.addr, tc.max)
+		if got != tc.want || (err != nil) != tc.err {
+			t.Errorf("CString(%#x, %d) = %q, %v; want %q (error %v)", tc.addr, tc.max, got, err, tc.want, tc.err)
+		}
+		if len(c.pages) > 2 {
+			t.Errorf("%d pages cached, want <= 2", len(c.pages))
+		}
+	}
+}

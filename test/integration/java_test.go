@@ -150,7 +150,7 @@ func logJavaExamples(t *testing.T, what string, samples []sample) {
 		for _, f := range smp.trace.Frames {
 			switch {
 			case f.Kind == hotspot.Kind:
-				names = append(names, fmt.Sprintf("j:%s:%d", f.FunctionName, f.SourceLine))
+				names = append(names, fmt.Sprintf("j:%s:%d(%s)", f.FunctionName, f.SourceLine, tierOf(f)))
 			case f.FunctionName != "":
 				names = append(names, f.FunctionName)
 			case f.Mapping != nil:
@@ -160,6 +160,36 @@ func logJavaExamples(t *testing.T, what string, samples []sample) {
 			}
 		}
 		t.Logf("%s [%s]: %v", what, smp.meta.ThreadName, names)
+	}
+}
+
+// tierOf is a Java frame's tier as OTLP reports it.
+func tierOf(f libpf.Frame) string {
+	if f.Inlined {
+		return f.Tier + " inlined"
+	}
+	return f.Tier
+}
+
+// logTiers logs, for each of the first frames of chain (leaf first), the
+// share of samples in which it ran at each tier.
+func logTiers(t *testing.T, samples []sample, chain []string) {
+	t.Helper()
+	for i, name := range chain {
+		tiers := map[string]int{}
+		n := 0
+		for _, s := range samples {
+			if fs := javaFrames(s.trace); len(fs) > i && fs[i].FunctionName == name {
+				tiers[tierOf(fs[i])]++
+				n++
+			}
+		}
+		var parts []string
+		for tier, c := range tiers {
+			parts = append(parts, fmt.Sprintf("%s %.1f%%", tier, 100*share(c, n)))
+		}
+		slices.Sort(parts)
+		t.Logf("tiers of %s: %s", name, strings.Join(parts, ", "))
 	}
 }
 
@@ -183,6 +213,7 @@ func checkJavaChain(t *testing.T, samples []sample, hot map[string]uint32) (floa
 	ok, misses := tally(worker, func(s sample) bool { return javaThreadChain(s.trace, javaChain, hot["leaf"]) })
 	t.Logf("%d samples of the worker thread, %.1f%% show %v at line %d above Thread.run, %.1f%% complete",
 		len(worker), 100*share(ok, len(worker)), javaChain, hot["leaf"], 100*completeShare(worker))
+	logTiers(t, worker, javaChain[:3])
 	if len(worker) < testHz {
 		t.Errorf("only %d samples of the worker thread", len(worker))
 	}
@@ -206,10 +237,21 @@ func checkJavaInline(t *testing.T, samples []sample, hot map[string]uint32) (flo
 		fs := javaFrames(s.trace)
 		return javaThreadChain(s.trace, chain, hot["inlineLeaf"]) && fs[1].SourceLine == hot["step"]
 	})
-	t.Logf("%d samples of the worker thread, %d in inlineLeaf; %.1f%% of those show %v, step at line %d",
-		len(worker), len(inLeaf), 100*share(ok, len(inLeaf)), chain, hot["step"])
+	inlined, _ := tally(inLeaf, func(s sample) bool {
+		fs := javaFrames(s.trace)
+		return len(fs) > 2 && fs[1].FunctionName == "JWorkload.step" && fs[1].Inlined && !fs[2].Inlined
+	})
+	t.Logf("%d samples of the worker thread, %d in inlineLeaf; %.1f%% of those show %v, step at line %d; "+
+		"step inlined in %.1f%%", len(worker), len(inLeaf), 100*share(ok, len(inLeaf)), chain, hot["step"],
+		100*share(inlined, len(inLeaf)))
+	logTiers(t, inLeaf, chain[:3])
 	if len(inLeaf) < testHz {
 		t.Errorf("only %d samples in inlineLeaf", len(inLeaf))
+	}
+	// Before C2 compiled inlineTop, step ran on its own: the test is
+	// about the rest.
+	if share(inlined, len(inLeaf)) < 0.5 {
+		t.Errorf("step inlined in %d of %d samples: the JIT did not inline it, the test tests nothing", inlined, len(inLeaf))
 	}
 	logJavaExamples(t, "miss", misses)
 	return share(ok, len(inLeaf)), 0.9

@@ -40,10 +40,12 @@ public class JWorkload {
     // inline: step is small enough that C2 inlines it into inlineTop's
     // loop; inlineLeaf, which it calls, is kept out of line by the tests
     // (CompileCommand dontinline). The stack must still show step as a
-    // frame of its own between them.
+    // frame of its own between them. inlineLeaf is short so that
+    // inlineTop's loop turns often, and C2 compiles it within a few
+    // milliseconds; the clock is read once per 256 turns.
     static long inlineLeaf(long seed) {
         long x = seed;
-        for (int i = 0; i < LOOP; i++) { x = x * 29 + (i ^ (x >>> 3)); } // hot: inlineLeaf
+        for (int i = 0; i < 500; i++) { x = x * 29 + (i ^ (x >>> 3)); } // hot: inlineLeaf
         return x;
     }
 
@@ -53,7 +55,7 @@ public class JWorkload {
 
     static void inlineTop(long deadline) {
         long s = 0;
-        while (System.nanoTime() < deadline) {
+        for (int n = 1; (n & 255) != 0 || System.nanoTime() < deadline; n++) {
             s += step(s);
         }
         sink = s;
