@@ -104,6 +104,10 @@ type Frame struct {
 	FunctionName string
 	SourceFile   string
 	SourceLine   uint32
+	// SystemName is the function's name as the linker or runtime spells
+	// it where that differs from FunctionName (a Java method with its
+	// descriptor, "pkg.Class.m(J)J"); empty otherwise.
+	SystemName string
 	// Inlined says the compiler inlined the frame's function into the next
 	// frame's (outward): they ran in one machine frame.
 	Inlined bool

@@ -72,7 +72,7 @@ type (
 		str   string
 		num   int64
 	}
-	functionKey struct{ name, file int32 }
+	functionKey struct{ name, systemName, file int32 }
 	mappingKey  struct {
 		start, limit, offset uint64
 		filename             int32
@@ -142,10 +142,10 @@ func (b *dictBuilder) attrInt(key string, val int64) int32 {
 	})
 }
 
-func (b *dictBuilder) function(name, file string) int32 {
-	k := functionKey{name: b.str(name), file: b.str(file)}
+func (b *dictBuilder) function(name, systemName, file string) int32 {
+	k := functionKey{name: b.str(name), systemName: b.str(systemName), file: b.str(file)}
 	return b.functions.add(k, func() *profilespb.Function {
-		return &profilespb.Function{NameStrindex: k.name, FilenameStrindex: k.file}
+		return &profilespb.Function{NameStrindex: k.name, SystemNameStrindex: k.systemName, FilenameStrindex: k.file}
 	})
 }
 
@@ -202,7 +202,7 @@ func (b *dictBuilder) location(f *libpf.Frame) int32 {
 		k.tier = b.attrStr(attrFrameTier, tier)
 	}
 	if f.FunctionName != "" {
-		k.function = b.function(f.FunctionName, f.SourceFile)
+		k.function = b.function(f.FunctionName, f.SystemName, f.SourceFile)
 		k.line = int64(f.SourceLine)
 	}
 	return b.locations.add(k, func() *profilespb.Location {

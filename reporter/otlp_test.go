@@ -451,7 +451,7 @@ func TestBuildRequestFrameTier(t *testing.T) {
 	k := libpf.FrameKind(python.ID) // any runtime's kind
 	trace := &libpf.Trace{Hash: libpf.TraceHash{Lo: 3}, Frames: []libpf.Frame{
 		{Kind: k, FunctionName: "leaf", Tier: "C2", Inlined: true},
-		{Kind: k, FunctionName: "top", Tier: "C2"},
+		{Kind: k, FunctionName: "top", SystemName: "top(J)V", Tier: "C2"},
 		{Kind: k, FunctionName: "leaf", Tier: "interpreted"},
 		{Kind: k, FunctionName: "inl", Inlined: true},
 		{Kind: k, FunctionName: "main"},
@@ -465,6 +465,10 @@ func TestBuildRequestFrameTier(t *testing.T) {
 	}
 	if want := []string{"C2 inlined", "C2", "interpreted", "inlined", ""}; !slices.Equal(got, want) {
 		t.Errorf("tiers %q, want %q", got, want)
+	}
+	top := d.FunctionTable[d.LocationTable[2].Lines[0].FunctionIndex]
+	if name, sys := d.StringTable[top.NameStrindex], d.StringTable[top.SystemNameStrindex]; name != "top" || sys != "top(J)V" {
+		t.Errorf("function %q, system name %q; want top, top(J)V", name, sys)
 	}
 }
 

@@ -35,7 +35,7 @@ func buildPprof(iv *interval, period int64) *profile.Profile {
 	b := &pprofBuilder{
 		p:         p,
 		mappings:  make(map[libpf.Mapping]*profile.Mapping),
-		functions: make(map[[2]string]*profile.Function),
+		functions: make(map[[3]string]*profile.Function),
 		locations: make(map[pprofLocKey]*profile.Location),
 		stacks:    make(map[*libpf.Trace][]*profile.Location),
 	}
@@ -85,7 +85,7 @@ type pprofLocKey struct {
 type pprofBuilder struct {
 	p         *profile.Profile
 	mappings  map[libpf.Mapping]*profile.Mapping
-	functions map[[2]string]*profile.Function
+	functions map[[3]string]*profile.Function
 	locations map[pprofLocKey]*profile.Location
 	stacks    map[*libpf.Trace][]*profile.Location
 }
@@ -106,7 +106,7 @@ func (b *pprofBuilder) location(f *libpf.Frame) *profile.Location {
 	m := b.mapping(f.Mapping)
 	k := pprofLocKey{mapping: m, address: f.AbsAddress()}
 	if name := symbolName(f); name != "" {
-		k.fn = b.function(name, f.SourceFile)
+		k.fn = b.function(name, cmp.Or(f.SystemName, name), f.SourceFile)
 		k.line = int64(f.SourceLine)
 		if m != nil {
 			m.HasFunctions = true
@@ -146,12 +146,12 @@ func (b *pprofBuilder) mapping(lm *libpf.Mapping) *profile.Mapping {
 	return m
 }
 
-func (b *pprofBuilder) function(name, file string) *profile.Function {
-	k := [2]string{name, file}
+func (b *pprofBuilder) function(name, systemName, file string) *profile.Function {
+	k := [3]string{name, systemName, file}
 	if fn, ok := b.functions[k]; ok {
 		return fn
 	}
-	fn := &profile.Function{ID: uint64(len(b.p.Function) + 1), Name: name, SystemName: name, Filename: file}
+	fn := &profile.Function{ID: uint64(len(b.p.Function) + 1), Name: name, SystemName: systemName, Filename: file}
 	b.functions[k] = fn
 	b.p.Function = append(b.p.Function, fn)
 	return fn

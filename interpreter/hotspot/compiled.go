@@ -92,7 +92,17 @@ func (s *symbolizer) nmethod(k nmethodKey) (*nmethodInfo, error) {
 	if ok {
 		return info, nil
 	}
+	// The nmethod is still allocated and the one of the frame: a freed
+	// one may keep its header while its debug information (JDK 24+: in
+	// the C heap) is reused.
 	check := func() error {
+		used, err := s.r.U8(k.addr - uint64(s.l.HeapBlockSize) + uint64(s.l.HeapBlockUsed))
+		if err != nil {
+			return err
+		}
+		if used == 0 {
+			return fmt.Errorf("%w: nmethod %#x was freed", ErrStale, k.addr)
+		}
 		id, err := s.r.U32(k.addr + uint64(s.l.NM.CompileID))
 		if err != nil {
 			return err

@@ -30,7 +30,9 @@ type Layout struct {
 	HeapMemory, HeapSegmap, HeapLog2Segment uint32
 	VSLow, VSHigh                           uint32
 	// HeapBlockSize is sizeof(HeapBlock): the CodeBlob follows it.
-	HeapBlockSize uint32
+	// HeapBlockUsed is the offset in it of the bool that says the block
+	// is allocated (HeapBlock::_header._used).
+	HeapBlockSize, HeapBlockUsed uint32
 
 	Blob BlobLayout
 	NM   NMethodLayout
@@ -95,6 +97,8 @@ type MethodLayout struct {
 	// then the compressed line number table if bit 0 of the flags (at
 	// Flags, FlagsWidth bytes) is set.
 	ConstMethodSize, Constants, Flags, FlagsWidth, CodeSize, NameIndex uint32
+	// SignatureIndex is the constant pool slot of the method's descriptor.
+	SignatureIndex uint32
 	// ConstantPoolSize is sizeof(ConstantPool): its slots follow it.
 	ConstantPoolSize, PoolHolder uint32
 	// SourceFileIndex is the offset of _source_file_name_index in the
@@ -212,6 +216,7 @@ func NewLayout(vs *VMStructs, version [4]int32) (*Layout, error) {
 	l.VSLow = r.offset("VirtualSpace::_low")
 	l.VSHigh = r.offset("VirtualSpace::_high_boundary")
 	l.HeapBlockSize = r.size("HeapBlock")
+	l.HeapBlockUsed = r.offset("HeapBlock::_header") + r.offset("HeapBlock::Header::_used")
 
 	b := &l.Blob
 	b.Name = r.offset("CodeBlob::_name")
@@ -284,6 +289,7 @@ func NewLayout(vs *VMStructs, version [4]int32) (*Layout, error) {
 	m.FlagsWidth = r.width(flags)
 	m.CodeSize = r.offset("ConstMethod::_code_size")
 	m.NameIndex = r.offset("ConstMethod::_name_index")
+	m.SignatureIndex = r.offset("ConstMethod::_signature_index")
 	m.ConstantPoolSize = r.size("ConstantPool")
 	m.PoolHolder = r.offset("ConstantPool::_pool_holder")
 	if m.SourceFileInKlass = !r.has("ConstantPool::_source_file_name_index"); m.SourceFileInKlass {

@@ -50,8 +50,11 @@ const (
 type method struct {
 	constMethod uint64
 	name        string // package.Class.method
-	file        string
-	codeSize    uint32
+	// signature is the method's descriptor, "(J)J"; Frame.SystemName is
+	// name + signature.
+	signature string
+	file      string
+	codeSize  uint32
 	// lines are (start bci, line) pairs as the table lists them.
 	lines [][2]uint32
 }
@@ -140,7 +143,8 @@ func (s *symbolizer) stubName(addr uint64) (string, error) {
 // frame is the frame of m at bci (-1: none), run at tier, inlined into
 // the next frame or not.
 func (m *method) frame(bci int64, tier string, inlined bool) libpf.Frame {
-	fr := libpf.Frame{Kind: Kind, FunctionName: m.name, SourceFile: m.file, Tier: tier, Inlined: inlined}
+	fr := libpf.Frame{Kind: Kind, FunctionName: m.name, SystemName: m.name + m.signature, SourceFile: m.file,
+		Tier: tier, Inlined: inlined}
 	if line := m.line(bci); line > 0 {
 		fr.SourceLine = line
 	}
@@ -230,6 +234,10 @@ func (s *symbolizer) readMethod(cm uint64) (*method, error) {
 		return nil, fmt.Errorf("method name: %w", err)
 	}
 	m := &method{constMethod: cm, codeSize: uint32(codeSize), name: strings.ReplaceAll(class, "/", ".") + "." + name}
+	// The descriptor is a nicety: a frame is named without it.
+	if sigIdx, err := r.U16(cm + uint64(ml.SignatureIndex)); err == nil {
+		m.signature, _ = s.cpSymbol(cp, sigIdx)
+	}
 	srcBase := cp
 	if ml.SourceFileInKlass {
 		srcBase = holder

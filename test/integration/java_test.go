@@ -210,7 +210,10 @@ var javaChain = []string{"JWorkload.leaf", "JWorkload.mid", "JWorkload.top", "JW
 func checkJavaChain(t *testing.T, samples []sample, hot map[string]uint32) (float64, float64) {
 	t.Helper()
 	worker := ofThread(samples, "worker")
-	ok, misses := tally(worker, func(s sample) bool { return javaThreadChain(s.trace, javaChain, hot["leaf"]) })
+	ok, misses := tally(worker, func(s sample) bool {
+		// The system name carries the method's descriptor.
+		return javaThreadChain(s.trace, javaChain, hot["leaf"]) && javaFrames(s.trace)[0].SystemName == "JWorkload.leaf(J)J"
+	})
 	t.Logf("%d samples of the worker thread, %.1f%% show %v at line %d above Thread.run, %.1f%% complete",
 		len(worker), 100*share(ok, len(worker)), javaChain, hot["leaf"], 100*completeShare(worker))
 	logTiers(t, worker, javaChain[:3])
@@ -400,4 +403,181 @@ func TestJavaStacks(t *testing.T) {
 		table.WriteString("\n")
 	}
 	t.Log(table.String())
+}
+
+// startJava starts the workload in mode for d, in a pid and mount
+// namespace of its own where namespaced is set (startWorkload), and
+// returns once its hot phase began.
+func startJava(t *testing.T, namespaced bool, java, classes, mode string, d time.Duration, flags ...string) (*workloadRun, pythonRun) {
+	t.Helper()
+	cp := classes
+	if namespaced {
+		cp = namespacedPath(classes)
+	}
+	args := append([]string{"-XX:CompileCommand=quiet"}, flags...)
+	args = append(args, "-cp", cp, "JWorkload", mode, formatSeconds(d))
+	r, line := startWorkload(t, namespaced, java, args...)
+	var from float64
+	if _, err := fmt.Sscanf(line, "hot phase from %g", &from); err != nil {
+		t.Fatalf("%s %s printed %q: %v", java, mode, line, err)
+	}
+	sec, frac := math.Modf(from)
+	return r, pythonRun{pid: r.pid, hotFrom: time.Unix(int64(sec), int64(frac*1e9))}
+}
+
+// TestJavaProcesses: JVMs the daemon meets other than started alone under
+// it: one running before it started, two of different versions at once,
+// and one as pid 1 of its own pid and mount namespace. Each shows the
+// chain (mid interpreted) in >= 95% of its worker's samples.
+func TestJavaProcesses(t *testing.T) {
+	requireRoot(t)
+	skipIfPreparing(t)
+	classes, hot := javaWorkload(t)
+	java := func(v string) string {
+		j, err := jdkfetch.Java(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	excludeMid := "-XX:CompileCommand=exclude,JWorkload::mid"
+	check := func(t *testing.T, s *session, run pythonRun) {
+		t.Helper()
+		got, want := checkJavaChain(t, run.hotSamples(t, s.rec), hot)
+		if got < want {
+			t.Errorf("%.1f%% of samples show the chain, want >= %.0f%%", 100*got, 100*want)
+		}
+	}
+	t.Run("started before the daemon", func(t *testing.T) {
+		w, run := startJava(t, false, java("17"), classes, "chain", 5*time.Second, excludeMid)
+		time.Sleep(time.Second) // compiled and running before the daemon starts
+		s := startSession(t, testHz)
+		w.wait(t)
+		s.stop(t)
+		check(t, s, run)
+	})
+	t.Run("JDK 11 and 25 at once", func(t *testing.T) {
+		s := startSession(t, testHz)
+		runJava(t, java("11"), classes, "chain", time.Second) // the daemon reads the JDKs' files
+		runJava(t, java("25"), classes, "chain", time.Second)
+		w11, run11 := startJava(t, false, java("11"), classes, "chain", 4*time.Second, excludeMid)
+		w25, run25 := startJava(t, false, java("25"), classes, "chain", 4*time.Second, excludeMid)
+		w11.wait(t)
+		w25.wait(t)
+		s.stop(t)
+		check(t, s, run11)
+		check(t, s, run25)
+	})
+	t.Run("own pid and mount namespace", func(t *testing.T) {
+		s := startSession(t, testHz)
+		runJava(t, java("21"), classes, "chain", time.Second)
+		w, run := startJava(t, true, java("21"), classes, "chain", 4*time.Second, excludeMid)
+		w.wait(t)
+		s.stop(t)
+		check(t, s, run)
+	})
+}
+
+// TestJavaChurn is the stress run: classes loaded, compiled, deoptimized
+// and unloaded without pause (mode churn), with nmethod entry barriers
+// deoptimizing at random where the JDK has them (17+). No Java frame of
+// the worker's samples may be misattributed: each JWorkload method must
+// sit where the workload calls it, the hot method at its hot line. Frames
+// whose code was freed before they were named are counted, not wrong.
+func TestJavaChurn(t *testing.T) {
+	requireRoot(t)
+	skipIfPreparing(t)
+	classes, hot := javaWorkload(t)
+	// callers maps each method of the workload that runs in the worker
+	// to the methods that call it; "" accepts any (the JDK calls it).
+	callers := map[string][]string{
+		"JWorkload$Churn.apply":           {"JWorkload.churnTop"},
+		"JWorkload$Churn.<init>":          {""},
+		"JWorkload$ChurnLoader.loadClass": {""},
+		"JWorkload$ChurnLoader.<init>":    {"JWorkload.churnTop"},
+		"JWorkload.churnTop":              {"JWorkload$Worker.run"},
+		"JWorkload$Worker.run":            {"java.lang.Thread.run", "java.lang.Thread.runWith"},
+		"java.lang.Thread.run":            {"<bottom>"},
+	}
+	for _, v := range jdkfetch.Versions() {
+		t.Run("JDK "+v, func(t *testing.T) {
+			java, err := jdkfetch.Java(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			flags := []string{"-XX:+UnlockDiagnosticVMOptions"}
+			if v != "11" {
+				flags = append(flags, "-XX:+DeoptimizeNMethodBarriersALot")
+			}
+			s := startSession(t, testHz)
+			runJava(t, java, classes, "chain", time.Second)
+			run := runJava(t, java, classes, "churn", 4*time.Second, flags...)
+			logRuntimeMetrics(t, s, "jvm")
+			stats := s.pm.Stats()
+			s.stop(t)
+			worker := ofThread(run.hotSamples(t, s.rec), "worker")
+			var wrong, unnamed, inApply, applyAtLine int
+			var wrongSamples []sample
+			for _, smp := range worker {
+				for _, f := range smp.trace.Frames {
+					if f.Kind == hotspot.Kind && strings.HasPrefix(f.FunctionName, "[unknown") {
+						unnamed++
+					}
+				}
+				fs := javaFrames(smp.trace)
+				bad := false
+				for i, f := range fs {
+					want, ours := callers[f.FunctionName]
+					if !ours {
+						if strings.HasPrefix(f.FunctionName, "JWorkload") {
+							bad = true // a method of the workload that never runs here
+						}
+						continue
+					}
+					caller := "<bottom>"
+					if i+1 < len(fs) {
+						caller = fs[i+1].FunctionName
+					}
+					if !slices.Contains(want, caller) && !(slices.Contains(want, "") && !strings.HasPrefix(caller, "JWorkload")) {
+						bad = true
+					}
+					if f.FunctionName == "JWorkload$Churn.apply" {
+						inApply++
+						if f.SourceLine == hot["churnApply"] {
+							applyAtLine++
+						}
+					}
+				}
+				if bad {
+					wrong++
+					wrongSamples = append(wrongSamples, smp)
+				}
+			}
+			t.Logf("%d samples of the worker: %d with a misattributed frame, %d frames unnamed (code freed before it was named), "+
+				"%d in Churn.apply (%.1f%% at its hot line); %d runtime frames not symbolized in all",
+				len(worker), wrong, unnamed, inApply, 100*share(applyAtLine, inApply), stats.RuntimeFrameErrors)
+			logJavaExamples(t, "misattributed", wrongSamples)
+			leaves := map[string]int{}
+			for _, smp := range worker {
+				leaf := "(none)"
+				for _, f := range smp.trace.Frames {
+					if f.Kind == hotspot.Kind {
+						leaf = f.FunctionName
+						break
+					}
+				}
+				leaves[leaf]++
+			}
+			logTopStacks(t, leaves, 6)
+			if wrong > 0 {
+				t.Errorf("%d samples with a misattributed Java frame", wrong)
+			}
+			// Where the code was freed before it was named, the leaf is
+			// unnamed: the workload ran as meant if most samples are in
+			// apply or there.
+			if n := inApply + leaves["[unknown HotSpot JVM frame]"]; len(worker) < testHz || share(n, len(worker)) < 0.8 {
+				t.Errorf("%d of %d samples in Churn.apply or unnamed: the workload did not run as meant", n, len(worker))
+			}
+		})
+	}
 }

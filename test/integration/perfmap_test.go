@@ -14,19 +14,30 @@ import (
 	"time"
 )
 
-// perfMapRun is a process that names its JIT code in a perf map.
-type perfMapRun struct {
+// workloadRun is a workload process startWorkload started.
+type workloadRun struct {
 	cmd *exec.Cmd
 	// pid is the workload's pid as the daemon sees it.
 	pid int
 }
 
 // startPerfMapWorkload starts name with args and waits until it printed
-// "ready" (its perf map is written). In a namespace it runs as pid 1 of a
-// pid namespace of its own, with a private tmpfs on /tmp in a mount
-// namespace of its own: its perf map is /tmp/perf-1.map there, invisible
-// from the host's /tmp.
-func startPerfMapWorkload(t *testing.T, namespaced bool, name string, args ...string) *perfMapRun {
+// "ready" (its perf map is written); see startWorkload.
+func startPerfMapWorkload(t *testing.T, namespaced bool, name string, args ...string) *workloadRun {
+	t.Helper()
+	r, line := startWorkload(t, namespaced, name, args...)
+	if strings.TrimSpace(line) != "ready" {
+		t.Fatalf("%s printed %q", name, line)
+	}
+	return r
+}
+
+// startWorkload starts name with args and returns once it printed its
+// first line. In a namespace it runs as pid 1 of a pid namespace of its
+// own, with a private tmpfs on /tmp in a mount namespace of its own: a
+// file it writes to /tmp (a perf map, /tmp/perf-1.map) is invisible from
+// the host's /tmp.
+func startWorkload(t *testing.T, namespaced bool, name string, args ...string) (*workloadRun, string) {
 	t.Helper()
 	var cmd *exec.Cmd
 	if namespaced {
@@ -53,10 +64,10 @@ func startPerfMapWorkload(t *testing.T, namespaced bool, name string, args ...st
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || strings.TrimSpace(line) != "ready" {
+	if err != nil {
 		t.Fatalf("%s printed %q: %v", name, line, err)
 	}
-	r := &perfMapRun{cmd: cmd, pid: cmd.Process.Pid}
+	r := &workloadRun{cmd: cmd, pid: cmd.Process.Pid}
 	if namespaced {
 		// unshare forked the shell that exec'd the workload.
 		children, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", r.pid, r.pid))
@@ -71,7 +82,7 @@ func startPerfMapWorkload(t *testing.T, namespaced bool, name string, args ...st
 			t.Fatalf("process %d is not pid 1 of its own namespace:\n%s", r.pid, status)
 		}
 	}
-	return r
+	return r, line
 }
 
 // namespacedPath is where a path under /tmp is inside the namespace of
@@ -101,7 +112,7 @@ func waitAttached(t *testing.T, s *session, before uint64, ready time.Time) time
 	return time.Time{}
 }
 
-func (r *perfMapRun) wait(t *testing.T) {
+func (r *workloadRun) wait(t *testing.T) {
 	t.Helper()
 	if err := r.cmd.Wait(); err != nil {
 		t.Fatalf("%v: %v", r.cmd.Args, err)

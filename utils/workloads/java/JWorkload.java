@@ -6,6 +6,7 @@
 //
 // Each hot loop sits on one line, which the tests look up by the marker
 // comment at its end ("// hot: NAME").
+import java.io.InputStream;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.zip.Deflater;
@@ -61,7 +62,64 @@ public class JWorkload {
         sink = s;
     }
 
-    // The thread of chain and inline.
+    // churn: a class loaded anew by a loader of its own each round, run
+    // until the JIT compiled it, then dropped; every few rounds the
+    // collector unloads the dropped classes, freeing their methods and
+    // compiled code for others to reuse. Each new class also deoptimizes
+    // churnTop's compiled call site, which had seen only the earlier ones.
+    public interface LongOp {
+        long apply(long x);
+    }
+
+    public static final class Churn implements LongOp {
+        @Override
+        public long apply(long seed) {
+            long x = seed;
+            for (int i = 0; i < 1000; i++) { x = x * 37 + (i ^ (x >>> 5)); } // hot: churnApply
+            return x;
+        }
+    }
+
+    // ChurnLoader defines its own Churn from the class file's bytes and
+    // leaves every other class to the application's loader.
+    static final class ChurnLoader extends ClassLoader {
+        final byte[] churn;
+
+        ChurnLoader(byte[] churn) {
+            super(JWorkload.class.getClassLoader());
+            this.churn = churn;
+        }
+
+        @Override
+        protected Class<?> loadClass(String name, boolean resolve) throws ClassNotFoundException {
+            if (!name.equals(Churn.class.getName())) {
+                return super.loadClass(name, resolve);
+            }
+            synchronized (getClassLoadingLock(name)) {
+                Class<?> c = findLoadedClass(name);
+                return c != null ? c : defineClass(name, churn, 0, churn.length);
+            }
+        }
+    }
+
+    static void churnTop(long deadline) throws Exception {
+        byte[] bytes;
+        try (InputStream in = JWorkload.class.getResourceAsStream("JWorkload$Churn.class")) {
+            bytes = in.readAllBytes();
+        }
+        long s = 0;
+        for (int round = 1; System.nanoTime() < deadline; round++) {
+            Class<?> c = new ChurnLoader(bytes).loadClass(Churn.class.getName());
+            LongOp op = (LongOp) c.getDeclaredConstructor().newInstance();
+            for (int i = 0; i < 3000; i++) { s += op.apply(s); } // hot: churnTop
+            if (round % 20 == 0) {
+                System.gc();
+            }
+        }
+        sink = s;
+    }
+
+    // The thread of chain, inline and churn.
     static final class Worker implements Runnable {
         final String mode;
         final long deadline;
@@ -73,10 +131,14 @@ public class JWorkload {
 
         @Override
         public void run() {
-            if (mode.equals("chain")) {
-                top(deadline);
-            } else {
-                inlineTop(deadline);
+            try {
+                switch (mode) {
+                    case "chain": top(deadline); break;
+                    case "inline": inlineTop(deadline); break;
+                    default: churnTop(deadline); break;
+                }
+            } catch (Exception e) {
+                throw new RuntimeException(e);
             }
         }
     }
@@ -196,6 +258,7 @@ public class JWorkload {
         switch (mode) {
             case "chain":
             case "inline":
+            case "churn":
                 Thread w = new Thread(new Worker(mode, deadline), "worker");
                 w.start();
                 w.join();
