@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 // compileWorkload compiles JWorkload.java once per test binary.
 var compileOnce sync.Once
 
-func compileWorkload(t *testing.T) string {
+func compileWorkload(t testing.TB) string {
 	t.Helper()
 	var out []byte
 	var err error
@@ -65,7 +65,7 @@ func compileWorkload(t *testing.T) string {
 
 // startJVM runs the workload in mode for seconds with java and waits until
 // it is in its hot phase.
-func startJVM(t *testing.T, java, mode string, seconds int, flags ...string) *liveJVM {
+func startJVM(t testing.TB, java, mode string, seconds int, flags ...string) *liveJVM {
 	t.Helper()
 	if _, err := os.Stat(java); err != nil {
 		t.Fatalf("%s: %v (make test-deps installs it)", java, err)
@@ -94,7 +94,7 @@ func startJVM(t *testing.T, java, mode string, seconds int, flags ...string) *li
 }
 
 // findLibjvm finds libjvm.so in a process's mappings and its load bias.
-func findLibjvm(t *testing.T, pid int) (string, uint64) {
+func findLibjvm(t testing.TB, pid int) (string, uint64) {
 	t.Helper()
 	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
@@ -122,7 +122,7 @@ func findLibjvm(t *testing.T, pid int) (string, uint64) {
 }
 
 // readLive reads the vmStructs tables of a live JVM.
-func readLive(t *testing.T, j *liveJVM) *VMStructs {
+func readLive(t testing.TB, j *liveJVM) *VMStructs {
 	t.Helper()
 	f, err := elf.Open(j.libjvm)
 	if err != nil {

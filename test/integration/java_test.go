@@ -468,6 +468,15 @@ func TestJavaProcesses(t *testing.T) {
 		check(t, s, run11)
 		check(t, s, run25)
 	})
+	t.Run("BPF entries freed at exit", func(t *testing.T) {
+		s := startSession(t, testHz)
+		w, _ := startJava(t, false, java("17"), classes, "chain", 2*time.Second)
+		running := s.waitEntries(t, w.pid, "a JVM configuration", func(e bpfEntries) bool { return e.configs == 1 })
+		w.wait(t)
+		s.waitExited(t, w.pid)
+		gone := s.waitEntries(t, w.pid, "none after the exit", func(e bpfEntries) bool { return e == bpfEntries{} })
+		t.Logf("JVM %d: %+v while it runs, %+v after its exit", w.pid, running, gone)
+	})
 	t.Run("own pid and mount namespace", func(t *testing.T) {
 		s := startSession(t, testHz)
 		runJava(t, java("21"), classes, "chain", time.Second)

@@ -6,7 +6,7 @@
 // and start-up time and CPU until the first export.
 //
 // Usage (root): go run ./utils/bench -bin ./ebpf-profiler [-duration 60s] [-rates 20,100,1000]
-// [-load shell|c|python|apm|apm-off] [-procs N]
+// [-load shell|c|python|java|apm|apm-off] [-procs N]
 package main
 
 import (
@@ -22,6 +22,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/hostprof/ebpf-profiler/utils/jdkfetch"
 )
 
 func main() {
@@ -30,7 +32,8 @@ func main() {
 	rates := flag.String("rates", "20,100,1000", "sampling rates to measure")
 	runs := flag.Int("runs", 3, "runs per rate; the table shows each figure's median")
 	load := flag.String("load", "shell", "what keeps the CPUs busy: shell loops, c (utils/workloads/fpchain.c, -O2), "+
-		"python (utils/workloads/python/pyworkload.py chain under python3), apm (utils/testagent's app: "+
+		"python (utils/workloads/python/pyworkload.py chain under python3), java (utils/workloads/java "+
+		"JWorkload chain under JDK 17), apm (utils/testagent's app: "+
 		"two threads per process, 80% of the time in APM transactions) or apm-off (the same with the agent "+
 		"library renamed, so that it is not correlated)")
 	procs := flag.Int("procs", runtime.NumCPU(), "busy processes")
@@ -317,6 +320,19 @@ func busyLoad(kind string, n int) func() {
 		argv = []string{"python3", "utils/workloads/python/pyworkload.py", "chain", "1000000"}
 	case "apm", "apm-off":
 		argv = apmLoad(kind == "apm")
+	case "java":
+		// The chain workload, mid interpreted between compiled leaf and
+		// top, in a JVM of Debian 12's JDK 17.
+		dir, err := os.MkdirTemp("", "bench-java")
+		check(err)
+		atExit(func() { os.RemoveAll(dir) })
+		javac := filepath.Join(filepath.Dir(jdkfetch.SystemJava), "javac")
+		out, err := exec.Command(javac, "--release", "11", "-d", dir, "utils/workloads/java/JWorkload.java").CombinedOutput()
+		if err != nil {
+			fatalf("compiling the Java load (run from the repository root): %v\n%s", err, out)
+		}
+		argv = []string{jdkfetch.SystemJava, "-XX:CompileCommand=quiet", "-XX:CompileCommand=exclude,JWorkload::mid",
+			"-cp", dir, "JWorkload", "chain", "1000000"}
 	default:
 		fatalf("unknown load %q", kind)
 	}

@@ -1,0 +1,127 @@
+package hotspot
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
+	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/support"
+	"github.com/hostprof/ebpf-profiler/utils/jdkfetch"
+)
+
+// liveFrames starts the chain workload and returns a symbolizer of its
+// JVM and, for up to n of its nmethods, the frames BPF would report: a
+// compiled frame at a return address with debug information, and an
+// interpreted frame of the nmethod's method at its first bytecode.
+func liveFrames(tb testing.TB, n int) (*symbolizer, []support.Frame, []support.Frame) {
+	tb.Helper()
+	j := startJVM(tb, jdkfetch.SystemJava, "chain", 30)
+	vs := readLive(tb, j)
+	r := procmem.New(j.mem)
+	version, err := readVersion(r, vs)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	l, err := NewLayout(vs, version)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cc, err := readCodeCache(r, l)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s := newSymbolizer(r, l, cc)
+	lengthField := vs.Fields["HeapBlock::Header::_length"]
+	lengthOff := uint64(l.HeapBlockUsed) - uint64(vs.Fields["HeapBlock::Header::_used"].Offset) + lengthField.Offset
+	var compiled, interpreted []support.Frame
+	for _, h := range cc.Heaps {
+		for b := h.Low; b < h.High && len(compiled) < n; {
+			var length uint64
+			if typeWidth(lengthField.Type) == 4 {
+				v, err := r.U32(b + lengthOff)
+				length = uint64(v)
+				if err != nil {
+					break
+				}
+			} else if length, err = r.U64(b + lengthOff); err != nil {
+				break
+			}
+			if length == 0 {
+				break
+			}
+			blob := b + uint64(l.HeapBlockSize)
+			b += length << h.Log2Segment
+			if used, _ := r.U8(blob - uint64(l.HeapBlockSize) + uint64(l.HeapBlockUsed)); used == 0 {
+				continue
+			}
+			id, err := r.U32(blob + uint64(l.NM.CompileID))
+			if err != nil || id == 0 || id >= 1<<29 {
+				continue
+			}
+			info, err := s.nmethod(nmethodKey{blob, id})
+			if err != nil || len(info.pcs) < int(l.NM.PcDescSize) {
+				continue
+			}
+			// A PcDesc with a scope: its PC offset is a return address.
+			for i := 0; i+int(l.NM.PcDescSize) <= len(info.pcs); i += int(l.NM.PcDescSize) {
+				off := binary.LittleEndian.Uint32(info.pcs[i:])
+				if int32(binary.LittleEndian.Uint32(info.pcs[i+4:])) > 0 {
+					compiled = append(compiled, support.Frame{FileID: blob,
+						Addr: frameCompiled<<frameTypeShift | uint64(id)<<32 | uint64(off)})
+					break
+				}
+			}
+			m, err := s.method(info.method)
+			if err == nil && m.codeSize > 0 {
+				interpreted = append(interpreted, support.Frame{FileID: info.method,
+					Addr: m.constMethod + uint64(l.Method.ConstMethodSize)})
+			}
+		}
+	}
+	if len(compiled) == 0 || len(interpreted) == 0 {
+		tb.Fatalf("found %d compiled and %d interpreted frames", len(compiled), len(interpreted))
+	}
+	return s, compiled, interpreted
+}
+
+func benchmarkSymbolize(b *testing.B, compiled, cached bool) {
+	s, cf, inf := liveFrames(b, 200)
+	frames := inf
+	if compiled {
+		frames = cf
+	}
+	var out []libpf.Frame
+	b.ResetTimer()
+	named := 0
+	for i := range b.N {
+		f := frames[i%len(frames)]
+		if !cached {
+			s.mu.Lock()
+			clear(s.methods)
+			clear(s.nmethods)
+			s.nmethodBytes = 0
+			s.mu.Unlock()
+		}
+		var err error
+		out, err = s.symbolize(f, out[:0])
+		if err == nil {
+			named++
+		}
+	}
+	b.StopTimer()
+	if named < b.N*9/10 {
+		b.Fatalf("%d of %d frames named", named, b.N)
+	}
+	b.ReportMetric(float64(len(frames)), "frames")
+}
+
+// BenchmarkSymbolize names live frames of JDK 17: with empty caches (a
+// frame never seen: its method's names and line table, an nmethod's debug
+// information read from the JVM) and with warm ones.
+func BenchmarkSymbolizeCompiledNew(b *testing.B)    { benchmarkSymbolize(b, true, false) }
+func BenchmarkSymbolizeCompiledCached(b *testing.B) { benchmarkSymbolize(b, true, true) }
+func BenchmarkSymbolizeInterpretedNew(b *testing.B) { benchmarkSymbolize(b, false, false) }
+func BenchmarkSymbolizeInterpretedCached(b *testing.B) {
+	benchmarkSymbolize(b, false, true)
+}
