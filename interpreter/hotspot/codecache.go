@@ -68,7 +68,11 @@ func readCodeCache(r *procmem.Reader, l *Layout) (*CodeCache, error) {
 		if h.Log2Segment, err = r.U32(heap + uint64(l.HeapLog2Segment)); err != nil {
 			return nil, err
 		}
-		if h.Low == 0 || h.High <= h.Low || h.Segmap == 0 || h.Log2Segment < 4 || h.Log2Segment > 16 {
+		if h.Low == 0 || h.High == 0 || h.Segmap == 0 {
+			// Listed before its memory is reserved.
+			return nil, fmt.Errorf("%w: code heap %d not set up yet", interpreter.ErrStarting, i)
+		}
+		if h.High <= h.Low || h.Log2Segment < 4 || h.Log2Segment > 16 {
 			return nil, fmt.Errorf("code heap %d: [%#x, %#x), segment map %#x, segments of 2^%d bytes",
 				i, h.Low, h.High, h.Segmap, h.Log2Segment)
 		}
