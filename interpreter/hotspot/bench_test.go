@@ -3,6 +3,7 @@ package hotspot
 import (
 	"encoding/binary"
 	"testing"
+	"time"
 
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
 	"github.com/hostprof/ebpf-profiler/libpf"
@@ -17,6 +18,7 @@ import (
 func liveFrames(tb testing.TB, n int) (*symbolizer, []support.Frame, []support.Frame) {
 	tb.Helper()
 	j := startJVM(tb, jdkfetch.SystemJava, "chain", 30)
+	time.Sleep(2 * time.Second) // the JIT compiles the JDK's code it runs
 	vs := readLive(tb, j)
 	r := procmem.New(j.mem)
 	version, err := readVersion(r, vs)
@@ -124,4 +126,33 @@ func BenchmarkSymbolizeCompiledCached(b *testing.B) { benchmarkSymbolize(b, true
 func BenchmarkSymbolizeInterpretedNew(b *testing.B) { benchmarkSymbolize(b, false, false) }
 func BenchmarkSymbolizeInterpretedCached(b *testing.B) {
 	benchmarkSymbolize(b, false, true)
+}
+
+// TestSymbolizerMemory names every compiled and interpreted frame of up
+// to 500 nmethods of a live JVM and logs what its caches then hold: the
+// Go memory one JVM costs once its hot code has been named. The nmethod
+// cache stays within its bound.
+func TestSymbolizerMemory(t *testing.T) {
+	s, compiled, interpreted := liveFrames(t, 500)
+	// Empty caches, then the heap before and after naming every frame.
+	s.mu.Lock()
+	clear(s.methods)
+	clear(s.nmethods)
+	s.nmethodBytes = 0
+	s.mu.Unlock()
+	var out []libpf.Frame
+	for _, f := range append(compiled, interpreted...) {
+		out, _ = s.symbolize(f, out[:0])
+	}
+	// What the caches hold: strings, line tables and debug information,
+	// plus a map entry and struct per method (about 100 bytes).
+	methodBytes := 0
+	for _, m := range s.methods {
+		methodBytes += len(m.name) + len(m.file) + len(m.signature) + 8*len(m.lines) + 100
+	}
+	t.Logf("%d compiled and %d interpreted frames: %d methods cached in %d bytes, %d nmethods in %d bytes",
+		len(compiled), len(interpreted), len(s.methods), methodBytes, len(s.nmethods), s.nmethodBytes)
+	if s.nmethodBytes > maxNMethodBytes {
+		t.Errorf("%d bytes of nmethod debug information cached, bound %d", s.nmethodBytes, maxNMethodBytes)
+	}
 }
