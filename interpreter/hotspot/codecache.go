@@ -7,8 +7,12 @@ import (
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
 )
 
-// maxHeaps is JVM_HEAPS in support/ebpf/jvm.ebpf.c.
-const maxHeaps = 3
+// maxHeaps and blobHeader are JVM_HEAPS and JVM_BLOB_HEADER in
+// support/ebpf/jvm.ebpf.c.
+const (
+	maxHeaps   = 3
+	blobHeader = 128
+)
 
 // CodeHeap is one heap of the code cache: its code [Low, High) and its
 // segment map, a byte per 1 << Log2Segment bytes of code.
@@ -105,16 +109,15 @@ type UnwinderProc struct {
 	InterpLow          uint64
 	InterpHigh         uint64
 	BlobName           uint16
-	BlobSize           uint16
 	BlobFrameSize      uint16
 	BlobFrameComplete  uint16
 	BlobCode           uint16
 	BlobKind           uint16
 	NMethodCompileID   uint16
+	NMethodStubOffset  uint16
 	MethodConstMethod  uint16
 	ConstMethodCode    uint16
 	ConstMethodSize    uint16
-	_                  uint16
 	Heaps              uint8
 	SegmentShift       uint8
 	HeapBlockSize      uint8
@@ -148,9 +151,10 @@ func unwinderProc(l *Layout, cc *CodeCache) (UnwinderProc, error) {
 		dst *uint16
 		v   uint32
 	}{
-		{&u.BlobName, l.Blob.Name}, {&u.BlobSize, l.Blob.Size}, {&u.BlobFrameSize, l.Blob.FrameSize},
+		{&u.BlobName, l.Blob.Name}, {&u.BlobFrameSize, l.Blob.FrameSize},
 		{&u.BlobFrameComplete, l.Blob.FrameComplete}, {&u.BlobCode, l.Blob.Code}, {&u.BlobKind, l.Blob.Kind},
-		{&u.NMethodCompileID, l.NM.CompileID}, {&u.MethodConstMethod, l.Method.ConstMethod},
+		{&u.NMethodCompileID, l.NM.CompileID}, {&u.NMethodStubOffset, l.NM.StubOffset},
+		{&u.MethodConstMethod, l.Method.ConstMethod},
 		{&u.ConstMethodCode, l.Method.CodeSize}, {&u.ConstMethodSize, l.Method.ConstMethodSize},
 	}
 	for _, o := range offsets {
@@ -161,6 +165,27 @@ func unwinderProc(l *Layout, cc *CodeCache) (UnwinderProc, error) {
 	}
 	if l.HeapBlockSize > 0xff || (u.FrameCompleteWidth != 2 && u.FrameCompleteWidth != 4) {
 		return u, fmt.Errorf("sizeof(HeapBlock) %d, _frame_complete_offset of %d bytes", l.HeapBlockSize, u.FrameCompleteWidth)
+	}
+	// BPF reads the blob's header in one piece of blobHeader bytes and
+	// finds each field there at its offset rounded down to its width.
+	codeWidth := uint32(8)
+	if l.Blob.CodeRelative {
+		codeWidth = 4
+	}
+	fields := []struct {
+		name       string
+		off, width uint32
+		unless     bool
+	}{
+		{"_name", l.Blob.Name, 8, l.Blob.HasKind}, {"_frame_size", l.Blob.FrameSize, 4, false},
+		{"_frame_complete_offset", l.Blob.FrameComplete, uint32(u.FrameCompleteWidth), false},
+		{"code", l.Blob.Code, codeWidth, false}, {"_kind", l.Blob.Kind, 1, !l.Blob.HasKind},
+	}
+	for _, f := range fields {
+		if !f.unless && (f.off+f.width > blobHeader || f.off%f.width != 0) {
+			return u, fmt.Errorf("CodeBlob::%s at offset %d (%d bytes) is not within the first %d bytes, aligned",
+				f.name, f.off, f.width, blobHeader)
+		}
 	}
 	return u, nil
 }

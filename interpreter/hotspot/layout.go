@@ -52,7 +52,7 @@ type Layout struct {
 
 // BlobLayout is a CodeBlob's fields.
 type BlobLayout struct {
-	Name, Size, FrameSize uint32
+	Name, FrameSize uint32
 	// FrameComplete is the offset of _frame_complete_offset, of
 	// FrameCompleteWidth bytes.
 	FrameComplete, FrameCompleteWidth uint32
@@ -70,6 +70,9 @@ type BlobLayout struct {
 // NMethodLayout is an nmethod's fields.
 type NMethodLayout struct {
 	Method, CompileID uint32
+	// StubOffset is the offset of _stub_offset, where the nmethod's
+	// handlers start (from the blob).
+	StubOffset uint32
 	// Scopes says where the debug information is: ScopesInBlob (JDK
 	// 11-22) with _scopes_data_begin (a pointer), _scopes_pcs_offset,
 	// _dependencies_offset and _metadata_offset from the blob; or in
@@ -220,7 +223,6 @@ func NewLayout(vs *VMStructs, version [4]int32) (*Layout, error) {
 
 	b := &l.Blob
 	b.Name = r.offset("CodeBlob::_name")
-	b.Size = r.offset("CodeBlob::_size")
 	b.FrameSize = r.offset("CodeBlob::_frame_size")
 	b.FrameComplete = r.offset("CodeBlob::_frame_complete_offset")
 	b.FrameCompleteWidth = r.width("CodeBlob::_frame_complete_offset")
@@ -241,6 +243,7 @@ func NewLayout(vs *VMStructs, version [4]int32) (*Layout, error) {
 	n := &l.NM
 	n.Method = r.offset("nmethod::_method", "CompiledMethod::_method")
 	n.CompileID = r.offset("nmethod::_compile_id")
+	n.StubOffset = r.offset("nmethod::_stub_offset")
 	n.ScopesPCs = r.offset("nmethod::_scopes_pcs_offset")
 	if n.ScopesInBlob = !r.has("nmethod::_immutable_data"); n.ScopesInBlob {
 		n.ScopesDataBegin = r.offset("CompiledMethod::_scopes_data_begin", "nmethod::_scopes_data_begin")

@@ -44,24 +44,26 @@ struct jvm_proc {
   // The template interpreter's code: [interp_lo, interp_hi).
   u64 interp_lo;
   u64 interp_hi;
-  // Byte offsets in a CodeBlob: its name (a char*), size, frame size
-  // (words), frame complete offset (frame_complete_width bytes), code
-  // (a pointer, or where code_relative is set an int offset from the
-  // blob) and kind (where has_kind is set, a u8; kind_nmethod is
-  // CodeBlobKind::Nmethod); an nmethod's compile id.
+  // Byte offsets in a CodeBlob, all below JVM_BLOB_HEADER: its name (a
+  // char*), frame size (words), frame complete offset
+  // (frame_complete_width bytes), code (a pointer, or where code_relative
+  // is set an int offset from the blob) and kind (where has_kind is set,
+  // a u8; kind_nmethod is CodeBlobKind::Nmethod); an nmethod's compile
+  // id.
   u16 blob_name;
-  u16 blob_size;
   u16 blob_frame_size;
   u16 blob_frame_complete;
   u16 blob_code;
   u16 blob_kind;
   u16 nmethod_compile_id;
+  // Byte offset of an nmethod's _stub_offset: its stub section (exception
+  // and deoptimization handlers) starts that far from the blob.
+  u16 nmethod_stub_offset;
   // Byte offsets of Method::_constMethod and ConstMethod::_code_size (a
   // u16), and sizeof(ConstMethod), which the bytecodes follow.
   u16 method_const_method;
   u16 const_method_code_size;
   u16 const_method_size;
-  u16 pad16;
   u8 heaps;
   u8 segment_shift;
   // sizeof(HeapBlock), which precedes a blob in its heap.
@@ -90,7 +92,9 @@ enum jvm_metric {
   // A read of the JVM's memory failed: the walk ends.
   METRIC_ERR_JVM_READ,
   // An interpreted frame whose frame pointer is not above the stack
-  // pointer (a frame being built): the walk ends.
+  // pointer (a frame being built), a compiled frame whose return address
+  // is not in the code cache, or one interrupted in its handlers: the
+  // walk ends.
   METRIC_ERR_JVM_BAD_FRAME,
   METRIC_JVM_COUNT,
 };
@@ -164,45 +168,38 @@ static __always_inline u64 jvm_find_blob(const struct jvm_proc *p, int h, u64 pc
 struct jvm_blob {
   u64 addr;
   u64 code;
-  s32 size;
   s32 frame_size;
   s32 frame_complete;
   u8 nmethod;
 };
 
+// The bytes of a CodeBlob's header the walk reads in one go: every field
+// it needs lies in them (user space checks the offsets).
+#define JVM_BLOB_HEADER 128
+
 static __always_inline int jvm_read_blob(const struct jvm_proc *p, struct jvm_blob *b)
 {
+  u8 hdr[JVM_BLOB_HEADER];
   u64 a = b->addr;
-  if (jvm_read(&b->size, sizeof(b->size), a + p->blob_size) ||
-      jvm_read(&b->frame_size, sizeof(b->frame_size), a + p->blob_frame_size))
+  if (jvm_read(hdr, sizeof(hdr), a))
     return -1;
-  b->frame_complete = -1;
-  if (p->frame_complete_width == 2) {
-    short fc;
-    if (jvm_read(&fc, sizeof(fc), a + p->blob_frame_complete))
-      return -1;
-    b->frame_complete = fc;
-  } else if (jvm_read(&b->frame_complete, sizeof(b->frame_complete), a + p->blob_frame_complete)) {
-    return -1;
-  }
-  if (p->code_relative) {
-    s32 off;
-    if (jvm_read(&off, sizeof(off), a + p->blob_code))
-      return -1;
-    b->code = a + off;
-  } else if (jvm_read(&b->code, sizeof(b->code), a + p->blob_code)) {
-    return -1;
-  }
+  // The masks keep each field inside hdr, at its alignment.
+  b->frame_size = *(s32 *)(hdr + (p->blob_frame_size & (JVM_BLOB_HEADER - 4)));
+  if (p->frame_complete_width == 2)
+    b->frame_complete = *(short *)(hdr + (p->blob_frame_complete & (JVM_BLOB_HEADER - 2)));
+  else
+    b->frame_complete = *(s32 *)(hdr + (p->blob_frame_complete & (JVM_BLOB_HEADER - 4)));
+  if (p->code_relative)
+    b->code = a + *(s32 *)(hdr + (p->blob_code & (JVM_BLOB_HEADER - 4)));
+  else
+    b->code = *(u64 *)(hdr + (p->blob_code & (JVM_BLOB_HEADER - 8)));
   if (p->has_kind) {
-    u8 kind;
-    if (jvm_read(&kind, sizeof(kind), a + p->blob_kind))
-      return -1;
-    b->nmethod = kind == p->kind_nmethod;
+    b->nmethod = hdr[p->blob_kind & (JVM_BLOB_HEADER - 1)] == p->kind_nmethod;
   } else {
     // Before JDK 23 the kind shows only in the name: "nmethod" for Java
     // methods, "native nmethod" for the wrappers of native ones.
-    u64 name, text;
-    if (jvm_read(&name, sizeof(name), a + p->blob_name) || jvm_read(&text, sizeof(text), name))
+    u64 name = *(u64 *)(hdr + (p->blob_name & (JVM_BLOB_HEADER - 8))), text;
+    if (jvm_read(&text, sizeof(text), name))
       return -1;
     b->nmethod = text == 0x00646f6874656d6eULL /* "nmethod\0" */ ||
                  text == 0x6e2065766974616eULL /* "native n" */;
@@ -260,9 +257,16 @@ int unwind_jvm(struct bpf_perf_event_data *ctx)
         goto read_error;
       u64 addr;
       u64 file_id = b.addr;
+      int in_handler = 0;
       if (b.nmethod) {
-        s32 compile_id = 0;
+        s32 compile_id = 0, stub_offset = 0;
         jvm_read(&compile_id, sizeof(compile_id), b.addr + p->nmethod_compile_id);
+        // The interrupted PC in the nmethod's handlers (deoptimization
+        // or exception dispatch) runs with a frame that is not laid out
+        // as its frame size says.
+        if (top && (jvm_read(&stub_offset, sizeof(stub_offset), b.addr + p->nmethod_stub_offset) ||
+                    stub_offset <= 0 || pc >= b.addr + stub_offset))
+          in_handler = 1;
         addr = ((u64)JVM_FRAME_COMPILED << JVM_FRAME_TYPE_SHIFT) | (top ? JVM_FRAME_TOP : 0) |
                ((u64)(compile_id & 0x1fffffff) << 32) | (u32)(pc - b.code);
         increment_runtime_metric(RUNTIME_JVM, METRIC_JVM_COMPILED_FRAMES);
@@ -272,6 +276,10 @@ int unwind_jvm(struct bpf_perf_event_data *ctx)
       }
       if (push_runtime_frame(t, RUNTIME_JVM, file_id, addr))
         goto full;
+      if (in_handler) {
+        increment_runtime_metric(RUNTIME_JVM, METRIC_ERR_JVM_BAD_FRAME);
+        goto give_up_after;
+      }
       if (b.frame_size <= 0) {
         // Hand-written stubs (the call stub, adapters) keep rbp as a
         // frame pointer when they have a frame at all.
@@ -305,6 +313,19 @@ int unwind_jvm(struct bpf_perf_event_data *ctx)
           next_sp = sp + (u64)b.frame_size * 8;
           if (jvm_read(&next_pc, 8, next_sp - 8) || jvm_read(&next_fp, 8, next_sp - 16))
             goto read_error;
+          // Java code is called only from code in the code cache (other
+          // methods, the interpreter, the call stub, adapters): a return
+          // address elsewhere says the interrupted frame is being torn
+          // down between its pop rbp and its ret (a safepoint poll), so
+          // the return address is at sp.
+          if (b.nmethod && jvm_heap_of(p, next_pc & USER_ADDRESS_MASK) < 0) {
+            if (!top || jvm_read(&next_pc, 8, sp) || jvm_heap_of(p, next_pc & USER_ADDRESS_MASK) < 0) {
+              increment_runtime_metric(RUNTIME_JVM, METRIC_ERR_JVM_BAD_FRAME);
+              goto give_up_after;
+            }
+            next_sp = sp + 8;
+            next_fp = fp;
+          }
         }
       }
     }
@@ -317,6 +338,10 @@ int unwind_jvm(struct bpf_perf_event_data *ctx)
   }
   return tail_call_next(ctx, r, RUNTIME_JVM);
 
+give_up_after:
+  // The frame was reported; what follows it cannot be found.
+  push_frame(t, FRAME_KIND_ABORT, 0, 0, UNWIND_ERROR_RUNTIME_CALLER);
+  return tail_call_stop(ctx);
 read_error:
   increment_runtime_metric(RUNTIME_JVM, METRIC_ERR_JVM_READ);
 give_up:

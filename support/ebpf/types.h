@@ -301,6 +301,8 @@ enum unwind_error {
   UNWIND_ERROR_FP_MISALIGNED = 3,
   UNWIND_ERROR_TAIL_CALL_LIMIT = 4,
   UNWIND_ERROR_USER_REGS = 5,
+  // A runtime's unwinder found no caller of a frame it reported.
+  UNWIND_ERROR_RUNTIME_CALLER = 6,
 };
 
 struct frame {
