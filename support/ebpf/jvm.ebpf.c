@@ -319,7 +319,8 @@ int unwind_jvm(struct bpf_perf_event_data *ctx)
           // down between its pop rbp and its ret (a safepoint poll), so
           // the return address is at sp.
           if (b.nmethod && jvm_heap_of(p, next_pc & USER_ADDRESS_MASK) < 0) {
-            if (!top || jvm_read(&next_pc, 8, sp) || jvm_heap_of(p, next_pc & USER_ADDRESS_MASK) < 0) {
+            if (!top || jvm_read(&next_pc, 8, sp) ||
+                jvm_heap_of(p, next_pc & USER_ADDRESS_MASK) < 0) {
               increment_runtime_metric(RUNTIME_JVM, METRIC_ERR_JVM_BAD_FRAME);
               goto give_up_after;
             }
