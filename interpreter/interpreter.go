@@ -174,6 +174,8 @@ type Region struct {
 // Mapping is one executable mapping of a process.
 type Mapping struct {
 	Start, End uint64
+	// Offset is where in the file the mapping starts.
+	Offset uint64
 	// Path is empty for anonymous memory.
 	Path string
 }

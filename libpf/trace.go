@@ -104,6 +104,9 @@ type Frame struct {
 	FunctionName string
 	SourceFile   string
 	SourceLine   uint32
+	// SourceColumn is the column in SourceLine, from 1, where the runtime
+	// says (JavaScript); zero otherwise.
+	SourceColumn uint32
 	// SystemName is the function's name as the linker or runtime spells
 	// it where that differs from FunctionName (a Java method with its
 	// descriptor, "pkg.Class.m(J)J"); empty otherwise.

@@ -442,7 +442,7 @@ func (h *runtimeHost) SetRegions(rs []interpreter.Region) error {
 func (h *runtimeHost) Mappings() []interpreter.Mapping {
 	out := make([]interpreter.Mapping, 0, len(h.p.mappings))
 	for _, mp := range h.p.mappings {
-		out = append(out, interpreter.Mapping{Start: mp.entry.start, End: mp.entry.end, Path: mp.entry.path})
+		out = append(out, interpreter.Mapping{Start: mp.entry.start, End: mp.entry.end, Offset: mp.entry.offset, Path: mp.entry.path})
 	}
 	return out
 }

@@ -13,6 +13,7 @@ enum runtime_id {
   RUNTIME_FIRST = 4,
   RUNTIME_CPYTHON = 4,
   RUNTIME_JVM = 5,
+  RUNTIME_V8 = 6,
   // Ids stay below this: a u32 bit mask holds one bit per runtime.
   RUNTIME_MAX = 32,
 };

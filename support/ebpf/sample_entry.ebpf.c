@@ -103,6 +103,8 @@ int sample_entry(struct bpf_perf_event_data *ctx)
   r->state.sp = REGS_SP(&regs);
   r->state.fp = REGS_FP(&regs);
   r->state.lr = REGS_LR(&regs);
+  r->state.r9 = REGS_R9(&regs);
+  r->state.r12 = REGS_R12(&regs);
   r->state.r13 = REGS_R13(&regs);
 
   bpf_tail_call(ctx, &progs, PROG_UNWIND_NATIVE);

@@ -9,5 +9,6 @@
 // The runtimes' unwinders (registry: runtimes.h), one line each.
 #include "cpython.ebpf.c"
 #include "jvm.ebpf.c"
+#include "v8.ebpf.c"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -403,9 +403,11 @@ struct unwind_state {
   u64 fp;
   // The link register (arm64): the return address of a leaf frame.
   u64 lr;
-  // r13 of the interrupted frame (x86_64; 0 on arm64): an interpreter may
-  // keep its current instruction there, which its unwinder reads for the
-  // top frame, whose stack slot for it is stale.
+  // Registers of the interrupted frame (x86_64; 0 on arm64) in which
+  // interpreters keep their current bytecode, which their unwinders read
+  // for the top frame, whose stack slots for it are stale.
+  u64 r9;
+  u64 r12;
   u64 r13;
   u32 tail_calls;
   // Set once pc is a return address rather than the interrupted pc.
