@@ -84,6 +84,7 @@ type (
 		address  uint64
 		function int32
 		line     int64
+		column   int64
 		kind     int32
 		tier     int32
 	}
@@ -203,7 +204,7 @@ func (b *dictBuilder) location(f *libpf.Frame) int32 {
 	}
 	if f.FunctionName != "" {
 		k.function = b.function(f.FunctionName, f.SystemName, f.SourceFile)
-		k.line = int64(f.SourceLine)
+		k.line, k.column = int64(f.SourceLine), int64(f.SourceColumn)
 	}
 	return b.locations.add(k, func() *profilespb.Location {
 		loc := &profilespb.Location{
@@ -215,7 +216,7 @@ func (b *dictBuilder) location(f *libpf.Frame) int32 {
 			loc.AttributeIndices = append(loc.AttributeIndices, k.tier)
 		}
 		if k.function != 0 {
-			loc.Lines = []*profilespb.Line{{FunctionIndex: k.function, Line: k.line}}
+			loc.Lines = []*profilespb.Line{{FunctionIndex: k.function, Line: k.line, Column: k.column}}
 		}
 		return loc
 	})

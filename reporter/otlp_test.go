@@ -444,7 +444,8 @@ func TestBuildRequestPythonFrames(t *testing.T) {
 
 // TestBuildRequestFrameTier: a frame's tier, and whether it was inlined,
 // is an attribute of its location; frames without either have none, and
-// the same function at another tier is another location.
+// the same function at another tier is another location. A column goes
+// into the location's line.
 func TestBuildRequestFrameTier(t *testing.T) {
 	f := newFixture()
 	a := newAggregator(f.start, 10)
@@ -454,10 +455,13 @@ func TestBuildRequestFrameTier(t *testing.T) {
 		{Kind: k, FunctionName: "top", SystemName: "top(J)V", Tier: "C2"},
 		{Kind: k, FunctionName: "leaf", Tier: "interpreted"},
 		{Kind: k, FunctionName: "inl", Inlined: true},
-		{Kind: k, FunctionName: "main"},
+		{Kind: k, FunctionName: "main", SourceLine: 12, SourceColumn: 7},
 	}}
 	a.add(trace, &libpf.SampleMeta{Process: f.procA}, uint64(f.start.UnixNano()))
 	d := mustBuild(t, a.swap(f.end)).req.Dictionary
+	if l := d.LocationTable[5].Lines[0]; l.Line != 12 || l.Column != 7 {
+		t.Errorf("main at line %d, column %d; want 12, 7", l.Line, l.Column)
+	}
 	var got []string
 	for _, l := range d.LocationTable[1:] {
 		tier, _ := attrsOf(d, l.AttributeIndices)["profile.frame.tier"].(string)

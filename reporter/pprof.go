@@ -78,6 +78,7 @@ type pprofLocKey struct {
 	address uint64
 	fn      *profile.Function
 	line    int64
+	column  int64
 }
 
 // pprofBuilder dedups mappings, functions and locations and numbers them
@@ -107,7 +108,7 @@ func (b *pprofBuilder) location(f *libpf.Frame) *profile.Location {
 	k := pprofLocKey{mapping: m, address: f.AbsAddress()}
 	if name := symbolName(f); name != "" {
 		k.fn = b.function(name, cmp.Or(f.SystemName, name), f.SourceFile)
-		k.line = int64(f.SourceLine)
+		k.line, k.column = int64(f.SourceLine), int64(f.SourceColumn)
 		if m != nil {
 			m.HasFunctions = true
 			m.HasFilenames = m.HasFilenames || f.SourceFile != ""
@@ -119,7 +120,7 @@ func (b *pprofBuilder) location(f *libpf.Frame) *profile.Location {
 	}
 	loc := &profile.Location{ID: uint64(len(b.p.Location) + 1), Mapping: m, Address: k.address}
 	if k.fn != nil {
-		loc.Line = []profile.Line{{Function: k.fn, Line: k.line}}
+		loc.Line = []profile.Line{{Function: k.fn, Line: k.line, Column: k.column}}
 	}
 	b.locations[k] = loc
 	b.p.Location = append(b.p.Location, loc)

@@ -1,0 +1,230 @@
+package integration
+
+import (
+	"bufio"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	v8 "github.com/hostprof/ebpf-profiler/interpreter/v8"
+	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/utils/nodefetch"
+)
+
+// nodeWorkload returns utils/workloads/node/v8work.js and the line of each
+// "// hot: NAME" marker in it.
+func nodeWorkload(t *testing.T) (script string, hot map[string]uint32) {
+	t.Helper()
+	_, here, _, _ := runtime.Caller(0)
+	script = filepath.Join(filepath.Dir(here), "..", "..", "utils", "workloads", "node", "v8work.js")
+	script, err := filepath.Abs(script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	hot = map[string]uint32{}
+	sc := bufio.NewScanner(f)
+	for n := uint32(1); sc.Scan(); n++ {
+		if _, name, ok := strings.Cut(sc.Text(), "// hot: "); ok {
+			hot[strings.TrimSpace(name)] = n
+		}
+	}
+	return script, hot
+}
+
+// runNode runs the workload in one mode to its end.
+func runNode(t *testing.T, node, script, mode string, d time.Duration, flags ...string) pythonRun {
+	t.Helper()
+	cmd := exec.Command(node, append(flags, script, mode, formatSeconds(d))...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v %s: %v\n%s", node, flags, mode, err, out)
+	}
+	return pythonRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out))}
+}
+
+// hotFrom reads the workload's "hot phase from <unix seconds>" line.
+func hotFrom(t *testing.T, out string) time.Time {
+	t.Helper()
+	var from float64
+	if _, err := fmt.Sscanf(out, "hot phase from %g", &from); err != nil {
+		t.Fatalf("the workload printed %q: %v", out, err)
+	}
+	sec, frac := math.Modf(from)
+	return time.Unix(int64(sec), int64(frac*1e9))
+}
+
+// jsFrames returns a trace's JavaScript function frames, leaf first: V8's
+// frames with a script (builtins and V8's own frames have none).
+func jsFrames(tr *libpf.Trace) []libpf.Frame {
+	var out []libpf.Frame
+	for _, f := range tr.Frames {
+		if f.Kind == v8.Kind && f.SourceFile != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// jsChain reports whether a trace's JavaScript frames start with chain
+// (leaf first), each in script, the leaf at leafLine, and the stack is
+// complete.
+func jsChain(tr *libpf.Trace, chain []string, script string, leafLine uint32) bool {
+	fs := jsFrames(tr)
+	if len(fs) < len(chain) || fs[0].SourceLine != leafLine {
+		return false
+	}
+	for i, name := range chain {
+		if fs[i].FunctionName != name || fs[i].SourceFile != script {
+			return false
+		}
+	}
+	return completeStack(tr)
+}
+
+// logNodeExamples logs a few samples, JavaScript frames marked.
+func logNodeExamples(t *testing.T, what string, samples []sample) {
+	t.Helper()
+	some := samples
+	if len(samples) > 4 {
+		some = append(samples[:2:2], samples[len(samples)-2:]...)
+	}
+	for _, smp := range some {
+		var names []string
+		for _, f := range smp.trace.Frames {
+			switch {
+			case f.Kind == v8.Kind:
+				names = append(names, fmt.Sprintf("js:%s:%d:%d(%s)", f.FunctionName, f.SourceLine, f.SourceColumn, tierOf(f)))
+			case f.FunctionName != "":
+				names = append(names, f.FunctionName)
+			case f.Mapping != nil:
+				names = append(names, fmt.Sprintf("%s+%#x", filepath.Base(f.Mapping.Path), f.Address))
+			default:
+				names = append(names, fmt.Sprintf("%v:%#x", f.Kind, f.Address))
+			}
+		}
+		t.Logf("%s [%s]: %v", what, smp.meta.ThreadName, names)
+	}
+}
+
+// logJSTiers logs, for each of the first frames of chain, the share of
+// samples in which it ran at each tier.
+func logJSTiers(t *testing.T, samples []sample, chain []string) {
+	t.Helper()
+	for i, name := range chain {
+		tiers := map[string]int{}
+		n := 0
+		for _, s := range samples {
+			if fs := jsFrames(s.trace); len(fs) > i && fs[i].FunctionName == name {
+				tiers[tierOf(fs[i])]++
+				n++
+			}
+		}
+		var parts []string
+		for tier, c := range tiers {
+			parts = append(parts, fmt.Sprintf("%s %.1f%%", tier, 100*share(c, n)))
+		}
+		slices.Sort(parts)
+		t.Logf("tiers of %s: %s", name, strings.Join(parts, ", "))
+	}
+}
+
+// nodeCase is one run of the workload and what its samples must show.
+type nodeCase struct {
+	name  string
+	mode  string
+	flags []string
+	check func(t *testing.T, samples []sample, script string, hot map[string]uint32) (got, want float64)
+}
+
+var jsChainNames = []string{"leaf", "mid", "top", "loop", "main"}
+
+// checkNodeChain: the main thread's samples show leaf, mid, top, loop and
+// main, the leaf at its hot line.
+func checkNodeChain(t *testing.T, samples []sample, script string, hot map[string]uint32) (float64, float64) {
+	t.Helper()
+	ok, misses := tally(samples, func(s sample) bool { return jsChain(s.trace, jsChainNames, script, hot["leaf"]) })
+	inlined, _ := tally(samples, func(s sample) bool {
+		fs := jsFrames(s.trace)
+		return len(fs) > 0 && fs[0].FunctionName == "leaf" && fs[0].Inlined
+	})
+	t.Logf("%d samples, %.1f%% show %v at line %d, complete; leaf inlined in %.1f%%", len(samples),
+		100*share(ok, len(samples)), jsChainNames, hot["leaf"], 100*share(inlined, len(samples)))
+	logJSTiers(t, samples, jsChainNames[:3])
+	if len(samples) < testHz {
+		t.Errorf("only %d samples", len(samples))
+	}
+	logNodeExamples(t, "miss", misses)
+	return share(ok, len(samples)), 0.95
+}
+
+// nodeCases are the workloads TestNodeStacks runs on each Node version.
+var nodeCases = []nodeCase{
+	{"chain", "chain", nil, checkNodeChain},
+	{"chain, --no-turbo-inlining", "chain", []string{"--no-turbo-inlining"}, checkNodeChain},
+	{"chain, --jitless", "chain", []string{"--jitless"}, checkNodeChain},
+}
+
+// TestNodeStacks profiles each workload of v8work.js under every tested
+// Node version and checks the JavaScript frames of its samples: names,
+// scripts, the leaf's line, and their order among the native frames down
+// to the process's entry.
+func TestNodeStacks(t *testing.T) {
+	requireRoot(t)
+	skipIfPreparing(t)
+	script, hot := nodeWorkload(t)
+	const run = 4 * time.Second
+	results := map[string][]float64{}
+	for _, v := range nodefetch.Versions() {
+		t.Run("Node "+v, func(t *testing.T) {
+			node, err := nodefetch.Node(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := startSession(t, testHz)
+			// A short run first: the daemon has then read this node's
+			// files, as on any host after its first minutes.
+			runNode(t, node, script, "chain", time.Second)
+			runs := make([]pythonRun, len(nodeCases))
+			for i, c := range nodeCases {
+				runs[i] = runNode(t, node, script, c.mode, run, c.flags...)
+			}
+			logRuntimeMetrics(t, s, "v8")
+			s.stop(t)
+			for i, c := range nodeCases {
+				t.Run(c.name, func(t *testing.T) {
+					got, want := c.check(t, runs[i].hotSamples(t, s.rec), script, hot)
+					results[v] = append(results[v], got)
+					if got < want {
+						t.Errorf("%.1f%% of samples as expected, want >= %.0f%%", 100*got, 100*want)
+					}
+				})
+			}
+		})
+	}
+	var table strings.Builder
+	table.WriteString("\n| Node |")
+	for _, c := range nodeCases {
+		fmt.Fprintf(&table, " %s |", c.name)
+	}
+	table.WriteString("\n|---|" + strings.Repeat("---|", len(nodeCases)) + "\n")
+	for _, v := range nodefetch.Versions() {
+		fmt.Fprintf(&table, "| %s |", v)
+		for _, r := range results[v] {
+			fmt.Fprintf(&table, " %.1f%% |", 100*r)
+		}
+		table.WriteString("\n")
+	}
+	t.Log(table.String())
+}
