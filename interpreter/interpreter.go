@@ -67,6 +67,11 @@ type Runtime struct {
 	// change; nil, nil when the process has none. Its Host has no Bias.
 	Detect func(h Host) (Process, error)
 
+	// CodeRangesAtPC says its Binary's CodeRanges are code its unwinder
+	// takes over at the PC (code without unwind tables, such as a JIT's
+	// builtins), not eval loops the native unwinder steps past first.
+	CodeRangesAtPC bool
+
 	// RetryMin and RetryMax pace attach attempts that failed: from
 	// RetryMin, doubling up to RetryMax.
 	RetryMin, RetryMax time.Duration
@@ -100,7 +105,9 @@ type Binary interface {
 	Unsupported() error
 	// CodeRanges are file address ranges [start, end) of the runtime's
 	// eval loop: the native unwinder hands each of its frames to the
-	// runtime's BPF unwinder after stepping past it.
+	// runtime's BPF unwinder after stepping past it (or, where the
+	// Runtime's CodeRangesAtPC is set, at its PC, in every mapping of the
+	// file that maps the range).
 	CodeRanges() [][2]uint64
 	// Attach describes a process that maps the binary to the runtime's
 	// BPF unwinder. An error is retried, paced by RetryMin and RetryMax.

@@ -511,6 +511,13 @@ func (m *Manager) rereadMaps(p *process) bool {
 		// Cached conversions may name mappings that are gone, or leave
 		// addresses unmapped that are now known.
 		p.gen = m.newGeneration()
+		// Attached runtimes look again (Updater): the new mappings
+		// may be their code.
+		for _, st := range p.runtimes {
+			if st.proc != nil {
+				st.missed = true
+			}
+		}
 	}
 	return changed
 }

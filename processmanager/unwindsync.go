@@ -122,9 +122,13 @@ type attachedMapping struct {
 	// unwinds if set.
 	fileID  uint64
 	runtime uint8
+	// atPC are the parts of a file's mapping whose code a runtime's
+	// unwinder takes over at the PC (Runtime.CodeRangesAtPC).
+	atPC []runtimeCode
 }
 
-// runtimeCode is a range of file addresses of a runtime's eval loop.
+// runtimeCode is a range of a runtime's code: file addresses of an eval
+// loop, or process addresses of code taken over at the PC.
 type runtimeCode struct {
 	start, end uint64
 	runtime    uint8
@@ -168,7 +172,15 @@ func (s *unwindSync) attach(pid uint32, mp *mapping, procFS string) {
 			continue // no unwinder, or never attached: nothing to hand over
 		}
 		for _, r := range rm.bin.CodeRanges() {
-			j.runtimeCode = append(j.runtimeCode, runtimeCode{r[0], r[1], uint8(rm.rt.ID)})
+			if !rm.rt.CodeRangesAtPC {
+				j.runtimeCode = append(j.runtimeCode, runtimeCode{r[0], r[1], uint8(rm.rt.ID)})
+				continue
+			}
+			// Where this mapping maps the range, in process addresses.
+			start, end := max(r[0]+mp.pf.Bias, e.start), min(r[1]+mp.pf.Bias, e.end)
+			if start < end {
+				j.m.atPC = append(j.m.atPC, runtimeCode{start, end, uint8(rm.rt.ID)})
+			}
 		}
 	}
 	s.send(j)
@@ -316,6 +328,19 @@ func (s *unwindSync) addTrie(pid uint32, m attachedMapping) error {
 			return fmt.Errorf("writing the mapping trie: %w", err)
 		}
 	}
+	// A part taken over at the PC: its prefixes are nested in the
+	// mapping's (every aligned block inside a range lies in one of the
+	// range's own), so the trie's longest match finds them.
+	for _, c := range m.atPC {
+		for _, p := range rangePrefixes(c.start, c.end) {
+			key := support.NewPidMappingKey(pid, p[0], int(p[1]))
+			if err := s.u.Maps.SetPidMapping(key, support.PidMapping{FileID: m.fileID, Bias: m.bias, Runtime: c.runtime}); err != nil {
+				s.loadErrors.Add(1)
+				s.remove(pid, m.start)
+				return fmt.Errorf("writing the mapping trie: %w", err)
+			}
+		}
+	}
 	return nil
 }
 
@@ -336,6 +361,11 @@ func (s *unwindSync) remove(pid uint32, start uint64) {
 	delete(s.attached[pid], start)
 	for _, p := range rangePrefixes(m.start, m.end) {
 		_ = s.u.Maps.DeletePidMapping(support.NewPidMappingKey(pid, p[0], int(p[1])))
+	}
+	for _, c := range m.atPC {
+		for _, p := range rangePrefixes(c.start, c.end) {
+			_ = s.u.Maps.DeletePidMapping(support.NewPidMappingKey(pid, p[0], int(p[1])))
+		}
 	}
 	s.loader.release(m.fileID)
 }

@@ -34,8 +34,11 @@ var Runtime = &interpreter.Runtime{
 	ConfigStruct: "v8_proc",
 	ConfigMirror: UnwinderProc{},
 	Recognise:    recognise,
-	RetryMin:     100 * time.Millisecond,
-	RetryMax:     30 * time.Second,
+	// The builtins have no unwind tables: the unwinder takes them over
+	// at the PC, where the binary maps them and where V8 copied them.
+	CodeRangesAtPC: true,
+	RetryMin:       100 * time.Millisecond,
+	RetryMax:       30 * time.Second,
 	// V8 moves and frees objects; each frame is checked against what it
 	// names when it is converted, but a cached trace would not look.
 	TraceRecheck: 10 * time.Second,
@@ -112,9 +115,9 @@ func (b *v8Binary) Unsupported() error {
 	return nil
 }
 
-// CodeRanges hands the embedded builtins to the unwinder: the native
-// unwinder meets them as the return address of the C++ a builtin calls
-// (they have no unwind tables).
+// CodeRanges hands the embedded builtins to the unwinder: interpreted
+// code runs in them, and the native unwinder meets them as the return
+// address of the C++ a builtin calls.
 func (b *v8Binary) CodeRanges() [][2]uint64 {
 	if b.info == nil {
 		return nil
@@ -146,39 +149,40 @@ type process struct {
 	// claimed.
 	cfg     UnwinderProc
 	regions []interpreter.Region
-	// blobCopy is where V8 copied the builtins beside its JIT code, 0 if
-	// it did not.
-	blobCopy uint64
+	// blobCopies are where V8 copied the builtins beside isolates' JIT
+	// code.
+	blobCopies []uint64
 }
 
 // Update claims the process's JIT code and tells the unwinder where it
-// and the builtins' copy are: V8 maps code pages as its heap grows.
+// and the builtins' copies are: V8 maps code pages as its heap grows.
 func (p *process) Update(h interpreter.Host) (bool, error) {
 	if p.sym == nil {
 		return false, interpreter.ErrDetached
 	}
 	info := p.bin.info
-	var regions []interpreter.Region
-	blobCopy := uint64(0)
+	var jit []interpreter.Region
+	var copies []uint64
 	for _, m := range h.Mappings() {
 		switch {
 		case m.Path == "" || strings.HasPrefix(m.Path, "[anon:"):
-			regions = append(regions, interpreter.Region{Start: m.Start, End: m.End, Unwind: true})
+			jit = append(jit, interpreter.Region{Start: m.Start, End: m.End, Unwind: true})
 		case m.Path == p.bin.path && m.Start+info.BlobOffset-m.Offset != info.BlobAddr+p.bias &&
 			m.Offset <= info.BlobOffset && info.BlobOffset < m.Offset+(m.End-m.Start) &&
-			m.End-m.Start <= uint64(info.BlobSize)+2*pageSize:
+			m.End-m.Start <= uint64(info.BlobSize)+2*pageSize && len(copies) < maxBlobs-1:
 			// A mapping of the blob alone, not where the binary's text
 			// maps it.
-			blobCopy = m.Start + info.BlobOffset - m.Offset
+			copies = append(copies, m.Start+info.BlobOffset-m.Offset)
 		}
 	}
-	cfg := p.unwinderProc(regions, blobCopy)
+	regions := claimCodeRanges(jit, copies)
+	cfg := p.unwinderProc(regions, copies)
 	changed := false
 	if cfg != p.cfg {
 		if err := h.SetConfig(cfg); err != nil {
 			return false, err
 		}
-		p.cfg, p.blobCopy, changed = cfg, blobCopy, true
+		p.cfg, p.blobCopies, changed = cfg, copies, true
 	}
 	if !sameRegions(regions, p.regions) {
 		if err := h.SetRegions(regions); err != nil {
@@ -189,15 +193,41 @@ func (p *process) Update(h interpreter.Host) (bool, error) {
 	return changed, nil
 }
 
+// maxCodeRange bounds an isolate's code range: V8 reserves it in one
+// piece, its JIT pages first and the builtins' copy at its end (512 MiB
+// on x64 for Node 20, read from /proc/PID/maps).
+const maxCodeRange = 1 << 30
+
+// claimCodeRanges turns the JIT mappings into the regions claimed: where
+// an isolate's code range ends with a copy of the builtins, the whole
+// range from its first JIT mapping up to the copy, so that pages V8 maps
+// there later are the unwinder's from their first sample.
+func claimCodeRanges(jit []interpreter.Region, copies []uint64) []interpreter.Region {
+	var out []interpreter.Region
+	for _, r := range jit {
+		for _, c := range copies {
+			if r.Start < c && c-r.Start <= maxCodeRange {
+				r.End = max(r.End, c)
+			}
+		}
+		if n := len(out); n > 0 && r.Start < out[n-1].End {
+			// Inside the range claimed before it.
+			out[n-1].End = max(out[n-1].End, r.End)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
 const pageSize = 4096
 
-// codeRangeGap joins JIT mappings closer than this into one range of the
-// unwinder's configuration: an isolate's code lies in one reservation of
-// at most 128 MiB (kMaximalCodeRangeSize on x64).
+// codeRangeGap joins JIT ranges closer than this into one range of the
+// unwinder's configuration.
 const codeRangeGap = 128 << 20
 
 // unwinderProc describes the process to the BPF unwinder.
-func (p *process) unwinderProc(jit []interpreter.Region, blobCopy uint64) UnwinderProc {
+func (p *process) unwinderProc(jit []interpreter.Region, copies []uint64) UnwinderProc {
 	info, l := p.bin.info, p.bin.layout
 	u := UnwinderProc{
 		BlobSize:         info.BlobSize,
@@ -212,11 +242,11 @@ func (p *process) unwinderProc(jit []interpreter.Region, blobCopy uint64) Unwind
 		FrameTypes:       uint8(l.FrameTypes),
 	}
 	u.BlobLow[0] = info.BlobAddr + p.bias
-	u.BlobLow[1] = blobCopy
+	copy(u.BlobLow[1:], copies)
 	n := 0
 	for _, r := range jit {
 		switch {
-		case n > 0 && r.Start-u.CodeHigh[n-1] < codeRangeGap && r.End-u.CodeLow[n-1] <= 2*codeRangeGap:
+		case n > 0 && r.Start-u.CodeHigh[n-1] < codeRangeGap && r.End-u.CodeLow[n-1] <= 2*maxCodeRange:
 			u.CodeHigh[n-1] = r.End
 		case n < codeRanges:
 			u.CodeLow[n], u.CodeHigh[n] = r.Start, r.End
@@ -248,15 +278,19 @@ func (p *process) Symbolize(f support.Frame, out []libpf.Frame) ([]libpf.Frame, 
 
 func (p *process) Detach() { p.sym = nil }
 
-// codeRanges is V8_CODE_RANGES in support/ebpf/v8.ebpf.c.
-const codeRanges = 4
+// codeRanges and maxBlobs are V8_CODE_RANGES and V8_BLOBS in
+// support/ebpf/v8.ebpf.c.
+const (
+	codeRanges = 4
+	maxBlobs   = 4
+)
 
 // UnwinderProc mirrors struct v8_proc in support/ebpf/v8.ebpf.c; the
 // tracer checks it against the object's BTF.
 type UnwinderProc struct {
 	CodeLow          [codeRanges]uint64
 	CodeHigh         [codeRanges]uint64
-	BlobLow          [2]uint64
+	BlobLow          [maxBlobs]uint64
 	BlobSize         uint32
 	EntryLo          uint32
 	EntryHi          uint32
@@ -267,5 +301,5 @@ type UnwinderProc struct {
 	TypeSFI          uint16
 	BytecodeData     uint16
 	FrameTypes       uint8
-	_                [7]uint8
+	_                [3]uint8
 }

@@ -149,13 +149,13 @@ func (p *process) symbolize(f support.Frame, out []libpf.Frame) ([]libpf.Frame, 
 // builtinAt names the builtin at a process address, in either copy.
 func (p *process) builtinAt(pc uint64) (string, bool) {
 	info := p.bin.info
-	var addr uint64
-	switch {
-	case pc >= info.BlobAddr+p.bias && pc < info.BlobAddr+p.bias+uint64(info.BlobSize):
-		addr = pc - p.bias
-	case p.blobCopy != 0 && pc >= p.blobCopy && pc < p.blobCopy+uint64(info.BlobSize):
-		addr = pc - p.blobCopy + info.BlobAddr
-	default:
+	addr, found := uint64(0), false
+	for _, lo := range append([]uint64{info.BlobAddr + p.bias}, p.blobCopies...) {
+		if pc >= lo && pc < lo+uint64(info.BlobSize) {
+			addr, found = pc-lo+info.BlobAddr, true
+		}
+	}
+	if !found {
 		return "", false
 	}
 	name, ok := info.builtinAt(addr)

@@ -38,15 +38,18 @@ enum v8_frame_type {
 // mapping trie, at the cost of a round trip through the native unwinder.
 #define V8_CODE_RANGES 4
 
+// The builtins' places: the binary's and copies beside isolates' code.
+#define V8_BLOBS 4
+
 // What the V8 unwinder needs of a process (its entry in runtime_procs).
 struct v8_proc {
   // JIT code: [code_lo[i], code_hi[i]).
   u64 code_lo[V8_CODE_RANGES];
   u64 code_hi[V8_CODE_RANGES];
   // The embedded builtins, blob_size bytes at blob_lo[0] in the binary
-  // and at blob_lo[1] (0 if none) where V8 copied them beside its JIT code
-  // for short calls.
-  u64 blob_lo[2];
+  // and at blob_lo[1..] (0 if none) where V8 copied them beside an
+  // isolate's JIT code for short calls.
+  u64 blob_lo[V8_BLOBS];
   u32 blob_size;
   // Offsets in the blob: the interpreter's entry builtins
   // [entry_lo, entry_hi) and its bytecode handlers [handlers_lo,
@@ -65,7 +68,7 @@ struct v8_proc {
   u16 bytecode_data;
   // Frame types (StackFrame::Type) are below this.
   u8 frame_types;
-  u8 pad[7];
+  u8 pad[3];
 };
 _Static_assert(sizeof(struct v8_proc) <= RUNTIME_PROC_SIZE, "v8_proc too large");
 
@@ -92,6 +95,10 @@ volatile const struct v8_btf_exports {
   enum v8_frame_type v8_frame_type;
 } v8_btf_exports __attribute__((used));
 
+// Bytecode offsets are below this: a register that holds a larger one
+// does not hold the offset.
+#define V8_MAX_BYTECODES (1 << 24)
+
 // Frames one run of this program walks before it tail-calls itself.
 #define V8_FRAMES_PER_PROGRAM 8
 
@@ -112,7 +119,7 @@ static __always_inline int v8_read(void *dst, u32 size, u64 addr)
 // The offset of pc in the embedded builtins (either copy), or -1.
 static __always_inline s64 v8_blob_offset(const struct v8_proc *p, u64 pc)
 {
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < V8_BLOBS; i++)
     if (p->blob_lo[i] && pc >= p->blob_lo[i] && pc < p->blob_lo[i] + p->blob_size)
       return pc - p->blob_lo[i];
   return -1;
@@ -153,6 +160,10 @@ int unwind_v8(struct bpf_perf_event_data *ctx)
     runtime_missing(state, t->pid, RUNTIME_V8, METRIC_ERR_V8_NO_PROC);
     return runtime_return(ctx, r);
   }
+  // Set while the interrupted PC is in a bytecode handler that built a
+  // frame of its own: the interpreted frame below it takes its bytecode
+  // from r9 and r12 as the top frame would.
+  int in_handler = 0;
   for (int i = 0; i < V8_FRAMES_PER_PROGRAM; i++) {
     u64 pc = state->pc, sp = state->sp, fp = state->fp;
     int top = !state->return_address;
@@ -168,20 +179,27 @@ int unwind_v8(struct bpf_perf_event_data *ctx)
     if (v8_read(s, sizeof(s), fp - 40))
       goto read_error;
     u64 marker = s[V8_SLOT_CONTEXT], sfi;
+    s64 off = v8_blob_offset(p, pc);
+    int handler = off >= p->handlers_lo && off < p->handlers_hi;
     if ((marker & 1) == 0 && marker < ((u64)p->frame_types << 1)) {
+      if (top && handler) {
+        // Part of interpreting the function below, not reported.
+        in_handler = 1;
+        goto next;
+      }
       increment_runtime_metric(RUNTIME_V8, METRIC_V8_STUB_FRAMES);
       if (push_runtime_frame(t, RUNTIME_V8, marker >> 1,
                              ((u64)V8_FRAME_STUB << V8_FRAME_TYPE_SHIFT) |
                                (top ? V8_FRAME_TOP : 0) | (pc & V8_PC_MASK)))
         goto full;
     } else if ((sfi = v8_function_sfi(p, s[V8_SLOT_FUNCTION]))) {
-      s64 off = v8_blob_offset(p, pc);
-      int handler = off >= p->handlers_lo && off < p->handlers_hi;
       u64 array = s[V8_SLOT_BYTECODE_ARRAY];
       u64 tagged_offset = s[V8_SLOT_BYTECODE_OFFSET];
       if (handler || (off >= p->entry_lo && off < p->entry_hi)) {
         s64 bytecode;
-        if (top && handler && state->r12 == array)
+        s64 live = (s64)state->r9 - (p->bytecode_data - 1);
+        if (((top && handler) || in_handler) && state->r12 == array && live >= 0 &&
+            live < V8_MAX_BYTECODES)
           // Handlers keep the offset in r9, untagged, and store it in
           // the frame only before they call out.
           bytecode = (s64)state->r9;
@@ -210,6 +228,9 @@ int unwind_v8(struct bpf_perf_event_data *ctx)
       increment_runtime_metric(RUNTIME_V8, METRIC_ERR_V8_BAD_FRAME);
       goto give_up;
     }
+  next:
+    if (!top)
+      in_handler = 0;
     state->pc = s[V8_SLOT_RETURN] & USER_ADDRESS_MASK;
     state->sp = fp + 16;
     state->fp = s[V8_SLOT_CALLER_FP];

@@ -47,9 +47,11 @@ func nodeWorkload(t *testing.T) (script string, hot map[string]uint32) {
 func runNode(t *testing.T, node, script, mode string, d time.Duration, flags ...string) pythonRun {
 	t.Helper()
 	cmd := exec.Command(node, append(flags, script, mode, formatSeconds(d))...)
-	out, err := cmd.CombinedOutput()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr // flags may draw warnings there
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("%s %v %s: %v\n%s", node, flags, mode, err, out)
+		t.Fatalf("%s %v %s: %v\n%s%s", node, flags, mode, err, out, stderr.String())
 	}
 	return pythonRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out))}
 }
@@ -91,6 +93,18 @@ func jsChain(tr *libpf.Trace, chain []string, script string, leafLine uint32) bo
 		}
 	}
 	return completeStack(tr)
+}
+
+// mainThread keeps the samples of a process's main thread (node's
+// JavaScript thread; V8 compiles and collects garbage on others).
+func mainThread(samples []sample) []sample {
+	var out []sample
+	for _, s := range samples {
+		if uint32(s.meta.TID) == uint32(s.meta.Process.PID) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // logNodeExamples logs a few samples, JavaScript frames marked.
@@ -154,6 +168,7 @@ var jsChainNames = []string{"leaf", "mid", "top", "loop", "main"}
 // main, the leaf at its hot line.
 func checkNodeChain(t *testing.T, samples []sample, script string, hot map[string]uint32) (float64, float64) {
 	t.Helper()
+	samples = mainThread(samples)
 	ok, misses := tally(samples, func(s sample) bool { return jsChain(s.trace, jsChainNames, script, hot["leaf"]) })
 	inlined, _ := tally(samples, func(s sample) bool {
 		fs := jsFrames(s.trace)
