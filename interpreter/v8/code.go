@@ -1,9 +1,11 @@
 package v8
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
+	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
 	"github.com/hostprof/ebpf-profiler/libpf"
 )
 
@@ -77,7 +79,8 @@ func (s *symbolizer) codeAt(pc uint64) (*code, error) {
 		c := s.codes[s.codeStarts[i]]
 		if pc < c.start+c.size {
 			start, size, kind, err := s.codeHeader(c.obj)
-			if err == nil && start == c.start && size == c.size && kind == c.kind {
+			if (err == nil && start == c.start && size == c.size && kind == c.kind) ||
+				errors.Is(err, procmem.ErrUnreadable) { // the process exited after the sample
 				return c, nil
 			}
 			s.dropCode(c.start)

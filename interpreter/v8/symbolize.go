@@ -218,6 +218,11 @@ func (sc *script) position(offset int64) (line, col int64, ok bool) {
 func (s *symbolizer) function(sfi uint64) (*function, error) {
 	h, l := s.h, s.h.l
 	if _, err := h.expect(sfi, "SharedFunctionInfo", l.TypeSFI); err != nil {
+		if fn, ok := s.functions[sfi]; ok && errors.Is(err, procmem.ErrUnreadable) {
+			// The process exited after the sample: nothing can have
+			// taken the function's place since.
+			return fn, nil
+		}
 		return nil, err
 	}
 	nameOrScope, err := h.field(sfi, l.SFINameOrScopeInfo)
