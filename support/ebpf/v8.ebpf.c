@@ -134,6 +134,15 @@ static __always_inline int v8_in_code(const struct v8_proc *p, u64 pc)
   return v8_blob_offset(p, pc) >= 0;
 }
 
+// Whether pc is in V8's JIT code (not its builtins).
+static __always_inline int v8_in_jit(const struct v8_proc *p, u64 pc)
+{
+  for (int i = 0; i < V8_CODE_RANGES; i++)
+    if (pc >= p->code_lo[i] && pc < p->code_hi[i] && v8_blob_offset(p, pc) < 0)
+      return 1;
+  return 0;
+}
+
 // The SharedFunctionInfo of the JSFunction fn, or 0 when fn is not a
 // function (its shared is not a SharedFunctionInfo).
 static __always_inline u64 v8_function_sfi(const struct v8_proc *p, u64 fn)
@@ -217,6 +226,19 @@ int unwind_v8(struct bpf_perf_event_data *ctx)
                                  (u32)bytecode))
           goto full;
       } else {
+        u64 ret;
+        if (top && off >= 0 && !v8_read(&ret, sizeof(ret), sp) && v8_in_jit(p, ret)) {
+          // A builtin without a frame of its own, called from the
+          // function's JIT code: its return address is at sp. Both are
+          // reported (user space checks the address is the function's).
+          increment_runtime_metric(RUNTIME_V8, METRIC_V8_STUB_FRAMES);
+          if (push_runtime_frame(t, RUNTIME_V8, 0,
+                                 ((u64)V8_FRAME_STUB << V8_FRAME_TYPE_SHIFT) | V8_FRAME_TOP |
+                                   (pc & V8_PC_MASK)))
+            goto full;
+          top = 0;
+          pc = ret;
+        }
         increment_runtime_metric(RUNTIME_V8, METRIC_V8_CODE_FRAMES);
         if (push_runtime_frame(t, RUNTIME_V8, sfi,
                                ((u64)V8_FRAME_CODE << V8_FRAME_TYPE_SHIFT) |

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -159,6 +160,9 @@ type nodeCase struct {
 	name  string
 	mode  string
 	flags []string
+	// from is the first Node major version the case runs on (its flags
+	// are unknown before).
+	from  int
 	check func(t *testing.T, samples []sample, script string, hot map[string]uint32) (got, want float64)
 }
 
@@ -184,11 +188,110 @@ func checkNodeChain(t *testing.T, samples []sample, script string, hot map[strin
 	return share(ok, len(samples)), 0.95
 }
 
+// checkNodeShapes: a class's constructor and method, an arrow function
+// and an anonymous function expression, each named as V8 names it, at
+// its hot line, called from the shapes arrow, loop and main.
+func checkNodeShapes(t *testing.T, samples []sample, script string, hot map[string]uint32) (float64, float64) {
+	t.Helper()
+	samples = mainThread(samples)
+	leaves := map[string]uint32{"Shape": hot["Shape"], "area": hot["Shape.area"], "arrow": hot["arrow"],
+		v8.AnonymousName: hot["anonymous"]}
+	seen := map[string]int{}
+	ok, misses := tally(samples, func(s sample) bool {
+		fs := jsFrames(s.trace)
+		if len(fs) < 4 {
+			return false
+		}
+		line, known := leaves[fs[0].FunctionName]
+		if !known || fs[0].SourceLine != line {
+			return false
+		}
+		seen[fs[0].FunctionName]++
+		return jsChain(s.trace, []string{fs[0].FunctionName, "shapes", "loop", "main"}, script, line)
+	})
+	t.Logf("%d samples, %.1f%% show a shape at its line above shapes, loop, main; by leaf: %v",
+		len(samples), 100*share(ok, len(samples)), seen)
+	for name := range leaves {
+		if seen[name] < len(samples)/20 {
+			t.Errorf("%s leads only %d of %d samples", name, seen[name], len(samples))
+		}
+	}
+	logJSTiers(t, samples, []string{"Shape"})
+	logNodeExamples(t, "miss", misses)
+	return share(ok, len(samples)), 0.9
+}
+
+// checkNodeWorkers: each worker thread shows its own chain (wa* or wb*)
+// above loop, never the other's.
+func checkNodeWorkers(t *testing.T, samples []sample, script string, hot map[string]uint32) (float64, float64) {
+	t.Helper()
+	chains := map[string][]string{"a": {"waLeaf", "waTop", "loop"}, "b": {"wbLeaf", "wbTop", "loop"}}
+	byThread := map[libpf.TID]string{}
+	var workers []sample
+	mixed := 0
+	for _, s := range samples {
+		for _, f := range jsFrames(s.trace) {
+			which := ""
+			switch {
+			case strings.HasPrefix(f.FunctionName, "wa"):
+				which = "a"
+			case strings.HasPrefix(f.FunctionName, "wb"):
+				which = "b"
+			default:
+				continue
+			}
+			if prev, ok := byThread[s.meta.TID]; ok && prev != which {
+				mixed++
+			}
+			byThread[s.meta.TID] = which
+		}
+	}
+	for _, s := range samples {
+		if _, ok := byThread[s.meta.TID]; ok {
+			workers = append(workers, s)
+		}
+	}
+	ok, misses := tally(workers, func(s sample) bool {
+		c := chains[byThread[s.meta.TID]]
+		return jsChain(s.trace, c, script, hot[c[0]])
+	})
+	t.Logf("%d samples of %d worker threads, %.1f%% show their chain; %d frames of the other worker's",
+		len(workers), len(byThread), 100*share(ok, len(workers)), mixed)
+	if len(byThread) != 2 || mixed > 0 {
+		t.Errorf("%d worker threads with chains, %d frames of the other's", len(byThread), mixed)
+	}
+	logNodeExamples(t, "miss", misses)
+	return share(ok, len(workers)), 0.9
+}
+
+// checkNodeAsync: the async function runs from the microtask queue after
+// its await; its samples show it at its hot line.
+func checkNodeAsync(t *testing.T, samples []sample, script string, hot map[string]uint32) (float64, float64) {
+	t.Helper()
+	samples = mainThread(samples)
+	ok, misses := tally(samples, func(s sample) bool {
+		fs := jsFrames(s.trace)
+		return len(fs) > 0 && fs[0].FunctionName == "step" && fs[0].SourceLine == hot["step"] &&
+			fs[0].SourceFile == script && completeStack(s.trace)
+	})
+	t.Logf("%d samples, %.1f%% in step at line %d, complete", len(samples), 100*share(ok, len(samples)), hot["step"])
+	logNodeExamples(t, "miss", misses)
+	return share(ok, len(samples)), 0.8
+}
+
 // nodeCases are the workloads TestNodeStacks runs on each Node version.
 var nodeCases = []nodeCase{
-	{"chain", "chain", nil, checkNodeChain},
-	{"chain, --no-turbo-inlining", "chain", []string{"--no-turbo-inlining"}, checkNodeChain},
-	{"chain, --jitless", "chain", []string{"--jitless"}, checkNodeChain},
+	{"chain", "chain", nil, 18, checkNodeChain},
+	{"chain, --no-turbo-inlining", "chain", []string{"--no-turbo-inlining"}, 18, checkNodeChain},
+	{"chain, --jitless", "chain", []string{"--jitless"}, 18, checkNodeChain},
+	{"chain, --max-lazy", "chain", []string{"--max-lazy"}, 18, checkNodeChain},
+	// Sparkplug's baseline code the top tier.
+	{"chain, Sparkplug only", "chain", []string{"--no-opt", "--always-sparkplug"}, 18, checkNodeChain},
+	// Maglev the top tier where it is built in (Node 24).
+	{"chain, --no-turbofan", "chain", []string{"--no-turbofan"}, 20, checkNodeChain},
+	{"shapes", "shapes", nil, 18, checkNodeShapes},
+	{"2 workers", "workers", nil, 18, checkNodeWorkers},
+	{"async", "async", nil, 18, checkNodeAsync},
 }
 
 // TestNodeStacks profiles each workload of v8work.js under every tested
@@ -211,13 +314,20 @@ func TestNodeStacks(t *testing.T) {
 			// A short run first: the daemon has then read this node's
 			// files, as on any host after its first minutes.
 			runNode(t, node, script, "chain", time.Second)
+			major, _ := strconv.Atoi(v)
 			runs := make([]pythonRun, len(nodeCases))
 			for i, c := range nodeCases {
-				runs[i] = runNode(t, node, script, c.mode, run, c.flags...)
+				if major >= c.from {
+					runs[i] = runNode(t, node, script, c.mode, run, c.flags...)
+				}
 			}
 			logRuntimeMetrics(t, s, "v8")
 			s.stop(t)
 			for i, c := range nodeCases {
+				if major < c.from {
+					results[v] = append(results[v], math.NaN())
+					continue
+				}
 				t.Run(c.name, func(t *testing.T) {
 					got, want := c.check(t, runs[i].hotSamples(t, s.rec), script, hot)
 					results[v] = append(results[v], got)
