@@ -353,3 +353,144 @@ func TestNodeStacks(t *testing.T) {
 	}
 	t.Log(table.String())
 }
+
+// startNode starts the workload in mode for d, in a pid and mount
+// namespace of its own where namespaced is set (startWorkload), and
+// returns once it printed when its hot phase begins.
+func startNode(t *testing.T, namespaced bool, node, script, mode string, d time.Duration, flags ...string) (*workloadRun, pythonRun) {
+	t.Helper()
+	if namespaced {
+		script = namespacedPath(script)
+	}
+	args := append(append([]string{}, flags...), script, mode, formatSeconds(d))
+	r, line := startWorkload(t, namespaced, node, args...)
+	return r, pythonRun{pid: r.pid, hotFrom: hotFrom(t, line)}
+}
+
+// TestNodeProcesses: node processes the daemon meets other than started
+// alone under it: one running before it started, Node 18 and 24 at once,
+// and one as pid 1 of its own pid and mount namespace. Each shows the
+// chain in >= 95% of its main thread's samples.
+func TestNodeProcesses(t *testing.T) {
+	requireRoot(t)
+	skipIfPreparing(t)
+	script, hot := nodeWorkload(t)
+	node := func(v string) string {
+		n, err := nodefetch.Node(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	check := func(t *testing.T, s *session, run pythonRun) {
+		t.Helper()
+		got, want := checkNodeChain(t, run.hotSamples(t, s.rec), script, hot)
+		if got < want {
+			t.Errorf("%.1f%% of samples show the chain, want >= %.0f%%", 100*got, 100*want)
+		}
+	}
+	t.Run("started before the daemon", func(t *testing.T) {
+		w, _ := startNode(t, false, node("20"), script, "chain", 5*time.Second)
+		time.Sleep(time.Second) // optimized and running before the daemon starts
+		s := startSession(t, testHz)
+		w.wait(t)
+		s.stop(t)
+		// Until the daemon has read the running node's files (its first
+		// samples wait for their unwind tables, as any process's do),
+		// its stacks end early: measured apart, bounded.
+		main := mainThread(s.rec.ofPID(w.pid))
+		first := slices.IndexFunc(main, func(smp sample) bool { return jsChain(smp.trace, jsChainNames, script, hot["leaf"]) })
+		t.Logf("first sample with the chain: %d of %d", first, len(main))
+		if first < 0 || first > maxWarmupSamples {
+			t.Fatalf("%d samples before the first with the chain, want <= %d", first, maxWarmupSamples)
+		}
+		got, want := checkNodeChain(t, main[first:], script, hot)
+		if got < want {
+			t.Errorf("%.1f%% of samples after the first show the chain, want >= %.0f%%", 100*got, 100*want)
+		}
+	})
+	t.Run("Node 18 and 24 at once", func(t *testing.T) {
+		s := startSession(t, testHz)
+		runNode(t, node("18"), script, "chain", time.Second) // the daemon reads their files
+		runNode(t, node("24"), script, "chain", time.Second)
+		w18, run18 := startNode(t, false, node("18"), script, "chain", 4*time.Second)
+		w24, run24 := startNode(t, false, node("24"), script, "chain", 4*time.Second)
+		w18.wait(t)
+		w24.wait(t)
+		s.stop(t)
+		check(t, s, run18)
+		check(t, s, run24)
+	})
+	t.Run("BPF entries freed at exit", func(t *testing.T) {
+		s := startSession(t, testHz)
+		w, _ := startNode(t, false, node("20"), script, "chain", 2*time.Second)
+		running := s.waitEntries(t, w.pid, "a V8 configuration", func(e bpfEntries) bool { return e.configs == 1 })
+		w.wait(t)
+		s.waitExited(t, w.pid)
+		gone := s.waitEntries(t, w.pid, "none after the exit", func(e bpfEntries) bool { return e == bpfEntries{} })
+		t.Logf("node %d: %+v while it runs, %+v after its exit", w.pid, running, gone)
+	})
+	t.Run("own pid and mount namespace", func(t *testing.T) {
+		s := startSession(t, testHz)
+		runNode(t, node("22"), script, "chain", time.Second)
+		w, run := startNode(t, true, node("22"), script, "chain", 4*time.Second)
+		w.wait(t)
+		s.stop(t)
+		check(t, s, run)
+	})
+}
+
+// TestNodeGC is the stress run: closures allocated without pause for 60 s
+// (mode gc), the garbage collector moving and freeing functions and code
+// all along. No JavaScript frame may name a function outside the
+// workload's own and Node's internals; frames that could not be named
+// are counted, not wrong.
+func TestNodeGC(t *testing.T) {
+	requireRoot(t)
+	skipIfPreparing(t)
+	script, _ := nodeWorkload(t)
+	node, err := nodefetch.Node("22")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The functions of v8work.js that run in mode gc.
+	own := map[string]bool{"churn": true, "makeAdder": true, "gc": true, "loop": true, "main": true, v8.AnonymousName: true}
+	s := startSession(t, testHz)
+	run := runNode(t, node, script, "gc", 60*time.Second)
+	logRuntimeMetrics(t, s, "v8")
+	s.stop(t)
+	samples := mainThread(run.hotSamples(t, s.rec))
+	wrong, unnamed, inScript := 0, 0, 0
+	for _, smp := range samples {
+		for _, f := range smp.trace.Frames {
+			switch {
+			case f.Kind != v8.Kind:
+			case strings.HasPrefix(f.FunctionName, "[unknown"):
+				unnamed++
+			case f.SourceFile == script && !own[f.FunctionName],
+				f.SourceFile != "" && f.SourceFile != script && !strings.HasPrefix(f.SourceFile, "node:"):
+				wrong++
+				logNodeExamples(t, "wrong", []sample{smp})
+			}
+		}
+		if fs := jsFrames(smp.trace); len(fs) > 0 && fs[0].SourceFile == script {
+			inScript++
+		}
+	}
+	tops := map[string]int{}
+	for _, smp := range samples {
+		if fs := jsFrames(smp.trace); len(fs) > 0 {
+			tops[fmt.Sprintf("%s:%d", fs[0].FunctionName, fs[0].SourceLine)]++
+		}
+	}
+	t.Logf("innermost JavaScript frames: %v", tops)
+	t.Logf("%d samples: %d frames named outside the workload and Node, %d unnamed; %.1f%% with the workload's code innermost",
+		len(samples), wrong, unnamed, 100*share(inScript, len(samples)))
+	if wrong > 0 {
+		t.Errorf("%d frames named a function the workload does not run", wrong)
+	}
+	// The rest is the collector's own time, in V8's C++.
+	if share(inScript, len(samples)) < 0.5 {
+		t.Errorf("only %d of %d samples in the workload's code: it did not run as meant", inScript, len(samples))
+	}
+}
