@@ -191,6 +191,14 @@ func (c *fileCache) get(key fileKey, r readSeekerAt, name string) (*fileInfo, er
 				c.runtimeErrors++
 				c.log.WithError(err).Debugf("not unwinding the runtime in %s", name)
 			}
+			// Said once per file read (the file cache keeps it): every
+			// process of an unsupported build is profiled without its
+			// runtime's frames.
+			for _, rm := range fi.elf.runtimes {
+				if err := rm.bin.Unsupported(); err != nil {
+					c.log.WithError(err).Warnf("Not unwinding %s %s in %s", rm.rt.DisplayName, rm.bin.Version(), name)
+				}
+			}
 		}
 		if fi.elf != nil && tracecorr.IsAgentLibrary(name) {
 			if fi.elf.apm, err = readAgentLibrary(r); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -423,6 +424,12 @@ func (h *runtimeHost) SetRegions(rs []interpreter.Region) error {
 			return fmt.Errorf("runtime %s has no BPF unwinder to hand region %#x to", h.st.rt.Name, r.Start)
 		}
 	}
+	if h.st.rt.ID == 0 {
+		// A runtime that only names code leaves what another runtime's
+		// unwinder claimed to that unwinder (V8's JIT code that node
+		// also lists in a perf map).
+		rs = slices.DeleteFunc(slices.Clone(rs), func(r interpreter.Region) bool { return h.unwoundByOther(r) })
+	}
 	if u := h.m.unwind; u != nil {
 		for _, r := range h.st.regions {
 			u.removeRegion(h.p.pid, r.Start)
@@ -437,6 +444,22 @@ func (h *runtimeHost) SetRegions(rs []interpreter.Region) error {
 	}
 	h.st.regions = append([]interpreter.Region(nil), rs...)
 	return nil
+}
+
+// unwoundByOther says whether another runtime's unwinder claimed code
+// that overlaps r.
+func (h *runtimeHost) unwoundByOther(r interpreter.Region) bool {
+	for _, st := range h.p.runtimes {
+		if st == h.st {
+			continue
+		}
+		for _, o := range st.regions {
+			if o.Unwind && o.Start < r.End && r.Start < o.End {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (h *runtimeHost) Mappings() []interpreter.Mapping {

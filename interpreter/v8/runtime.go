@@ -102,7 +102,7 @@ func (b *v8Binary) Version() string {
 	if b.info == nil {
 		return ""
 	}
-	return fmt.Sprintf("V8 %d.%d.%d", b.info.Version[0], b.info.Version[1], b.info.Version[2])
+	return fmt.Sprintf("%d.%d.%d", b.info.Version[0], b.info.Version[1], b.info.Version[2])
 }
 
 func (b *v8Binary) Unsupported() error {

@@ -430,6 +430,15 @@ func TestNodeProcesses(t *testing.T) {
 		gone := s.waitEntries(t, w.pid, "none after the exit", func(e bpfEntries) bool { return e == bpfEntries{} })
 		t.Logf("node %d: %+v while it runs, %+v after its exit", w.pid, running, gone)
 	})
+	t.Run("with a perf map too", func(t *testing.T) {
+		// The V8 unwinder's frames, not the perf map's.
+		s := startSession(t, testHz)
+		runNode(t, node("20"), script, "chain", time.Second)
+		w, run := startNode(t, false, node("20"), script, "chain", 4*time.Second, "--perf-basic-prof")
+		w.wait(t)
+		s.stop(t)
+		check(t, s, run)
+	})
 	t.Run("own pid and mount namespace", func(t *testing.T) {
 		s := startSession(t, testHz)
 		runNode(t, node("22"), script, "chain", time.Second)

@@ -2,6 +2,8 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
+	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hostprof/ebpf-profiler/utils/nodefetch"
 )
 
 // workloadRun is a workload process startWorkload started.
@@ -172,15 +176,13 @@ func TestPerfMapJIT(t *testing.T) {
 	}
 }
 
-// TestPerfMapNode: Node with --perf-basic-prof names its optimized
-// functions in its perf map; with inlining off, each of a three-function
-// chain has a frame of its own, named in order.
+// TestPerfMapNode: a Node whose V8 the unwinder does not know (a
+// metadata symbol renamed) runs with --perf-basic-prof: its optimized
+// functions are named from its perf map instead; with inlining off, each
+// of a three-function chain has a frame of its own, named in order.
 func TestPerfMapNode(t *testing.T) {
 	requireRoot(t)
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Fatal("node not found (make test-deps installs it)")
-	}
+	node := unknownV8Node(t)
 	_, here, _, _ := runtime.Caller(0)
 	script, err := filepath.Abs(filepath.Join(filepath.Dir(here), "..", "..", "utils", "workloads", "node", "chain.js"))
 	if err != nil {
@@ -202,6 +204,9 @@ func TestPerfMapNode(t *testing.T) {
 			attached := waitAttached(t, s, before, time.Now())
 			r.wait(t)
 			s.stop(t)
+			if n := s.pm.Stats().RuntimeAttached["v8"]; n != 0 {
+				t.Errorf("the V8 unwinder attached %d times to a V8 it does not know", n)
+			}
 			checkShare(t, s, r.pid, want, 0.9, attached)
 		})
 	}
@@ -240,4 +245,35 @@ func TestPerfMapHostile(t *testing.T) {
 			checkShare(t, s, otherPID, userStack(`cf_leaf;cf_mid;cf_top;`+cRoot), 0.95, time.Time{})
 		})
 	}
+}
+
+// unknownV8Node copies the machine's node into a temporary directory with
+// one of V8's post-mortem metadata symbols renamed in .dynstr
+// (v8dbg_off_fp_function, which nothing links against): a build whose
+// layout the unwinder cannot complete, which runs as before.
+func unknownV8Node(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(nodefetch.SystemNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := elf.NewFile(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dynstr := f.Section(".dynstr")
+	if dynstr == nil {
+		t.Fatal("node has no .dynstr")
+	}
+	name := []byte("v8dbg_off_fp_function\x00")
+	i := bytes.Index(data[dynstr.Offset:dynstr.Offset+dynstr.Size], name)
+	if i < 0 {
+		t.Fatalf("no %s in node's .dynstr", name)
+	}
+	copy(data[dynstr.Offset+uint64(i):], "v8dbg_off_fp_functioX")
+	path := filepath.Join(t.TempDir(), "node")
+	if err := os.WriteFile(path, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
