@@ -49,23 +49,25 @@ type code struct {
 // kind. An error says obj is not a Code object.
 func (s *symbolizer) codeHeader(obj uint64) (start, size uint64, kind uint32, err error) {
 	h, l := s.h, s.h.l
-	if _, err = h.expect(obj, "Code", l.TypeCode); err != nil {
+	n := max(l.CodeInstructionSize, l.CodeFlags) + 4
+	if !l.InlineCode {
+		n = max(n, l.CodeInstructionStart+8)
+	}
+	hdr, err := h.header(obj, n)
+	if err != nil {
+		return
+	}
+	if err = h.expectMap(obj, le.Uint64(hdr), "Code", l.TypeCode); err != nil {
 		return
 	}
 	if l.InlineCode {
 		start = obj - 1 + uint64(l.CodeInstructionStart)
-	} else if start, err = h.field(obj, l.CodeInstructionStart); err != nil {
-		return
+	} else {
+		start = le.Uint64(hdr[l.CodeInstructionStart:])
 	}
-	sz, err := h.r.U32(obj - 1 + uint64(l.CodeInstructionSize))
-	if err != nil {
-		return
-	}
-	flags, err := h.r.U32(obj - 1 + uint64(l.CodeFlags))
-	if err != nil {
-		return
-	}
-	return start, uint64(sz), (flags >> l.CodeKindShift) & l.CodeKindMask, nil
+	size = uint64(le.Uint32(hdr[l.CodeInstructionSize:]))
+	kind = (le.Uint32(hdr[l.CodeFlags:]) >> l.CodeKindShift) & l.CodeKindMask
+	return start, size, kind, nil
 }
 
 // codeAt finds the code object holding pc.

@@ -73,6 +73,40 @@ func (h *heap) typeOf(obj uint64) (uint16, error) {
 	return t, nil
 }
 
+// header reads the first n bytes of object obj.
+func (h *heap) header(obj uint64, n int64) ([]byte, error) {
+	if !isHeapObject(obj) {
+		return nil, fmt.Errorf("%w: %#x is not a heap object", ErrObject, obj)
+	}
+	buf := make([]byte, n)
+	return buf, h.r.Read(obj-1, buf)
+}
+
+// expectMap fails unless the map m of obj (its first word) is of one of
+// types.
+func (h *heap) expectMap(obj, m uint64, what string, types ...uint16) error {
+	if !isHeapObject(m) {
+		return fmt.Errorf("%w: map %#x", ErrObject, m)
+	}
+	t, ok := h.mapTypes[m]
+	if !ok {
+		var err error
+		if t, err = h.r.U16(m - 1 + uint64(h.l.MapInstanceType)); err != nil {
+			return err
+		}
+		if len(h.mapTypes) >= maxMapTypes {
+			clear(h.mapTypes)
+		}
+		h.mapTypes[m] = t
+	}
+	for _, want := range types {
+		if t == want {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %#x is of type %d, not a %s", ErrObject, obj, t, what)
+}
+
 // expect reads obj's type and fails unless it is one of types.
 func (h *heap) expect(obj uint64, what string, types ...uint16) (uint16, error) {
 	t, err := h.typeOf(obj)

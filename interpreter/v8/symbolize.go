@@ -217,7 +217,12 @@ func (sc *script) position(offset int64) (line, col int64, ok bool) {
 // place.
 func (s *symbolizer) function(sfi uint64) (*function, error) {
 	h, l := s.h, s.h.l
-	if _, err := h.expect(sfi, "SharedFunctionInfo", l.TypeSFI); err != nil {
+	// The fields read, in one read.
+	hdr, err := h.header(sfi, max(l.SFINameOrScopeInfo, l.SFIScript, l.SFIFunctionData)+8)
+	if err == nil {
+		err = h.expectMap(sfi, le.Uint64(hdr), "SharedFunctionInfo", l.TypeSFI)
+	}
+	if err != nil {
 		if fn, ok := s.functions[sfi]; ok && errors.Is(err, procmem.ErrUnreadable) {
 			// The process exited after the sample: nothing can have
 			// taken the function's place since.
@@ -225,18 +230,9 @@ func (s *symbolizer) function(sfi uint64) (*function, error) {
 		}
 		return nil, err
 	}
-	nameOrScope, err := h.field(sfi, l.SFINameOrScopeInfo)
-	if err != nil {
-		return nil, err
-	}
-	scriptPtr, err := h.field(sfi, l.SFIScript)
-	if err != nil {
-		return nil, err
-	}
-	data, err := h.field(sfi, l.SFIFunctionData)
-	if err != nil {
-		return nil, err
-	}
+	nameOrScope := le.Uint64(hdr[l.SFINameOrScopeInfo:])
+	scriptPtr := le.Uint64(hdr[l.SFIScript:])
+	data := le.Uint64(hdr[l.SFIFunctionData:])
 	if fn, ok := s.functions[sfi]; ok && fn.nameOrScopeInfo == nameOrScope && fn.scriptPtr == scriptPtr &&
 		fn.data == data {
 		return fn, nil
