@@ -905,3 +905,31 @@ func TestRuntimeSelection(t *testing.T) {
 		})
 	}
 }
+
+// TestRuntimeCodeAtPC: a runtime whose code ranges are taken over at the
+// PC (Runtime.CodeRangesAtPC) gets them as trie entries of the file's
+// mapping that name it, so BPF hands a PC there to its unwinder while the
+// rest of the file is native code; they go with the mapping.
+func TestRuntimeCodeAtPC(t *testing.T) {
+	tr := newTestRuntime()
+	tr.rt.CodeRangesAtPC = true
+	f := newRuntimeFixture(t, tr.rt)
+	lib, pc := f.lib.mapAt(0x7f0000000000)
+	f.fs.setProcess(100, 1, "/bin/app", lib)
+	f.convert(t, 100, pc)
+	f.settle()
+	in, ok := f.trieAt(100, lib.start+0x10-f.lib.loadAddr)
+	if !ok || in.FileID == 0 || in.Runtime != uint8(testRuntimeID) {
+		t.Errorf("trie at the code range: %+v (found %v), want the file's entry naming runtime %d", in, ok, testRuntimeID)
+	}
+	out, ok := f.trieAt(100, lib.start+0x1000)
+	if !ok || out.FileID != in.FileID || out.Runtime != 0 {
+		t.Errorf("trie past the code range: %+v (found %v), want the file's entry without a runtime", out, ok)
+	}
+	f.fs.setProcess(100, 1, "/bin/app")
+	f.m.ProcessExited(100)
+	f.settle()
+	if configs, trie, _ := f.entries(100); configs != 0 || trie != 0 {
+		t.Errorf("%d configurations and %d trie entries after the exit, want none", configs, trie)
+	}
+}

@@ -179,7 +179,9 @@ func interpretedFrames(_ *process, _ []support.Frame, i support.Frame) []support
 // caches empty (New: its function, script, line ends and code read and
 // decoded) or filled (Cached: the SharedFunctionInfo and code header read
 // again to check they did not change).
-func BenchmarkSymbolizeOptimizedNew(b *testing.B)      { benchmarkSymbolize(b, false, compiledFrames) }
-func BenchmarkSymbolizeOptimizedCached(b *testing.B)   { benchmarkSymbolize(b, true, compiledFrames) }
-func BenchmarkSymbolizeInterpretedNew(b *testing.B)    { benchmarkSymbolize(b, false, interpretedFrames) }
-func BenchmarkSymbolizeInterpretedCached(b *testing.B) { benchmarkSymbolize(b, true, interpretedFrames) }
+func BenchmarkSymbolizeOptimizedNew(b *testing.B)    { benchmarkSymbolize(b, false, compiledFrames) }
+func BenchmarkSymbolizeOptimizedCached(b *testing.B) { benchmarkSymbolize(b, true, compiledFrames) }
+func BenchmarkSymbolizeInterpretedNew(b *testing.B)  { benchmarkSymbolize(b, false, interpretedFrames) }
+func BenchmarkSymbolizeInterpretedCached(b *testing.B) {
+	benchmarkSymbolize(b, true, interpretedFrames)
+}

@@ -99,6 +99,7 @@ func (s *symbolizer) codeAt(pc uint64) (*code, error) {
 	if pc < c.start || pc >= c.start+c.size {
 		return nil, fmt.Errorf("%w: %#x (code at %#x is %d bytes)", errNoCode, pc, c.start, c.size)
 	}
+	s.charge(16*(len(c.positions)+len(c.inlined)) + len(c.offsets))
 	if len(s.codes) >= maxCodes {
 		clear(s.codes)
 		s.codeStarts = s.codeStarts[:0]

@@ -205,11 +205,15 @@ const maxCodeRange = 1 << 30
 func claimCodeRanges(jit []interpreter.Region, copies []uint64) []interpreter.Region {
 	var out []interpreter.Region
 	for _, r := range jit {
+		// The nearest copy above: the end of this mapping's code range
+		// (each isolate has its own, workers too).
+		end := uint64(0)
 		for _, c := range copies {
-			if r.Start < c && c-r.Start <= maxCodeRange {
-				r.End = max(r.End, c)
+			if r.Start < c && c-r.Start <= maxCodeRange && (end == 0 || c < end) {
+				end = c
 			}
 		}
+		r.End = max(r.End, end)
 		if n := len(out); n > 0 && r.Start < out[n-1].End {
 			// Inside the range claimed before it.
 			out[n-1].End = max(out[n-1].End, r.End)

@@ -40,6 +40,9 @@ const (
 	maxFunctions = 1 << 16
 	maxScripts   = 1 << 12
 	maxCodes     = 1 << 14
+	// maxTableBytes bounds the decoded tables the caches hold in all
+	// (line ends, position and inlining tables): 16 MiB.
+	maxTableBytes = 16 << 20
 	// maxInlined bounds the inlined frames of one optimized frame.
 	maxInlined = 64
 )
@@ -56,6 +59,21 @@ type symbolizer struct {
 	// codes are the JIT code objects found, by instruction start.
 	codes      map[uint64]*code
 	codeStarts []uint64
+	// tableBytes is what scripts and codes hold of decoded tables.
+	tableBytes int
+}
+
+// charge counts n bytes of decoded tables; past maxTableBytes, the
+// caches that hold them start over.
+func (s *symbolizer) charge(n int) {
+	if s.tableBytes += n; s.tableBytes > maxTableBytes {
+		clear(s.scripts)
+		clear(s.codes)
+		s.codeStarts = s.codeStarts[:0]
+		// Functions point at scripts: they go too.
+		clear(s.functions)
+		s.tableBytes = n
+	}
 }
 
 func newSymbolizer(r *procmem.Reader, l *Layout, sizes *[3][]byte) *symbolizer {
@@ -396,6 +414,7 @@ func (s *symbolizer) bytecodePositions(fn *function) []posEntry {
 	}
 	fn.positions, _ = decodePositions(b)
 	fn.posRead = fn.positions != nil
+	s.charge(16 * len(fn.positions))
 	return fn.positions
 }
 
@@ -429,6 +448,7 @@ func (s *symbolizer) script(ptr uint64) (*script, error) {
 	if len(s.scripts) >= maxScripts {
 		clear(s.scripts)
 	}
+	s.charge(8 * len(sc.lineEnds))
 	s.scripts[ptr] = sc
 	return sc, nil
 }

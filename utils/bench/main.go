@@ -6,7 +6,7 @@
 // and start-up time and CPU until the first export.
 //
 // Usage (root): go run ./utils/bench -bin ./ebpf-profiler [-duration 60s] [-rates 20,100,1000]
-// [-load shell|c|python|java|apm|apm-off] [-procs N]
+// [-load shell|c|python|java|node|apm|apm-off] [-procs N]
 package main
 
 import (
@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/utils/jdkfetch"
+	"github.com/hostprof/ebpf-profiler/utils/nodefetch"
 )
 
 func main() {
@@ -33,7 +34,7 @@ func main() {
 	runs := flag.Int("runs", 3, "runs per rate; the table shows each figure's median")
 	load := flag.String("load", "shell", "what keeps the CPUs busy: shell loops, c (utils/workloads/fpchain.c, -O2), "+
 		"python (utils/workloads/python/pyworkload.py chain under python3), java (utils/workloads/java "+
-		"JWorkload chain under JDK 17), apm (utils/testagent's app: "+
+		"JWorkload chain under JDK 17), node (utils/workloads/node/v8work.js chain under Node 20), apm (utils/testagent's app: "+
 		"two threads per process, 80% of the time in APM transactions) or apm-off (the same with the agent "+
 		"library renamed, so that it is not correlated)")
 	procs := flag.Int("procs", runtime.NumCPU(), "busy processes")
@@ -333,6 +334,10 @@ func busyLoad(kind string, n int) func() {
 		}
 		argv = []string{jdkfetch.SystemJava, "-XX:CompileCommand=quiet", "-XX:CompileCommand=exclude,JWorkload::mid",
 			"-cp", dir, "JWorkload", "chain", "1000000"}
+	case "node":
+		// The chain workload with default flags (TurboFan inlines leaf
+		// and mid into top) in the machine's Node 20.
+		argv = []string{nodefetch.SystemNode, "utils/workloads/node/v8work.js", "chain", "1000000"}
 	default:
 		fatalf("unknown load %q", kind)
 	}
