@@ -426,8 +426,8 @@ func (h *runtimeHost) SetRegions(rs []interpreter.Region) error {
 	}
 	if h.st.rt.ID == 0 {
 		// A runtime that only names code leaves what another runtime's
-		// unwinder claimed to that unwinder (V8's JIT code that node
-		// also lists in a perf map).
+		// unwinder claimed to that unwinder (JIT code a runtime unwinds
+		// and also lists in a symbol file for other tools).
 		rs = slices.DeleteFunc(slices.Clone(rs), func(r interpreter.Region) bool { return h.unwoundByOther(r) })
 	}
 	if u := h.m.unwind; u != nil {
