@@ -283,7 +283,9 @@ func (s *symbolizer) codeFrames(fn *function, sfi, pc uint64, top bool, out []li
 			tier = TierMaglev
 		}
 		if c.sfi != sfi {
-			if !top {
+			if !top || !s.frameless(c, pc) {
+				// Code freed since the sample, its place taken by
+				// another function's: the frame's function, no line.
 				return append(out, s.frame(fn, -1, tier, false)), nil
 			}
 			// The interrupted PC is in a function's prologue or epilogue,
@@ -298,6 +300,21 @@ func (s *symbolizer) codeFrames(fn *function, sfi, pc uint64, top bool, out []li
 		return s.inlinedFrames(c, fn, off, tier, out)
 	}
 	return append(out, s.frame(fn, -1, "", false)), nil
+}
+
+// prologueBytes bounds an optimized function's code before its frame is
+// set up (a deoptimization check, push rbp; mov rbp, rsp).
+const prologueBytes = 32
+
+// frameless says whether pc in optimized code c runs before c's frame is
+// set up or after it was torn down: in its first instructions, or at its
+// return (ret, ret imm16).
+func (s *symbolizer) frameless(c *code, pc uint64) bool {
+	if pc-c.start < prologueBytes {
+		return true
+	}
+	op, err := s.h.r.U8(pc)
+	return err == nil && (op == 0xc3 || op == 0xc2)
 }
 
 // inlinedFrames appends the frames optimized code c of function fn runs at

@@ -382,7 +382,10 @@ func TestNodeProcesses(t *testing.T) {
 		}
 		return n
 	}
-	check := func(t *testing.T, s *session, run pythonRun) {
+	// check takes the script as the process names it: inside a mount
+	// namespace, the workload's path under /tmp is under /mnt
+	// (startWorkload).
+	check := func(t *testing.T, s *session, run pythonRun, script string) {
 		t.Helper()
 		got, want := checkNodeChain(t, run.hotSamples(t, s.rec), script, hot)
 		if got < want {
@@ -418,8 +421,8 @@ func TestNodeProcesses(t *testing.T) {
 		w18.wait(t)
 		w24.wait(t)
 		s.stop(t)
-		check(t, s, run18)
-		check(t, s, run24)
+		check(t, s, run18, script)
+		check(t, s, run24, script)
 	})
 	t.Run("BPF entries freed at exit", func(t *testing.T) {
 		s := startSession(t, testHz)
@@ -437,7 +440,7 @@ func TestNodeProcesses(t *testing.T) {
 		w, run := startNode(t, false, node("20"), script, "chain", 4*time.Second, "--perf-basic-prof")
 		w.wait(t)
 		s.stop(t)
-		check(t, s, run)
+		check(t, s, run, script)
 	})
 	t.Run("own pid and mount namespace", func(t *testing.T) {
 		s := startSession(t, testHz)
@@ -445,7 +448,7 @@ func TestNodeProcesses(t *testing.T) {
 		w, run := startNode(t, true, node("22"), script, "chain", 4*time.Second)
 		w.wait(t)
 		s.stop(t)
-		check(t, s, run)
+		check(t, s, run, namespacedPath(script))
 	})
 }
 
