@@ -178,6 +178,9 @@ func (m *Manager) appendUserFrames(frames []libpf.Frame, p *process, raw []suppo
 			f.Mapping = mp.pf
 			if mp.file != nil && mp.file.elf != nil {
 				f.FunctionName, _ = mp.file.elf.symbols.lookup(f.Address)
+				if name, ok := m.demangler.name(f.FunctionName); ok {
+					f.FunctionName, f.SystemName = name, f.FunctionName
+				}
 			}
 		}
 		frames = append(frames, f)

@@ -52,6 +52,9 @@ type Config struct {
 	// so that a library it dlopens is found even where no mapping watcher
 	// runs and no sample falls in the library's own code; 3s when zero.
 	CheckInterval time.Duration
+	// Demangle says how native symbol names are shown: simplified (the
+	// zero value), full or as mangled.
+	Demangle DemangleMode
 }
 
 const (
@@ -72,6 +75,7 @@ type Manager struct {
 	checkInterval  time.Duration
 	corr           *tracecorr.Correlator
 	runtimes       []*interpreter.Runtime
+	demangler      *demangler
 	// youngProcess, newbornProcess: see quickRereadInterval.
 	youngProcess, newbornProcess time.Duration
 	log                          logrus.FieldLogger
@@ -179,6 +183,7 @@ func New(cfg Config) (*Manager, error) {
 		procs:          map[uint32]*process{},
 		nextGen:        1,
 		counters:       counters{runtimeAttached: map[string]uint64{}, runtimeRefusals: map[string]uint64{}},
+		demangler:      newDemangler(cfg.Demangle),
 	}
 	if m.log == nil {
 		m.log = logrus.StandardLogger()

@@ -55,6 +55,9 @@ type Stats struct {
 	// StaleExecs counts exec events handled after the new image's state
 	// was already read, which left the state as it was.
 	StaleExecs uint64
+	// DemangleFailures counts symbol names that looked mangled but did
+	// not demangle (they are shown as they are).
+	DemangleFailures uint64
 	// MapsRereadsLimited counts re-reads skipped by the rate limit.
 	MapsRereadsLimited uint64
 	FileCacheSize      int
@@ -128,6 +131,7 @@ func (m *Manager) Stats() Stats {
 		APMAgents:          c.apmAgents,
 		APMErrors:          c.apmErrors,
 		ProcessChecks:      c.processChecks,
+		DemangleFailures:   m.demangler.failures,
 		StaleExecs:         c.staleExecs,
 		FileCacheSize:      m.files.lru.Len(),
 		FileCacheHits:      m.files.hits,

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
+	"github.com/hostprof/ebpf-profiler/processmanager"
 	"github.com/hostprof/ebpf-profiler/reporter"
 	"github.com/hostprof/ebpf-profiler/tracer"
 )
@@ -42,6 +43,7 @@ type config struct {
 	reporterInterval time.Duration
 	monitorInterval  time.Duration
 	tracers          []string
+	demangle         processmanager.DemangleMode
 	bpfLogLevel      uint
 	mapScaleFactor   uint
 	verbose          bool
@@ -63,7 +65,7 @@ type config struct {
 // (environ as os.Environ returns it); usage and errors go to out.
 func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	var c config
-	var tracers string
+	var tracers, demangle string
 	outputDirSet := false
 	fs := flag.NewFlagSet("ebpf-profiler", flag.ContinueOnError)
 	fs.SetOutput(out)
@@ -83,6 +85,9 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	fs.StringVar(&tracers, "tracers", "all",
 		"Comma-separated unwinders to enable: all, or any of "+strings.Join(interpreter.Names(), ", ")+
 			" (native is always on; a runtime left out loads no BPF program).")
+	fs.StringVar(&demangle, "demangle", "simplified",
+		"How C++ and Rust symbol names are shown: simplified (no parameters or template arguments, as perf and "+
+			"pprof show them), full, or none (as mangled). The mangled name is the OTLP function's system_name.")
 	fs.UintVar(&c.bpfLogLevel, "bpf-log-level", 0, "BPF verifier log level (0-2); logs are printed with -v.")
 	fs.UintVar(&c.mapScaleFactor, "map-scale-factor", 0,
 		fmt.Sprintf("Scaling factor for eBPF map sizes (0-%d): every increase by 1 doubles the maps of stack deltas "+
@@ -126,6 +131,9 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	}
 	if c.tracers, err = parseTracers(tracers); err != nil {
 		return nil, err
+	}
+	if c.demangle, err = processmanager.ParseDemangleMode(demangle); err != nil {
+		return nil, fmt.Errorf("-demangle: %w", err)
 	}
 	return &c, c.validate()
 }

@@ -146,7 +146,8 @@ func profile(ctx context.Context, cfg *config) error {
 		FlushInterval: correlationFlush,
 		SamplesDelay:  tracer.TraceWakeupLatency + 2*correlationFlush,
 	})
-	pm, err := processmanager.New(processmanager.Config{Unwinding: unwinding(tr), Correlator: corr, Runtimes: runtimes})
+	pm, err := processmanager.New(processmanager.Config{Unwinding: unwinding(tr), Correlator: corr, Runtimes: runtimes,
+		Demangle: cfg.demangle})
 	if err != nil {
 		return err
 	}

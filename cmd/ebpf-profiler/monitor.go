@@ -177,6 +177,10 @@ func statusFields(prev, cur snapshot, fills []mapFill, sampling string) log.Fiel
 	if sampling != "" {
 		f["sampling"] = sampling
 	}
+	// Symbol names shown mangled because they did not demangle.
+	if n := d(prev.handler.DemangleFailures, cur.handler.DemangleFailures); n > 0 {
+		f["demangle_failures"] = n
+	}
 	return f
 }
 

@@ -138,10 +138,11 @@ var unwindCases = []unwindCase{
 	},
 	{
 		// Rust's standard library is built without frame pointers; its
-		// names are mangled (legacy scheme: _ZN9rustchain7rs_leaf17h…E).
+		// names are mangled (legacy scheme: _ZN9rustchain7rs_leaf17h…E)
+		// and shown demangled.
 		name:     "Rust release build",
 		build:    buildRust,
-		stack:    userStack(`[^;]*rs_leaf[^;]*;[^;]*rs_mid[^;]*;[^;]*rs_top[^;]*;[^;]*rustchain4main[^;]*;.*;` + cRoot),
+		stack:    userStack(`rustchain::rs_leaf;rustchain::rs_mid;rustchain::rs_top;rustchain::main;.*;` + cRoot),
 		minShare: 0.90,
 	},
 	{
