@@ -1,0 +1,62 @@
+package integration
+
+import (
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+)
+
+// cppChain is cppchain.cpp's hot stack, leaf first, as -demangle
+// simplified names it, and the mangled name of its leaf.
+var cppChain = []string{"geo::operator+", "geo::Accumulator::add()::{lambda(unsigned long)#1}::operator()",
+	"geo::Accumulator::add", "main"}
+
+const cppLeafMangled = "_ZN3geoplERKNS_3VecES2_"
+
+// TestNativeNames: a C++ workload's frames carry the names its source
+// uses (an operator overload in a namespace, a class template's member, a
+// lambda in it), the mangled name as the system name.
+func TestNativeNames(t *testing.T) {
+	requireRoot(t)
+	skipIfPreparing(t)
+	bin := filepath.Join(t.TempDir(), "cppchain")
+	src := filepath.Join(workloadDir(""), "cppchain.cpp")
+	if out, err := exec.Command("g++", "-O2", "-fno-omit-frame-pointer", "-o", bin, src).CombinedOutput(); err != nil {
+		t.Fatalf("g++: %v\n%s", err, out)
+	}
+	s := startSession(t, testHz)
+	w, _ := startWorkload(t, false, bin, "3")
+	w.wait(t)
+	s.stop(t)
+	samples := s.rec.ofPID(w.pid)
+	ok, misses := tally(samples, func(smp sample) bool {
+		fs := smp.trace.Frames
+		i := 0
+		for i < len(fs) && fs[i].Kind != libpf.FrameNative {
+			i++ // kernel frames
+		}
+		if len(fs)-i < len(cppChain) || fs[i].SystemName != cppLeafMangled {
+			return false
+		}
+		for j, name := range cppChain {
+			if fs[i+j].FunctionName != name {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("%d samples, %.1f%% show %v, the leaf's system name %s", len(samples), 100*share(ok, len(samples)),
+		cppChain, cppLeafMangled)
+	for _, m := range misses[:min(3, len(misses))] {
+		var names []string
+		for _, f := range m.trace.Frames {
+			names = append(names, f.FunctionName+"|"+f.SystemName)
+		}
+		t.Logf("miss: %v", names)
+	}
+	if share(ok, len(samples)) < 0.9 {
+		t.Errorf("%.1f%% of samples with the demangled chain, want >= 90%%", 100*share(ok, len(samples)))
+	}
+}
