@@ -3,6 +3,7 @@ package integration
 import (
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
@@ -49,6 +50,52 @@ func TestNativeNames(t *testing.T) {
 	})
 	t.Logf("%d samples, %.1f%% show %v, the leaf's system name %s", len(samples), 100*share(ok, len(samples)),
 		cppChain, cppLeafMangled)
+	for _, m := range misses[:min(3, len(misses))] {
+		var names []string
+		for _, f := range m.trace.Frames {
+			names = append(names, f.FunctionName+"|"+f.SystemName)
+		}
+		t.Logf("miss: %v", names)
+	}
+	if share(ok, len(samples)) < 0.9 {
+		t.Errorf("%.1f%% of samples with the demangled chain, want >= 90%%", 100*share(ok, len(samples)))
+	}
+}
+
+// TestNativeNamesRustV0: a Rust workload built with the v0 mangling
+// scheme (_R…) shows its functions by their paths, the mangled name as
+// the system name.
+func TestNativeNamesRustV0(t *testing.T) {
+	requireRoot(t)
+	skipIfPreparing(t)
+	t.Setenv("RUSTFLAGS", "-C symbol-mangling-version=v0")
+	bin, _ := buildRust(t)
+	s := startSession(t, testHz)
+	cmd := exec.Command(bin, "3")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", bin, err, out)
+	}
+	s.stop(t)
+	samples := s.rec.ofPID(cmd.Process.Pid)
+	chain := []string{"rustchain::rs_leaf", "rustchain::rs_mid", "rustchain::rs_top", "rustchain::main"}
+	ok, misses := tally(samples, func(smp sample) bool {
+		var fs []libpf.Frame
+		for _, f := range smp.trace.Frames {
+			if f.Kind == libpf.FrameNative {
+				fs = append(fs, f)
+			}
+		}
+		if len(fs) < len(chain) {
+			return false
+		}
+		for i, name := range chain {
+			if fs[i].FunctionName != name || !strings.HasPrefix(fs[i].SystemName, "_R") {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("%d samples, %.1f%% show %v with v0 system names", len(samples), 100*share(ok, len(samples)), chain)
 	for _, m := range misses[:min(3, len(misses))] {
 		var names []string
 		for _, f := range m.trace.Frames {
