@@ -9,16 +9,21 @@
 
 #define NOINLINE __attribute__((noinline))
 
-namespace geo {
+namespace geo
+{
 
 struct Vec {
   unsigned long x, y;
 };
 
 // Inlined into operator+ at -O2.
-static inline unsigned long mix(unsigned long a, unsigned long b) { return (a * 31 + b) ^ (a >> 3); }
+static inline unsigned long mix(unsigned long a, unsigned long b)
+{
+  return (a * 31 + b) ^ (a >> 3);
+}
 
-NOINLINE Vec operator+(const Vec &a, const Vec &b) {
+NOINLINE Vec operator+(const Vec &a, const Vec &b)
+{
   Vec r = a;
   for (unsigned long i = 0; i < 2000; i++) // hot: operator+
     r.x = mix(r.x, b.y + i);
@@ -27,7 +32,8 @@ NOINLINE Vec operator+(const Vec &a, const Vec &b) {
 }
 
 template <typename T> struct Accumulator {
-  NOINLINE T add(T n) {
+  NOINLINE T add(T n)
+  {
     Vec v{n, n + 1};
     auto step = [&](unsigned long k) NOINLINE { return v + Vec{k, k * 3}; };
     for (unsigned long k = 0; k < 4; k++)
@@ -38,7 +44,8 @@ template <typename T> struct Accumulator {
 
 } // namespace geo
 
-int main(int argc, char **argv) {
+int main(int argc, char **argv)
+{
   double seconds = argc > 1 ? atof(argv[1]) : 5;
   auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   geo::Accumulator<unsigned long> acc;
