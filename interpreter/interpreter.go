@@ -25,6 +25,7 @@ import (
 	"debug/elf"
 	"errors"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/interpreter/libc"
@@ -186,6 +187,11 @@ type Mapping struct {
 	// Path is empty for anonymous memory.
 	Path string
 }
+
+// Anonymous says whether the mapping is anonymous memory (JIT code),
+// which the runtime may have named (PR_SET_VMA_ANON_NAME shows
+// "[anon:NAME]").
+func (m Mapping) Anonymous() bool { return m.Path == "" || strings.HasPrefix(m.Path, "[anon:") }
 
 // ErrStarting says the runtime has not finished starting in the process:
 // what an attach reads is not filled in yet. The process manager tries

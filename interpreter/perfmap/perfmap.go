@@ -16,7 +16,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -138,12 +138,11 @@ func open(root, path string) (*os.File, error) {
 	return os.NewFile(uintptr(rfd), name), nil
 }
 
-// anonymousCode lists the anonymous executable mappings: JIT code, which
-// the runtime may have named (PR_SET_VMA_ANON_NAME shows "[anon:NAME]").
+// anonymousCode lists the anonymous executable mappings: JIT code.
 func anonymousCode(ms []interpreter.Mapping) []interpreter.Region {
 	var out []interpreter.Region
 	for _, m := range ms {
-		if m.Path == "" || strings.HasPrefix(m.Path, "[anon:") {
+		if m.Anonymous() {
 			out = append(out, interpreter.Region{Start: m.Start, End: m.End})
 		}
 	}
@@ -207,25 +206,13 @@ func (p *process) Update(h interpreter.Host) (changed bool, err error) {
 		return changed, err
 	}
 	regions := anonymousCode(h.Mappings())
-	if !sameRegions(regions, p.regions) {
+	if !slices.Equal(regions, p.regions) {
 		if err := h.SetRegions(regions); err != nil {
 			return changed, err
 		}
 		p.regions, changed = regions, true
 	}
 	return changed, nil
-}
-
-func sameRegions(a, b []interpreter.Region) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // SymbolizeAddr names the JIT code at a process address.

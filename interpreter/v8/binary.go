@@ -190,16 +190,9 @@ func (b *binaryInfo) readBytecodeSizes(f *elf.File, s elf.Symbol) error {
 	if s.Name == "" || s.Size == 0 || s.Size%3 != 0 || s.Size > 3*256 {
 		return fmt.Errorf("no %s of 3 x up to 256 bytes", bytecodeSizesSymbol)
 	}
-	if int(s.Section) <= 0 || int(s.Section) >= len(f.Sections) {
-		return fmt.Errorf("%s in section %d", bytecodeSizesSymbol, s.Section)
-	}
-	sec := f.Sections[s.Section]
-	buf := make([]byte, s.Size)
-	if s.Value < sec.Addr || s.Value+s.Size > sec.Addr+sec.Size || sec.Type == elf.SHT_NOBITS {
-		return fmt.Errorf("%s outside its section", bytecodeSizesSymbol)
-	}
-	if _, err := sec.ReadAt(buf, int64(s.Value-sec.Addr)); err != nil {
-		return err
+	buf, err := symbolBytes(f, s, s.Size)
+	if err != nil {
+		return fmt.Errorf("%s: %w", bytecodeSizesSymbol, err)
 	}
 	n := len(buf) / 3
 	for i := range b.BytecodeSizes {

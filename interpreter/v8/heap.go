@@ -3,6 +3,7 @@ package v8
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"unicode/utf16"
 
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
@@ -56,6 +57,11 @@ func (h *heap) typeOf(obj uint64) (uint16, error) {
 	if err != nil {
 		return 0, err
 	}
+	return h.mapType(m)
+}
+
+// mapType reads the instance type a map describes, through the cache.
+func (h *heap) mapType(m uint64) (uint16, error) {
 	if !isHeapObject(m) {
 		return 0, fmt.Errorf("%w: map %#x", ErrObject, m)
 	}
@@ -85,40 +91,29 @@ func (h *heap) header(obj uint64, n int64) ([]byte, error) {
 // expectMap fails unless the map m of obj (its first word) is of one of
 // types.
 func (h *heap) expectMap(obj, m uint64, what string, types ...uint16) error {
-	if !isHeapObject(m) {
-		return fmt.Errorf("%w: map %#x", ErrObject, m)
+	t, err := h.mapType(m)
+	if err != nil {
+		return err
 	}
-	t, ok := h.mapTypes[m]
-	if !ok {
-		var err error
-		if t, err = h.r.U16(m - 1 + uint64(h.l.MapInstanceType)); err != nil {
-			return err
-		}
-		if len(h.mapTypes) >= maxMapTypes {
-			clear(h.mapTypes)
-		}
-		h.mapTypes[m] = t
+	if !slices.Contains(types, t) {
+		return fmt.Errorf("%w: %#x is of type %d, not a %s", ErrObject, obj, t, what)
 	}
-	for _, want := range types {
-		if t == want {
-			return nil
-		}
-	}
-	return fmt.Errorf("%w: %#x is of type %d, not a %s", ErrObject, obj, t, what)
+	return nil
 }
 
 // expect reads obj's type and fails unless it is one of types.
 func (h *heap) expect(obj uint64, what string, types ...uint16) (uint16, error) {
-	t, err := h.typeOf(obj)
+	if !isHeapObject(obj) {
+		return 0, fmt.Errorf("%w: %#x is not a heap object", ErrObject, obj)
+	}
+	m, err := h.field(obj, 0)
 	if err != nil {
 		return 0, err
 	}
-	for _, want := range types {
-		if t == want {
-			return t, nil
-		}
+	if err := h.expectMap(obj, m, what, types...); err != nil {
+		return 0, err
 	}
-	return 0, fmt.Errorf("%w: %#x is of type %d, not a %s", ErrObject, obj, t, what)
+	return h.mapTypes[m], nil
 }
 
 // byteArray reads a (Trusted)ByteArray's bytes: its length is a Smi after

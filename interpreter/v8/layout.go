@@ -26,7 +26,7 @@ type Layout struct {
 
 	// Instance types.
 	TypeSFI, TypeScript, TypeScopeInfo, TypeBytecodeArray, TypeCode, TypeIStream uint16
-	TypeInterpreterData, TypeSFIWrapper                                          uint16
+	TypeInterpreterData                                                          uint16
 	FirstNonstringType                                                           uint16
 
 	MapInstanceType int64
@@ -244,7 +244,6 @@ func NewLayout(md Metadata, version [3]int) (*Layout, error) {
 
 	if l.DeoptSFIWrapped = md.has("DeoptimizationDataWrappedSharedFunctionInfoIndex"); l.DeoptSFIWrapped {
 		l.DeoptSFI = md["DeoptimizationDataWrappedSharedFunctionInfoIndex"]
-		l.TypeSFIWrapper = r.typ("SharedFunctionInfoWrapper")
 		l.SFIWrapperSFI = r.offset("SharedFunctionInfoWrapper", "sfi", "shared_info")
 	} else {
 		l.DeoptSFI = r.value("DeoptimizationDataSharedFunctionInfoIndex", "DeoptSFI")

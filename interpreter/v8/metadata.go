@@ -58,21 +58,31 @@ func readMetadata(f *elf.File) (Metadata, error) {
 
 // readInt32 reads the little-endian int32 a data symbol holds in the file.
 func readInt32(f *elf.File, s elf.Symbol) (int32, error) {
-	if int(s.Section) <= 0 || int(s.Section) >= len(f.Sections) {
-		return 0, fmt.Errorf("in section %d", s.Section)
-	}
-	sec := f.Sections[s.Section]
-	if s.Value < sec.Addr || s.Value+4 > sec.Addr+sec.Size {
-		return 0, fmt.Errorf("at %#x, outside its section %s", s.Value, sec.Name)
-	}
-	if sec.Type == elf.SHT_NOBITS {
-		return 0, nil
-	}
-	var b [4]byte
-	if _, err := sec.ReadAt(b[:], int64(s.Value-sec.Addr)); err != nil {
+	b, err := symbolBytes(f, s, 4)
+	if err != nil {
 		return 0, err
 	}
-	return int32(binary.LittleEndian.Uint32(b[:])), nil
+	return int32(binary.LittleEndian.Uint32(b)), nil
+}
+
+// symbolBytes reads the n bytes at a data symbol's address from the file;
+// zeros in .bss.
+func symbolBytes(f *elf.File, s elf.Symbol, n uint64) ([]byte, error) {
+	if int(s.Section) <= 0 || int(s.Section) >= len(f.Sections) {
+		return nil, fmt.Errorf("in section %d", s.Section)
+	}
+	sec := f.Sections[s.Section]
+	if s.Value < sec.Addr || s.Value+n > sec.Addr+sec.Size {
+		return nil, fmt.Errorf("at %#x, outside its section %s", s.Value, sec.Name)
+	}
+	b := make([]byte, n)
+	if sec.Type == elf.SHT_NOBITS {
+		return b, nil
+	}
+	if _, err := sec.ReadAt(b, int64(s.Value-sec.Addr)); err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // has reports whether the build exports name.

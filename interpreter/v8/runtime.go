@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"path"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -165,7 +166,7 @@ func (p *process) Update(h interpreter.Host) (bool, error) {
 	var copies []uint64
 	for _, m := range h.Mappings() {
 		switch {
-		case m.Path == "" || strings.HasPrefix(m.Path, "[anon:"):
+		case m.Anonymous():
 			jit = append(jit, interpreter.Region{Start: m.Start, End: m.End, Unwind: true})
 		case m.Path == p.bin.path && m.Start+info.BlobOffset-m.Offset != info.BlobAddr+p.bias &&
 			m.Offset <= info.BlobOffset && info.BlobOffset < m.Offset+(m.End-m.Start) &&
@@ -184,7 +185,7 @@ func (p *process) Update(h interpreter.Host) (bool, error) {
 		}
 		p.cfg, p.blobCopies, changed = cfg, copies, true
 	}
-	if !sameRegions(regions, p.regions) {
+	if !slices.Equal(regions, p.regions) {
 		if err := h.SetRegions(regions); err != nil {
 			return changed, err
 		}
@@ -259,18 +260,6 @@ func (p *process) unwinderProc(jit []interpreter.Region, copies []uint64) Unwind
 		// Beyond codeRanges, the mapping trie finds the code.
 	}
 	return u
-}
-
-func sameRegions(a, b []interpreter.Region) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func (p *process) Symbolize(f support.Frame, out []libpf.Frame) ([]libpf.Frame, error) {

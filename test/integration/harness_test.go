@@ -2,11 +2,13 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"regexp"
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -254,4 +256,24 @@ func hasChain(names, chain []string) bool {
 		}
 	}
 	return false
+}
+
+// logShareTable logs a Markdown table of shares: a row per version, a
+// column per case.
+func logShareTable(t *testing.T, head string, versions, cases []string, results map[string][]float64) {
+	t.Helper()
+	var table strings.Builder
+	fmt.Fprintf(&table, "\n| %s |", head)
+	for _, c := range cases {
+		fmt.Fprintf(&table, " %s |", c)
+	}
+	table.WriteString("\n|---|" + strings.Repeat("---|", len(cases)) + "\n")
+	for _, v := range versions {
+		fmt.Fprintf(&table, "| %s |", v)
+		for _, r := range results[v] {
+			fmt.Fprintf(&table, " %.1f%% |", 100*r)
+		}
+		table.WriteString("\n")
+	}
+	t.Log(table.String())
 }

@@ -3,7 +3,6 @@ package integration
 import (
 	"bufio"
 	"fmt"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,12 +58,7 @@ func runJava(t *testing.T, java, classes, mode string, d time.Duration, flags ..
 	if err != nil {
 		t.Fatalf("%s %s: %v\n%s", java, mode, err, out)
 	}
-	var from float64
-	if _, err := fmt.Sscanf(string(out), "hot phase from %g", &from); err != nil {
-		t.Fatalf("%s %s printed %q: %v", java, mode, out, err)
-	}
-	sec, frac := math.Modf(from)
-	return pythonRun{pid: cmd.Process.Pid, hotFrom: time.Unix(int64(sec), int64(frac*1e9))}
+	return pythonRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out))}
 }
 
 // javaFrames returns a trace's Java method frames, leaf first: the JVM's
@@ -389,20 +383,11 @@ func TestJavaStacks(t *testing.T) {
 			}
 		})
 	}
-	var table strings.Builder
-	table.WriteString("\n| JDK |")
+	var names []string
 	for _, c := range javaCases {
-		fmt.Fprintf(&table, " %s |", c.name)
+		names = append(names, c.name)
 	}
-	table.WriteString("\n|---|" + strings.Repeat("---|", len(javaCases)) + "\n")
-	for _, v := range jdkfetch.Versions() {
-		fmt.Fprintf(&table, "| %s |", v)
-		for _, r := range results[v] {
-			fmt.Fprintf(&table, " %.1f%% |", 100*r)
-		}
-		table.WriteString("\n")
-	}
-	t.Log(table.String())
+	logShareTable(t, "JDK", jdkfetch.Versions(), names, results)
 }
 
 // startJava starts the workload in mode for d, in a pid and mount
@@ -417,12 +402,7 @@ func startJava(t *testing.T, namespaced bool, java, classes, mode string, d time
 	args := append([]string{"-XX:CompileCommand=quiet"}, flags...)
 	args = append(args, "-cp", cp, "JWorkload", mode, formatSeconds(d))
 	r, line := startWorkload(t, namespaced, java, args...)
-	var from float64
-	if _, err := fmt.Sscanf(line, "hot phase from %g", &from); err != nil {
-		t.Fatalf("%s %s printed %q: %v", java, mode, line, err)
-	}
-	sec, frac := math.Modf(from)
-	return r, pythonRun{pid: r.pid, hotFrom: time.Unix(int64(sec), int64(frac*1e9))}
+	return r, pythonRun{pid: r.pid, hotFrom: hotFrom(t, line)}
 }
 
 // TestJavaProcesses: JVMs the daemon meets other than started alone under

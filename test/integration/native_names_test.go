@@ -50,13 +50,7 @@ func TestNativeNames(t *testing.T) {
 	})
 	t.Logf("%d samples, %.1f%% show %v, the leaf's system name %s", len(samples), 100*share(ok, len(samples)),
 		cppChain, cppLeafMangled)
-	for _, m := range misses[:min(3, len(misses))] {
-		var names []string
-		for _, f := range m.trace.Frames {
-			names = append(names, f.FunctionName+"|"+f.SystemName)
-		}
-		t.Logf("miss: %v", names)
-	}
+	logNamedMisses(t, misses)
 	if share(ok, len(samples)) < 0.9 {
 		t.Errorf("%.1f%% of samples with the demangled chain, want >= 90%%", 100*share(ok, len(samples)))
 	}
@@ -96,14 +90,20 @@ func TestNativeNamesRustV0(t *testing.T) {
 		return true
 	})
 	t.Logf("%d samples, %.1f%% show %v with v0 system names", len(samples), 100*share(ok, len(samples)), chain)
+	logNamedMisses(t, misses)
+	if share(ok, len(samples)) < 0.9 {
+		t.Errorf("%.1f%% of samples with the demangled chain, want >= 90%%", 100*share(ok, len(samples)))
+	}
+}
+
+// logNamedMisses logs the names and system names of a few samples.
+func logNamedMisses(t *testing.T, misses []sample) {
+	t.Helper()
 	for _, m := range misses[:min(3, len(misses))] {
 		var names []string
 		for _, f := range m.trace.Frames {
 			names = append(names, f.FunctionName+"|"+f.SystemName)
 		}
 		t.Logf("miss: %v", names)
-	}
-	if share(ok, len(samples)) < 0.9 {
-		t.Errorf("%.1f%% of samples with the demangled chain, want >= 90%%", 100*share(ok, len(samples)))
 	}
 }

@@ -338,20 +338,11 @@ func TestNodeStacks(t *testing.T) {
 			}
 		})
 	}
-	var table strings.Builder
-	table.WriteString("\n| Node |")
+	var names []string
 	for _, c := range nodeCases {
-		fmt.Fprintf(&table, " %s |", c.name)
+		names = append(names, c.name)
 	}
-	table.WriteString("\n|---|" + strings.Repeat("---|", len(nodeCases)) + "\n")
-	for _, v := range nodefetch.Versions() {
-		fmt.Fprintf(&table, "| %s |", v)
-		for _, r := range results[v] {
-			fmt.Fprintf(&table, " %.1f%% |", 100*r)
-		}
-		table.WriteString("\n")
-	}
-	t.Log(table.String())
+	logShareTable(t, "Node", nodefetch.Versions(), names, results)
 }
 
 // startNode starts the workload in mode for d, in a pid and mount
