@@ -262,6 +262,10 @@ type goFunc struct {
 	pcln       uint32
 	cuOff      uint32
 	flag       uint8 // abi.FuncFlag, Go 1.17+
+	// npcdata and nfuncdata count the pc-value tables and function data
+	// offsets that follow the record (Go 1.16+; zero for 1.2).
+	npcdata   uint32
+	nfuncdata uint8
 }
 
 // The bits of _func.flag (internal/abi/symtab.go, FuncFlag).
@@ -313,13 +317,14 @@ func (t *pclntab) fn(i int) (goFunc, error) {
 		if t.version == pcln116 {
 			// funcID, then flag (a zero pad byte in Go 1.16).
 			f.cuOff, f.flag = u32(ps+28), rec[ps+33]
+			f.npcdata, f.nfuncdata = u32(ps+24), rec[ps+35]
 		}
 	default:
 		recEntry = t.textStart + uint64(u32(0))
 		f.nameOff, f.pcsp, f.pcfile, f.pcln, f.cuOff = u32(4), u32(16), u32(20), u32(24), u32(32)
-		f.flag = rec[37]
+		f.flag, f.npcdata, f.nfuncdata = rec[37], u32(28), rec[39]
 		if t.version >= pcln120 {
-			f.flag = rec[41] // after startLine
+			f.flag, f.nfuncdata = rec[41], rec[43] // after startLine
 		}
 	}
 	if recEntry != f.entry {

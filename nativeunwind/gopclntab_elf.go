@@ -292,10 +292,15 @@ const (
 	mdText        = 22
 )
 
-// moduledataText finds the runtime's moduledata by its first two words,
-// which point at the pclntab header and its function name table, and
-// returns its text field.
+// moduledataText finds the runtime's moduledata and returns its text field.
 func (m elfImage) moduledataText(t *pclntab) (uint64, bool) {
+	return m.moduledataWord(t, mdText)
+}
+
+// moduledataWord finds the runtime's moduledata by its first two words,
+// which point at the pclntab header and its function name table, and
+// returns its word at index idx.
+func (m elfImage) moduledataWord(t *pclntab, idx int) (uint64, bool) {
 	ps := t.ptrSize
 	pat := make([]byte, 2*ps)
 	put := func(b []byte, v uint64) {
@@ -321,9 +326,9 @@ func (m elfImage) moduledataText(t *pclntab) (uint64, bool) {
 				break
 			}
 			at += i
-			end := at + (mdText+1)*ps
+			end := at + (idx+1)*ps
 			if at%ps == 0 && end <= len(data) {
-				w := data[at+mdText*ps:]
+				w := data[at+idx*ps:]
 				if ps == 4 {
 					return uint64(t.order.Uint32(w)), true
 				}

@@ -26,6 +26,9 @@ type GoFrame struct {
 	Func GoFunc
 	File string
 	Line int
+	// Inlined says the compiler inlined Func into the next frame's
+	// function (GoLines.Lookup); Func then has no Entry or End.
+	Inlined bool
 }
 
 // ErrNotGoCode is returned by Lookup for addresses outside the table.
