@@ -1,0 +1,300 @@
+package debuginfo
+
+import (
+	"debug/elf"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// cppChain is the C++ workload of the symbolizer's tests: a namespace, a
+// template, a lambda, an operator and a static inline helper that GCC
+// inlines at -O2.
+var cppChain = filepath.Join("..", "..", "utils", "workloads", "cppchain.cpp")
+
+// symbolizer is the oracle: LLVM's symbolizer reads the same DWARF.
+// .ci/install-test-deps.sh installs it with clang.
+const symbolizer = "llvm-symbolizer-16"
+
+// build compiles cppchain.cpp with flags into dir.
+func build(t *testing.T, dir, name string, flags ...string) string {
+	t.Helper()
+	out := filepath.Join(dir, name)
+	args := append([]string{"-O2", "-o", out}, flags...)
+	if b, err := exec.Command("g++", append(args, cppChain)...).CombinedOutput(); err != nil {
+		t.Fatalf("g++ %v: %v\n%s", flags, err, b)
+	}
+	return out
+}
+
+func run(t *testing.T, name string, args ...string) {
+	t.Helper()
+	if b, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, b)
+	}
+}
+
+func open(t *testing.T, path string, opts Options) (*File, error) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if opts.MaxDecompressed == 0 {
+		opts.MaxDecompressed = 1 << 28
+	}
+	d, err := Open(Executable{File: f, Root: "/", Path: path}, opts)
+	if d != nil {
+		t.Cleanup(func() { d.Close() })
+	}
+	return d, err
+}
+
+// splitDebug moves bin's DWARF into debug, as Debian's -dbgsym packages
+// do, leaving bin with its symbol table.
+func splitDebug(t *testing.T, bin, debug string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(debug), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "objcopy", "--only-keep-debug", bin, debug)
+	run(t, "strip", "--strip-debug", bin)
+}
+
+func copyFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := path + ".oracle"
+	if err := os.WriteFile(out, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func buildIDPath(t *testing.T, dir, bin string) string {
+	t.Helper()
+	f, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	id := fmt.Sprintf("%x", gnuBuildID(f))
+	if id == "" {
+		t.Fatal("no build id")
+	}
+	return filepath.Join(dir, ".build-id", id[:2], id[2:]+".debug")
+}
+
+// TestDWARFAgainstSymbolizer: at every address of the workload's
+// functions, in every way of shipping its debug information, the frames
+// (inlined ones first), their functions, files and lines are those
+// llvm-symbolizer gives.
+func TestDWARFAgainstSymbolizer(t *testing.T) {
+	if _, err := exec.LookPath(symbolizer); err != nil {
+		t.Fatalf("%s: %v (make test-deps installs it)", symbolizer, err)
+	}
+	cases := []struct {
+		name   string
+		source string
+		// prepare builds the binary and returns it, the debug dirs and
+		// the file the oracle reads (a copy with its DWARF in place).
+		prepare func(t *testing.T, dir string) (bin string, dirs []string, oracle string)
+	}{
+		{"in the file", "file", func(t *testing.T, dir string) (string, []string, string) {
+			bin := build(t, dir, "bin", "-g")
+			return bin, nil, bin
+		}},
+		{"DWARF 4, compressed", "file", func(t *testing.T, dir string) (string, []string, string) {
+			bin := build(t, dir, "bin", "-gdwarf-4", "-gz")
+			return bin, nil, bin
+		}},
+		{"by build id", "build-id", func(t *testing.T, dir string) (string, []string, string) {
+			bin := build(t, dir, "bin", "-g")
+			oracle := copyFile(t, bin)
+			debugDir := filepath.Join(dir, "debug")
+			splitDebug(t, bin, buildIDPath(t, debugDir, bin))
+			return bin, []string{debugDir}, oracle
+		}},
+		{"by debug link beside it, no build id", "debuglink", func(t *testing.T, dir string) (string, []string, string) {
+			bin := build(t, dir, "bin", "-g", "-Wl,--build-id=none")
+			oracle := copyFile(t, bin)
+			splitDebug(t, bin, filepath.Join(dir, "bin.debug"))
+			run(t, "objcopy", "--add-gnu-debuglink="+filepath.Join(dir, "bin.debug"), bin)
+			return bin, nil, oracle
+		}},
+		{"by debug link under the debug dir", "debuglink", func(t *testing.T, dir string) (string, []string, string) {
+			bin := build(t, dir, "bin", "-g")
+			oracle := copyFile(t, bin)
+			debugDir := filepath.Join(dir, "debug")
+			debug := filepath.Join(debugDir, dir, "bin.debug")
+			splitDebug(t, bin, debug)
+			run(t, "objcopy", "--add-gnu-debuglink="+debug, bin)
+			return bin, []string{debugDir}, oracle
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			bin, dirs, oracle := c.prepare(t, dir)
+			d, err := open(t, bin, Options{DebugDirs: dirs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Source != c.source {
+				t.Errorf("found in %q, want %q", d.Source, c.source)
+			}
+			addrs := functionAddrs(t, bin)
+			want := symbolize(t, oracle, addrs)
+			inlined := 0
+			for i, addr := range addrs {
+				frames, err := d.Lookup(addr)
+				if err != nil {
+					t.Fatalf("%#x: %v", addr, err)
+				}
+				got := positions(frames)
+				if !slices.Equal(got, want[i]) {
+					t.Fatalf("%#x:\n got  %v\n want %v", addr, got, want[i])
+				}
+				if len(frames) > 1 {
+					inlined++
+				}
+			}
+			t.Logf("%d addresses, %d in inlined code", len(addrs), inlined)
+			if inlined == 0 {
+				t.Error("no inlined frames")
+			}
+		})
+	}
+}
+
+// TestNoDebugInfo: a file built without -g, and one whose debug link
+// leads nowhere or to a file of another build, have none.
+func TestNoDebugInfo(t *testing.T) {
+	dir := t.TempDir()
+	bin := build(t, dir, "nog")
+	if _, err := open(t, bin, Options{DebugDirs: []string{dir}}); !errors.Is(err, ErrNoDebugInfo) {
+		t.Errorf("without -g: %v, want ErrNoDebugInfo", err)
+	}
+	other := build(t, dir, "other", "-g", "-DOTHER", "-Wl,--build-id=none")
+	linked := build(t, dir, "linked", "-Wl,--build-id=none")
+	run(t, "objcopy", "--only-keep-debug", other, filepath.Join(dir, "other.debug"))
+	run(t, "objcopy", "--add-gnu-debuglink="+filepath.Join(dir, "other.debug"), linked)
+	// The link's CRC is of other.debug; now it is replaced by a file of
+	// other content.
+	if err := os.WriteFile(filepath.Join(dir, "other.debug"), []byte("\x7fELF not this one"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open(t, linked, Options{}); !errors.Is(err, ErrNoDebugInfo) {
+		t.Errorf("debug link to a changed file: %v, want ErrNoDebugInfo", err)
+	}
+}
+
+// TestTooLarge: compressed sections that inflate beyond the limit are
+// refused before they are inflated.
+func TestTooLarge(t *testing.T) {
+	bin := build(t, t.TempDir(), "bin", "-g", "-gz")
+	if _, err := open(t, bin, Options{MaxDecompressed: 1024}); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("got %v, want ErrTooLarge", err)
+	}
+}
+
+type position struct {
+	function, file string
+	line           uint32
+}
+
+func positions(frames []Frame) []position {
+	var out []position
+	for _, f := range frames {
+		out = append(out, position{f.Function, f.File, f.Line})
+	}
+	return out
+}
+
+// functionAddrs returns every address of the workload's own functions.
+func functionAddrs(t *testing.T, bin string) []uint64 {
+	t.Helper()
+	f, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	syms, err := f.Symbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var addrs []uint64
+	for _, s := range syms {
+		if elf.ST_TYPE(s.Info) == elf.STT_FUNC && s.Size > 0 && (strings.Contains(s.Name, "geo") || s.Name == "main") {
+			for a := s.Value; a < s.Value+s.Size; a++ {
+				addrs = append(addrs, a)
+			}
+		}
+	}
+	if len(addrs) < 100 {
+		t.Fatalf("only %d addresses in the workload's functions", len(addrs))
+	}
+	return addrs
+}
+
+// cloneSuffix is what GCC appends to a specialised copy's symbol; DWARF
+// names the function it was made from.
+var cloneSuffix = regexp.MustCompile(`\.(isra|constprop|part|cold)\.[0-9].*$`)
+
+// symbolize asks llvm-symbolizer for the frames at addrs.
+func symbolize(t *testing.T, bin string, addrs []uint64) [][]position {
+	t.Helper()
+	var in strings.Builder
+	for _, a := range addrs {
+		fmt.Fprintf(&in, "%#x\n", a)
+	}
+	cmd := exec.Command(symbolizer, "--obj="+bin, "--inlining", "--no-demangle", "--functions=linkage")
+	cmd.Stdin = strings.NewReader(in.String())
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s: %v", symbolizer, err)
+	}
+	// Each address's answer is a block of (function, file:line:column)
+	// line pairs; a blank line ends it.
+	blocks := strings.Split(strings.TrimSpace(string(out)), "\n\n")
+	if len(blocks) != len(addrs) {
+		t.Fatalf("%s answered %d of %d addresses", symbolizer, len(blocks), len(addrs))
+	}
+	res := make([][]position, len(addrs))
+	for i, b := range blocks {
+		res[i] = parseSymbolizer(b)
+	}
+	return res
+}
+
+// parseSymbolizer reads pairs of lines: function, then file:line:column.
+func parseSymbolizer(s string) []position {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	var out []position
+	for i := 0; i+1 < len(lines); i += 2 {
+		fn := cloneSuffix.ReplaceAllString(lines[i], "")
+		loc := strings.Split(lines[i+1], ":")
+		if fn == "??" {
+			fn = ""
+		}
+		p := position{function: fn}
+		if len(loc) >= 2 && loc[0] != "??" {
+			p.file = filepath.Clean(loc[0])
+			n, _ := strconv.Atoi(loc[1])
+			p.line = uint32(n)
+		}
+		out = append(out, p)
+	}
+	return out
+}

@@ -1,0 +1,400 @@
+package debuginfo
+
+import (
+	"compress/zlib"
+	"debug/dwarf"
+	"debug/elf"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"sort"
+)
+
+// Limits that keep a hostile or enormous file from costing unbounded
+// memory or time.
+const (
+	// maxUnitRanges bounds the address ranges indexed per file (24 bytes
+	// each).
+	maxUnitRanges = 1 << 22
+	// maxScopeEntries bounds the entries read to find the scopes at one
+	// address.
+	maxScopeEntries = 1 << 20
+	// maxNameHops bounds the abstract origin and specification links
+	// followed to name a function.
+	maxNameHops = 8
+	// maxNames bounds the cache of function names per file.
+	maxNames = 1 << 16
+)
+
+// dwarfLines resolves addresses through DWARF: the compilation unit from
+// an index of their address ranges, the line from its line table, the
+// inlined calls from its subprogram and inlined-subroutine entries.
+type dwarfLines struct {
+	d     *dwarf.Data
+	units []unitRange // sorted by lo
+	names map[dwarf.Offset]string
+}
+
+// unitRange is an address range of a compilation unit.
+type unitRange struct {
+	lo, hi uint64
+	unit   dwarf.Offset
+}
+
+// dwarfSections are the sections debug/dwarf reads, without the prefix.
+var dwarfSections = []string{"abbrev", "info", "line", "ranges", "str"}
+
+// dwarf5Sections are added to the data when present (DWARF 5, GCC 11+'s
+// default).
+var dwarf5Sections = []string{"addr", "line_str", "str_offsets", "rnglists"}
+
+// openDWARF reads the DWARF of ef, whose bytes are img: uncompressed
+// sections are used in place, compressed ones inflated within
+// maxDecompressed bytes. It returns the cost in bytes.
+func openDWARF(ef *elf.File, img []byte, maxDecompressed int64) (*dwarfLines, int64, error) {
+	budget := maxDecompressed
+	var cost int64
+	read := func(name string) ([]byte, error) {
+		b, err := section(ef, img, name, &budget)
+		cost += int64(len(b))
+		return b, err
+	}
+	secs := make([][]byte, len(dwarfSections))
+	for i, name := range dwarfSections {
+		var err error
+		if secs[i], err = read(name); err != nil {
+			return nil, 0, err
+		}
+	}
+	d, err := dwarf.New(secs[0], nil, nil, secs[1], secs[2], nil, secs[3], secs[4])
+	if err != nil {
+		return nil, 0, fmt.Errorf("reading DWARF: %w", err)
+	}
+	for _, name := range dwarf5Sections {
+		b, err := read(name)
+		if err != nil {
+			return nil, 0, err
+		}
+		if b != nil {
+			if err := d.AddSection(".debug_"+name, b); err != nil {
+				return nil, 0, fmt.Errorf("reading DWARF: %w", err)
+			}
+		}
+	}
+	l := &dwarfLines{d: d, names: map[dwarf.Offset]string{}}
+	if err := l.index(); err != nil {
+		return nil, 0, err
+	}
+	cost += int64(len(l.units)) * 24
+	return l, cost, nil
+}
+
+// section returns the bytes of .debug_NAME (or the older .zdebug_NAME),
+// nil if the file has none.
+func section(ef *elf.File, img []byte, name string, budget *int64) ([]byte, error) {
+	s := ef.Section(".debug_" + name)
+	zdebug := false
+	if s == nil {
+		if s = ef.Section(".zdebug_" + name); s == nil {
+			return nil, nil
+		}
+		zdebug = true
+	}
+	if s.Type == elf.SHT_NOBITS || s.FileSize == 0 {
+		return nil, nil
+	}
+	if s.Flags&elf.SHF_COMPRESSED == 0 && !zdebug {
+		if s.Offset > uint64(len(img)) || s.FileSize > uint64(len(img))-s.Offset {
+			return nil, fmt.Errorf("section %s runs past the end of the file", s.Name)
+		}
+		return img[s.Offset : s.Offset+s.FileSize : s.Offset+s.FileSize], nil
+	}
+	if zdebug {
+		return inflateZdebug(s, budget)
+	}
+	// debug/elf gives the inflated size of an SHF_COMPRESSED section.
+	if int64(s.Size) < 0 || int64(s.Size) > *budget {
+		return nil, fmt.Errorf("%w: %s inflates to %d bytes", ErrTooLarge, s.Name, s.Size)
+	}
+	*budget -= int64(s.Size)
+	b, err := s.Data()
+	if err != nil {
+		return nil, fmt.Errorf("inflating %s: %w", s.Name, err)
+	}
+	return b, nil
+}
+
+// inflateZdebug inflates a .zdebug section: "ZLIB", the inflated size as
+// a big-endian uint64, then a zlib stream.
+func inflateZdebug(s *elf.Section, budget *int64) ([]byte, error) {
+	r := s.Open()
+	var hdr [12]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil || string(hdr[:4]) != "ZLIB" {
+		return nil, fmt.Errorf("%s: no ZLIB header", s.Name)
+	}
+	size := binary.BigEndian.Uint64(hdr[4:])
+	if size > uint64(*budget) {
+		return nil, fmt.Errorf("%w: %s inflates to %d bytes", ErrTooLarge, s.Name, size)
+	}
+	*budget -= int64(size)
+	zr, err := zlib.NewReader(r)
+	if err != nil {
+		return nil, fmt.Errorf("inflating %s: %w", s.Name, err)
+	}
+	b := make([]byte, size)
+	if _, err := io.ReadFull(zr, b); err != nil {
+		return nil, fmt.Errorf("inflating %s: %w", s.Name, err)
+	}
+	return b, nil
+}
+
+// index records the address ranges of every compilation unit.
+func (l *dwarfLines) index() error {
+	r := l.d.Reader()
+	for {
+		e, err := r.Next()
+		if err != nil {
+			return fmt.Errorf("reading DWARF units: %w", err)
+		}
+		if e == nil {
+			break
+		}
+		if e.Tag == dwarf.TagCompileUnit || e.Tag == dwarf.TagPartialUnit {
+			// A unit whose ranges are damaged costs only its lines.
+			ranges, _ := l.d.Ranges(e)
+			for _, rg := range ranges {
+				if rg[1] > rg[0] && len(l.units) < maxUnitRanges {
+					l.units = append(l.units, unitRange{rg[0], rg[1], e.Offset})
+				}
+			}
+		}
+		r.SkipChildren()
+	}
+	if len(l.units) == 0 {
+		return fmt.Errorf("%w: no compilation unit has addresses", ErrNoDebugInfo)
+	}
+	sort.Slice(l.units, func(i, j int) bool { return l.units[i].lo < l.units[j].lo })
+	return nil
+}
+
+// unitAt returns the unit whose ranges hold addr. Ranges of units rarely
+// overlap; a few predecessors are checked for those that do.
+func (l *dwarfLines) unitAt(addr uint64) (dwarf.Offset, bool) {
+	i := sort.Search(len(l.units), func(i int) bool { return l.units[i].lo > addr }) - 1
+	for j := i; j >= 0 && j > i-8; j-- {
+		if addr < l.units[j].hi {
+			return l.units[j].unit, true
+		}
+	}
+	return 0, false
+}
+
+func (l *dwarfLines) lookup(addr uint64) ([]Frame, error) {
+	unit, ok := l.unitAt(addr)
+	if !ok {
+		return nil, nil
+	}
+	r := l.d.Reader()
+	r.Seek(unit)
+	cu, err := r.Next()
+	if err != nil || cu == nil {
+		return nil, fmt.Errorf("reading the unit at %#x: %v", unit, err)
+	}
+	compDir, _ := cu.Val(dwarf.AttrCompDir).(string)
+	var files []*dwarf.LineFile
+	var file string
+	var line uint32
+	if lr, err := l.d.LineReader(cu); err == nil && lr != nil {
+		le, err := rowAt(lr, addr)
+		if err != nil {
+			return nil, fmt.Errorf("line table of the unit at %#x: %w", unit, err)
+		}
+		if le != nil {
+			if le.File != nil {
+				file = sourcePath(compDir, le.File.Name)
+			}
+			line = uint32(max(le.Line, 0))
+		}
+		files = lr.Files()
+	}
+	scopes, err := l.scopes(r, addr)
+	if err != nil {
+		return nil, err
+	}
+	if len(scopes) == 0 {
+		if line == 0 {
+			return nil, nil
+		}
+		return []Frame{{File: file, Line: line}}, nil
+	}
+	// The line table gives the innermost position; each inlined call
+	// says where in its caller it was made.
+	frames := make([]Frame, len(scopes))
+	for k := len(scopes) - 1; k >= 0; k-- {
+		e := scopes[k]
+		frames[len(scopes)-1-k] = Frame{Function: l.name(e), File: file, Line: line, Inlined: k > 0}
+		file, line = callSite(e, files)
+		file = sourcePath(compDir, file)
+	}
+	return frames, nil
+}
+
+// rowAt returns the line table row whose addresses hold addr, nil if
+// none does. Sequences need not be in address order (GCC puts main's
+// .text.startup before .text but its rows after), which
+// LineReader.SeekPC assumes, so every row is read.
+func rowAt(lr *dwarf.LineReader, addr uint64) (*dwarf.LineEntry, error) {
+	var prev, row dwarf.LineEntry
+	have := false
+	for {
+		if err := lr.Next(&row); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil, nil
+			}
+			return nil, err
+		}
+		if have && !prev.EndSequence && prev.Address <= addr && addr < row.Address {
+			return &prev, nil
+		}
+		prev, have = row, true
+	}
+}
+
+// scopes returns the subprogram holding addr and the inlined subroutines
+// inside it that hold addr, outermost first. r is positioned after the
+// unit's entry.
+func (l *dwarfLines) scopes(r *dwarf.Reader, addr uint64) ([]*dwarf.Entry, error) {
+	var scopes []*dwarf.Entry
+	// entered has an element per entry whose children are being read:
+	// true for a scope holding addr (its end ends the search), false for
+	// a namespace, which holds functions but no addresses of its own.
+	entered := []bool{false}
+	for range maxScopeEntries {
+		e, err := r.Next()
+		if err != nil {
+			return scopes, fmt.Errorf("reading DWARF entries: %w", err)
+		}
+		if e == nil {
+			return scopes, nil
+		}
+		if e.Tag == 0 {
+			last := entered[len(entered)-1]
+			entered = entered[:len(entered)-1]
+			if last || len(entered) == 0 {
+				return scopes, nil
+			}
+			continue
+		}
+		switch e.Tag {
+		case dwarf.TagNamespace, dwarf.TagModule:
+			if e.Children {
+				entered = append(entered, false)
+				continue
+			}
+		case dwarf.TagSubprogram, dwarf.TagInlinedSubroutine, dwarf.TagLexDwarfBlock,
+			dwarf.TagTryDwarfBlock, dwarf.TagCatchDwarfBlock:
+			if l.holds(e, addr) {
+				if e.Tag == dwarf.TagSubprogram || e.Tag == dwarf.TagInlinedSubroutine {
+					scopes = append(scopes, e)
+				}
+				if !e.Children {
+					return scopes, nil
+				}
+				entered = append(entered, true)
+				continue
+			}
+		}
+		r.SkipChildren()
+	}
+	return scopes, fmt.Errorf("more than %d DWARF entries around %#x", maxScopeEntries, addr)
+}
+
+// holds says whether e's address ranges hold addr.
+func (l *dwarfLines) holds(e *dwarf.Entry, addr uint64) bool {
+	if e.Val(dwarf.AttrLowpc) == nil && e.Val(dwarf.AttrRanges) == nil {
+		return false
+	}
+	ranges, err := l.d.Ranges(e)
+	if err != nil {
+		return false
+	}
+	for _, rg := range ranges {
+		if addr >= rg[0] && addr < rg[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// name returns a function's linkage name, else its name, following the
+// abstract origin of an inlined or out-of-line instance and the
+// specification of a definition to the declaration that has them.
+func (l *dwarfLines) name(e *dwarf.Entry) string {
+	if n, ok := l.names[e.Offset]; ok {
+		return n
+	}
+	start := e.Offset
+	var plain string
+	for range maxNameHops {
+		for _, a := range []dwarf.Attr{dwarf.AttrLinkageName, attrMIPSLinkageName} {
+			if s, ok := e.Val(a).(string); ok && s != "" {
+				return l.remember(start, s)
+			}
+		}
+		if plain == "" {
+			plain, _ = e.Val(dwarf.AttrName).(string)
+		}
+		off, ok := e.Val(dwarf.AttrAbstractOrigin).(dwarf.Offset)
+		if !ok {
+			off, ok = e.Val(dwarf.AttrSpecification).(dwarf.Offset)
+		}
+		if !ok {
+			break
+		}
+		r := l.d.Reader()
+		r.Seek(off)
+		next, err := r.Next()
+		if err != nil || next == nil {
+			break
+		}
+		e = next
+	}
+	return l.remember(start, plain)
+}
+
+func (l *dwarfLines) remember(off dwarf.Offset, name string) string {
+	if len(l.names) >= maxNames {
+		clear(l.names)
+	}
+	l.names[off] = name
+	return name
+}
+
+// sourcePath is a line table's file name as an absolute path where the
+// unit's directory makes one: DWARF 5 names files relative to their
+// directory entry, which may itself be relative to the unit's.
+func sourcePath(compDir, name string) string {
+	if name == "" {
+		return ""
+	}
+	if !path.IsAbs(name) && path.IsAbs(compDir) {
+		name = path.Join(compDir, name)
+	}
+	return path.Clean(name)
+}
+
+// callSite returns where an inlined subroutine was called from.
+func callSite(e *dwarf.Entry, files []*dwarf.LineFile) (string, uint32) {
+	var file string
+	if i, ok := e.Val(dwarf.AttrCallFile).(int64); ok && i >= 0 && i < int64(len(files)) && files[i] != nil {
+		file = files[i].Name
+	}
+	line, _ := e.Val(dwarf.AttrCallLine).(int64)
+	return file, uint32(min(max(line, 0), 1<<32-1))
+}
+
+// attrMIPSLinkageName is DW_AT_MIPS_linkage_name, which GCC wrote before
+// DWARF 4 named DW_AT_linkage_name.
+const attrMIPSLinkageName dwarf.Attr = 0x2007
