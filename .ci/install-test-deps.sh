@@ -6,7 +6,8 @@
 # Debian's python3 and its debug build python3-dbg (the Python tests run
 # the first, refuse the second; its DWARF checks the CPython offset table), musl
 # (the thread-specific-data layout of musl's libc), bpftool,
-# systemd (systemd-analyze checks the unit), util-linux (setpriv runs the
+# libc6-dbg (libc's DWARF by build id: the line and inline readers are
+# checked against llvm-symbolizer on it), systemd (systemd-analyze checks the unit), util-linux (setpriv runs the
 # daemon with the unit's capabilities), qemu for amd64 and arm64 (the kernel
 # matrix boots Debian's kernels in it) and the OpenTelemetry Collector the
 # end-to-end tests export to, OpenJDK 17 and patchelf (fetch-jdk.sh points
@@ -16,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(clang-16 clang-format-16 llvm-16 gcc g++ binutils make bpftool libc6-arm64-cross libgcc-s1-arm64-cross
-  gcc-aarch64-linux-gnu libc6-dev-arm64-cross python3 python3-dbg python3.11-dbg musl-tools systemd util-linux
+  gcc-aarch64-linux-gnu libc6-dev-arm64-cross python3 python3-dbg python3.11-dbg libc6-dbg musl-tools systemd util-linux
   qemu-system-x86 qemu-system-arm openjdk-17-jdk-headless patchelf)
 missing=()
 for p in "${packages[@]}"; do

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
+
 	"github.com/zeebo/xxh3"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
@@ -147,10 +149,14 @@ func (m *Manager) appendUserFrames(frames []libpf.Frame, p *process, raw []suppo
 		f := libpf.Frame{Kind: kind, Address: addr}
 
 		var mp *mapping
+		// own says mp is one of p's mappings, through which its file
+		// can be opened.
+		own := true
 		if rf.FileID != 0 {
 			// BPF resolved the file: addr is already file-relative.
 			if mp = p.findFile(rf.FileID); mp == nil {
 				mp, _ = m.byFileID.Get(rf.FileID)
+				own = false
 			}
 		} else if mp = p.findMapping(addr); mp != nil && mp.pf != nil {
 			f.Address = addr - mp.pf.Bias
@@ -178,14 +184,51 @@ func (m *Manager) appendUserFrames(frames []libpf.Frame, p *process, raw []suppo
 			f.Mapping = mp.pf
 			if mp.file != nil && mp.file.elf != nil {
 				f.FunctionName, _ = mp.file.elf.symbols.lookup(f.Address)
-				if name, ok := m.demangler.name(f.FunctionName); ok {
-					f.FunctionName, f.SystemName = name, f.FunctionName
-				}
+				frames = m.appendNativeFrame(frames, p, mp, own, f)
+				continue
 			}
 		}
 		frames = append(frames, f)
 	}
 	return frames, unknown, unattributed, missed
+}
+
+// appendNativeFrame appends frame f of file mp: first the calls the
+// compiler inlined at its address, where the file's debug information
+// has them, then f itself with its source line; names readable. f's name
+// is its symbol's, else the debug information's.
+func (m *Manager) appendNativeFrame(frames []libpf.Frame, p *process, mp *mapping, own bool, f libpf.Frame) []libpf.Frame {
+	var src []debuginfo.Frame
+	if m.lines != nil {
+		pid := uint32(0) // files of other processes: cached answers only
+		if own {
+			pid = p.pid
+		}
+		src = m.lines.frames(m.procFS, pid, mp, f.Address)
+	}
+	if n := len(src); n > 0 {
+		for _, s := range src[:n-1] {
+			in := f
+			in.FunctionName, in.SystemName = m.readableName(s.Function)
+			in.SourceFile, in.SourceLine, in.Inlined = s.File, s.Line, true
+			frames = append(frames, in)
+		}
+		if f.FunctionName == "" {
+			f.FunctionName = src[n-1].Function
+		}
+		f.SourceFile, f.SourceLine = src[n-1].File, src[n-1].Line
+	}
+	f.FunctionName, f.SystemName = m.readableName(f.FunctionName)
+	return append(frames, f)
+}
+
+// readableName returns a native function's name as shown and its system
+// name: the mangled one where it demangles, else "".
+func (m *Manager) readableName(sym string) (name, system string) {
+	if readable, ok := m.demangler.name(sym); ok {
+		return readable, sym
+	}
+	return sym, ""
 }
 
 // anonymousCode names frames in anonymous executable memory.

@@ -109,3 +109,14 @@ func (c *lru[K, V]) pushFront(i int32) {
 		c.tail = i
 	}
 }
+
+// Oldest returns the least recently used entry without marking it used.
+func (c *lru[K, V]) Oldest() (K, V, bool) {
+	if c.tail < 0 {
+		var k K
+		var v V
+		return k, v, false
+	}
+	n := &c.nodes[c.tail]
+	return n.key, n.val, true
+}

@@ -55,6 +55,13 @@ type Config struct {
 	// Demangle says how native symbol names are shown: simplified (the
 	// zero value), full or as mangled.
 	Demangle DemangleMode
+	// DebugDirs are searched for separate debug files (by build id and
+	// debug link); DefaultDebugDirs when nil.
+	DebugDirs []string
+	// DebugInfoBytes bounds the debug information kept open for source
+	// lines and inlined frames; DefaultDebugInfoBytes when zero, and
+	// negative turns lines off.
+	DebugInfoBytes int64
 }
 
 const (
@@ -76,6 +83,9 @@ type Manager struct {
 	corr           *tracecorr.Correlator
 	runtimes       []*interpreter.Runtime
 	demangler      *demangler
+	// lines finds source lines and inlined calls of native frames; nil
+	// when Config.DebugInfoBytes turned them off.
+	lines *lineSymbolizer
 	// youngProcess, newbornProcess: see quickRereadInterval.
 	youngProcess, newbornProcess time.Duration
 	log                          logrus.FieldLogger
@@ -184,6 +194,13 @@ func New(cfg Config) (*Manager, error) {
 		nextGen:        1,
 		counters:       counters{runtimeAttached: map[string]uint64{}, runtimeRefusals: map[string]uint64{}},
 		demangler:      newDemangler(cfg.Demangle),
+	}
+	if cfg.DebugInfoBytes >= 0 {
+		dirs := cfg.DebugDirs
+		if dirs == nil {
+			dirs = DefaultDebugDirs
+		}
+		m.lines = newLineSymbolizer(dirs, cmp.Or(cfg.DebugInfoBytes, DefaultDebugInfoBytes))
 	}
 	if m.log == nil {
 		m.log = logrus.StandardLogger()

@@ -58,6 +58,19 @@ type Stats struct {
 	// DemangleFailures counts symbol names that looked mangled but did
 	// not demangle (they are shown as they are).
 	DemangleFailures uint64
+	// DebugFilesOpened counts files whose debug information was opened
+	// for source lines, by where it was found ("file", "build-id",
+	// "debuglink", "pclntab"); DebugFilesMissing files that had none,
+	// DebugFileErrors files whose information could not be read,
+	// DebugFilesEvicted files closed to stay within the bound of
+	// DebugInfoBytes (now held: DebugInfoBytesHeld); LineLookupErrors
+	// addresses whose lookup failed.
+	DebugFilesOpened   map[string]uint64
+	DebugFilesMissing  uint64
+	DebugFileErrors    uint64
+	DebugFilesEvicted  uint64
+	DebugInfoBytesHeld int64
+	LineLookupErrors   uint64
 	// MapsRereadsLimited counts re-reads skipped by the rate limit.
 	MapsRereadsLimited uint64
 	FileCacheSize      int
@@ -139,6 +152,14 @@ func (m *Manager) Stats() Stats {
 		FileErrors:         c.fileErrors,
 		ELFErrors:          m.files.elfErrors,
 		KernelSymbols:      len(m.kernel.syms.syms),
+	}
+	if l := m.lines; l != nil {
+		st.DebugFilesOpened = maps.Clone(l.stats.filesOpened)
+		st.DebugFilesMissing = l.stats.filesMissing
+		st.DebugFileErrors = l.stats.fileErrors
+		st.DebugFilesEvicted = l.stats.evicted
+		st.DebugInfoBytesHeld = l.bytes
+		st.LineLookupErrors = l.stats.lookupErrors
 	}
 	for _, p := range m.procs {
 		for _, rs := range p.runtimes {

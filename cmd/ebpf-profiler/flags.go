@@ -44,6 +44,10 @@ type config struct {
 	monitorInterval  time.Duration
 	tracers          []string
 	demangle         processmanager.DemangleMode
+	debugDirs        []string
+	// debugInfoMiB bounds the debug information kept open for source
+	// lines; 0 turns lines off.
+	debugInfoMiB int
 	bpfLogLevel      uint
 	mapScaleFactor   uint
 	verbose          bool
@@ -65,7 +69,7 @@ type config struct {
 // (environ as os.Environ returns it); usage and errors go to out.
 func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	var c config
-	var tracers, demangle string
+	var tracers, demangle, debugDirs string
 	outputDirSet := false
 	fs := flag.NewFlagSet("ebpf-profiler", flag.ContinueOnError)
 	fs.SetOutput(out)
@@ -88,6 +92,12 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	fs.StringVar(&demangle, "demangle", "simplified",
 		"How C++ and Rust symbol names are shown: simplified (no parameters or template arguments, as perf and "+
 			"pprof show them), full, or none (as mangled). The mangled name is the OTLP function's system_name.")
+	fs.StringVar(&debugDirs, "debug-dirs", strings.Join(processmanager.DefaultDebugDirs, ","),
+		"Comma-separated directories searched for separate debug files of native code, by build id "+
+			"(DIR/.build-id/xx/yyyy.debug) and by .gnu_debuglink (DIR/<file's directory>/NAME), as -dbgsym packages install them.")
+	fs.IntVar(&c.debugInfoMiB, "debuginfo-cache-mb", processmanager.DefaultDebugInfoBytes>>20,
+		"MiB of debug information (DWARF, Go pclntab) kept open to give native frames source lines and inlined "+
+			"frames; least recently used files are closed first. 0 turns lines and inlined frames off.")
 	fs.UintVar(&c.bpfLogLevel, "bpf-log-level", 0, "BPF verifier log level (0-2); logs are printed with -v.")
 	fs.UintVar(&c.mapScaleFactor, "map-scale-factor", 0,
 		fmt.Sprintf("Scaling factor for eBPF map sizes (0-%d): every increase by 1 doubles the maps of stack deltas "+
@@ -135,6 +145,11 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	if c.demangle, err = processmanager.ParseDemangleMode(demangle); err != nil {
 		return nil, fmt.Errorf("-demangle: %w", err)
 	}
+	for _, d := range strings.Split(debugDirs, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			c.debugDirs = append(c.debugDirs, d)
+		}
+	}
 	return &c, c.validate()
 }
 
@@ -166,6 +181,9 @@ func (c *config) validate() error {
 	}
 	if c.mapScaleFactor > tracer.MaxMapScaleFactor {
 		errs = append(errs, fmt.Errorf("-map-scale-factor=%d: want 0 to %d", c.mapScaleFactor, tracer.MaxMapScaleFactor))
+	}
+	if c.debugInfoMiB < 0 || c.debugInfoMiB > 1<<20 {
+		errs = append(errs, fmt.Errorf("-debuginfo-cache-mb=%d: want 0 (off) to %d", c.debugInfoMiB, 1<<20))
 	}
 	if c.maxOutputFiles < 0 {
 		errs = append(errs, fmt.Errorf("-max-output-files=%d: want 0 or more", c.maxOutputFiles))

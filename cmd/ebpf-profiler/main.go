@@ -147,7 +147,7 @@ func profile(ctx context.Context, cfg *config) error {
 		SamplesDelay:  tracer.TraceWakeupLatency + 2*correlationFlush,
 	})
 	pm, err := processmanager.New(processmanager.Config{Unwinding: unwinding(tr), Correlator: corr, Runtimes: runtimes,
-		Demangle: cfg.demangle})
+		Demangle: cfg.demangle, DebugDirs: cfg.debugDirs, DebugInfoBytes: debugInfoBytes(cfg.debugInfoMiB)})
 	if err != nil {
 		return err
 	}
@@ -312,4 +312,13 @@ func describeOutputs(cfg *config) {
 		log.Infof("Writing a pprof file to %s every %v (open with: go tool pprof -http=: FILE)",
 			cfg.outputDir, cfg.reporterInterval)
 	}
+}
+
+// debugInfoBytes is the processmanager bound for -debuginfo-cache-mb: 0
+// there turns lines off, which processmanager spells negative.
+func debugInfoBytes(mib int) int64 {
+	if mib == 0 {
+		return -1
+	}
+	return int64(mib) << 20
 }

@@ -181,7 +181,22 @@ func statusFields(prev, cur snapshot, fills []mapFill, sampling string) log.Fiel
 	if n := d(prev.handler.DemangleFailures, cur.handler.DemangleFailures); n > 0 {
 		f["demangle_failures"] = n
 	}
+	// Debug information: files opened for lines, what it holds, and
+	// what could not be read.
+	if cur.handler.DebugInfoBytesHeld > 0 || cur.handler.DebugFileErrors > 0 {
+		f["debuginfo"] = fmt.Sprintf("files=%d held_mib=%.1f missing=%d errors=%d evicted=%d",
+			sumValues(cur.handler.DebugFilesOpened), float64(cur.handler.DebugInfoBytesHeld)/(1<<20),
+			cur.handler.DebugFilesMissing, cur.handler.DebugFileErrors, cur.handler.DebugFilesEvicted)
+	}
 	return f
+}
+
+func sumValues(m map[string]uint64) uint64 {
+	var n uint64
+	for _, v := range m {
+		n += v
+	}
+	return n
 }
 
 // counterDeltas lists the counters that grew, "name=+n" joined by commas,

@@ -298,3 +298,75 @@ func parseSymbolizer(s string) []position {
 	}
 	return out
 }
+
+// libc is Debian's C library; libc6-dbg puts its DWARF under
+// /usr/lib/debug/.build-id (.ci/install-test-deps.sh installs it).
+const libc = "/lib/x86_64-linux-gnu/libc.so.6"
+
+// TestLibcAgainstSymbolizer: on a large real library with its DWARF in a
+// -dbgsym-style build-id file (compressed, DWARF 5, many units), the frames
+// at addresses spread over all its functions are llvm-symbolizer's.
+func TestLibcAgainstSymbolizer(t *testing.T) {
+	if _, err := exec.LookPath(symbolizer); err != nil {
+		t.Fatalf("%s: %v (make test-deps installs it)", symbolizer, err)
+	}
+	d, err := open(t, libc, Options{DebugDirs: []string{"/usr/lib/debug"}})
+	if err != nil {
+		t.Fatalf("%s: %v (make test-deps installs libc6-dbg)", libc, err)
+	}
+	if d.Source != "build-id" {
+		t.Errorf("found in %q, want build-id", d.Source)
+	}
+	f, err := elf.Open(libc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	syms, err := f.DynamicSymbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var addrs []uint64
+	for _, s := range syms {
+		if elf.ST_TYPE(s.Info) == elf.STT_FUNC && s.Size > 0 {
+			addrs = append(addrs, s.Value, s.Value+s.Size/2, s.Value+s.Size-1)
+		}
+	}
+	slices.Sort(addrs)
+	addrs = slices.Compact(addrs)
+	want := symbolize(t, libc, addrs)
+	same, withLine, inlined := 0, 0, 0
+	var diffs []string
+	for i, addr := range addrs {
+		frames, err := d.Lookup(addr)
+		if err != nil {
+			t.Fatalf("%#x: %v", addr, err)
+		}
+		got := positions(frames)
+		// llvm-symbolizer names the function holding the address by
+		// the symbol table (abort where DWARF says __GI_abort), as
+		// processmanager does: only inlined frames' names are compared.
+		if n := len(got); n > 0 && n == len(want[i]) {
+			got[n-1].function = want[i][n-1].function
+		}
+		if slices.Equal(got, want[i]) {
+			same++
+		} else if len(diffs) < 5 {
+			diffs = append(diffs, fmt.Sprintf("%#x:\n got  %v\n want %v", addr, got, want[i]))
+		}
+		if len(frames) > 0 && frames[0].Line > 0 {
+			withLine++
+		}
+		if len(frames) > 1 {
+			inlined++
+		}
+	}
+	t.Logf("%d addresses: %d as llvm-symbolizer gives them, %d with a line, %d in inlined code",
+		len(addrs), same, withLine, inlined)
+	for _, d := range diffs {
+		t.Log(d)
+	}
+	if same < len(addrs)*99/100 || inlined == 0 {
+		t.Errorf("%d of %d addresses agree, want >= 99%%", same, len(addrs))
+	}
+}

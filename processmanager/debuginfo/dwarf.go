@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"strings"
 	"sort"
 )
 
@@ -372,14 +373,17 @@ func (l *dwarfLines) remember(off dwarf.Offset, name string) string {
 	return name
 }
 
-// sourcePath is a line table's file name as an absolute path where the
-// unit's directory makes one: DWARF 5 names files relative to their
-// directory entry, which may itself be relative to the unit's.
+// sourcePath is a line table's file name relative to the unit's
+// directory made relative to nothing: LineReader joins a file to its
+// directory entry, which in DWARF 5 is itself relative to the unit's
+// directory, except entry 0, the unit's directory (then the name starts
+// with it already). The unit's directory may be relative too, where the
+// build mapped its prefix away (as Debian's do).
 func sourcePath(compDir, name string) string {
 	if name == "" {
 		return ""
 	}
-	if !path.IsAbs(name) && path.IsAbs(compDir) {
+	if !path.IsAbs(name) && compDir != "" && !strings.HasPrefix(name, path.Clean(compDir)+"/") {
 		name = path.Join(compDir, name)
 	}
 	return path.Clean(name)

@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -86,9 +87,12 @@ func (f *File) Cost() int64 { return f.cost }
 // addr, innermost first; all but the last are inlined. It returns nil and
 // no error for addresses the information does not cover.
 func (f *File) Lookup(addr uint64) (frames []Frame, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
-		// debug/dwarf trusts some lengths in the data; hostile files
-		// must cost an error, not the daemon.
+		// debug/dwarf trusts some lengths in the data, and a mapped
+		// file truncated under us faults (SIGBUS, made a panic by
+		// SetPanicOnFault): hostile files must cost an error, not the
+		// daemon.
 		if p := recover(); p != nil {
 			frames, err = nil, fmt.Errorf("debug information at %#x: panic: %v", addr, p)
 		}
@@ -110,6 +114,7 @@ func (f *File) Close() error {
 // itself, or a debug file by build id or debug link. It returns an error
 // wrapping ErrNoDebugInfo when there is none.
 func Open(exe Executable, opts Options) (_ *File, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("reading debug information: panic: %v", p)
