@@ -47,14 +47,14 @@ type config struct {
 	debugDirs        []string
 	// debugInfoMiB bounds the debug information kept open for source
 	// lines; 0 turns lines off.
-	debugInfoMiB int
-	bpfLogLevel      uint
-	mapScaleFactor   uint
-	verbose          bool
-	version          bool
-	outputDir        string
-	maxOutputFiles   int
-	pprofAddr        string
+	debugInfoMiB   int
+	bpfLogLevel    uint
+	mapScaleFactor uint
+	verbose        bool
+	version        bool
+	outputDir      string
+	maxOutputFiles int
+	pprofAddr      string
 	// probabilisticThreshold is the percentage of probabilistic intervals
 	// that sample; 100 samples always.
 	probabilisticThreshold uint

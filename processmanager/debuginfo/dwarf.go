@@ -9,8 +9,8 @@ import (
 	"fmt"
 	"io"
 	"path"
-	"strings"
 	"sort"
+	"strings"
 )
 
 // Limits that keep a hostile or enormous file from costing unbounded
