@@ -129,15 +129,26 @@ type session struct {
 
 func startSession(t *testing.T, hz int) *session {
 	t.Helper()
+	return startSessionWith(t, hz, nil)
+}
+
+// startSessionWith is startSession with the process manager's
+// configuration changed by configure.
+func startSessionWith(t *testing.T, hz int, configure func(*processmanager.Config)) *session {
+	t.Helper()
 	skipIfPreparing(t)
 	runtimes := interpreter.All()
 	tr, err := tracer.New(tracer.Config{SamplesPerSecond: hz, Runtimes: runtimes})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pm, err := processmanager.New(processmanager.Config{Unwinding: &processmanager.Unwinding{
+	cfg := processmanager.Config{Unwinding: &processmanager.Unwinding{
 		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Runtimes: tr, APM: tr,
-	}, Runtimes: runtimes})
+	}, Runtimes: runtimes}
+	if configure != nil {
+		configure(&cfg)
+	}
+	pm, err := processmanager.New(cfg)
 	if err != nil {
 		tr.Close()
 		t.Fatal(err)

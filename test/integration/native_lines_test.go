@@ -1,0 +1,278 @@
+package integration
+
+import (
+	"bufio"
+	"debug/elf"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/processmanager"
+)
+
+// symbolizer is the oracle of the line tests: LLVM's, which reads the
+// same DWARF (installed with clang by .ci/install-test-deps.sh).
+const symbolizer = "llvm-symbolizer-16"
+
+// TestNativeLines: the C++ workload built with -g shows, for its hot
+// frames, the file and line llvm-symbolizer gives for the same address,
+// and the static inline helper GCC inlined (mix) as a frame of its own
+// above operator+; with the DWARF in the file, split into a build-id
+// file under a debug directory the daemon is pointed at, and split beside
+// the file behind a .gnu_debuglink.
+func TestNativeLines(t *testing.T) {
+	requireRoot(t)
+	skipIfPreparing(t)
+	if _, err := exec.LookPath(symbolizer); err != nil {
+		t.Fatalf("%s: %v (make test-deps installs it)", symbolizer, err)
+	}
+	src := filepath.Join(workloadDir(""), "cppchain.cpp")
+	for _, c := range []struct {
+		name string
+		// split moves bin's DWARF out; it returns the debug dirs.
+		split func(t *testing.T, bin, dir string) []string
+	}{
+		{"in the file", func(t *testing.T, bin, dir string) []string { return []string{dir} }},
+		{"by build id", func(t *testing.T, bin, dir string) []string {
+			debugDir := filepath.Join(dir, "debug")
+			id := gnuBuildID(t, bin)
+			splitDebug(t, bin, filepath.Join(debugDir, ".build-id", id[:2], id[2:]+".debug"))
+			return []string{debugDir}
+		}},
+		{"by debug link", func(t *testing.T, bin, dir string) []string {
+			debug := filepath.Join(dir, "cppchain.debug")
+			splitDebug(t, bin, debug)
+			run(t, "", nil, "objcopy", "--add-gnu-debuglink="+debug, bin)
+			return []string{filepath.Join(dir, "empty")}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			bin := filepath.Join(dir, "cppchain")
+			run(t, "", nil, "g++", "-O2", "-g", "-fno-omit-frame-pointer", "-o", bin, src)
+			oracle := bin + ".oracle"
+			run(t, "", nil, "cp", bin, oracle)
+			dirs := c.split(t, bin, dir)
+			s := startSessionWith(t, testHz, func(cfg *processmanager.Config) { cfg.DebugDirs = dirs })
+			w, _ := startWorkload(t, false, bin, "3")
+			w.wait(t)
+			s.stop(t)
+			checkNativeLines(t, s, s.rec.ofPID(w.pid), oracle)
+		})
+	}
+}
+
+// checkNativeLines compares the leaf machine frame of each sample in
+// cppchain's own code, expanded, with llvm-symbolizer's answer for its
+// address.
+func checkNativeLines(t *testing.T, s *session, samples []sample, oracle string) {
+	t.Helper()
+	var leaves [][]libpf.Frame
+	for _, smp := range samples {
+		if fs := leafNativeFrames(smp.trace.Frames); len(fs) > 0 && fs[0].Mapping != nil &&
+			filepath.Base(fs[0].Mapping.Path) == "cppchain" {
+			leaves = append(leaves, fs)
+		}
+	}
+	if len(leaves) < testHz {
+		t.Fatalf("only %d of %d samples in cppchain's code", len(leaves), len(samples))
+	}
+	addrs := make([]uint64, len(leaves))
+	for i, fs := range leaves {
+		addrs[i] = fs[0].Address
+	}
+	want := symbolizeAll(t, oracle, addrs)
+	agree, inMix, mixShown := 0, 0, 0
+	var misses []string
+	for i, fs := range leaves {
+		got := framePositions(fs)
+		if strings.Join(got, " ← ") == strings.Join(want[i], " ← ") {
+			agree++
+		} else if len(misses) < 5 {
+			misses = append(misses, fmt.Sprintf("%#x: got %v, want %v", addrs[i], got, want[i]))
+		}
+		if len(want[i]) > 1 && strings.HasPrefix(want[i][0], "mix ") {
+			inMix++
+			if fs[0].FunctionName == "geo::mix" || fs[0].FunctionName == "mix" {
+				if fs[0].Inlined && fs[1].FunctionName == "geo::operator+" {
+					mixShown++
+				}
+			}
+		}
+	}
+	t.Logf("%d samples in cppchain's code: %.1f%% with the functions, files and lines llvm-symbolizer gives; "+
+		"%d in the inlined mix, %.1f%% of them show it above geo::operator+",
+		len(leaves), 100*share(agree, len(leaves)), inMix, 100*share(mixShown, inMix))
+	for _, m := range misses {
+		t.Log("miss: " + m)
+	}
+	if share(agree, len(leaves)) < 0.95 {
+		t.Errorf("%.1f%% agree with llvm-symbolizer, want >= 95%%", 100*share(agree, len(leaves)))
+	}
+	if inMix < testHz/4 || share(mixShown, inMix) < 0.9 {
+		t.Errorf("%d samples in mix, %.1f%% show it as an inlined frame, want >= 90%%", inMix, 100*share(mixShown, inMix))
+	}
+	st := s.pm.Stats()
+	t.Logf("debug files opened: %v, missing %d, errors %d", st.DebugFilesOpened, st.DebugFilesMissing, st.DebugFileErrors)
+}
+
+// leafNativeFrames returns the user frames at the leaf machine frame: the
+// inlined ones and the first that is not.
+func leafNativeFrames(frames []libpf.Frame) []libpf.Frame {
+	i := 0
+	for i < len(frames) && frames[i].Kind != libpf.FrameNative {
+		i++
+	}
+	for j := i; j < len(frames); j++ {
+		if !frames[j].Inlined {
+			return frames[i : j+1]
+		}
+	}
+	return nil
+}
+
+// framePositions spells frames as the oracle does: the mangled name
+// where there is one, the file's base name and the line.
+func framePositions(fs []libpf.Frame) []string {
+	var out []string
+	for _, f := range fs {
+		name := f.FunctionName
+		if f.SystemName != "" {
+			name = f.SystemName
+		}
+		out = append(out, fmt.Sprintf("%s %s:%d", name, filepath.Base(f.SourceFile), f.SourceLine))
+	}
+	return out
+}
+
+// symbolizeAll asks llvm-symbolizer for the frames at addrs, spelled as
+// framePositions spells them.
+func symbolizeAll(t *testing.T, bin string, addrs []uint64) [][]string {
+	t.Helper()
+	var in strings.Builder
+	for _, a := range addrs {
+		fmt.Fprintf(&in, "%#x\n", a)
+	}
+	cmd := exec.Command(symbolizer, "--obj="+bin, "--inlining", "--no-demangle", "--functions=linkage")
+	cmd.Stdin = strings.NewReader(in.String())
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s: %v", symbolizer, err)
+	}
+	blocks := strings.Split(strings.TrimSpace(string(out)), "\n\n")
+	if len(blocks) != len(addrs) {
+		t.Fatalf("%s answered %d of %d addresses", symbolizer, len(blocks), len(addrs))
+	}
+	res := make([][]string, len(addrs))
+	for i, b := range blocks {
+		lines := strings.Split(b, "\n")
+		for j := 0; j+1 < len(lines); j += 2 {
+			loc := strings.Split(lines[j+1], ":")
+			line := 0
+			if len(loc) > 1 {
+				line, _ = strconv.Atoi(loc[1])
+			}
+			res[i] = append(res[i], fmt.Sprintf("%s %s:%d", lines[j], filepath.Base(loc[0]), line))
+		}
+	}
+	return res
+}
+
+func splitDebug(t *testing.T, bin, debug string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(debug), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "", nil, "objcopy", "--only-keep-debug", bin, debug)
+	run(t, "", nil, "strip", "--strip-debug", bin)
+}
+
+func gnuBuildID(t *testing.T, bin string) string {
+	t.Helper()
+	f, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	s := f.Section(".note.gnu.build-id")
+	if s == nil {
+		t.Fatal("no build id")
+	}
+	b, err := s.Data()
+	if err != nil || len(b) < 16 {
+		t.Fatalf("build id note: %v", err)
+	}
+	return fmt.Sprintf("%x", b[16:])
+}
+
+// TestGoInlinedFrames: a stripped Go workload, whose hot loop in main.top
+// calls main.leaf inlined, shows main.leaf as an inlined frame at its own
+// line above main.top at the call's line, from the pclntab alone.
+func TestGoInlinedFrames(t *testing.T) {
+	requireRoot(t)
+	skipIfPreparing(t)
+	bin, _ := buildGo(t, "goinline")
+	marks := sourceMarks(t, filepath.Join(workloadDir("goinline"), "main.go"))
+	s := startSession(t, testHz)
+	w, _ := startWorkload(t, false, bin, "3")
+	w.wait(t)
+	s.stop(t)
+	inTop, inlined, right := 0, 0, 0
+	var misses []string
+	for _, smp := range s.rec.ofPID(w.pid) {
+		fs := leafNativeFrames(smp.trace.Frames)
+		if len(fs) == 0 || fs[len(fs)-1].FunctionName != "main.top" {
+			continue
+		}
+		inTop++
+		top := fs[len(fs)-1]
+		ok := strings.HasSuffix(top.SourceFile, "goinline/main.go") && top.SourceLine > marks["call"]-3 && top.SourceLine <= marks["call"]
+		if len(fs) == 2 {
+			leaf := fs[0]
+			inlined++
+			ok = leaf.FunctionName == "main.leaf" && leaf.Inlined && leaf.SourceLine == marks["leaf"] &&
+				strings.HasSuffix(leaf.SourceFile, "goinline/main.go") && top.SourceLine == marks["call"]
+		} else if len(fs) > 2 {
+			ok = false
+		}
+		if ok {
+			right++
+		} else if len(misses) < 5 {
+			misses = append(misses, fmt.Sprint(framePositions(fs)))
+		}
+	}
+	t.Logf("%d samples in main.top: %.1f%% in main.leaf inlined, %.1f%% with the right frames and lines",
+		inTop, 100*share(inlined, inTop), 100*share(right, inTop))
+	for _, m := range misses {
+		t.Log("miss: " + m)
+	}
+	if inTop < testHz || share(right, inTop) < 0.95 || share(inlined, inTop) < 0.3 {
+		t.Errorf("%d samples in main.top, %.1f%% right (want >= 95%%), %.1f%% in main.leaf (want >= 30%%)",
+			inTop, 100*share(right, inTop), 100*share(inlined, inTop))
+	}
+}
+
+// sourceMarks returns the lines of a source file marked "mark:NAME".
+func sourceMarks(t *testing.T, path string) map[string]uint32 {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	marks := map[string]uint32{}
+	re := regexp.MustCompile(`mark:(\w+)`)
+	sc := bufio.NewScanner(f)
+	for n := uint32(1); sc.Scan(); n++ {
+		if m := re.FindStringSubmatch(sc.Text()); m != nil {
+			marks[m[1]] = n
+		}
+	}
+	return marks
+}
