@@ -200,14 +200,15 @@ func (k *kernel) frame(addr uint64, returnAddress bool) libpf.Frame {
 }
 
 // module returns the shared mapping of a module, reading its build id from
-// sysfs the first time. Pseudo modules such as [bpf] or
+// sysfs the first time. Its path is the module's name in brackets,
+// "[nf_tables]", as perf names modules. Pseudo modules such as [bpf] or
 // [__builtin__ftrace] have no build id and get a zero file id.
 func (k *kernel) module(idx uint32) *libpf.Mapping {
 	r := &k.syms.modules[idx]
 	if m, ok := k.modules[r.name]; ok {
 		return m
 	}
-	m := &libpf.Mapping{Path: r.name, Start: r.low, End: r.high}
+	m := &libpf.Mapping{Path: "[" + r.name + "]", Start: r.low, End: r.high}
 	notes, err := os.ReadFile(fmt.Sprintf("%s/module/%s/notes/.note.gnu.build-id", k.sysFS, r.name))
 	if err == nil {
 		if id, err := gnuBuildIDFromNotes(notes); err == nil {

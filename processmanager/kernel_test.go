@@ -146,8 +146,8 @@ func TestKernelFrames(t *testing.T) {
 	}{
 		{"schedule", vmlinuxName, "abcd", 0xffffffff81001000},
 		{"schedule", vmlinuxName, "abcd", 0xffffffff81001fff},
-		{"ext4_read", "ext4", "1234", 0xffffffffc0a0100f},
-		{"bpf_prog_x", "bpf", "", 0xffffffffc0b00007},
+		{"ext4_read", "[ext4]", "1234", 0xffffffffc0a0100f},
+		{"bpf_prog_x", "[bpf]", "", 0xffffffffc0b00007},
 	}
 	for i, addr := range frames {
 		f := k.frame(addr, i > 0)

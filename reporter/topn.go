@@ -53,6 +53,11 @@ func leafName(t *libpf.Trace) string {
 // when unsymbolized, which is enough to look the address up later.
 func frameName(f *libpf.Frame) string {
 	if name := symbolName(f); name != "" {
+		// A kernel module's function with its module, as perf shows it:
+		// "nft_do_chain [nf_tables]".
+		if f.Kind == libpf.FrameKernel && f.Mapping != nil && strings.HasPrefix(f.Mapping.Path, "[") {
+			return name + " " + f.Mapping.Path
+		}
 		return name
 	}
 	if f.Mapping != nil && f.Mapping.Path != "" {

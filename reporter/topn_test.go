@@ -81,6 +81,10 @@ func TestFrameName(t *testing.T) {
 		{libpf.Frame{Kind: libpf.FrameNative, Address: 0x10, Mapping: m}, "libfoo.so.1+0x10"},
 		{libpf.Frame{Kind: libpf.FrameNative, Address: 0x10}, "0x10"},
 		{libpf.Frame{Kind: libpf.FrameAbort, Address: 7}, "[unwinding aborted: error 7]"},
+		{libpf.Frame{Kind: libpf.FrameKernel, Address: 0x10, Mapping: &libpf.Mapping{Path: "[nf_tables]"},
+			FunctionName: "nft_do_chain"}, "nft_do_chain [nf_tables]"},
+		{libpf.Frame{Kind: libpf.FrameKernel, Address: 0x10, Mapping: &libpf.Mapping{Path: "vmlinux"},
+			FunctionName: "schedule"}, "schedule"},
 	}
 	for _, tt := range tests {
 		if got := frameName(&tt.frame); got != tt.want {
