@@ -50,7 +50,7 @@ func checkExportedContent(t *testing.T, pds []*profilespb.ProfilesData, workload
 			htl := dictAttrs(d, m.GetAttributeIndices())["process.executable.build_id.htlhash"].GetStringValue()
 			// The kernel's pseudo modules (JIT-compiled BPF programs,
 			// ftrace trampolines) are no files and have no id.
-			if name := d.GetStringTable()[m.GetFilenameStrindex()]; htl == "" && (name == "bpf" || strings.HasPrefix(name, "__builtin__")) {
+			if name := d.GetStringTable()[m.GetFilenameStrindex()]; htl == "" && (name == "[bpf]" || strings.HasPrefix(name, "[__builtin__")) {
 				continue
 			}
 			if b, err := hex.DecodeString(htl); err != nil || len(b) != 16 {
