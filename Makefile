@@ -79,6 +79,7 @@ FUZZ_TIME    ?= 50000x
 FUZZ_TARGETS := processmanager:FuzzParseELF processmanager:FuzzNotes processmanager:FuzzParseKallsyms \
 	processmanager:FuzzParseMapsLine processmanager:FuzzContainerIDFromCgroup \
 	nativeunwind:FuzzEhFrame nativeunwind:FuzzCFAProgram nativeunwind:FuzzEhFrameSegments nativeunwind:FuzzGoPclntab \
+	processmanager/debuginfo:FuzzDWARFLines \
 	interpreter/python:FuzzLineTable interpreter/python:FuzzSymbolizeFrame interpreter/libc:FuzzTSDLayout interpreter/perfmap:FuzzPerfMap interpreter/hotspot:FuzzParseLineTable interpreter/v8:FuzzDecodePositions \
 	tracecorr:FuzzProcessStorage
 

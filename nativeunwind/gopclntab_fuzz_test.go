@@ -49,6 +49,8 @@ func FuzzGoPclntab(f *testing.F) {
 				tab.textStart = 0x401000
 			}
 			syms := &GoSymbols{t: tab}
+			// Inline trees are read from the input too.
+			lines := &GoLines{syms: syms, read: code, gofunc: 0x400000}
 			for i := range min(tab.nfunc, 64) {
 				fn, err := syms.Func(i)
 				if err != nil {
@@ -56,6 +58,9 @@ func FuzzGoPclntab(f *testing.F) {
 				}
 				for _, pc := range []uint64{fn.Entry, (fn.Entry + fn.End) / 2, fn.End - 1} {
 					_, _ = syms.Lookup(pc)
+					if frames, _ := lines.Lookup(pc); len(frames) > maxInlineDepth+1 {
+						t.Fatalf("%d frames at %#x", len(frames), pc)
+					}
 				}
 			}
 			for _, a := range []*goArch{&goAMD64, &goARM64} {

@@ -39,7 +39,8 @@ const (
 // open while GoLines is used.
 type GoLines struct {
 	syms *GoSymbols
-	img  elfImage
+	// read reads the file's loaded bytes by virtual address.
+	read codeReader
 	// gofunc is what Go 1.18+ function data offsets are from; zero when
 	// it could not be found, and then inlined calls are not expanded.
 	gofunc uint64
@@ -52,28 +53,27 @@ func ReadGoLines(f *elf.File) (*GoLines, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &GoLines{syms: syms, img: elfImage{f}}
-	t := syms.t
-	if t.version >= pcln118 {
-		g.gofunc = g.findGofunc()
+	img := elfImage{f}
+	g := &GoLines{syms: syms, read: img.read}
+	if syms.t.version >= pcln118 {
+		g.gofunc = findGofunc(img, syms.t)
 	}
 	return g, nil
 }
 
 // findGofunc returns the address of go:func.* from the symbol table, else
 // from moduledata; zero when neither has it.
-func (g *GoLines) findGofunc() uint64 {
+func findGofunc(img elfImage, t *pclntab) uint64 {
 	for _, name := range []string{"go:func.*", "go.func.*"} {
-		if v, ok := g.img.symbol(name); ok {
+		if v, ok := img.symbol(name); ok {
 			return v
 		}
 	}
-	t := g.syms.t
 	idx := mdGofunc118
 	if t.version >= pcln120 {
 		idx = mdGofunc120
 	}
-	if v, ok := g.img.moduledataWord(t, idx); ok && g.img.segment(v, 1) != nil {
+	if v, ok := img.moduledataWord(t, idx); ok && img.segment(v, 1) != nil {
 		return v
 	}
 	return 0
@@ -183,7 +183,7 @@ func (g *GoLines) inlinedCall(tree uint64, idx int32) (inlinedCall, error) {
 	if idx >= maxInlineIndex {
 		return inlinedCall{}, fmt.Errorf("index %d beyond the limit of %d", idx, maxInlineIndex)
 	}
-	b, err := g.img.read(tree+uint64(idx)*size, size)
+	b, err := g.read(tree+uint64(idx)*size, size)
 	if err != nil {
 		return inlinedCall{}, err
 	}

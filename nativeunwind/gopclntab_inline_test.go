@@ -79,7 +79,12 @@ func TestGoLinesStripped(t *testing.T) {
 				t.Fatal("function data not found")
 			}
 			// The twin's moduledata must agree with its symbol.
-			if md, ok := twin.img.moduledataWord(twin.syms.t, mdGofunc120); !ok || md != twin.gofunc {
+			twinELF, err := elf.Open(set.path(t, b.twin))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer twinELF.Close()
+			if md, ok := (elfImage{twinELF}).moduledataWord(twin.syms.t, mdGofunc120); !ok || md != twin.gofunc {
 				t.Errorf("moduledata.gofunc %#x (found: %v), the symbol go:func.* says %#x", md, ok, twin.gofunc)
 			}
 			inlined := 0

@@ -57,39 +57,41 @@ var dwarf5Sections = []string{"addr", "line_str", "str_offsets", "rnglists"}
 func openDWARF(ef *elf.File, img []byte, maxDecompressed int64) (*dwarfLines, int64, error) {
 	budget := maxDecompressed
 	var cost int64
-	read := func(name string) ([]byte, error) {
+	secs := map[string][]byte{}
+	for _, name := range append(dwarfSections, dwarf5Sections...) {
 		b, err := section(ef, img, name, &budget)
-		cost += int64(len(b))
-		return b, err
-	}
-	secs := make([][]byte, len(dwarfSections))
-	for i, name := range dwarfSections {
-		var err error
-		if secs[i], err = read(name); err != nil {
-			return nil, 0, err
-		}
-	}
-	d, err := dwarf.New(secs[0], nil, nil, secs[1], secs[2], nil, secs[3], secs[4])
-	if err != nil {
-		return nil, 0, fmt.Errorf("reading DWARF: %w", err)
-	}
-	for _, name := range dwarf5Sections {
-		b, err := read(name)
 		if err != nil {
 			return nil, 0, err
 		}
-		if b != nil {
+		secs[name] = b
+		cost += int64(len(b))
+	}
+	l, err := newDWARFLines(secs)
+	if err != nil {
+		return nil, 0, err
+	}
+	return l, cost + int64(len(l.units))*24, nil
+}
+
+// newDWARFLines reads DWARF from its sections, named without ".debug_",
+// and indexes its units.
+func newDWARFLines(secs map[string][]byte) (*dwarfLines, error) {
+	d, err := dwarf.New(secs["abbrev"], nil, nil, secs["info"], secs["line"], nil, secs["ranges"], secs["str"])
+	if err != nil {
+		return nil, fmt.Errorf("reading DWARF: %w", err)
+	}
+	for _, name := range dwarf5Sections {
+		if b := secs[name]; b != nil {
 			if err := d.AddSection(".debug_"+name, b); err != nil {
-				return nil, 0, fmt.Errorf("reading DWARF: %w", err)
+				return nil, fmt.Errorf("reading DWARF: %w", err)
 			}
 		}
 	}
 	l := &dwarfLines{d: d, names: map[dwarf.Offset]string{}}
 	if err := l.index(); err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	cost += int64(len(l.units)) * 24
-	return l, cost, nil
+	return l, nil
 }
 
 // section returns the bytes of .debug_NAME (or the older .zdebug_NAME),
