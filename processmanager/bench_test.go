@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -62,7 +63,14 @@ func BenchmarkConvertTrace(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if len(tr.Frames) != 30 || tr.Frames[len(tr.Frames)-1].FunctionName == "" {
+	// libc's frames may come with inlined ones (libc6-dbg).
+	machine := 0
+	for _, f := range tr.Frames {
+		if !f.Inlined {
+			machine++
+		}
+	}
+	if machine != 30 || tr.Frames[len(tr.Frames)-1].FunctionName == "" {
 		b.Fatalf("conversion %+v", tr.Frames)
 	}
 	b.ReportAllocs()
@@ -94,5 +102,38 @@ func BenchmarkHandleTraceCached(b *testing.B) {
 	}
 	if s := h.Stats(); s.TraceCacheMisses != 1 {
 		b.Errorf("stats %+v", s)
+	}
+}
+
+// BenchmarkNativeLines: converting benchTrace's trace with source lines,
+// per native frame, when every address's answer is cached and when none
+// is (the files' debug information stays open: libc's from libc6-dbg).
+func BenchmarkNativeLines(b *testing.B) {
+	raw := benchTrace(b)
+	for _, c := range []struct {
+		name  string
+		fresh bool
+	}{{"cached", false}, {"new addresses", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			m, err := New(Config{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, _, err := m.ConvertTrace(raw); err != nil { // opens the files
+				b.Fatal(err)
+			}
+			if st := m.Stats(); st.DebugFilesOpened["build-id"] == 0 {
+				b.Fatalf("libc's debug file was not opened: %+v", st.DebugFilesOpened)
+			}
+			for b.Loop() {
+				if c.fresh {
+					m.lines.results = newLRU[lineKey, []debuginfo.Frame](maxLineResults)
+				}
+				if _, _, err := m.ConvertTrace(raw); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(raw.Frames)), "ns/frame")
+		})
 	}
 }
