@@ -59,6 +59,10 @@ func BenchmarkConvertTrace(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	if _, _, err := m.ConvertTrace(raw); err != nil { // queues files for lines
+		b.Fatal(err)
+	}
+	m.lines.wait()
 	tr, _, err := m.ConvertTrace(raw) // warm the caches
 	if err != nil {
 		b.Fatal(err)
@@ -119,9 +123,10 @@ func BenchmarkNativeLines(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if _, _, err := m.ConvertTrace(raw); err != nil { // opens the files
+			if _, _, err := m.ConvertTrace(raw); err != nil { // queues the files
 				b.Fatal(err)
 			}
+			m.lines.wait()
 			if st := m.Stats(); st.DebugFilesOpened["build-id"] == 0 {
 				b.Fatalf("libc's debug file was not opened: %+v", st.DebugFilesOpened)
 			}

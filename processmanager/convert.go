@@ -85,9 +85,14 @@ func (m *Manager) convert(raw *support.Trace, p *process) conversion {
 	}
 	c := conversion{info: p.info, gen: p.gen}
 	var missed bool
+	m.linesRetryAt = time.Time{}
 	frames, c.unknown, c.unattributed, missed = m.appendUserFrames(frames, p, raw.Frames)
 	if c.unknown > 0 {
 		c.retryAt = p.lastMapsRead.Add(m.rereadWait(p))
+	}
+	// A file whose lines are being read, or fetched: convert again then.
+	if at := m.linesRetryAt; !at.IsZero() && (c.retryAt.IsZero() || at.Before(c.retryAt)) {
+		c.retryAt = at
 	}
 	recheck := p.runtimeTraceRecheck(frames)
 	if missed && (recheck == 0 || recheck > minRuntimeUpdate) {
@@ -204,7 +209,11 @@ func (m *Manager) appendNativeFrame(frames []libpf.Frame, p *process, mp *mappin
 		if own {
 			pid = p.pid
 		}
-		src = m.lines.frames(m.procFS, pid, mp, f.Address)
+		var retry time.Time
+		src, retry = m.lines.frames(m.procFS, pid, mp, f.Address)
+		if !retry.IsZero() && (m.linesRetryAt.IsZero() || retry.Before(m.linesRetryAt)) {
+			m.linesRetryAt = retry
+		}
 	}
 	if n := len(src); n > 0 {
 		for _, s := range src[:n-1] {

@@ -3,20 +3,26 @@ package processmanager
 import (
 	"errors"
 	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"time"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
 )
 
-// Source lines and inlined calls of native frames. Debug information is
-// opened the first time an address of its file is symbolized, kept while
-// the bytes of all open files stay within Config.DebugInfoBytes (least
-// recently used first out), and every address's answer is cached.
+// Source lines and inlined calls of native frames. A file's debug
+// information is opened in the background after the first sample of one
+// of its addresses (reading and indexing a large file takes long, and
+// conversions must not wait for it), kept while the bytes of all open
+// files stay within Config.DebugInfoBytes (least recently used first out),
+// and every address's answer is cached.
 
 // DefaultDebugInfoBytes is the default bound on debug information kept
-// open: mapped and inflated sections and indexes, enough for a few hundred
+// open: inflated and mapped sections and indexes, enough for a few hundred
 // binaries of ordinary size.
-const DefaultDebugInfoBytes = 512 << 20
+const DefaultDebugInfoBytes = 128 << 20
 
 // DefaultDebugDirs are searched for separate debug files by default.
 var DefaultDebugDirs = []string{"/usr/lib/debug"}
@@ -30,6 +36,15 @@ const (
 	// missingCost is what remembering a file without debug information
 	// costs in the byte bound.
 	missingCost = 256
+	// openQueue bounds the files waiting to be opened; a file that finds
+	// the queue full is queued on a later sample.
+	openQueue = 64
+	// linesPendingRecheck is how soon a trace converted while its files'
+	// debug information was being opened is converted again.
+	linesPendingRecheck = 500 * time.Millisecond
+	// defaultDebuginfodRecheck is how long after asking debuginfod for a
+	// file's debug information the file is opened again.
+	defaultDebuginfodRecheck = 10 * time.Second
 )
 
 // lineKey is an address of a file.
@@ -42,6 +57,11 @@ type lineKey struct {
 type debugFile struct {
 	d   *debuginfo.File
 	err error
+	// opening is set while the file is queued or being opened.
+	opening bool
+	// retryAt is when a file without debug information is looked at
+	// again: debuginfod may have fetched it by then. Zero: never.
+	retryAt time.Time
 }
 
 // lineStats counts what the line lookups found.
@@ -58,89 +78,170 @@ type lineStats struct {
 	lookupErrors uint64
 }
 
-// lineSymbolizer finds the source lines of native frames.
-type lineSymbolizer struct {
-	opts     debuginfo.Options
-	maxBytes int64
-	files    *lru[libpf.FileID, debugFile]
-	bytes    int64
-	results  *lru[lineKey, []debuginfo.Frame]
-	stats    lineStats
+// openRequest is a file to open in the background.
+type openRequest struct {
+	id      libpf.FileID
+	file    *os.File
+	root    string
+	path    string
+	buildID string
 }
 
-func newLineSymbolizer(dirs []string, maxBytes int64) *lineSymbolizer {
-	return &lineSymbolizer{
+// lineSymbolizer finds the source lines of native frames. Its methods
+// are called with the Manager's lock held; its own lock orders them with
+// the background opener.
+type lineSymbolizer struct {
+	opts debuginfo.Options
+	// debuginfod, when set, is asked for files without debug information
+	// that have a build id; its cache is one of opts.DebugDirs.
+	debuginfod *debuginfo.Debuginfod
+	recheck    time.Duration
+	now        func() time.Time
+	maxBytes   int64
+	queue      chan openRequest
+	wg         sync.WaitGroup
+
+	mu      sync.Mutex
+	files   *lru[libpf.FileID, debugFile]
+	bytes   int64
+	results *lru[lineKey, []debuginfo.Frame]
+	stats   lineStats
+	closed  bool
+}
+
+func newLineSymbolizer(dirs []string, maxBytes int64, dfd *debuginfo.Debuginfod, now func() time.Time) *lineSymbolizer {
+	if dfd != nil {
+		dirs = append(slices.Clip(dirs), dfd.Dir())
+	}
+	s := &lineSymbolizer{
+		debuginfod: dfd,
+		recheck:    defaultDebuginfodRecheck,
+		now:        now,
 		opts: debuginfo.Options{
 			DebugDirs: dirs,
 			// One file may take up to half the bound.
 			MaxDecompressed: maxBytes / 2,
 		},
 		maxBytes: maxBytes,
+		queue:    make(chan openRequest, openQueue),
 		files:    newLRU[libpf.FileID, debugFile](maxDebugFiles),
 		results:  newLRU[lineKey, []debuginfo.Frame](maxLineResults),
 		stats:    lineStats{filesOpened: map[string]uint64{}},
 	}
+	s.wg.Add(1)
+	go s.opener()
+	return s
 }
 
 // frames returns the source frames at addr of the file mapped by mp in
-// process pid, innermost first; nil when there is no information. With
-// pid 0 (mp is not the process's own mapping) a file not open yet is not
-// opened. The caller holds the Manager's lock.
-func (s *lineSymbolizer) frames(procFS string, pid uint32, mp *mapping, addr uint64) []debuginfo.Frame {
+// process pid, innermost first; nil when there is no information. When
+// the file's information is not open yet, it queues the file and returns
+// a time to convert the trace again. With pid 0 (mp is not the process's
+// own mapping) a file is not queued.
+func (s *lineSymbolizer) frames(procFS string, pid uint32, mp *mapping, addr uint64) ([]debuginfo.Frame, time.Time) {
 	if mp.entry.isVDSO() {
-		return nil // an image in memory, no file to find debug files by
+		return nil, time.Time{} // an image in memory, no file to find debug files by
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	key := lineKey{mp.file.id, addr}
 	if fs, ok := s.results.Get(key); ok {
-		return fs
+		return fs, time.Time{}
 	}
 	df, ok := s.files.Get(key.file)
-	if !ok {
-		if pid == 0 {
-			return nil
-		}
-		df = s.open(procFS, pid, mp)
+	switch {
+	case ok && df.opening:
+		return nil, s.now().Add(linesPendingRecheck)
+	case ok && df.d == nil && !df.retryAt.IsZero() && pid != 0 && s.now().After(df.retryAt):
+		s.remove(key.file, df)
+		ok = false
+	case ok && df.d == nil:
+		return nil, df.retryAt
 	}
-	if df.d == nil {
-		return nil
+	if !ok {
+		if pid != 0 && s.enqueue(procFS, pid, mp) {
+			return nil, s.now().Add(linesPendingRecheck)
+		}
+		return nil, time.Time{}
 	}
 	fs, err := df.d.Lookup(addr)
 	if err != nil {
 		s.stats.lookupErrors++
 	}
 	s.results.Add(key, fs)
-	return fs
+	return fs, time.Time{}
 }
 
-// open opens the debug information of mp's file and makes room for it.
-func (s *lineSymbolizer) open(procFS string, pid uint32, mp *mapping) debugFile {
-	var df debugFile
-	f, err := openMapping(procFS, pid, &mp.entry)
-	if err == nil {
-		df.d, df.err = debuginfo.Open(debuginfo.Executable{
-			File: f, Root: fmt.Sprintf("%s/%d/root", procFS, pid), Path: mp.entry.path,
-		}, s.opts)
-		f.Close()
-	} else {
-		df.err = err
+// enqueue opens mp's file (cheap, and possible only while the process
+// lives) and queues it for the opener. The caller holds s.mu.
+func (s *lineSymbolizer) enqueue(procFS string, pid uint32, mp *mapping) bool {
+	if s.closed {
+		return false
 	}
+	f, err := openMapping(procFS, pid, &mp.entry)
+	if err != nil {
+		s.stats.fileErrors++
+		s.add(mp.file.id, debugFile{err: err}, missingCost)
+		return false
+	}
+	req := openRequest{id: mp.file.id, file: f, root: fmt.Sprintf("%s/%d/root", procFS, pid), path: mp.entry.path}
+	if mp.file.elf != nil {
+		req.buildID = mp.file.elf.gnuBuildID
+	}
+	select {
+	case s.queue <- req:
+		s.add(mp.file.id, debugFile{opening: true}, missingCost)
+		return true
+	default:
+		f.Close() // a later sample queues it
+		return false
+	}
+}
+
+// opener opens queued files one at a time.
+func (s *lineSymbolizer) opener() {
+	defer s.wg.Done()
+	for req := range s.queue {
+		d, err := debuginfo.Open(debuginfo.Executable{File: req.file, Root: req.root, Path: req.path}, s.opts)
+		req.file.Close()
+		s.opened(req, d, err)
+	}
+}
+
+// opened records the outcome of opening a file.
+func (s *lineSymbolizer) opened(req openRequest, d *debuginfo.File, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.files.Get(req.id); ok {
+		s.remove(req.id, old)
+	}
+	if s.closed {
+		if d != nil {
+			d.Close()
+		}
+		return
+	}
+	df := debugFile{d: d, err: err}
 	cost := int64(missingCost)
 	switch {
-	case df.d != nil:
-		s.stats.filesOpened[df.d.Source]++
-		cost = df.d.Cost()
-	case errors.Is(df.err, debuginfo.ErrNoDebugInfo):
+	case d != nil:
+		s.stats.filesOpened[d.Source]++
+		cost = d.Cost()
+	case errors.Is(err, debuginfo.ErrNoDebugInfo):
 		s.stats.filesMissing++
+		if s.debuginfod != nil && req.buildID != "" {
+			s.debuginfod.Request(req.buildID)
+			df.retryAt = s.now().Add(s.recheck)
+		}
 	default:
 		s.stats.fileErrors++
 	}
-	s.add(mp.file.id, df, cost)
-	return df
+	s.add(req.id, df, cost)
 }
 
 // add remembers df, closing the least recently used files until the
-// bound holds. The file just added stays (the caller uses it), also when
-// it alone is larger than the bound: then it is the only one kept.
+// bound holds. The file just added stays, also when it alone is larger
+// than the bound: then it is the only one kept. The caller holds s.mu.
 func (s *lineSymbolizer) add(id libpf.FileID, df debugFile, cost int64) {
 	if s.files.Len() >= maxDebugFiles {
 		s.evictOldest()
@@ -156,21 +257,61 @@ func (s *lineSymbolizer) add(id libpf.FileID, df debugFile, cost int64) {
 }
 
 func (s *lineSymbolizer) evictOldest() {
-	id, df, ok := s.files.Oldest()
-	if !ok {
-		return
-	}
-	s.files.Remove(id)
-	s.bytes -= s.cost(df)
-	if df.d != nil {
-		df.d.Close()
-		s.stats.evicted++
+	if id, df, ok := s.files.Oldest(); ok {
+		if df.opening {
+			// The opener will record it; only its place goes.
+			s.files.Remove(id)
+			s.bytes -= missingCost
+			return
+		}
+		s.remove(id, df)
+		if df.d != nil {
+			s.stats.evicted++
+		}
 	}
 }
 
-func (s *lineSymbolizer) cost(df debugFile) int64 {
+// remove forgets a file and closes its information.
+func (s *lineSymbolizer) remove(id libpf.FileID, df debugFile) {
+	s.files.Remove(id)
 	if df.d != nil {
-		return df.d.Cost()
+		s.bytes -= df.d.Cost()
+		df.d.Close()
+	} else {
+		s.bytes -= missingCost
 	}
-	return missingCost
+}
+
+// wait waits until the files queued so far are opened (for tests).
+func (s *lineSymbolizer) wait() {
+	for {
+		s.mu.Lock()
+		pending := len(s.queue) > 0
+		for _, i := range s.files.index {
+			pending = pending || s.files.nodes[i].val.opening
+		}
+		s.mu.Unlock()
+		if !pending {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// close stops the opener and closes every open file.
+func (s *lineSymbolizer) close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	close(s.queue)
+	s.mu.Unlock()
+	s.wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.files.Len() > 0 {
+		s.evictOldest()
+	}
 }

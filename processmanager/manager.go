@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
+
 	"github.com/sirupsen/logrus"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
@@ -62,6 +64,11 @@ type Config struct {
 	// lines and inlined frames; DefaultDebugInfoBytes when zero, and
 	// negative turns lines off.
 	DebugInfoBytes int64
+	// Debuginfod, when set, fetches debug files that the host lacks; a
+	// file asked for is opened again DebuginfodRecheck later (10 s when
+	// zero).
+	Debuginfod        *debuginfo.Debuginfod
+	DebuginfodRecheck time.Duration
 }
 
 const (
@@ -86,6 +93,9 @@ type Manager struct {
 	// lines finds source lines and inlined calls of native frames; nil
 	// when Config.DebugInfoBytes turned them off.
 	lines *lineSymbolizer
+	// linesRetryAt is, during one conversion, the earliest time at which
+	// a file's lines that were not ready may be: appendNativeFrame sets it.
+	linesRetryAt time.Time
 	// youngProcess, newbornProcess: see quickRereadInterval.
 	youngProcess, newbornProcess time.Duration
 	log                          logrus.FieldLogger
@@ -200,7 +210,8 @@ func New(cfg Config) (*Manager, error) {
 		if dirs == nil {
 			dirs = DefaultDebugDirs
 		}
-		m.lines = newLineSymbolizer(dirs, cmp.Or(cfg.DebugInfoBytes, DefaultDebugInfoBytes))
+		m.lines = newLineSymbolizer(dirs, cmp.Or(cfg.DebugInfoBytes, DefaultDebugInfoBytes), cfg.Debuginfod, func() time.Time { return m.now() })
+		m.lines.recheck = cmp.Or(cfg.DebuginfodRecheck, defaultDebuginfodRecheck)
 	}
 	if m.log == nil {
 		m.log = logrus.StandardLogger()
@@ -226,6 +237,9 @@ func New(cfg Config) (*Manager, error) {
 func (m *Manager) Close() {
 	m.mu.Lock()
 	m.closed = true
+	if m.lines != nil {
+		m.lines.close()
+	}
 	m.mu.Unlock()
 	if m.unwind != nil {
 		m.unwind.close()

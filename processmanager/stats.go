@@ -154,6 +154,8 @@ func (m *Manager) Stats() Stats {
 		KernelSymbols:      len(m.kernel.syms.syms),
 	}
 	if l := m.lines; l != nil {
+		l.mu.Lock()
+		defer l.mu.Unlock()
 		st.DebugFilesOpened = maps.Clone(l.stats.filesOpened)
 		st.DebugFilesMissing = l.stats.filesMissing
 		st.DebugFileErrors = l.stats.fileErrors

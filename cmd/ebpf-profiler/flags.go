@@ -19,6 +19,9 @@ import (
 // defaultOutputDir is where pprof files go when no collection agent is set.
 const defaultOutputDir = "/var/lib/ebpf-profiler/pprof"
 
+// defaultDebuginfodCache keeps debug files fetched from debuginfod.
+const defaultDebuginfodCache = "/var/cache/ebpf-profiler/debuginfod"
+
 // envPrefix names the environment variables that set flags:
 // -collection-agent is EBPF_PROFILER_COLLECTION_AGENT. The command line wins
 // over the environment.
@@ -47,14 +50,17 @@ type config struct {
 	debugDirs        []string
 	// debugInfoMiB bounds the debug information kept open for source
 	// lines; 0 turns lines off.
-	debugInfoMiB   int
-	bpfLogLevel    uint
-	mapScaleFactor uint
-	verbose        bool
-	version        bool
-	outputDir      string
-	maxOutputFiles int
-	pprofAddr      string
+	debugInfoMiB int
+	// debuginfodURLs are the debuginfod servers; none turns fetching off.
+	debuginfodURLs  []string
+	debuginfodCache string
+	bpfLogLevel     uint
+	mapScaleFactor  uint
+	verbose         bool
+	version         bool
+	outputDir       string
+	maxOutputFiles  int
+	pprofAddr       string
 	// probabilisticThreshold is the percentage of probabilistic intervals
 	// that sample; 100 samples always.
 	probabilisticThreshold uint
@@ -69,7 +75,7 @@ type config struct {
 // (environ as os.Environ returns it); usage and errors go to out.
 func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	var c config
-	var tracers, demangle, debugDirs string
+	var tracers, demangle, debugDirs, debuginfodURLs string
 	outputDirSet := false
 	fs := flag.NewFlagSet("ebpf-profiler", flag.ContinueOnError)
 	fs.SetOutput(out)
@@ -98,6 +104,11 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	fs.IntVar(&c.debugInfoMiB, "debuginfo-cache-mb", processmanager.DefaultDebugInfoBytes>>20,
 		"MiB of debug information (DWARF, Go pclntab) kept open to give native frames source lines and inlined "+
 			"frames; least recently used files are closed first. 0 turns lines and inlined frames off.")
+	fs.StringVar(&debuginfodURLs, "debuginfod-urls", "",
+		"Space- or comma-separated debuginfod servers (as DEBUGINFOD_URLS lists them) asked in the background for the "+
+			"debug files of sampled native code that the host lacks, by build id. Off when empty.")
+	fs.StringVar(&c.debuginfodCache, "debuginfod-cache", defaultDebuginfodCache,
+		"Directory where files fetched from -debuginfod-urls are kept.")
 	fs.UintVar(&c.bpfLogLevel, "bpf-log-level", 0, "BPF verifier log level (0-2); logs are printed with -v.")
 	fs.UintVar(&c.mapScaleFactor, "map-scale-factor", 0,
 		fmt.Sprintf("Scaling factor for eBPF map sizes (0-%d): every increase by 1 doubles the maps of stack deltas "+
@@ -145,6 +156,7 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	if c.demangle, err = processmanager.ParseDemangleMode(demangle); err != nil {
 		return nil, fmt.Errorf("-demangle: %w", err)
 	}
+	c.debuginfodURLs = strings.FieldsFunc(debuginfodURLs, func(r rune) bool { return r == ',' || r == ' ' })
 	for _, d := range strings.Split(debugDirs, ",") {
 		if d = strings.TrimSpace(d); d != "" {
 			c.debugDirs = append(c.debugDirs, d)

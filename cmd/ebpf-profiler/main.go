@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
+
 	log "github.com/sirupsen/logrus"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
@@ -146,8 +148,19 @@ func profile(ctx context.Context, cfg *config) error {
 		FlushInterval: correlationFlush,
 		SamplesDelay:  tracer.TraceWakeupLatency + 2*correlationFlush,
 	})
+	var dfd *debuginfo.Debuginfod
+	if len(cfg.debuginfodURLs) > 0 {
+		dfd, err = debuginfo.NewDebuginfod(debuginfo.DebuginfodOptions{
+			URLs: cfg.debuginfodURLs, Dir: cfg.debuginfodCache, MaxBytes: 4 << 30,
+			Timeout: 2 * time.Minute, RetryAfter: time.Hour, Parallel: 2,
+		})
+		if err != nil {
+			return err
+		}
+	}
 	pm, err := processmanager.New(processmanager.Config{Unwinding: unwinding(tr), Correlator: corr, Runtimes: runtimes,
-		Demangle: cfg.demangle, DebugDirs: cfg.debugDirs, DebugInfoBytes: debugInfoBytes(cfg.debugInfoMiB)})
+		Demangle: cfg.demangle, DebugDirs: cfg.debugDirs, DebugInfoBytes: debugInfoBytes(cfg.debugInfoMiB),
+		Debuginfod: dfd})
 	if err != nil {
 		return err
 	}

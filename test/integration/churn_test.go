@@ -142,7 +142,7 @@ func TestExecStorm(t *testing.T) {
 	runtime.ReadMemStats(&heapAfter)
 
 	hot := regexp.MustCompile(`storm_hot_\d`)
-	var samples, complete, wrong, unnamed int
+	var samples, complete, wrong, unnamed, incomplete int
 	for pid, i := range pids {
 		own := fmt.Sprintf("storm_hot_%d", i%binaries)
 		for _, smp := range s.rec.ofPID(pid) {
@@ -158,6 +158,10 @@ func TestExecStorm(t *testing.T) {
 				}
 			case regexp.MustCompile(`(^|;)` + own + `;` + cRoot + `$`).MatchString(stack):
 				complete++
+			default:
+				if incomplete++; incomplete <= 5 {
+					t.Logf("incomplete: %s", stack)
+				}
 			}
 			// Samples from between fork and exec name the parent's
 			// executable; those in the hot function must name the child's.

@@ -4,16 +4,21 @@ import (
 	"bufio"
 	"debug/elf"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/processmanager"
+	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
 )
 
 // symbolizer is the oracle of the line tests: LLVM's, which reads the
@@ -83,6 +88,7 @@ func checkNativeLines(t *testing.T, s *session, samples []sample, oracle string)
 	if len(leaves) < testHz {
 		t.Fatalf("only %d of %d samples in cppchain's code", len(leaves), len(samples))
 	}
+	leaves = afterLinesArrive(t, leaves)
 	addrs := make([]uint64, len(leaves))
 	for i, fs := range leaves {
 		addrs[i] = fs[0].Address
@@ -120,6 +126,16 @@ func checkNativeLines(t *testing.T, s *session, samples []sample, oracle string)
 	}
 	st := s.pm.Stats()
 	t.Logf("debug files opened: %v, missing %d, errors %d", st.DebugFilesOpened, st.DebugFilesMissing, st.DebugFileErrors)
+}
+
+// afterLinesArrive drops the samples of the first half second, while the
+// daemon opens the file's debug information in the background, and logs
+// how many samples came before the first with a line.
+func afterLinesArrive(t *testing.T, leaves [][]libpf.Frame) [][]libpf.Frame {
+	t.Helper()
+	first := slices.IndexFunc(leaves, func(fs []libpf.Frame) bool { return fs[len(fs)-1].SourceLine != 0 })
+	t.Logf("first sample with a line: %d of %d (%d per second)", first, len(leaves), testHz)
+	return leaves[min(testHz/2, len(leaves)):]
 }
 
 // leafNativeFrames returns the user frames at the leaf machine frame: the
@@ -223,13 +239,15 @@ func TestGoInlinedFrames(t *testing.T) {
 	w, _ := startWorkload(t, false, bin, "3")
 	w.wait(t)
 	s.stop(t)
+	var inTopFrames [][]libpf.Frame
+	for _, smp := range s.rec.ofPID(w.pid) {
+		if fs := leafNativeFrames(smp.trace.Frames); len(fs) > 0 && fs[len(fs)-1].FunctionName == "main.top" {
+			inTopFrames = append(inTopFrames, fs)
+		}
+	}
 	inTop, inlined, right := 0, 0, 0
 	var misses []string
-	for _, smp := range s.rec.ofPID(w.pid) {
-		fs := leafNativeFrames(smp.trace.Frames)
-		if len(fs) == 0 || fs[len(fs)-1].FunctionName != "main.top" {
-			continue
-		}
+	for _, fs := range afterLinesArrive(t, inTopFrames) {
 		inTop++
 		top := fs[len(fs)-1]
 		ok := strings.HasSuffix(top.SourceFile, "goinline/main.go") && top.SourceLine > marks["call"]-3 && top.SourceLine <= marks["call"]
@@ -275,4 +293,47 @@ func sourceMarks(t *testing.T, path string) map[string]uint32 {
 		}
 	}
 	return marks
+}
+
+// TestNativeLinesDebuginfod: with the debug file only on a debuginfod
+// server, the daemon fetches it in the background after the first
+// samples, and the later samples get their lines and inlined frames.
+func TestNativeLinesDebuginfod(t *testing.T) {
+	requireRoot(t)
+	skipIfPreparing(t)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "cppchain")
+	run(t, "", nil, "g++", "-O2", "-g", "-fno-omit-frame-pointer", "-o", bin, filepath.Join(workloadDir(""), "cppchain.cpp"))
+	oracle := bin + ".oracle"
+	run(t, "", nil, "cp", bin, oracle)
+	id := gnuBuildID(t, bin)
+	debug := filepath.Join(dir, "served.debug")
+	splitDebug(t, bin, debug)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/buildid/"+id+"/debuginfo" {
+			http.ServeFile(w, r, debug)
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	defer srv.Close()
+	dfd, err := debuginfo.NewDebuginfod(debuginfo.DebuginfodOptions{URLs: []string{srv.URL}, Dir: t.TempDir(),
+		MaxBytes: 1 << 30, Timeout: 10 * time.Second, RetryAfter: time.Hour, Parallel: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startSessionWith(t, testHz, func(cfg *processmanager.Config) {
+		cfg.DebugDirs = []string{filepath.Join(dir, "none")}
+		cfg.Debuginfod, cfg.DebuginfodRecheck = dfd, 500*time.Millisecond
+	})
+	w, _ := startWorkload(t, false, bin, "4")
+	w.wait(t)
+	s.stop(t)
+	dfd.Wait()
+	if st := dfd.Stats(); st.Fetched != 1 {
+		t.Fatalf("debuginfod stats %+v, want 1 fetched", st)
+	}
+	samples := s.rec.ofPID(w.pid)
+	// The fetch and the recheck take well under the first half.
+	checkNativeLines(t, s, samples[len(samples)/2:], oracle)
 }
