@@ -50,7 +50,10 @@ func BenchmarkDebugInfoRSS(b *testing.B) {
 				if lines < len(bins)*len(addrs)/2 {
 					b.Fatalf("only %d of %d addresses had lines; stats %+v", lines, len(bins)*len(addrs), s.stats)
 				}
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
 				b.ReportMetric(float64(after-before)/(1<<20), "MiB-RSS-growth")
+				b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "MiB-heap-in-use")
 				b.ReportMetric(float64(s.bytes)/(1<<20), "MiB-held")
 				b.ReportMetric(float64(s.stats.evicted), "evicted")
 				s.close()

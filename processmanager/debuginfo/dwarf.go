@@ -65,6 +65,11 @@ func openDWARF(ef *elf.File, img []byte, maxDecompressed int64) (*dwarfLines, in
 		}
 		secs[name] = b
 		cost += int64(len(b))
+		// A compressed section's own pages were read too (mapped, they
+		// stay resident while the file is open).
+		if s := compressedSection(ef, name); s != nil {
+			cost += int64(s.FileSize)
+		}
 	}
 	l, err := newDWARFLines(secs)
 	if err != nil {
@@ -127,6 +132,18 @@ func section(ef *elf.File, img []byte, name string, budget *int64) ([]byte, erro
 		return nil, fmt.Errorf("inflating %s: %w", s.Name, err)
 	}
 	return b, nil
+}
+
+// compressedSection returns .debug_NAME or .zdebug_NAME if it is
+// compressed.
+func compressedSection(ef *elf.File, name string) *elf.Section {
+	if s := ef.Section(".debug_" + name); s != nil {
+		if s.Flags&elf.SHF_COMPRESSED != 0 {
+			return s
+		}
+		return nil
+	}
+	return ef.Section(".zdebug_" + name)
 }
 
 // inflateZdebug inflates a .zdebug section: "ZLIB", the inflated size as
