@@ -228,6 +228,18 @@ func (m *Manager) appendNativeFrame(frames []libpf.Frame, p *process, mp *mappin
 		f.SourceFile, f.SourceLine = src[n-1].File, src[n-1].Line
 	}
 	f.FunctionName, f.SystemName = m.readableName(f.FunctionName)
+	n := &m.counters.native
+	n.Frames++
+	n.Inlined += uint64(max(len(src)-1, 0))
+	if f.FunctionName != "" {
+		n.Named++
+	}
+	if f.SystemName != "" {
+		n.Demangled++
+	}
+	if f.SourceLine != 0 {
+		n.WithLine++
+	}
 	return append(frames, f)
 }
 

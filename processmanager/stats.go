@@ -65,6 +65,9 @@ type Stats struct {
 	// DebugFilesEvicted files closed to stay within the bound of
 	// DebugInfoBytes (now held: DebugInfoBytesHeld); LineLookupErrors
 	// addresses whose lookup failed.
+	// Native counts the native frames of converted traces and what
+	// they were given (names, source lines, inlined frames).
+	Native             NativeFrameCounts
 	DebugFilesOpened   map[string]uint64
 	DebugFilesMissing  uint64
 	DebugFileErrors    uint64
@@ -117,6 +120,7 @@ type counters struct {
 	apmErrors          uint64
 	processChecks      uint64
 	staleExecs         uint64
+	native             NativeFrameCounts
 }
 
 // Stats returns the Manager's counters; the Handler fields are zero.
@@ -146,6 +150,7 @@ func (m *Manager) Stats() Stats {
 		ProcessChecks:      c.processChecks,
 		DemangleFailures:   m.demangler.failures,
 		StaleExecs:         c.staleExecs,
+		Native:             c.native,
 		FileCacheSize:      m.files.lru.Len(),
 		FileCacheHits:      m.files.hits,
 		FileCacheMisses:    m.files.misses,
@@ -183,4 +188,12 @@ func (m *Manager) Stats() Stats {
 		}
 	}
 	return st
+}
+
+// NativeFrameCounts count the native frames of converted traces: machine
+// frames (Frames), those named (Named, of which Demangled had a mangled
+// name), those with a source line (WithLine), and the inlined frames
+// added above them (Inlined, not in Frames).
+type NativeFrameCounts struct {
+	Frames, Named, Demangled, WithLine, Inlined uint64
 }

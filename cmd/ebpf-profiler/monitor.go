@@ -181,6 +181,14 @@ func statusFields(prev, cur snapshot, fills []mapFill, sampling string) log.Fiel
 	if n := d(prev.handler.DemangleFailures, cur.handler.DemangleFailures); n > 0 {
 		f["demangle_failures"] = n
 	}
+	// Native frames of the traces converted in the interval: the share
+	// named, demangled and with a line, and the inlined frames added.
+	if n := d(prev.handler.Native.Frames, cur.handler.Native.Frames); n > 0 {
+		pct := func(prev, cur uint64) string { return fmt.Sprintf("%.1f%%", 100*float64(cur-prev)/float64(n)) }
+		p, c := prev.handler.Native, cur.handler.Native
+		f["native_frames"] = fmt.Sprintf("converted=%d named=%s demangled=%s lines=%s inlined=+%d",
+			n, pct(p.Named, c.Named), pct(p.Demangled, c.Demangled), pct(p.WithLine, c.WithLine), c.Inlined-p.Inlined)
+	}
 	// Debug information: files opened for lines, what it holds, and
 	// what could not be read.
 	if cur.handler.DebugInfoBytesHeld > 0 || cur.handler.DebugFileErrors > 0 {
