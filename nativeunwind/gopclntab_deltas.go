@@ -24,7 +24,7 @@ func goDeltas(f *elf.File) (Deltas, error) {
 	if err != nil {
 		return nil, err
 	}
-	return t.deltas(a, elfImage{f}.read)
+	return t.deltas(a, elfImage{f: f}.read)
 }
 
 // goArch is what the rules depend on per architecture.

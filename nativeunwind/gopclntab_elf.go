@@ -23,6 +23,28 @@ const maxScanCandidates = 256
 // elfImage reads an ELF file's loaded bytes by virtual address.
 type elfImage struct {
 	f *elf.File
+	// mapped is the whole file in memory when the caller has it mapped:
+	// reads are then slices of it, not copies.
+	mapped []byte
+}
+
+// fileBytes returns n bytes at offset off of the mapped file, or false
+// when the file is not mapped or they lie outside it.
+func (m elfImage) fileBytes(off, n uint64) ([]byte, bool) {
+	if m.mapped == nil || off > uint64(len(m.mapped)) || n > uint64(len(m.mapped))-off {
+		return nil, false
+	}
+	return m.mapped[off : off+n : off+n], true
+}
+
+// sectionData returns an uncompressed section's bytes.
+func (m elfImage) sectionData(s *elf.Section) ([]byte, error) {
+	if s.Flags&elf.SHF_COMPRESSED == 0 {
+		if b, ok := m.fileBytes(s.Offset, s.Size); ok {
+			return b, nil
+		}
+	}
+	return s.Data()
 }
 
 // segment returns the PT_LOAD segment whose file bytes contain
@@ -44,6 +66,9 @@ func (m elfImage) read(addr, n uint64) ([]byte, error) {
 	if p == nil || n > maxSegmentRead {
 		return nil, fmt.Errorf("%#x bytes at %#x are not in the file", n, addr)
 	}
+	if b, ok := m.fileBytes(p.Off+(addr-p.Vaddr), n); ok {
+		return b, nil
+	}
 	b := make([]byte, n)
 	if _, err := p.ReadAt(b, int64(addr-p.Vaddr)); err != nil {
 		return nil, fmt.Errorf("reading %#x bytes at %#x: %w", n, addr, err)
@@ -63,9 +88,13 @@ func (m elfImage) isCode(addr, n uint64) bool {
 
 // openPclntab finds and parses f's pclntab and resolves its text start.
 func openPclntab(f *elf.File) (*pclntab, error) {
-	m := elfImage{f}
+	return elfImage{f: f}.openPclntab()
+}
+
+func (m elfImage) openPclntab() (*pclntab, error) {
+	f := m.f
 	if s := f.Section(".gopclntab"); s != nil && s.Type == elf.SHT_PROGBITS {
-		data, err := s.Data()
+		data, err := m.sectionData(s)
 		if err != nil {
 			return nil, fmt.Errorf("reading .gopclntab: %w", err)
 		}
@@ -93,7 +122,7 @@ func isGoFile(f *elf.File) bool {
 			return true
 		}
 	}
-	m := elfImage{f}
+	m := elfImage{f: f}
 	for _, p := range f.Progs {
 		if p.Type != elf.PT_NOTE || p.Filesz > 1<<16 {
 			continue
@@ -109,6 +138,9 @@ func isGoFile(f *elf.File) bool {
 func (m elfImage) readProg(p *elf.Prog) ([]byte, error) {
 	if p.Filesz > maxSegmentRead {
 		return nil, fmt.Errorf("segment at %#x: %#x bytes is too large to read", p.Vaddr, p.Filesz)
+	}
+	if b, ok := m.fileBytes(p.Off, p.Filesz); ok {
+		return b, nil
 	}
 	b := make([]byte, p.Filesz)
 	if _, err := p.ReadAt(b, 0); err != nil {

@@ -47,13 +47,17 @@ type GoLines struct {
 }
 
 // ReadGoLines reads f's pclntab and finds where its function data lie.
-// The error wraps ErrNoGoPclntab when f is not a Go executable.
-func ReadGoLines(f *elf.File) (*GoLines, error) {
-	syms, err := ReadGoSymbols(f)
+// The error wraps ErrNoGoPclntab when f is not a Go executable. mapped,
+// if not nil, is the whole file in memory (mapped): the table and the
+// inline trees are then used in place, and must stay mapped while GoLines
+// is used.
+func ReadGoLines(f *elf.File, mapped []byte) (*GoLines, error) {
+	img := elfImage{f: f, mapped: mapped}
+	t, err := img.openPclntab()
 	if err != nil {
 		return nil, err
 	}
-	img := elfImage{f}
+	syms := &GoSymbols{t: t}
 	g := &GoLines{syms: syms, read: img.read}
 	if syms.t.version >= pcln118 {
 		g.gofunc = findGofunc(img, syms.t)

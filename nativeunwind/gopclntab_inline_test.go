@@ -21,7 +21,7 @@ func TestGoLinesAgainstRuntime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := openGoLines(t, exe)
+	g := openGoLines(t, exe, true)
 	if !g.ExpandsInlined() {
 		t.Fatal("the test binary's function data were not found")
 	}
@@ -73,8 +73,8 @@ func TestGoLinesStripped(t *testing.T) {
 	for _, name := range []string{"amd64-stripped", "amd64-cgo-pie-nosections"} {
 		t.Run(name, func(t *testing.T) {
 			b := findGoBuild(name)
-			stripped := openGoLines(t, set.path(t, name))
-			twin := openGoLines(t, set.path(t, b.twin))
+			stripped := openGoLines(t, set.path(t, name), true)
+			twin := openGoLines(t, set.path(t, b.twin), false)
 			if !stripped.ExpandsInlined() {
 				t.Fatal("function data not found")
 			}
@@ -84,7 +84,7 @@ func TestGoLinesStripped(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer twinELF.Close()
-			if md, ok := (elfImage{twinELF}).moduledataWord(twin.syms.t, mdGofunc120); !ok || md != twin.gofunc {
+			if md, ok := (elfImage{f: twinELF}).moduledataWord(twin.syms.t, mdGofunc120); !ok || md != twin.gofunc {
 				t.Errorf("moduledata.gofunc %#x (found: %v), the symbol go:func.* says %#x", md, ok, twin.gofunc)
 			}
 			inlined := 0
@@ -112,14 +112,22 @@ func TestGoLinesStripped(t *testing.T) {
 	}
 }
 
-func openGoLines(t *testing.T, path string) *GoLines {
+// openGoLines reads path's lines, from the file or (inMemory) from its
+// bytes in memory, as debuginfo maps it.
+func openGoLines(t *testing.T, path string, inMemory bool) *GoLines {
 	t.Helper()
 	f, err := elf.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Close() })
-	g, err := ReadGoLines(f)
+	var mapped []byte
+	if inMemory {
+		if mapped, err = os.ReadFile(path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := ReadGoLines(f, mapped)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -149,7 +149,7 @@ func gosymTable(t *testing.T, path string) *gosym.Table {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	m := elfImage{f}
+	m := elfImage{f: f}
 	text, ok := m.symbol("runtime.text")
 	start, ok1 := m.symbol("runtime.pclntab")
 	end, ok2 := m.symbol("runtime.epclntab")
@@ -554,7 +554,7 @@ func TestGoCgoCallRules(t *testing.T) {
 					continue
 				}
 				calls++
-				code, err := elfImage{f}.read(d.Address, 4)
+				code, err := elfImage{f: f}.read(d.Address, 4)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"runtime/metrics"
 	"sort"
 	"strings"
 )
@@ -71,11 +72,26 @@ func openDWARF(ef *elf.File, img []byte, maxDecompressed int64) (*dwarfLines, in
 			cost += int64(s.FileSize)
 		}
 	}
+	// debug/dwarf parses every unit's abbreviations up front, and
+	// libc's 2,083 units take more memory so than its sections: what the
+	// parse allocates is counted (other goroutines' allocations in the
+	// meantime too, a small error on the safe side).
+	allocs := heapAllocs()
 	l, err := newDWARFLines(secs)
 	if err != nil {
 		return nil, 0, err
 	}
-	return l, cost + int64(len(l.units))*24, nil
+	return l, cost + int64(heapAllocs()-allocs), nil
+}
+
+// heapAllocs is the bytes allocated on the heap since the start.
+func heapAllocs() uint64 {
+	sample := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	metrics.Read(sample)
+	if sample[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return sample[0].Value.Uint64()
 }
 
 // newDWARFLines reads DWARF from its sections, named without ".debug_",

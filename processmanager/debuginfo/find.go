@@ -134,7 +134,7 @@ func Open(exe Executable, opts Options) (_ *File, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("parsing ELF: %w", err)
 	}
-	if src, cost, err := openGo(ef); err == nil {
+	if src, cost, err := openGo(ef, img); err == nil {
 		out.Source, out.lines, out.cost = "pclntab", src, cost
 		return out, nil
 	}

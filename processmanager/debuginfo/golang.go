@@ -13,11 +13,11 @@ type goLines struct {
 	g *nativeunwind.GoLines
 }
 
-// openGo reads ef's pclntab; the error wraps nativeunwind.ErrNoGoPclntab
-// for other files. The cost is the table's size, which is read into
-// memory.
-func openGo(ef *elf.File) (*goLines, int64, error) {
-	g, err := nativeunwind.ReadGoLines(ef)
+// openGo reads the pclntab of ef, whose bytes are img (mapped: the table
+// is used in place); the error wraps nativeunwind.ErrNoGoPclntab for
+// other files. The cost is the table's size.
+func openGo(ef *elf.File, img []byte) (*goLines, int64, error) {
+	g, err := nativeunwind.ReadGoLines(ef, img)
 	if err != nil {
 		return nil, 0, err
 	}
