@@ -72,16 +72,11 @@ func openDWARF(ef *elf.File, img []byte, maxDecompressed int64) (*dwarfLines, in
 			cost += int64(s.FileSize)
 		}
 	}
-	// debug/dwarf parses every unit's abbreviations up front, and
-	// libc's 2,083 units take more memory so than its sections: what the
-	// parse allocates is counted (other goroutines' allocations in the
-	// meantime too, a small error on the safe side).
-	allocs := heapAllocs()
-	l, err := newDWARFLines(secs)
+	l, parsed, err := newDWARFLines(secs)
 	if err != nil {
 		return nil, 0, err
 	}
-	return l, cost + int64(heapAllocs()-allocs), nil
+	return l, cost + parsed + int64(len(l.units))*24, nil
 }
 
 // heapAllocs is the bytes allocated on the heap since the start.
@@ -95,24 +90,30 @@ func heapAllocs() uint64 {
 }
 
 // newDWARFLines reads DWARF from its sections, named without ".debug_",
-// and indexes its units.
-func newDWARFLines(secs map[string][]byte) (*dwarfLines, error) {
+// and indexes its units. It returns about how many bytes parsing kept:
+// debug/dwarf parses every unit's header and abbreviations up front, and
+// libc's 2,083 units keep more so than its sections take (what the parse
+// allocates is counted, with other goroutines' allocations meanwhile, a
+// small error on the safe side).
+func newDWARFLines(secs map[string][]byte) (*dwarfLines, int64, error) {
+	allocs := heapAllocs()
 	d, err := dwarf.New(secs["abbrev"], nil, nil, secs["info"], secs["line"], nil, secs["ranges"], secs["str"])
 	if err != nil {
-		return nil, fmt.Errorf("reading DWARF: %w", err)
+		return nil, 0, fmt.Errorf("reading DWARF: %w", err)
 	}
 	for _, name := range dwarf5Sections {
 		if b := secs[name]; b != nil {
 			if err := d.AddSection(".debug_"+name, b); err != nil {
-				return nil, fmt.Errorf("reading DWARF: %w", err)
+				return nil, 0, fmt.Errorf("reading DWARF: %w", err)
 			}
 		}
 	}
+	parsed := int64(heapAllocs() - allocs)
 	l := &dwarfLines{d: d, names: map[dwarf.Offset]string{}}
 	if err := l.index(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return l, nil
+	return l, parsed, nil
 }
 
 // section returns the bytes of .debug_NAME (or the older .zdebug_NAME),

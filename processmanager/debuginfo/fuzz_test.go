@@ -51,7 +51,7 @@ func FuzzDWARFLines(f *testing.F) {
 				}
 			}
 		}()
-		l, err := newDWARFLines(secs)
+		l, _, err := newDWARFLines(secs)
 		if err != nil {
 			return
 		}
