@@ -2,6 +2,7 @@ package debuginfo
 
 import (
 	"debug/elf"
+	"encoding/binary"
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
@@ -51,7 +52,7 @@ func FuzzDWARFLines(f *testing.F) {
 				}
 			}
 		}()
-		l, _, err := newDWARFLines(secs)
+		l, _, err := newDWARFLines(secs, binary.LittleEndian)
 		if err != nil {
 			return
 		}
