@@ -133,10 +133,6 @@ func TestDWARFAgainstSymbolizer(t *testing.T) {
 			run(t, "objcopy", "--add-gnu-debuglink="+filepath.Join(dir, "bin.debug"), bin)
 			return bin, nil, oracle
 		}},
-		{"LTO", "file", func(t *testing.T, dir string) (string, []string, string) {
-			bin := build(t, dir, "bin", "-g", "-flto")
-			return bin, nil, bin
-		}},
 		{"by debug link under the debug dir", "debuglink", func(t *testing.T, dir string) (string, []string, string) {
 			bin := build(t, dir, "bin", "-g")
 			oracle := copyFile(t, bin)
@@ -148,47 +144,37 @@ func TestDWARFAgainstSymbolizer(t *testing.T) {
 		}},
 	}
 	for _, c := range cases {
-		for _, alone := range []bool{true, false} {
-			t.Run(fmt.Sprintf("%s, units read alone %v", c.name, alone), func(t *testing.T) {
-				defer func(old bool) { readUnitsAlone = old }(readUnitsAlone)
-				readUnitsAlone = alone
-				checkAgainstSymbolizer(t, c.source, c.prepare)
-			})
-		}
-	}
-}
-
-// checkAgainstSymbolizer builds the workload with prepare and compares
-// every address of its functions with llvm-symbolizer.
-func checkAgainstSymbolizer(t *testing.T, source string, prepare func(t *testing.T, dir string) (string, []string, string)) {
-	t.Helper()
-	bin, dirs, oracle := prepare(t, t.TempDir())
-	d, err := open(t, bin, Options{DebugDirs: dirs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.Source != source {
-		t.Errorf("found in %q, want %q", d.Source, source)
-	}
-	addrs := functionAddrs(t, bin)
-	want := symbolize(t, oracle, addrs)
-	inlined := 0
-	for i, addr := range addrs {
-		frames, err := d.Lookup(addr)
-		if err != nil {
-			t.Fatalf("%#x: %v", addr, err)
-		}
-		got := positions(frames)
-		if !slices.Equal(got, want[i]) {
-			t.Fatalf("%#x:\n got  %v\n want %v", addr, got, want[i])
-		}
-		if len(frames) > 1 {
-			inlined++
-		}
-	}
-	t.Logf("%d addresses, %d in inlined code", len(addrs), inlined)
-	if inlined == 0 {
-		t.Error("no inlined frames")
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			bin, dirs, oracle := c.prepare(t, dir)
+			d, err := open(t, bin, Options{DebugDirs: dirs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Source != c.source {
+				t.Errorf("found in %q, want %q", d.Source, c.source)
+			}
+			addrs := functionAddrs(t, bin)
+			want := symbolize(t, oracle, addrs)
+			inlined := 0
+			for i, addr := range addrs {
+				frames, err := d.Lookup(addr)
+				if err != nil {
+					t.Fatalf("%#x: %v", addr, err)
+				}
+				got := positions(frames)
+				if !slices.Equal(got, want[i]) {
+					t.Fatalf("%#x:\n got  %v\n want %v", addr, got, want[i])
+				}
+				if len(frames) > 1 {
+					inlined++
+				}
+			}
+			t.Logf("%d addresses, %d in inlined code", len(addrs), inlined)
+			if inlined == 0 {
+				t.Error("no inlined frames")
+			}
+		})
 	}
 }
 

@@ -2,7 +2,6 @@ package debuginfo
 
 import (
 	"debug/elf"
-	"encoding/binary"
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
@@ -52,7 +51,7 @@ func FuzzDWARFLines(f *testing.F) {
 				}
 			}
 		}()
-		l, _, err := newDWARFLines(secs, binary.LittleEndian)
+		l, _, err := newDWARFLines(secs)
 		if err != nil {
 			return
 		}
