@@ -9,19 +9,16 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/hostprof/ebpf-profiler/utils/llvmsym"
 )
 
 // cppChain is the C++ workload of the symbolizer's tests: a namespace, a
 // template, a lambda, an operator and a static inline helper that GCC
 // inlines at -O2.
 var cppChain = filepath.Join("..", "..", "utils", "workloads", "cppchain.cpp")
-
-// symbolizer is the oracle: LLVM's symbolizer reads the same DWARF.
-// .ci/install-test-deps.sh installs it with clang.
-const symbolizer = "llvm-symbolizer-16"
 
 // build compiles cppchain.cpp with flags into dir.
 func build(t *testing.T, dir, name string, flags ...string) string {
@@ -101,8 +98,8 @@ func buildIDPath(t *testing.T, dir, bin string) string {
 // (inlined ones first), their functions, files and lines are those
 // llvm-symbolizer gives.
 func TestDWARFAgainstSymbolizer(t *testing.T) {
-	if _, err := exec.LookPath(symbolizer); err != nil {
-		t.Fatalf("%s: %v (make test-deps installs it)", symbolizer, err)
+	if _, err := exec.LookPath(llvmsym.Command); err != nil {
+		t.Fatalf("%s: %v (make test-deps installs it)", llvmsym.Command, err)
 	}
 	cases := []struct {
 		name   string
@@ -252,51 +249,25 @@ func functionAddrs(t *testing.T, bin string) []uint64 {
 // names the function it was made from.
 var cloneSuffix = regexp.MustCompile(`\.(isra|constprop|part|cold)\.[0-9].*$`)
 
-// symbolize asks llvm-symbolizer for the frames at addrs.
+// symbolize asks llvm-symbolizer for the frames at addrs, without the
+// suffix of a clone's symbol and with cleaned paths.
 func symbolize(t *testing.T, bin string, addrs []uint64) [][]position {
 	t.Helper()
-	var in strings.Builder
-	for _, a := range addrs {
-		fmt.Fprintf(&in, "%#x\n", a)
-	}
-	cmd := exec.Command(symbolizer, "--obj="+bin, "--inlining", "--no-demangle", "--functions=linkage")
-	cmd.Stdin = strings.NewReader(in.String())
-	out, err := cmd.Output()
+	frames, err := llvmsym.Symbolize(bin, addrs)
 	if err != nil {
-		t.Fatalf("%s: %v", symbolizer, err)
+		t.Fatal(err)
 	}
-	// Each address's answer is a block of (function, file:line:column)
-	// line pairs; a blank line ends it.
-	blocks := strings.Split(strings.TrimSpace(string(out)), "\n\n")
-	if len(blocks) != len(addrs) {
-		t.Fatalf("%s answered %d of %d addresses", symbolizer, len(blocks), len(addrs))
-	}
-	res := make([][]position, len(addrs))
-	for i, b := range blocks {
-		res[i] = parseSymbolizer(b)
+	res := make([][]position, len(frames))
+	for i, fs := range frames {
+		for _, f := range fs {
+			p := position{function: cloneSuffix.ReplaceAllString(f.Function, ""), line: uint32(f.Line)}
+			if f.File != "" {
+				p.file = filepath.Clean(f.File)
+			}
+			res[i] = append(res[i], p)
+		}
 	}
 	return res
-}
-
-// parseSymbolizer reads pairs of lines: function, then file:line:column.
-func parseSymbolizer(s string) []position {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	var out []position
-	for i := 0; i+1 < len(lines); i += 2 {
-		fn := cloneSuffix.ReplaceAllString(lines[i], "")
-		loc := strings.Split(lines[i+1], ":")
-		if fn == "??" {
-			fn = ""
-		}
-		p := position{function: fn}
-		if len(loc) >= 2 && loc[0] != "??" {
-			p.file = filepath.Clean(loc[0])
-			n, _ := strconv.Atoi(loc[1])
-			p.line = uint32(n)
-		}
-		out = append(out, p)
-	}
-	return out
 }
 
 // libc is Debian's C library; libc6-dbg puts its DWARF under
@@ -307,8 +278,8 @@ const libc = "/lib/x86_64-linux-gnu/libc.so.6"
 // -dbgsym-style build-id file (compressed, DWARF 5, many units), the frames
 // at addresses spread over all its functions are llvm-symbolizer's.
 func TestLibcAgainstSymbolizer(t *testing.T) {
-	if _, err := exec.LookPath(symbolizer); err != nil {
-		t.Fatalf("%s: %v (make test-deps installs it)", symbolizer, err)
+	if _, err := exec.LookPath(llvmsym.Command); err != nil {
+		t.Fatalf("%s: %v (make test-deps installs it)", llvmsym.Command, err)
 	}
 	d, err := open(t, libc, Options{DebugDirs: []string{"/usr/lib/debug"}})
 	if err != nil {

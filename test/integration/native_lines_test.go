@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"cmp"
 	"debug/elf"
 	"fmt"
 	"net/http"
@@ -11,7 +12,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,11 +19,8 @@ import (
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/processmanager"
 	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
+	"github.com/hostprof/ebpf-profiler/utils/llvmsym"
 )
-
-// symbolizer is the oracle of the line tests: LLVM's, which reads the
-// same DWARF (installed with clang by .ci/install-test-deps.sh).
-const symbolizer = "llvm-symbolizer-16"
 
 // TestNativeLines: the C++ workload built with -g shows, for its hot
 // frames, the file and line llvm-symbolizer gives for the same address,
@@ -34,8 +31,8 @@ const symbolizer = "llvm-symbolizer-16"
 func TestNativeLines(t *testing.T) {
 	requireRoot(t)
 	skipIfPreparing(t)
-	if _, err := exec.LookPath(symbolizer); err != nil {
-		t.Fatalf("%s: %v (make test-deps installs it)", symbolizer, err)
+	if _, err := exec.LookPath(llvmsym.Command); err != nil {
+		t.Fatalf("%s: %v (make test-deps installs it)", llvmsym.Command, err)
 	}
 	src := filepath.Join(workloadDir(""), "cppchain.cpp")
 	for _, c := range []struct {
@@ -171,30 +168,14 @@ func framePositions(fs []libpf.Frame) []string {
 // framePositions spells them.
 func symbolizeAll(t *testing.T, bin string, addrs []uint64) [][]string {
 	t.Helper()
-	var in strings.Builder
-	for _, a := range addrs {
-		fmt.Fprintf(&in, "%#x\n", a)
-	}
-	cmd := exec.Command(symbolizer, "--obj="+bin, "--inlining", "--no-demangle", "--functions=linkage")
-	cmd.Stdin = strings.NewReader(in.String())
-	out, err := cmd.Output()
+	frames, err := llvmsym.Symbolize(bin, addrs)
 	if err != nil {
-		t.Fatalf("%s: %v", symbolizer, err)
+		t.Fatal(err)
 	}
-	blocks := strings.Split(strings.TrimSpace(string(out)), "\n\n")
-	if len(blocks) != len(addrs) {
-		t.Fatalf("%s answered %d of %d addresses", symbolizer, len(blocks), len(addrs))
-	}
-	res := make([][]string, len(addrs))
-	for i, b := range blocks {
-		lines := strings.Split(b, "\n")
-		for j := 0; j+1 < len(lines); j += 2 {
-			loc := strings.Split(lines[j+1], ":")
-			line := 0
-			if len(loc) > 1 {
-				line, _ = strconv.Atoi(loc[1])
-			}
-			res[i] = append(res[i], fmt.Sprintf("%s %s:%d", lines[j], filepath.Base(loc[0]), line))
+	res := make([][]string, len(frames))
+	for i, fs := range frames {
+		for _, f := range fs {
+			res[i] = append(res[i], fmt.Sprintf("%s %s:%d", cmp.Or(f.Function, "??"), filepath.Base(cmp.Or(f.File, "??")), f.Line))
 		}
 	}
 	return res
