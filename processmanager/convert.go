@@ -40,6 +40,11 @@ type conversion struct {
 	// from then on a maps re-read is allowed again, and converting anew may
 	// resolve the address (code mapped since).
 	retryAt time.Time
+	// linesSettled, when not zero, is one more than the count of settled
+	// debug files (lineSymbolizer.settledFiles) when the trace was
+	// converted while some of its files' lines were being read: convert
+	// it again once the count has changed.
+	linesSettled uint64
 	// unknown counts addresses outside every known mapping, unattributed
 	// the frames not attributed to a file (unknown ones and anonymous
 	// memory).
@@ -85,12 +90,20 @@ func (m *Manager) convert(raw *support.Trace, p *process) conversion {
 	}
 	c := conversion{info: p.info, gen: p.gen}
 	var missed bool
-	m.linesRetryAt = time.Time{}
+	m.linesRetryAt, m.linesOpening = time.Time{}, false
+	var settled uint64
+	if m.lines != nil {
+		settled = m.lines.settledFiles() // before the lookups: no opening ends unseen
+	}
 	frames, c.unknown, c.unattributed, missed = m.appendUserFrames(frames, p, raw.Frames)
+	if m.linesOpening {
+		c.linesSettled = settled + 1
+	}
 	if c.unknown > 0 {
 		c.retryAt = p.lastMapsRead.Add(m.rereadWait(p))
 	}
-	// A file whose lines are being read, or fetched: convert again then.
+	// A file whose lines are fetched, or wait for room in the queue:
+	// convert again then.
 	if at := m.linesRetryAt; !at.IsZero() && (c.retryAt.IsZero() || at.Before(c.retryAt)) {
 		c.retryAt = at
 	}
@@ -210,10 +223,12 @@ func (m *Manager) appendNativeFrame(frames []libpf.Frame, p *process, mp *mappin
 			pid = p.pid
 		}
 		var retry time.Time
-		src, retry = m.lines.frames(m.procFS, pid, mp, f.Address)
+		var opening bool
+		src, retry, opening = m.lines.frames(m.procFS, pid, mp, f.Address)
 		if !retry.IsZero() && (m.linesRetryAt.IsZero() || retry.Before(m.linesRetryAt)) {
 			m.linesRetryAt = retry
 		}
+		m.linesOpening = m.linesOpening || opening
 	}
 	if n := len(src); n > 0 {
 		for _, s := range src[:n-1] {

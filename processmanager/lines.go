@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
@@ -39,9 +40,9 @@ const (
 	// openQueue bounds the files waiting to be opened; a file that finds
 	// the queue full is queued on a later sample.
 	openQueue = 64
-	// linesPendingRecheck is how soon a trace converted while its files'
-	// debug information was being opened is converted again.
-	linesPendingRecheck = 500 * time.Millisecond
+	// queueFullRecheck is how soon a trace converted while the open queue
+	// was full is converted again, to queue its files then.
+	queueFullRecheck = 500 * time.Millisecond
 	// defaultDebuginfodRecheck is how long after asking debuginfod for a
 	// file's debug information the file is opened again.
 	defaultDebuginfodRecheck = 10 * time.Second
@@ -100,6 +101,10 @@ type lineSymbolizer struct {
 	maxBytes   int64
 	queue      chan openRequest
 	wg         sync.WaitGroup
+	// settled counts the files whose opening ended, with or without debug
+	// information: a trace converted while one of its files was opening is
+	// converted again once it has changed.
+	settled atomic.Uint64
 
 	mu      sync.Mutex
 	files   *lru[libpf.FileID, debugFile]
@@ -135,54 +140,67 @@ func newLineSymbolizer(dirs []string, maxBytes int64, dfd *debuginfo.Debuginfod,
 
 // frames returns the source frames at addr of the file mapped by mp in
 // process pid, innermost first; nil when there is no information. When
-// the file's information is not open yet, it queues the file and returns
-// a time to convert the trace again. With pid 0 (mp is not the process's
-// own mapping) a file is not queued.
-func (s *lineSymbolizer) frames(procFS string, pid uint32, mp *mapping, addr uint64) ([]debuginfo.Frame, time.Time) {
+// the file's information is being opened, or was queued now, opening is
+// set: convert the trace again once settled() has changed. retryAt is
+// when to convert it again otherwise (debuginfod may have fetched the
+// file, or the queue has room); zero: never. With pid 0 (mp is not the
+// process's own mapping) a file is not queued.
+func (s *lineSymbolizer) frames(procFS string, pid uint32, mp *mapping, addr uint64) (fs []debuginfo.Frame, retryAt time.Time, opening bool) {
 	if mp.entry.isVDSO() {
-		return nil, time.Time{} // an image in memory, no file to find debug files by
+		return nil, time.Time{}, false // an image in memory, no file to find debug files by
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	key := lineKey{mp.file.id, addr}
 	if fs, ok := s.results.Get(key); ok {
-		return fs, time.Time{}
+		return fs, time.Time{}, false
 	}
 	df, ok := s.files.Get(key.file)
 	switch {
 	case ok && df.opening:
-		return nil, s.now().Add(linesPendingRecheck)
+		return nil, time.Time{}, true
 	case ok && df.d == nil && !df.retryAt.IsZero() && pid != 0 && s.now().After(df.retryAt):
 		s.remove(key.file, df)
 		ok = false
 	case ok && df.d == nil:
-		return nil, df.retryAt
+		return nil, df.retryAt, false
 	}
 	if !ok {
-		if pid != 0 && s.enqueue(procFS, pid, mp) {
-			return nil, s.now().Add(linesPendingRecheck)
+		if pid == 0 {
+			return nil, time.Time{}, false
 		}
-		return nil, time.Time{}
+		queued, full := s.enqueue(procFS, pid, mp)
+		if full {
+			return nil, s.now().Add(queueFullRecheck), false
+		}
+		return nil, time.Time{}, queued
 	}
 	fs, err := df.d.Lookup(addr)
 	if err != nil {
 		s.stats.lookupErrors++
 	}
 	s.results.Add(key, fs)
-	return fs, time.Time{}
+	return fs, time.Time{}, false
 }
 
+// settledFiles is the count of files whose opening ended; see frames.
+func (s *lineSymbolizer) settledFiles() uint64 { return s.settled.Load() }
+
 // enqueue opens mp's file (cheap, and possible only while the process
-// lives) and queues it for the opener. The caller holds s.mu.
-func (s *lineSymbolizer) enqueue(procFS string, pid uint32, mp *mapping) bool {
+// lives) and queues it for the opener; full says the queue had no room.
+// The caller holds s.mu.
+func (s *lineSymbolizer) enqueue(procFS string, pid uint32, mp *mapping) (queued, full bool) {
 	if s.closed {
-		return false
+		return false, false
 	}
 	f, err := openMapping(procFS, pid, &mp.entry)
+	if errors.Is(err, ErrProcessExited) {
+		return false, false // another process of the file may queue it
+	}
 	if err != nil {
 		s.stats.fileErrors++
 		s.add(mp.file.id, debugFile{err: err}, missingCost)
-		return false
+		return false, false
 	}
 	req := openRequest{id: mp.file.id, file: f, root: fmt.Sprintf("%s/%d/root", procFS, pid), path: mp.entry.path}
 	if mp.file.elf != nil {
@@ -191,10 +209,10 @@ func (s *lineSymbolizer) enqueue(procFS string, pid uint32, mp *mapping) bool {
 	select {
 	case s.queue <- req:
 		s.add(mp.file.id, debugFile{opening: true}, missingCost)
-		return true
+		return true, false
 	default:
-		f.Close() // a later sample queues it
-		return false
+		f.Close() // a later conversion queues it
+		return false, true
 	}
 }
 
@@ -212,6 +230,7 @@ func (s *lineSymbolizer) opener() {
 func (s *lineSymbolizer) opened(req openRequest, d *debuginfo.File, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.settled.Add(1) // after the file is recorded
 	if old, ok := s.files.Get(req.id); ok {
 		s.remove(req.id, old)
 	}

@@ -39,7 +39,7 @@ func BenchmarkDebugInfoRSS(b *testing.B) {
 					s.frames("/proc", pid, mp, addrs[0]) // queues the file
 					s.wait()
 					for _, a := range addrs {
-						if fs, _ := s.frames("/proc", pid, mp, a); len(fs) > 0 {
+						if fs, _, _ := s.frames("/proc", pid, mp, a); len(fs) > 0 {
 							lines++
 						}
 					}

@@ -94,8 +94,10 @@ type Manager struct {
 	// when Config.DebugInfoBytes turned them off.
 	lines *lineSymbolizer
 	// linesRetryAt is, during one conversion, the earliest time at which
-	// a file's lines that were not ready may be: appendNativeFrame sets it.
+	// a file's lines that were not ready may be, and linesOpening says a
+	// file's lines are being read: appendNativeFrame sets them.
 	linesRetryAt time.Time
+	linesOpening bool
 	// youngProcess, newbornProcess: see quickRereadInterval.
 	youngProcess, newbornProcess time.Duration
 	log                          logrus.FieldLogger

@@ -51,8 +51,9 @@ type cachedTrace struct {
 	pid   uint32
 	// gen is the generation of the process state the trace was made with.
 	gen uint64
-	// retryAt: see conversion.retryAt.
-	retryAt time.Time
+	// retryAt, linesSettled: see conversion.
+	retryAt      time.Time
+	linesSettled uint64
 }
 
 // NewHandler returns a Handler that converts traces with m and reports them
@@ -109,7 +110,8 @@ func (h *Handler) HandleTrace(raw *support.Trace) {
 		c := h.m.convertRetrying(raw, p)
 		trace, info = c.trace, c.info
 		if c.gen != 0 {
-			h.cache.Add(raw.Hash, cachedTrace{trace: trace, info: info, pid: raw.PID, gen: c.gen, retryAt: c.retryAt})
+			h.cache.Add(raw.Hash, cachedTrace{trace: trace, info: info, pid: raw.PID, gen: c.gen, retryAt: c.retryAt,
+				linesSettled: c.linesSettled})
 			h.cacheSize.Store(int64(h.cache.Len()))
 		}
 	} else {
@@ -139,6 +141,9 @@ func (h *Handler) lookup(raw *support.Trace, gen uint64) (*libpf.Trace, *libpf.P
 		return nil, nil, false
 	}
 	if !c.retryAt.IsZero() && !h.m.now().Before(c.retryAt) {
+		return nil, nil, false
+	}
+	if c.linesSettled != 0 && h.m.lines.settledFiles()+1 != c.linesSettled {
 		return nil, nil, false
 	}
 	return c.trace, c.info, true

@@ -62,7 +62,7 @@ func TestNativeLines(t *testing.T) {
 			run(t, "", nil, "cp", bin, oracle)
 			dirs := c.split(t, bin, dir)
 			s := startSessionWith(t, testHz, func(cfg *processmanager.Config) { cfg.DebugDirs = dirs })
-			w, _ := startWorkload(t, false, bin, "3")
+			w, _ := startWorkload(t, false, bin, "4")
 			w.wait(t)
 			s.stop(t)
 			checkNativeLines(t, s, s.rec.ofPID(w.pid), oracle)
@@ -125,14 +125,23 @@ func checkNativeLines(t *testing.T, s *session, samples []sample, oracle string)
 	t.Logf("debug files opened: %v, missing %d, errors %d", st.DebugFilesOpened, st.DebugFilesMissing, st.DebugFileErrors)
 }
 
-// afterLinesArrive drops the samples of the first half second, while the
-// daemon opens the file's debug information in the background, and logs
-// how many samples came before the first with a line.
+// linesWithin bounds, in samples, how late a new file's lines may come:
+// BPF hands traces of native code to the daemon up to a second late, in
+// one batch (tracer's pollInterval), which is converted while the file's
+// debug information is still being read in the background; the traces
+// are converted again once it is read.
+const linesWithin = 2 * testHz
+
+// afterLinesArrive drops the samples before the first with a line, which
+// must come within linesWithin.
 func afterLinesArrive(t *testing.T, leaves [][]libpf.Frame) [][]libpf.Frame {
 	t.Helper()
 	first := slices.IndexFunc(leaves, func(fs []libpf.Frame) bool { return fs[len(fs)-1].SourceLine != 0 })
 	t.Logf("first sample with a line: %d of %d (%d per second)", first, len(leaves), testHz)
-	return leaves[min(testHz/2, len(leaves)):]
+	if first < 0 || first > linesWithin {
+		t.Fatalf("no line in the first %d samples, want one within %d", max(first, len(leaves)), linesWithin)
+	}
+	return leaves[first:]
 }
 
 // leafNativeFrames returns the user frames at the leaf machine frame: the
@@ -217,7 +226,7 @@ func TestGoInlinedFrames(t *testing.T) {
 	bin, _ := buildGo(t, "goinline")
 	marks := sourceMarks(t, filepath.Join(workloadDir("goinline"), "main.go"))
 	s := startSession(t, testHz)
-	w, _ := startWorkload(t, false, bin, "3")
+	w, _ := startWorkload(t, false, bin, "4")
 	w.wait(t)
 	s.stop(t)
 	var inTopFrames [][]libpf.Frame
