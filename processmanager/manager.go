@@ -459,6 +459,11 @@ func (m *Manager) processFor(pid uint32, comm string) *process {
 		return p
 	}
 	st, err := readProcStat(m.procFS, pid)
+	if e, ok := m.exited.Get(pid); ok && e.info != nil && errors.Is(err, ErrProcessExited) {
+		// A sample of the process's exit, converted after it was reaped.
+		p.info, p.mapsRead = e.info, true
+		return p
+	}
 	if err != nil {
 		m.procError(pid, err)
 		p.info = &libpf.ProcessInfo{PID: libpf.PID(pid), ExecutableName: comm}

@@ -463,6 +463,7 @@ func TestSamplesAfterExit(t *testing.T) {
 	mapping, fnAbs := lib.mapAt(0x7f0000000000)
 	fs.setProcess(100, 1, "/bin/app", mapping)
 	fs.setProcess(101, 1, "/bin/app", mapping)
+	fs.setProcess(102, 1, "/bin/app", mapping)
 	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
@@ -470,23 +471,30 @@ func TestSamplesAfterExit(t *testing.T) {
 	raw := func(pid uint32) *support.Trace {
 		return &support.Trace{PID: pid, Comm: "app", Frames: []support.Frame{{Addr: fnAbs}}}
 	}
-	if _, _, err := m.ConvertTrace(raw(100)); err != nil {
-		t.Fatal(err)
+	for _, pid := range []uint32{100, 102} {
+		if _, _, err := m.ConvertTrace(raw(pid)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	m.ProcessExited(100)
 	m.ProcessExited(101) // never sampled before its exit
-	for _, pid := range []uint32{100, 101} {
+	m.ProcessExited(102)
+	fs.removeProcess(102) // reaped before its last samples are converted
+	for _, pid := range []uint32{100, 101, 102} {
 		tr, info, err := m.ConvertTrace(raw(pid))
 		if err != nil || info.PID != libpf.PID(pid) || len(tr.Frames) != 1 {
 			t.Fatalf("late sample of %d: %+v %+v %v", pid, tr, info, err)
+		}
+		if pid != 101 && info.ExecutablePath != "/bin/app" {
+			t.Errorf("late sample of %d: process %+v, want the one sampled before its exit", pid, info)
 		}
 		m.RefreshMappings(libpf.PID(pid))
 		if m.Tracks(libpf.PID(pid)) {
 			t.Errorf("process %d tracked again after its exit", pid)
 		}
 	}
-	if s := m.Stats(); s.ProcessesSeen != 1 || s.MapsReads != 1 {
-		t.Errorf("stats %+v: want one process seen and one maps read", s)
+	if s := m.Stats(); s.ProcessesSeen != 2 || s.MapsReads != 2 || s.ProcessesVanished != 0 {
+		t.Errorf("stats %+v: want two processes seen, two maps reads, none vanished", s)
 	}
 	fs.setProcess(100, 2, "/bin/app", mapping) // pid 100 reused
 	if _, _, err := m.ConvertTrace(raw(100)); err != nil || !m.Tracks(100) {
