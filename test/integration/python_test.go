@@ -440,7 +440,8 @@ func TestPythonDebugBuild(t *testing.T) {
 	}
 	for _, smp := range samples {
 		if p := smp.meta.Process; p.RuntimeName != "CPython" {
-			t.Fatalf("runtime %q %q, want CPython", p.RuntimeName, p.RuntimeVersion)
+			t.Fatalf("runtime %q %q, want CPython, in a sample %v into the hot phase: %+v %v",
+				p.RuntimeName, p.RuntimeVersion, smp.meta.Time.Sub(run.hotFrom), *p, functionNames(smp.trace))
 		}
 		if len(pythonFrames(smp.trace)) != 0 {
 			t.Fatalf("Python frames in a debug build's sample: %v", functionNames(smp.trace))
