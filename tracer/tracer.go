@@ -58,6 +58,7 @@ type Tracer struct {
 	shared *support.Shared
 	coll   *ebpf.Collection
 	reader *ringbuf.Reader
+	wake   *ringWaiter
 	// mu guards perfEvents and samplingOff: SetSampling may come from
 	// another goroutine than Attach and Detach.
 	mu         sync.Mutex
@@ -174,6 +175,10 @@ func New(cfg Config) (*Tracer, error) {
 	if t.reader, err = ringbuf.NewReader(coll.Maps["events"]); err != nil {
 		t.Close()
 		return nil, fmt.Errorf("opening the events ring buffer: %w", err)
+	}
+	if t.wake, err = newRingWaiter(coll.Maps["events"].FD()); err != nil {
+		t.Close()
+		return nil, err
 	}
 	log.Debugf("Instructions the verifier processed per program: %v", t.VerifiedInstructions())
 	log.Debugf("Loaded BPF programs for %d CPUs (events buffer %d KiB, bpf_task_pt_regs %v, bpf_find_vma %v, "+
@@ -471,6 +476,9 @@ func (t *Tracer) Close() error {
 	t.Detach()
 	if t.reader != nil {
 		t.reader.Close()
+	}
+	if t.wake != nil {
+		t.wake.close()
 	}
 	if t.coll != nil {
 		t.coll.Close()
