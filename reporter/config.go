@@ -15,6 +15,7 @@ const (
 	defaultMaxQueuedRequests     = 8
 	defaultMaxOutputFiles        = 720 // one hour of files at the default 5s interval
 	defaultMaxSamplesPerInterval = 1 << 20
+	defaultFirstInterval         = time.Second
 	defaultFlushTimeout          = 3 * time.Second
 )
 
@@ -35,6 +36,10 @@ type Config struct {
 	ClientCertFile, ClientKeyFile string
 	// Interval is how often collected samples are exported.
 	Interval time.Duration
+	// FirstInterval is how often the reporter looks for samples to export
+	// until it has exported once, so that a daemon just started shows its
+	// first profile soon. Zero means one second (or Interval, if shorter).
+	FirstInterval time.Duration
 	// SamplesPerSecond is the sampling frequency; the profile period is
 	// 1e9/SamplesPerSecond nanoseconds.
 	SamplesPerSecond int
@@ -109,6 +114,10 @@ func (c Config) withDefaults() (Config, error) {
 	if c.FlushTimeout == 0 {
 		c.FlushTimeout = defaultFlushTimeout
 	}
+	if c.FirstInterval <= 0 {
+		c.FirstInterval = defaultFirstInterval
+	}
+	c.FirstInterval = min(c.FirstInterval, c.Interval)
 	return c, nil
 }
 

@@ -137,6 +137,9 @@ func newTestReporterTLS(t *testing.T, cfg Config) (*Reporter, *logtest.Hook) {
 	if cfg.Interval == 0 {
 		cfg.Interval = time.Hour // intervals are ended by hand unless a test wants the ticker
 	}
+	if cfg.FirstInterval == 0 {
+		cfg.FirstInterval = cfg.Interval
+	}
 	if cfg.SamplesPerSecond == 0 {
 		cfg.SamplesPerSecond = 20
 	}

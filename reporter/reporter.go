@@ -174,9 +174,12 @@ func (r *Reporter) Start(ctx context.Context) error {
 	return nil
 }
 
+// tickLoop ends an interval every FirstInterval until one had samples,
+// then every Interval.
 func (r *Reporter) tickLoop(ctx context.Context) {
 	defer close(r.tickerDone)
-	t := time.NewTicker(r.cfg.Interval)
+	period := r.cfg.FirstInterval
+	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
 		select {
@@ -185,6 +188,10 @@ func (r *Reporter) tickLoop(ctx context.Context) {
 		case now := <-t.C:
 			if err := r.reportInterval(now); err != nil {
 				r.log.WithError(err).Warn("reporting interval locally failed")
+			}
+			if period != r.cfg.Interval && r.stats.intervals.Load() > 0 {
+				period = r.cfg.Interval
+				t.Reset(period)
 			}
 		}
 	}

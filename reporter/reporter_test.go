@@ -1,6 +1,7 @@
 package reporter
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"testing"
@@ -99,6 +100,24 @@ func TestEmptyIntervalReportsNothing(t *testing.T) {
 	files, _ := filepath.Glob(filepath.Join(dir, "*"))
 	if len(files) != 0 || len(c.requests()) != 0 || len(hook.AllEntries()) != 0 || r.Stats().Intervals != 0 {
 		t.Errorf("empty interval produced files %v, %d requests, logs %v", files, len(c.requests()), hook.AllEntries())
+	}
+}
+
+// TestFirstIntervalShort: until the first export, intervals end every
+// FirstInterval (empty ones export nothing); after it, every Interval.
+func TestFirstIntervalShort(t *testing.T) {
+	dir := t.TempDir()
+	r, _ := newTestReporter(t, Config{OutputDir: dir, Interval: time.Hour, FirstInterval: 20 * time.Millisecond})
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // a few empty first intervals
+	newFixture().report(r.ReportSample)
+	waitFor(t, "the first export", func() bool { return r.Stats().Intervals == 1 })
+	newFixture().report(r.ReportSample)
+	time.Sleep(100 * time.Millisecond)
+	if n := r.Stats().Intervals; n != 1 {
+		t.Errorf("%d intervals exported within 100 ms after the first, want the next after an hour", n)
 	}
 }
 
