@@ -5,8 +5,12 @@
 // BPF map memory, the share of expected samples that reached user space,
 // and start-up time and CPU until the first export.
 //
-// Usage (root): go run ./utils/bench -bin ./ebpf-profiler [-duration 60s] [-rates 20,100,1000]
-// [-load shell|c|python|java|node|apm|apm-off] [-procs N]
+// Without -rates it runs the scenarios of scenarios.go (busy loops at 20
+// and 100 Hz, exec churn, short-lived processes, an idle host) and prints
+// one table; with -rates, the given rates under one -load.
+//
+// Usage (root): go run ./utils/bench -bin ./ebpf-profiler [-duration 60s] [-runs 3]
+// [-rates 20,100,1000 [-load shell|c|python|java|node|apm|apm-off] [-procs N]]
 package main
 
 import (
@@ -30,7 +34,7 @@ import (
 func main() {
 	bin := flag.String("bin", "./ebpf-profiler", "daemon binary")
 	duration := flag.Duration("duration", time.Minute, "profiling time per rate")
-	rates := flag.String("rates", "20,100,1000", "sampling rates to measure")
+	rates := flag.String("rates", "", "sampling rates to measure under -load (default: the scenario table)")
 	runs := flag.Int("runs", 3, "runs per rate; the table shows each figure's median")
 	load := flag.String("load", "shell", "what keeps the CPUs busy: shell loops, c (utils/workloads/fpchain.c, -O2), "+
 		"python (utils/workloads/python/pyworkload.py chain under python3), java (utils/workloads/java "+
@@ -45,8 +49,13 @@ func main() {
 	if err := os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", []byte("1"), 0); err != nil {
 		fatalf("enabling BPF run-time stats: %v", err)
 	}
-
 	atExit(func() { os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", []byte("0"), 0) })
+	if *rates == "" {
+		defer runAtExit()
+		runScenarios(*bin, *duration, *runs)
+		return
+	}
+
 	atExit(busyLoad(*load, *procs))
 	defer runAtExit()
 	fmt.Printf("%d CPUs kept busy by %d %s processes; medians of %d runs of %v per rate\n\n",
@@ -81,9 +90,23 @@ type result struct {
 	delivered, lost, idle   float64
 	attach, firstExport     time.Duration
 	startupCPU              time.Duration
+	// capture is the share of the side load's CPU time that arrived as
+	// samples; -1 when it is not measured.
+	capture float64
 }
 
-func measure(bin string, hz int, d time.Duration) result {
+// sideLoad runs beside the daemon while it is measured; it returns what
+// it ran, once stopped.
+type sideLoad interface {
+	start()
+	stop() sideResult
+}
+
+func measure(bin string, hz int, d time.Duration) result { return measureWith(bin, hz, d, nil) }
+
+// measureWith measures the daemon at hz for d after its first export, with
+// side running meanwhile (nil: nothing).
+func measureWith(bin string, hz int, d time.Duration, side sideLoad) result {
 	out, err := os.MkdirTemp("", "bench-pprof")
 	check(err)
 	defer os.RemoveAll(out)
@@ -130,11 +153,18 @@ func measure(bin string, hz int, d time.Duration) result {
 	}
 
 	// Measure steady state from here on.
+	if side != nil {
+		side.start()
+	}
 	cpu0, bpf0, runs0 := cpuTime(pid), bpfRunTime(pid), bpfRunCount(pid)
 	t0 := time.Now()
 	time.Sleep(d)
 	cpu1, bpf1, runs1 := cpuTime(pid), bpfRunTime(pid), bpfRunCount(pid)
 	elapsed := time.Since(t0)
+	var sr sideResult
+	if side != nil {
+		sr = side.stop()
+	}
 	r.rssMiB, r.peakMiB = memory(pid)
 	r.mapMiB = float64(bpfMapBytes(pid)) / (1 << 20)
 	perMin := time.Minute.Seconds() / elapsed.Seconds()
@@ -155,6 +185,11 @@ func measure(bin string, hz int, d time.Duration) result {
 	r.delivered = received / expected
 	r.lost = field(log, "bpf_samples") - received
 	r.idle = field(log, "bpf_idle_samples")
+	r.capture = -1
+	if sr.process != "" {
+		got := samplesOf(out, sr.process)
+		r.capture = got / (sr.cpu.Seconds() * float64(hz))
+	}
 	return r
 }
 
@@ -184,6 +219,7 @@ func medians(runs []result) result {
 		attach:       dur(func(r *result) time.Duration { return r.attach }),
 		firstExport:  dur(func(r *result) time.Duration { return r.firstExport }),
 		startupCPU:   dur(func(r *result) time.Duration { return r.startupCPU }),
+		capture:      med(func(r *result) float64 { return r.capture }),
 	}
 }
 
