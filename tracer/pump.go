@@ -83,7 +83,7 @@ func (t *Tracer) Run(ctx context.Context, h Handler) error {
 		if early {
 			wait = TraceWakeupLatency
 		}
-		woken, err := t.wake.wait(time.Now().Add(wait), func() bool { return t.reader.AvailableBytes() > 0 })
+		woken, err := t.wake.wait(ctx, time.Now().Add(wait), func() bool { return t.reader.AvailableBytes() > 0 })
 		if err != nil {
 			return err
 		}
@@ -153,11 +153,15 @@ func newRingWaiter(fd int) (*ringWaiter, error) {
 	return &ringWaiter{f: f, rc: rc}, nil
 }
 
-// wait returns when ready() holds (woken) or at the deadline (not woken).
-// ready is asked first, and again after each wake-up.
-func (w *ringWaiter) wait(deadline time.Time, ready func() bool) (woken bool, err error) {
+// wait returns when ready() holds (woken), at the deadline or once ctx is
+// done (not woken). ready is asked first, and again after each wake-up.
+// ctx must interrupt the wait when done (Run arranges it).
+func (w *ringWaiter) wait(ctx context.Context, deadline time.Time, ready func() bool) (woken bool, err error) {
 	if err := w.f.SetReadDeadline(deadline); err != nil {
 		return false, err
+	}
+	if ctx.Err() != nil {
+		return false, nil // done before the deadline was set: its interrupt was overwritten
 	}
 	err = w.rc.Read(func(uintptr) bool { return ready() })
 	if errors.Is(err, os.ErrDeadlineExceeded) {

@@ -138,8 +138,11 @@ func afterLinesArrive(t *testing.T, leaves [][]libpf.Frame) [][]libpf.Frame {
 	t.Helper()
 	first := slices.IndexFunc(leaves, func(fs []libpf.Frame) bool { return fs[len(fs)-1].SourceLine != 0 })
 	t.Logf("first sample with a line: %d of %d (%d per second)", first, len(leaves), testHz)
-	if first < 0 || first > linesWithin {
-		t.Fatalf("no line in the first %d samples, want one within %d", max(first, len(leaves)), linesWithin)
+	if first < 0 {
+		t.Fatalf("no line in %d samples, want one within %d", len(leaves), linesWithin)
+	}
+	if first > linesWithin {
+		t.Fatalf("the first line came with sample %d, want it within %d", first, linesWithin)
 	}
 	return leaves[first:]
 }

@@ -95,18 +95,11 @@ type result struct {
 	capture float64
 }
 
-// sideLoad runs beside the daemon while it is measured; it returns what
-// it ran, once stopped.
-type sideLoad interface {
-	start()
-	stop() sideResult
-}
-
 func measure(bin string, hz int, d time.Duration) result { return measureWith(bin, hz, d, nil) }
 
 // measureWith measures the daemon at hz for d after its first export, with
-// side running meanwhile (nil: nothing).
-func measureWith(bin string, hz int, d time.Duration, side sideLoad) result {
+// side spawning processes meanwhile (nil: nothing).
+func measureWith(bin string, hz int, d time.Duration, side *spawner) result {
 	out, err := os.MkdirTemp("", "bench-pprof")
 	check(err)
 	defer os.RemoveAll(out)

@@ -30,12 +30,12 @@ type scenario struct {
 const spawnRate = 50
 
 func scenarios() []scenario {
-	two := runtime.NumCPU()
+	cpus := runtime.NumCPU()
 	return []scenario{
-		{name: "20 Hz, busy loops", hz: 20, busy: two},
-		{name: "100 Hz, busy loops", hz: 100, busy: two},
-		{name: "20 Hz + 50/s /bin/true", hz: 20, busy: two, spawn: func(string) []string { return []string{"/bin/true"} }},
-		{name: "20 Hz + 50/s spinning 20 ms", hz: 20, busy: two, spawn: func(dir string) []string {
+		{name: "20 Hz, busy loops", hz: 20, busy: cpus},
+		{name: "100 Hz, busy loops", hz: 100, busy: cpus},
+		{name: "20 Hz + 50/s /bin/true", hz: 20, busy: cpus, spawn: func(string) []string { return []string{"/bin/true"} }},
+		{name: "20 Hz + 50/s spinning 20 ms", hz: 20, busy: cpus, spawn: func(dir string) []string {
 			return []string{buildSpinner(dir), "20"}
 		}},
 		{name: "idle host, 20 Hz", hz: 20},
@@ -56,7 +56,7 @@ func runScenarios(bin string, d time.Duration, runs int) {
 		stopBusy := busyLoad("shell", sc.busy)
 		var all []result
 		for range runs {
-			var side sideLoad
+			var side *spawner
 			if sc.spawn != nil {
 				side = &spawner{argv: sc.spawn(dir), rate: spawnRate}
 			}
@@ -77,7 +77,7 @@ func runScenarios(bin string, d time.Duration, runs int) {
 	fmt.Println("\nCPU: the daemon's user+system time; BPF: its programs' run time (kernel.bpf_stats_enabled).")
 	fmt.Println("RSS: at the end of the run; peak: VmHWM over the whole run, start-up included.")
 	fmt.Println("delivered: traces user space received / (CPUs × Hz × seconds sampled).")
-	fmt.Printf("capture: samples of the spawned processes in the daemon's profiles / (their CPU seconds × Hz).\n")
+	fmt.Println("capture: samples of the spawned processes in the daemon's profiles / (their CPU seconds × Hz).")
 	fmt.Println("1st export: wall time from exec until the first profile was written.")
 }
 
@@ -94,7 +94,7 @@ type spawner struct {
 	cpu  time.Duration
 }
 
-// sideResult is what a side load ran: its processes' CPU time, and the
+// sideResult is what a spawner ran: its processes' CPU time, and the
 // name their samples carry (empty: capture not measured).
 type sideResult struct {
 	process string
