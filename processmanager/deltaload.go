@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"slices"
+	"sync"
 	"syscall"
 	"time"
 
@@ -75,8 +76,11 @@ type deltaLoader struct {
 	idleFiles int
 	failed    *lru[uint64, failedFile]
 	// keyOwner is the file each key in BPF's known_files names: a key
-	// can move to another file when an inode number is reused.
+	// can move to another file when an inode number is reused. The
+	// loader's goroutine changes it under keysMu; isKnown reads it from
+	// others.
 	keyOwner map[support.FileKey]uint64
+	keysMu   sync.RWMutex
 	now      func() time.Time
 }
 
@@ -244,24 +248,41 @@ func (l *deltaLoader) evictIdle(evict func(idleEntry) bool) bool {
 // knownAs tells BPF that key names a loaded file, whose executable segment
 // has the given p_vaddr - p_offset, so that it can resolve the file's PCs
 // from a task's VMAs before the process's mappings are in the trie.
-func (l *deltaLoader) knownAs(fileID uint64, key support.FileKey, vaddrAdjust int64) error {
+func (l *deltaLoader) knownAs(key support.FileKey, kf support.KnownFile) error {
+	fileID := kf.FileID
 	f := l.files[fileID]
 	if f == nil || l.keyOwner[key] == fileID {
 		return nil
 	}
-	if err := l.maps.SetKnownFile(key, support.KnownFile{FileID: fileID, VaddrAdjust: vaddrAdjust}); err != nil {
+	if err := l.maps.SetKnownFile(key, kf); err != nil {
 		return fmt.Errorf("writing known file: %w", err)
 	}
+	l.keysMu.Lock()
 	l.keyOwner[key] = fileID
+	l.keysMu.Unlock()
 	f.keys = append(f.keys, key)
 	return nil
+}
+
+// isKnown says whether BPF's known_files names a loaded file by key; safe
+// to call from any goroutine.
+func (l *deltaLoader) isKnown(key support.FileKey) bool {
+	if key == (support.FileKey{}) {
+		return false
+	}
+	l.keysMu.RLock()
+	defer l.keysMu.RUnlock()
+	_, ok := l.keyOwner[key]
+	return ok
 }
 
 func (l *deltaLoader) unload(fileID uint64, f *loadedFile) {
 	for _, k := range f.keys {
 		if l.keyOwner[k] == fileID {
 			_ = l.maps.DeleteKnownFile(k)
+			l.keysMu.Lock()
 			delete(l.keyOwner, k)
+			l.keysMu.Unlock()
 		}
 	}
 	for _, page := range f.pages {

@@ -305,16 +305,16 @@ func TestDeltaLoaderKnownFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := l.knownAs(1, a, 0x400000); err != nil {
+	if err := l.knownAs(a, support.KnownFile{FileID: 1, VaddrAdjust: 0x400000}); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.knownAs(1, b, 0); err != nil {
+	if err := l.knownAs(b, support.KnownFile{FileID: 1, VaddrAdjust: 0}); err != nil {
 		t.Fatal(err)
 	}
 	if got := maps.known[a]; got != (support.KnownFile{FileID: 1, VaddrAdjust: 0x400000}) {
 		t.Errorf("known file %+v", got)
 	}
-	if err := l.knownAs(2, b, 0); err != nil { // b's inode now holds file 2
+	if err := l.knownAs(b, support.KnownFile{FileID: 2, VaddrAdjust: 0}); err != nil { // b's inode now holds file 2
 		t.Fatal(err)
 	}
 	l.release(1)
@@ -326,7 +326,7 @@ func TestDeltaLoaderKnownFiles(t *testing.T) {
 	if got := maps.known[b]; got.FileID != 2 {
 		t.Errorf("key moved to file 2 was %+v after file 1 unloaded", got)
 	}
-	if err := l.knownAs(3, a, 0); err != nil || len(maps.known) != 1 {
+	if err := l.knownAs(a, support.KnownFile{FileID: 3, VaddrAdjust: 0}); err != nil || len(maps.known) != 1 {
 		t.Errorf("a key for a file not loaded was written: %v, %v", err, maps.known)
 	}
 }

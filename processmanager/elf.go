@@ -13,6 +13,7 @@ import (
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/libc"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
+	"github.com/hostprof/ebpf-profiler/support"
 	"github.com/hostprof/ebpf-profiler/tracecorr"
 )
 
@@ -193,23 +194,28 @@ func (d *elfData) bias(start, off uint64) (uint64, bool) {
 	return start - off + best.offset - best.vaddr, true
 }
 
-// execVaddrAdjust returns p_vaddr - p_offset of the executable segments, or
-// false if there are none or they disagree: what turns a file offset in
-// executable code into a file address.
-func (d *elfData) execVaddrAdjust() (int64, bool) {
-	var adjust int64
+// knownFile returns what BPF's known_files says of the file: p_vaddr -
+// p_offset of the executable segments (what turns a file offset in
+// executable code into a file address) and the lowest one's p_vaddr (where
+// the kernel's start_code of a process running the file points), or false
+// if there are none or they disagree on the first.
+func (d *elfData) knownFile() (support.KnownFile, bool) {
+	var k support.KnownFile
 	found := false
 	for _, s := range d.loads {
 		if !s.executable {
 			continue
 		}
 		a := int64(s.vaddr - s.offset)
-		if found && a != adjust {
-			return 0, false
+		if found && a != k.VaddrAdjust {
+			return support.KnownFile{}, false
 		}
-		adjust, found = a, true
+		if !found || s.vaddr < k.TextVaddr {
+			k.TextVaddr = s.vaddr
+		}
+		k.VaddrAdjust, found = a, true
 	}
-	return adjust, found
+	return k, found
 }
 
 // findBuildIDs returns the hex GNU build id and the Go build id of a file,

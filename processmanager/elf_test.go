@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
+	"github.com/hostprof/ebpf-profiler/support"
 )
 
 // note encodes one ELF note record with 4-byte alignment.
@@ -100,6 +101,30 @@ func TestBias(t *testing.T) {
 				t.Errorf("bias = %#x, %v; want %#x, %v", got, ok, tt.want, tt.wantOK)
 			}
 		})
+	}
+}
+
+// TestKnownFile: what BPF is told of a file: p_vaddr - p_offset of its
+// executable segments and the lowest one's p_vaddr (the kernel's
+// start_code of a process running it, minus the load bias).
+func TestKnownFile(t *testing.T) {
+	two := &elfData{loads: []loadSegment{
+		{vaddr: 0x400000, offset: 0},
+		{vaddr: 0x402000, offset: 0x2000, executable: true},
+		{vaddr: 0x401000, offset: 0x1000, executable: true},
+	}}
+	if got, ok := two.knownFile(); !ok || got != (support.KnownFile{VaddrAdjust: 0x400000, TextVaddr: 0x401000}) {
+		t.Errorf("two text segments: %+v, %v", got, ok)
+	}
+	disagree := &elfData{loads: []loadSegment{
+		{vaddr: 0x1000, offset: 0x1000, executable: true},
+		{vaddr: 0x5000, offset: 0x2000, executable: true},
+	}}
+	if got, ok := disagree.knownFile(); ok {
+		t.Errorf("segments that disagree: %+v, want none", got)
+	}
+	if got, ok := (&elfData{loads: []loadSegment{{vaddr: 0}}}).knownFile(); ok {
+		t.Errorf("no text: %+v, want none", got)
 	}
 }
 

@@ -121,6 +121,10 @@ type Manager struct {
 	// while the kernel tears an exiting process down arrive after the exit
 	// event, and must not bring its state back.
 	exited *lru[uint32, exitedProcess]
+	// unread are processes whose exec deferred reading them to their
+	// first sample (Unwinding.ReadAtFirstSample); mapping events do not
+	// read them either.
+	unread *lru[uint32, struct{}]
 	kernel *kernel
 	// nextGen numbers process states. A cached conversion is valid only
 	// while its pid's state has the generation it was made with; 0 means
@@ -228,6 +232,7 @@ func New(cfg Config) (*Manager, error) {
 	}
 	m.byFileID = newLRU[uint64, *mapping](cmp.Or(cfg.FileCacheSize, defaultFileCacheSize))
 	m.exited = newLRU[uint32, exitedProcess](maxExitedProcesses)
+	m.unread = newLRU[uint32, struct{}](maxExitedProcesses)
 	m.kernel = m.loadKernel()
 	if cfg.Unwinding != nil {
 		m.unwind = newUnwindSync(*cfg.Unwinding, m.log)
@@ -334,6 +339,10 @@ func (m *Manager) ProcessExited(pid libpf.PID) {
 		m.exited.Add(p.pid, exitedProcess{startTime: p.startTime, info: p.info})
 		m.forget(uint32(pid))
 		m.counters.processesExited++
+	} else if _, ok := m.unread.Get(uint32(pid)); ok {
+		// Exec'd and never sampled: nothing to forget, and nothing read
+		// (a late sample of it finds it a zombie or gone).
+		m.unread.Remove(uint32(pid))
 	} else if st, err := readProcStat(m.procFS, uint32(pid)); err == nil {
 		// Never sampled yet; its last samples may still come.
 		m.exited.Add(uint32(pid), exitedProcess{startTime: st.startTime})
@@ -479,6 +488,7 @@ func (m *Manager) processFor(pid uint32, comm string) *process {
 	p.startTime = st.startTime
 	p.info = readProcessInfo(m.procFS, pid, comm)
 	m.procs[pid] = p
+	m.unread.Remove(pid)
 	m.counters.processesSeen++
 	return p
 }

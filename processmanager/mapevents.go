@@ -18,11 +18,14 @@ import (
 // that lives for milliseconds has its mappings in the unwinder's maps before
 // most of its code runs, without a sample to trigger a read of its maps.
 
-// ProcessExeced replaces the state of a process that exec'd with the new
-// image's, read at once: the kernel has mapped the executable and its
+// ProcessExeced drops the state of a process that exec'd and reads the new
+// image's at once: the kernel has mapped the executable and its
 // interpreter, and the libraries the interpreter maps next arrive as
-// ExecMapped calls.
-func (m *Manager) ProcessExeced(pid libpf.PID) {
+// ExecMapped calls. When the unwinder knows the program already and BPF
+// resolves unread processes (Unwinding.ReadAtFirstSample), the read waits
+// for the process's first sample instead: most exec'd processes (shell
+// commands, build steps) exit before any, and cost nothing more.
+func (m *Manager) ProcessExeced(pid libpf.PID, program support.FileKey) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if p, ok := m.procs[uint32(pid)]; ok {
@@ -34,6 +37,11 @@ func (m *Manager) ProcessExeced(pid libpf.PID) {
 		m.counters.processesExited++
 	}
 	m.exited.Remove(uint32(pid)) // it lives, whatever was said of it
+	if m.unwind != nil && m.unwind.u.ReadAtFirstSample && m.unwind.loader.isKnown(program) {
+		m.counters.execsDeferred++
+		m.unread.Add(uint32(pid), struct{}{})
+		return
+	}
 	p := m.processFor(uint32(pid), "")
 	m.ensureMaps(p)
 	// The libraries are mapped after this read: where BPF does not report
@@ -69,6 +77,9 @@ func (m *Manager) readAfterExec(p *process) bool {
 func (m *Manager) ExecMapped(pid libpf.PID, em support.ExecMapping) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if _, ok := m.unread.Get(uint32(pid)); ok {
+		return // its first sample reads all its mappings
+	}
 	p := m.processFor(uint32(pid), "")
 	if !m.live(p) {
 		return // gone already

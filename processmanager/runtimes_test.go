@@ -344,7 +344,7 @@ func TestRuntimeAttachTriggers(t *testing.T) {
 			_, _, _ = f.m.ConvertTrace(&support.Trace{PID: 100, Frames: []support.Frame{{Addr: pc}}})
 		}},
 		{"unknown PC", func(f *runtimeFixture, _ fakeMapping, _ uint64) { f.m.RefreshMappings(100) }},
-		{"exec event", func(f *runtimeFixture, _ fakeMapping, _ uint64) { f.m.ProcessExeced(100) }},
+		{"exec event", func(f *runtimeFixture, _ fakeMapping, _ uint64) { f.m.ProcessExeced(100, support.FileKey{}) }},
 		{"mapping event", func(f *runtimeFixture, lib fakeMapping, _ uint64) {
 			f.m.ExecMapped(100, support.ExecMapping{Start: lib.start, End: lib.end})
 		}},
@@ -428,7 +428,7 @@ func TestRuntimeDetached(t *testing.T) {
 		}, true},
 		{"exec", func(f *runtimeFixture) {
 			f.fs.setProcess(pid, 1, "/bin/other", f.otherAt(0x7d0000000000))
-			f.m.ProcessExeced(pid)
+			f.m.ProcessExeced(pid, support.FileKey{})
 		}, true},
 		{"exit", func(f *runtimeFixture) {
 			f.fs.removeProcess(pid)

@@ -55,6 +55,9 @@ type Stats struct {
 	// StaleExecs counts exec events handled after the new image's state
 	// was already read, which left the state as it was.
 	StaleExecs uint64
+	// ExecsDeferred counts execs of known programs whose process is read
+	// at its first sample rather than at once (Unwinding.ReadAtFirstSample).
+	ExecsDeferred uint64
 	// DemangleFailures counts symbol names that looked mangled but did
 	// not demangle (they are shown as they are).
 	DemangleFailures uint64
@@ -120,6 +123,7 @@ type counters struct {
 	apmErrors          uint64
 	processChecks      uint64
 	staleExecs         uint64
+	execsDeferred      uint64
 	native             NativeFrameCounts
 }
 
@@ -150,6 +154,7 @@ func (m *Manager) Stats() Stats {
 		ProcessChecks:      c.processChecks,
 		DemangleFailures:   m.demangler.failures,
 		StaleExecs:         c.staleExecs,
+		ExecsDeferred:      c.execsDeferred,
 		Native:             c.native,
 		FileCacheSize:      m.files.lru.Len(),
 		FileCacheHits:      m.files.hits,

@@ -154,7 +154,9 @@ func (h *Handler) ProcessExited(pid libpf.PID) { h.m.ProcessExited(pid) }
 
 // ProcessExeced replaces the state of a process whose image was replaced;
 // see Manager.ProcessExeced.
-func (h *Handler) ProcessExeced(pid libpf.PID) { h.m.ProcessExeced(pid) }
+func (h *Handler) ProcessExeced(pid libpf.PID, program support.FileKey) {
+	h.m.ProcessExeced(pid, program)
+}
 
 // ExecMapped adds a process's new executable mapping; see
 // Manager.ExecMapped.

@@ -212,7 +212,7 @@ func TestHandlerExecEvents(t *testing.T) {
 	h.HandleTrace(raw)
 	first := rep.last(t)
 
-	h.ProcessExeced(100) // the exec into /bin/app, handled late
+	h.ProcessExeced(100, support.FileKey{}) // the exec into /bin/app, handled late
 	h.HandleTrace(raw)
 	if rep.last(t).meta.Process != first.meta.Process {
 		t.Error("a stale exec event replaced the process's state")
@@ -220,7 +220,7 @@ func TestHandlerExecEvents(t *testing.T) {
 
 	other := fs.writeFile("other.bin", []byte("not an ELF file, just data"))
 	fs.setProcess(100, 1, "/bin/new", fakeMapping{start: 0x7f0000000000, end: 0x7f0000002000, file: other})
-	h.ProcessExeced(100)
+	h.ProcessExeced(100, support.FileKey{})
 	h.HandleTrace(raw)
 	if got := rep.last(t); got.meta.Process.ExecutablePath != "/bin/new" || got.trace == first.trace {
 		t.Errorf("after a real exec: process %+v", got.meta.Process)

@@ -28,6 +28,11 @@ type Unwinding struct {
 	// APM, when set, receives where each process's APM agent keeps its
 	// threads' trace context.
 	APM APMMaps
+	// ReadAtFirstSample says BPF unwinds a process's samples before its
+	// mappings are read, as far as the program it runs and one library
+	// per sample go (tracer.Tracer.ResolvesUnread): a process that exec'd
+	// a program whose deltas are loaded is read only when first sampled.
+	ReadAtFirstSample bool
 }
 
 // maxPendingAttaches bounds the mappings waiting for their deltas; beyond
@@ -100,12 +105,12 @@ type unwindJob struct {
 	// a runtime's region.
 	detachAll, detach, region bool
 	m                         attachedMapping
-	// key names the file for BPF, with its executable segment's
-	// p_vaddr - p_offset; hasKey is false for the vDSO and files whose
-	// executable segments disagree on it.
-	key         support.FileKey
-	vaddrAdjust int64
-	hasKey      bool
+	// key names the file for BPF, known is what BPF is told of it
+	// (elfData.knownFile); hasKey is false for the vDSO and files whose
+	// executable segments disagree on p_vaddr - p_offset.
+	key    support.FileKey
+	known  support.KnownFile
+	hasKey bool
 	// open reads the mapped file; called only when its deltas are not
 	// loaded yet.
 	open func() (mappedImage, error)
@@ -164,7 +169,8 @@ func (s *unwindSync) attach(pid uint32, mp *mapping, procFS string) {
 		open: func() (mappedImage, error) { return openImage(procFS, pid, &e) },
 	}
 	if e.isFile() {
-		j.vaddrAdjust, j.hasKey = mp.file.elf.execVaddrAdjust()
+		j.known, j.hasKey = mp.file.elf.knownFile()
+		j.known.FileID = j.m.fileID
 		j.key = support.NewFileKey(e.dev, e.inode)
 	}
 	for _, rm := range mp.file.elf.runtimes {
@@ -307,7 +313,7 @@ func (s *unwindSync) add(j unwindJob) error {
 		return err
 	}
 	if j.hasKey {
-		if err := s.loader.knownAs(j.m.fileID, j.key, j.vaddrAdjust); err != nil {
+		if err := s.loader.knownAs(j.key, j.known); err != nil {
 			s.log.WithError(err).Debugf("process %d: mapping at %#x", j.pid, j.m.start)
 		}
 	}

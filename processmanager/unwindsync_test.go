@@ -132,3 +132,69 @@ func newUnwindingManager(t *testing.T, fs *fakeProcFS, maps *fakeDeltaMaps, extr
 	t.Cleanup(m.Close)
 	return m
 }
+
+// TestExecOfKnownProgramReadAtFirstSample: with ReadAtFirstSample, an exec
+// of a program whose deltas are loaded reads nothing, nor do its mapping
+// events or its exit; its first sample reads it. An unknown program is
+// read at once.
+func TestExecOfKnownProgramReadAtFirstSample(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	mp, fnAbs := lib.mapAt(0x7f0000000000)
+	fs.setProcess(100, 1, "/bin/app", mp)
+	maps := newFakeDeltaMaps()
+	m := newUnwindingManager(t, fs, maps, nil)
+	m.unwind.u.ReadAtFirstSample = true
+	if _, _, err := m.ConvertTrace(&support.Trace{PID: 100, Frames: []support.Frame{{Addr: fnAbs}}}); err != nil {
+		t.Fatal(err)
+	}
+	m.unwind.wait()
+	if len(maps.known) != 1 {
+		t.Fatalf("known files %v, want the library's", maps.known)
+	}
+	var program support.FileKey
+	for k, v := range maps.known {
+		program = k
+		if v.FileID == 0 {
+			t.Errorf("known file %+v without a file id", v)
+		}
+	}
+
+	before := m.Stats()
+	fs.setProcess(300, 7, "/bin/app", mp)
+	m.ProcessExeced(300, program)
+	m.ExecMapped(300, support.ExecMapping{Start: mp.start, End: mp.end})
+	if s := m.Stats(); m.Tracks(300) || s.MapsReads != before.MapsReads || s.ExecsDeferred != 1 {
+		t.Errorf("exec of a known program: tracked %v, maps reads %d -> %d, deferred %d; want nothing read",
+			m.Tracks(300), before.MapsReads, s.MapsReads, s.ExecsDeferred)
+	}
+	if _, _, err := m.ConvertTrace(&support.Trace{PID: 300, Frames: []support.Frame{{Addr: fnAbs}}}); err != nil {
+		t.Fatal(err)
+	}
+	if s := m.Stats(); !m.Tracks(300) || s.MapsReads != before.MapsReads+1 {
+		t.Errorf("first sample: tracked %v, maps reads %d; want it read once", m.Tracks(300), s.MapsReads-before.MapsReads)
+	}
+
+	// An exec'd process that exits unsampled leaves nothing behind.
+	fs.setProcess(400, 8, "/bin/app", mp)
+	m.ProcessExeced(400, program)
+	fs.removeProcess(400)
+	m.ProcessExited(400)
+	if _, ok := m.unread.Get(400); ok || m.Tracks(400) {
+		t.Error("state kept for an unsampled process after its exit")
+	}
+
+	// A program BPF does not know is read at once.
+	fs.setProcess(500, 9, "/bin/app", mp)
+	m.ProcessExeced(500, support.FileKey{Dev: 1, Ino: 2})
+	if !m.Tracks(500) {
+		t.Error("exec of an unknown program not read at once")
+	}
+	// Without ReadAtFirstSample every exec is read at once.
+	m.unwind.u.ReadAtFirstSample = false
+	fs.setProcess(600, 10, "/bin/app", mp)
+	m.ProcessExeced(600, program)
+	if !m.Tracks(600) {
+		t.Error("exec not read at once without ReadAtFirstSample")
+	}
+}

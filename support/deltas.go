@@ -45,6 +45,7 @@ func NewFileKey(dev, ino uint64) FileKey {
 type KnownFile struct {
 	FileID      uint64
 	VaddrAdjust int64
+	TextVaddr   uint64
 }
 
 // UnwindRule mirrors struct unwind_rule.

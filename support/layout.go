@@ -56,6 +56,9 @@ type traceLayout struct {
 	eventTrace, eventProcessExit, eventProcessExec, eventUnknownPC                   uint32
 	processEventPID                                                                  int
 	eventExecMapped                                                                  uint32
+	// execEvent are struct exec_event's offsets and size.
+	execEvent     map[string]int
+	execEventSize int
 	// mmapEvent are struct mmap_event's offsets and size.
 	mmapEvent                      map[string]int
 	mmapEventSize                  int
@@ -233,6 +236,16 @@ func (l *traceLayout) read(types *btf.Spec) error {
 		return err
 	}
 	l.processEventPID = pe["pid"]
+	xe, xst, err := memberOffsets(types, "exec_event")
+	if err != nil {
+		return err
+	}
+	for _, field := range []string{"pid", "dev", "ino"} {
+		if _, ok := xe[field]; !ok {
+			return fmt.Errorf("BPF struct exec_event lacks %s", field)
+		}
+	}
+	l.execEvent, l.execEventSize = xe, int(xst.Size)
 	me, mst, err := memberOffsets(types, "mmap_event")
 	if err != nil {
 		return err
@@ -303,6 +316,9 @@ type Event struct {
 	PID libpf.PID
 	// Mapping is set for EventExecMapped.
 	Mapping ExecMapping
+	// Program is, for EventProcessExec, the file the process now runs
+	// (zero if BPF could not read it).
+	Program FileKey
 }
 
 // ErrMalformedEvent is returned for records that do not decode.
@@ -320,7 +336,7 @@ func (s *Shared) DecodeEvent(raw []byte, trace *Trace) (Event, error) {
 	case l.eventProcessExit:
 		return Event{Kind: EventProcessExit, PID: libpf.PID(le.Uint32(raw[l.processEventPID:]))}, nil
 	case l.eventProcessExec:
-		return Event{Kind: EventProcessExec, PID: libpf.PID(le.Uint32(raw[l.processEventPID:]))}, nil
+		return s.decodeExec(raw)
 	case l.eventUnknownPC:
 		return Event{Kind: EventUnknownPC, PID: libpf.PID(le.Uint32(raw[l.processEventPID:]))}, nil
 	case l.eventExecMapped:
@@ -379,6 +395,16 @@ func cString(b []byte) string {
 
 // pageSize is what vm_pgoff counts in.
 var pageSize = uint64(os.Getpagesize())
+
+func (s *Shared) decodeExec(raw []byte) (Event, error) {
+	l := &s.trace
+	if len(raw) < l.execEventSize {
+		return Event{}, fmt.Errorf("%w: exec event of %d bytes", ErrMalformedEvent, len(raw))
+	}
+	le := binary.LittleEndian
+	return Event{Kind: EventProcessExec, PID: libpf.PID(le.Uint32(raw[l.execEvent["pid"]:])),
+		Program: FileKey{Dev: le.Uint64(raw[l.execEvent["dev"]:]), Ino: le.Uint64(raw[l.execEvent["ino"]:])}}, nil
+}
 
 func (s *Shared) decodeExecMapped(raw []byte) (Event, error) {
 	l := &s.trace

@@ -135,7 +135,6 @@ func TestDecodeEvent(t *testing.T) {
 	binary.LittleEndian.PutUint32(exit[4:], 77)
 	for typ, kind := range map[uint32]EventKind{
 		s.trace.eventProcessExit: EventProcessExit,
-		s.trace.eventProcessExec: EventProcessExec,
 		s.trace.eventUnknownPC:   EventUnknownPC,
 	} {
 		binary.LittleEndian.PutUint32(exit, typ)
@@ -144,8 +143,18 @@ func TestDecodeEvent(t *testing.T) {
 		}
 	}
 
-	mapped := make([]byte, s.trace.mmapEventSize)
 	le := binary.LittleEndian
+	exec := make([]byte, s.trace.execEventSize)
+	le.PutUint32(exec, s.trace.eventProcessExec)
+	le.PutUint32(exec[s.trace.execEvent["pid"]:], 79)
+	le.PutUint64(exec[s.trace.execEvent["dev"]:], 259<<20|1)
+	le.PutUint64(exec[s.trace.execEvent["ino"]:], 4243)
+	if ev, err := s.DecodeEvent(exec, &tr); err != nil || ev.Kind != EventProcessExec || ev.PID != 79 ||
+		ev.Program != (FileKey{Dev: 259<<20 | 1, Ino: 4243}) {
+		t.Errorf("exec event: %+v, %v", ev, err)
+	}
+
+	mapped := make([]byte, s.trace.mmapEventSize)
 	le.PutUint32(mapped, s.trace.eventExecMapped)
 	le.PutUint32(mapped[s.trace.processEventPID:], 78)
 	for field, v := range map[string]uint64{"start": 0x7f0000001000, "end": 0x7f0000003000, "pgoff": 1,
@@ -162,6 +171,7 @@ func TestDecodeEvent(t *testing.T) {
 	for name, bad := range map[string][]byte{
 		"short":        raw[:4],
 		"cut mapping":  mapped[:len(mapped)-1],
+		"cut exec":     exec[:len(exec)-1],
 		"unknown type": {9, 0, 0, 0, 0, 0, 0, 0},
 		"cut header":   raw[:s.trace.frames-1],
 		"cut frames":   raw[:len(raw)-1],

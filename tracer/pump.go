@@ -23,7 +23,8 @@ type Handler interface {
 	HandleTrace(trace *support.Trace)
 	ProcessExited(pid libpf.PID)
 	// ProcessExeced says pid replaced its image: all its mappings changed.
-	ProcessExeced(pid libpf.PID)
+	// program is the file it now runs (zero if BPF could not read it).
+	ProcessExeced(pid libpf.PID, program support.FileKey)
 	// UnknownPC says a PC of pid was in no mapping loaded into BPF.
 	UnknownPC(pid libpf.PID)
 	// ExecMapped says pid mapped a file executable.
@@ -107,7 +108,7 @@ func (t *Tracer) dispatch(raw []byte, trace *support.Trace, h Handler) (early bo
 		early = ev.Trace.WakesEarly()
 		h.HandleTrace(ev.Trace)
 	case support.EventProcessExec:
-		h.ProcessExeced(ev.PID)
+		h.ProcessExeced(ev.PID, ev.Program)
 	case support.EventProcessExit:
 		h.ProcessExited(ev.PID)
 	case support.EventUnknownPC:

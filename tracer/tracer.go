@@ -187,6 +187,11 @@ func New(cfg Config) (*Tracer, error) {
 	return t, nil
 }
 
+// ResolvesUnread says whether BPF unwinds a process's first samples before
+// user space has read its mappings: its program's code from the task's mm,
+// and one library per sample from the task's VMAs (resolve_vma, 5.17).
+func (t *Tracer) ResolvesUnread() bool { return t.coll.Programs[ResolveVMA] != nil }
+
 // ResolveVMA is the program that looks PCs up in the task's VMAs with
 // bpf_find_vma (native_stack.ebpf.c): loaded only where the kernel supports
 // that; without it, the native unwinder goes on without.

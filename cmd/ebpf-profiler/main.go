@@ -293,6 +293,7 @@ func servePprof(addr string) {
 func unwinding(tr *tracer.Tracer) *processmanager.Unwinding {
 	return &processmanager.Unwinding{
 		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Runtimes: tr, APM: tr,
+		ReadAtFirstSample: tr.ResolvesUnread(),
 	}
 }
 

@@ -262,17 +262,19 @@ func rssMiB() float64 {
 func (m *monitor) summary() {
 	hs, rs := m.last.handler, m.last.rep
 	log.WithFields(log.Fields{
-		"bpf_samples":      m.last.bpf["samples"],
-		"bpf_idle_samples": m.last.bpf["idle_samples"],
-		"bpf_traces_sent":  m.last.bpf["traces_sent"],
-		"bpf_traces_lost":  m.last.bpf["err_trace_dropped"],
-		"traces_received":  hs.TracesReceived,
-		"samples_exported": rs.SamplesExported,
-		"processes":        hs.ProcessesSeen,
-		"delta_files":      hs.DeltasResident.Files,
-		"deltas":           hs.DeltasResident.Deltas,
-		"delta_mappings":   hs.DeltasResident.Mappings,
-		"requests_dropped": rs.RequestsDropped,
+		"bpf_samples":             m.last.bpf["samples"],
+		"bpf_idle_samples":        m.last.bpf["idle_samples"],
+		"bpf_traces_sent":         m.last.bpf["traces_sent"],
+		"bpf_traces_lost":         m.last.bpf["err_trace_dropped"],
+		"bpf_process_events_lost": m.last.bpf["err_process_event_dropped"],
+		"delta_mappings_dropped":  hs.DeltaMappingsDropped,
+		"traces_received":         hs.TracesReceived,
+		"samples_exported":        rs.SamplesExported,
+		"processes":               hs.ProcessesSeen,
+		"delta_files":             hs.DeltasResident.Files,
+		"deltas":                  hs.DeltasResident.Deltas,
+		"delta_mappings":          hs.DeltasResident.Mappings,
+		"requests_dropped":        rs.RequestsDropped,
 	}).Info("Stopped")
 	if cs := m.last.corr; cs.Registrations > 0 || cs.SamplesDropped > 0 || refusals(cs) > 0 {
 		log.WithFields(log.Fields{

@@ -82,13 +82,6 @@ struct thread_struct {
 } __attribute__((preserve_access_index));
 #  define TASK_THREAD_POINTER uw.tp_value
 #endif
-struct task_struct {
-  unsigned int flags;
-  void *stack;
-  struct signal_struct *signal;
-  struct thread_struct thread;
-} __attribute__((preserve_access_index));
-
 // What bpf_find_vma's callback reads of a VMA and its file.
 struct super_block {
   u32 s_dev;
@@ -99,6 +92,22 @@ struct inode {
 } __attribute__((preserve_access_index));
 struct file {
   struct inode *f_inode;
+} __attribute__((preserve_access_index));
+// The program a process runs: its file and where the kernel's ELF loader
+// put its executable segments (fs/binfmt_elf.c, load_elf_binary: the
+// lowest PF_X p_vaddr and the highest PF_X p_vaddr + p_filesz, plus the
+// load bias).
+struct mm_struct {
+  unsigned long start_code;
+  unsigned long end_code;
+  struct file *exe_file;
+} __attribute__((preserve_access_index));
+struct task_struct {
+  unsigned int flags;
+  void *stack;
+  struct signal_struct *signal;
+  struct thread_struct thread;
+  struct mm_struct *mm;
 } __attribute__((preserve_access_index));
 struct vm_area_struct {
   unsigned long vm_start;

@@ -75,16 +75,49 @@ static long vma_callback(struct task_struct *task, struct vm_area_struct *vma, v
   return 0;
 }
 
+// Where the program's own code is and which loaded file it is, from the
+// task's mm: no VMA lookup, so the sample's one bpf_find_vma stays for a
+// library. user space reads a new process only when it is first sampled,
+// and its first samples unwind the program and one library this way.
+static __always_inline void read_exe(struct unwind_state *state)
+{
+  state->exe_read = 1;
+  struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+  struct mm_struct *mm;
+  struct file *f;
+  struct inode *inode;
+  struct super_block *sb;
+  u64 start, end;
+  u32 dev;
+  struct file_key key;
+  __builtin_memset(&key, 0, sizeof(key));
+  if (CORE_READ_KERNEL(&mm, &task->mm) || !mm || CORE_READ_KERNEL(&start, &mm->start_code) ||
+      CORE_READ_KERNEL(&end, &mm->end_code) || CORE_READ_KERNEL(&f, &mm->exe_file) || !f ||
+      CORE_READ_KERNEL(&inode, &f->f_inode) || CORE_READ_KERNEL(&key.ino, &inode->i_ino) ||
+      CORE_READ_KERNEL(&sb, &inode->i_sb) || CORE_READ_KERNEL(&dev, &sb->s_dev))
+    return;
+  key.dev = dev;
+  struct known_file *k = bpf_map_lookup_elem(&known_files, &key);
+  if (!k || start >= end)
+    return;
+  state->exe_start = start;
+  state->exe_end = end;
+  state->exe_mapping.file_id = k->file_id;
+  state->exe_mapping.bias = start - k->text_vaddr;
+  state->exe_mapping.runtime = 0;
+}
+
 // PCs the mapping trie does not cover yet (a new process, new code) are
-// looked up in the task's VMAs with bpf_find_vma (5.17), so a process's
-// first samples unwind before user space has read its mappings. That runs
-// in its own program, resolve_vma, which user space loads only where the
-// kernel supports it (not on arm64 before 6.0, whose JIT allows no tail
-// calls in programs with subprograms such as the helper's callback). Kept
-// out of unwind_native because a kernel without the helper rejects the
-// callback even in dead code (5.10: "number of funcs in func_info doesn't
-// match number of subprogs"), and 7.2's verifier stops pruning the unwind
-// loop when the loop calls it (16 frames then exceed 1M instructions).
+// looked up in the program's own code (read_exe) and in the task's VMAs
+// with bpf_find_vma (5.17), so a process's first samples unwind before user
+// space has read its mappings. That runs in its own program, resolve_vma,
+// which user space loads only where the kernel supports it (not on arm64
+// before 6.0, whose JIT allows no tail calls in programs with subprograms
+// such as the helper's callback). Kept out of unwind_native because a
+// kernel without the helper rejects the callback even in dead code (5.10:
+// "number of funcs in func_info doesn't match number of subprogs"), and
+// 7.2's verifier stops pruning the unwind loop when the loop calls it (16
+// frames then exceed 1M instructions).
 SEC("perf_event")
 int resolve_vma(struct bpf_perf_event_data *ctx)
 {
@@ -92,6 +125,13 @@ int resolve_vma(struct bpf_perf_event_data *ctx)
   if (!r)
     return 0;
   struct unwind_state *state = &r->state;
+  if (!state->exe_read) {
+    read_exe(state);
+    if (state->vma_pc >= state->exe_start && state->vma_pc < state->exe_end) {
+      state->vma_tried = 0;
+      return tail_call_next(ctx, r, PROG_UNWIND_NATIVE);
+    }
+  }
   struct vma_lookup l = {};
   if (bpf_find_vma(bpf_get_current_task_btf(), state->vma_pc, vma_callback, &l, 0)) {
     increment_metric(METRIC_ERR_VMA_LOOKUP);
@@ -104,19 +144,26 @@ int resolve_vma(struct bpf_perf_event_data *ctx)
   return tail_call_next(ctx, r, PROG_UNWIND_NATIVE);
 }
 
-// The mapping of pc from the VMA resolve_vma found, or NULL. The first PC
-// of a sample the trie misses goes to resolve_vma (once: bpf_find_vma works
-// once per sample in interrupt context); where that program is not loaded
-// the tail call falls through and there is no VMA.
+// The mapping of pc from the program's code or the VMA resolve_vma found,
+// or NULL. The first PC of a sample the trie misses goes to resolve_vma,
+// which reads where the program is and, for a PC outside it, looks up its
+// VMA (once: bpf_find_vma works once per sample in interrupt context);
+// where that program is not loaded the tail call falls through and there is
+// no VMA.
 static __always_inline struct pid_mapping *mapping_from_vma(void *ctx, struct unwind_state *state,
                                                             u64 pc)
 {
+  if (pc >= state->exe_start && pc < state->exe_end) {
+    increment_metric(METRIC_EXE_RESOLVED);
+    return &state->exe_mapping;
+  }
   if (pc < state->vma_start || pc >= state->vma_end) {
     if (state->vma_tried)
       return 0;
     state->vma_tried = 1;
     state->vma_pc = pc;
-    // Uncounted: MAX_TAIL_CALLS leaves room below the kernel's limit.
+    // Uncounted (at most twice per sample: the program's code, then a
+    // VMA): MAX_TAIL_CALLS leaves room below the kernel's limit.
     bpf_tail_call(ctx, &progs, PROG_RESOLVE_VMA);
     return 0;
   }

@@ -94,9 +94,23 @@ int process_exec(void *ctx)
 {
   // After exec the calling thread is the leader: its tgid is the process.
   // Urgent: until user space drops the old image's mappings, BPF would
-  // unwind the new image's code with them.
+  // unwind the new image's code with them. The program's file tells user
+  // space whether the unwinder knows it already, so that reading the new
+  // process can wait for its first sample.
   u32 pid = bpf_get_current_pid_tgid() >> 32;
-  emit_process_event(EVENT_PROCESS_EXEC, pid, METRIC_PROCESS_EXECS, 1);
+  struct exec_event ev = {.type = EVENT_PROCESS_EXEC, .pid = pid};
+  struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+  struct mm_struct *mm;
+  struct file *f;
+  struct inode *inode;
+  struct super_block *sb;
+  u32 dev;
+  if (!CORE_READ_KERNEL(&mm, &task->mm) && mm && !CORE_READ_KERNEL(&f, &mm->exe_file) && f &&
+      !CORE_READ_KERNEL(&inode, &f->f_inode) && !CORE_READ_KERNEL(&ev.ino, &inode->i_ino) &&
+      !CORE_READ_KERNEL(&sb, &inode->i_sb) && !CORE_READ_KERNEL(&dev, &sb->s_dev))
+    ev.dev = dev;
+  long err = emit_event(&ev, sizeof(ev), 1);
+  increment_metric(err ? METRIC_ERR_PROCESS_EVENT_DROPPED : METRIC_PROCESS_EXECS);
   // The new image's first unknown PC must be reported at once, whatever
   // the old image reported.
   bpf_map_delete_elem(&unknown_pc_reports, &pid);

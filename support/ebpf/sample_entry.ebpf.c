@@ -79,6 +79,8 @@ int sample_entry(struct bpf_perf_event_data *ctx)
   r->state.return_address = 0;
   r->state.vma_end = 0;
   r->state.vma_tried = 0;
+  r->state.exe_read = 0;
+  r->state.exe_end = 0;
   r->state.handoff.done_mask = 0;
   r->state.inline_walk.runtime = 0;
 

@@ -42,6 +42,7 @@ volatile const struct btf_exports {
   struct runtime_proc_key runtime_proc_key;
   struct runtime_proc runtime_proc;
   struct process_event process_event;
+  struct exec_event exec_event;
   struct mmap_event mmap_event;
   struct unwind_rule unwind_rule;
   struct stack_delta stack_delta;

@@ -138,6 +138,10 @@ struct file_key {
 struct known_file {
   u64 file_id;
   s64 vaddr_adjust;
+  // p_vaddr of the file's lowest executable segment: a process that runs
+  // the file as its program has it at its mm's start_code, which gives the
+  // bias without a VMA lookup (see resolve_vma).
+  u64 text_vaddr;
 };
 
 // Kinds of frames (values of libpf.FrameKind). A runtime's frames have its
@@ -243,6 +247,8 @@ enum metric_id {
   METRIC_ERR_NO_MAPPING,
   // Of those, resolved from the task's VMA of a file user space knows.
   METRIC_VMA_RESOLVED,
+  // Of those, in the program's own code, resolved from the task's mm.
+  METRIC_EXE_RESOLVED,
   // bpf_find_vma failed: no VMA at the PC, or its lock was contended.
   METRIC_ERR_VMA_LOOKUP,
   // The VMA's file (or its absence: anonymous memory) is not known.
@@ -422,6 +428,13 @@ struct unwind_state {
   struct pid_mapping vma_mapping;
   u64 vma_pc;
   u32 vma_tried;
+  // The program's own code, [exe_start, exe_end) from the task's mm, maps
+  // exe_mapping (file_id 0: its file is not known); exe_read is set once
+  // resolve_vma looked.
+  u32 exe_read;
+  u64 exe_start;
+  u64 exe_end;
+  struct pid_mapping exe_mapping;
   struct runtime_handoff handoff;
   struct inline_walk inline_walk;
 };
@@ -433,10 +446,19 @@ struct record {
   struct trace trace;
 };
 
-// A process event (EVENT_PROCESS_EXIT, EVENT_PROCESS_EXEC, EVENT_UNKNOWN_PC).
+// A process event (EVENT_PROCESS_EXIT, EVENT_UNKNOWN_PC).
 struct process_event {
   u32 type; // enum event_type
   u32 pid;
+};
+
+// EVENT_PROCESS_EXEC: process pid now runs the program file (dev, ino), dev
+// in the kernel's encoding (0 when unreadable).
+struct exec_event {
+  u32 type;
+  u32 pid;
+  u64 dev;
+  u64 ino;
 };
 
 // EVENT_EXEC_MAPPED: [start, end) of process pid maps the file (dev, ino)

@@ -93,9 +93,9 @@ func (l *eventLog) ProcessExited(pid libpf.PID) {
 	l.Handler.ProcessExited(pid)
 }
 
-func (l *eventLog) ProcessExeced(pid libpf.PID) {
+func (l *eventLog) ProcessExeced(pid libpf.PID, program support.FileKey) {
 	l.record("exec", pid)
-	l.Handler.ProcessExeced(pid)
+	l.Handler.ProcessExeced(pid, program)
 }
 
 func (l *eventLog) UnknownPC(pid libpf.PID) {
@@ -144,6 +144,7 @@ func startSessionWith(t *testing.T, hz int, configure func(*processmanager.Confi
 	}
 	cfg := processmanager.Config{Unwinding: &processmanager.Unwinding{
 		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Runtimes: tr, APM: tr,
+		ReadAtFirstSample: tr.ResolvesUnread(),
 	}, Runtimes: runtimes}
 	if configure != nil {
 		configure(&cfg)

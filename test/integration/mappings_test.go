@@ -374,7 +374,7 @@ func processStateSize(t *testing.T, s *session, pid int) int64 {
 	time.Sleep(100 * time.Millisecond) // the delta loader's worker frees its part
 	without := heapInUse()
 	// It did not exit: give it its state back, as an exec would.
-	s.pm.ProcessExeced(libpf.PID(pid))
+	s.pm.ProcessExeced(libpf.PID(pid), support.FileKey{})
 	return int64(with.HeapAlloc) - int64(without.HeapAlloc)
 }
 
@@ -509,9 +509,9 @@ func (c *handlerClock) ProcessExited(pid libpf.PID) {
 	c.next.ProcessExited(pid)
 }
 
-func (c *handlerClock) ProcessExeced(pid libpf.PID) {
+func (c *handlerClock) ProcessExeced(pid libpf.PID, program support.FileKey) {
 	defer c.record("exec", pid, time.Now())
-	c.next.ProcessExeced(pid)
+	c.next.ProcessExeced(pid, program)
 }
 
 func (c *handlerClock) UnknownPC(pid libpf.PID) {
