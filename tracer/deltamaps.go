@@ -5,9 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/support"
@@ -42,6 +44,9 @@ func (t *Tracer) SetStackDeltas(first uint32, deltas []support.StackDelta) error
 	if first%perSlot != 0 {
 		return fmt.Errorf("stack deltas at %d do not start a slot of %d", first, perSlot)
 	}
+	if t.deltaMem != nil {
+		return writeDeltas(t.deltaMem, first, deltas)
+	}
 	slots := make([]support.DeltaSlot, (uint32(len(deltas))+perSlot-1)/perSlot)
 	keys := make([]uint32, len(slots))
 	for i := range slots {
@@ -58,6 +63,35 @@ func (t *Tracer) SetStackDeltas(first uint32, deltas []support.StackDelta) error
 		if err := m.Put(keys[i], s); err != nil {
 			return fmt.Errorf("stack delta slot %d: %w", keys[i], err)
 		}
+	}
+	return nil
+}
+
+// mapMemory maps an array created with BPF_F_MMAPABLE into memory, read
+// and write; Close unmaps it. (cilium/ebpf's Map.Memory unmaps only when
+// the garbage collector finds it unused, which would keep a closed
+// tracer's pool alive.)
+func mapMemory(m *ebpf.Map) ([]byte, error) {
+	if m.Flags()&unix.BPF_F_MMAPABLE == 0 {
+		return nil, errors.New("not created mappable")
+	}
+	page := uint64(os.Getpagesize())
+	size := (uint64(m.MaxEntries())*uint64((m.ValueSize()+7)&^7) + page - 1) &^ (page - 1)
+	return unix.Mmap(m.FD(), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+}
+
+// writeDeltas writes deltas to the mapped pool from delta index first on,
+// as struct stack_delta: elements hold DELTAS_PER_SLOT of them, unpadded.
+func writeDeltas(mem []byte, first uint32, deltas []support.StackDelta) error {
+	const size = 4
+	off := uint64(first) * size
+	if off+uint64(len(deltas))*size > uint64(len(mem)) {
+		return fmt.Errorf("%d stack deltas at %d lie outside the pool", len(deltas), first)
+	}
+	for i, d := range deltas {
+		b := mem[off+uint64(i)*size:]
+		binary.NativeEndian.PutUint16(b, d.AddrLow)
+		binary.NativeEndian.PutUint16(b[2:], d.Rule)
 	}
 	return nil
 }

@@ -95,6 +95,22 @@ func TestMapScaleFactorLoads(t *testing.T) {
 	if err := scaled.SetStackDeltas(1, deltas); err == nil {
 		t.Error("deltas written from the middle of a slot")
 	}
+	if err := scaled.SetStackDeltas(sc.Deltas-2, deltas); err == nil {
+		t.Error("deltas written past the end of the pool")
+	}
+	// Where the pool is not mapped into memory, deltas are map updates.
+	if scaled.deltaMem == nil {
+		t.Fatal("the stack delta pool is not mapped into memory")
+	}
+	mem := scaled.deltaMem
+	scaled.deltaMem = nil
+	err := scaled.SetStackDeltas(0, deltas[:2])
+	scaled.deltaMem = mem
+	var first support.DeltaSlot
+	if err != nil || scaled.coll.Maps["stack_deltas"].Lookup(uint32(0), &first) != nil ||
+		first != (support.DeltaSlot{deltas[0], deltas[1]}) {
+		t.Errorf("deltas written as map updates: %v, first slot %v", err, first)
+	}
 }
 
 // TestMaxMapScaleFactor loads the largest factor: it needs about 4.3 GiB of

@@ -78,6 +78,10 @@ type Tracer struct {
 	runtimes map[interpreter.ID]*interpreter.Runtime
 	// malformed counts ring buffer records that did not decode.
 	malformed atomic.Uint64
+	// deltaMem is the stack delta pool mapped into memory, nil where
+	// the kernel would not map it (deltas are then written as map
+	// updates).
+	deltaMem []byte
 }
 
 // New checks privileges and kernel features, then loads and verifies the
@@ -163,6 +167,9 @@ func New(cfg Config) (*Tracer, error) {
 	}
 	t := &Tracer{cfg: cfg, shared: shared, coll: coll, cpus: cpus, runtimes: runtimes}
 	t.mapWatch, t.mapWatchErr = loadMapWatch(spec, mapWatchSpec, coll)
+	if t.deltaMem, err = mapMemory(coll.Maps["stack_deltas"]); err != nil {
+		log.Debugf("Stack delta pool not mapped into memory, written as map updates: %v", err)
+	}
 	if cfg.BPFLogLevel != 0 {
 		for name, p := range coll.Programs {
 			log.Debugf("Verifier log of %s:\n%s", name, p.VerifierLog)
@@ -484,6 +491,10 @@ func (t *Tracer) Close() error {
 	}
 	if t.wake != nil {
 		t.wake.close()
+	}
+	if t.deltaMem != nil {
+		_ = unix.Munmap(t.deltaMem)
+		t.deltaMem = nil
 	}
 	if t.coll != nil {
 		t.coll.Close()

@@ -31,6 +31,7 @@ enum {
 };
 #define BPF_ANY           0
 #define BPF_F_NO_PREALLOC 1
+#define BPF_F_MMAPABLE    (1U << 10)
 // bpf_ringbuf_output flags and bpf_ringbuf_query selectors.
 #define BPF_RB_NO_WAKEUP    1
 #define BPF_RB_FORCE_WAKEUP 2

@@ -77,7 +77,7 @@ static long vma_callback(struct task_struct *task, struct vm_area_struct *vma, v
 
 // Where the program's own code is and which loaded file it is, from the
 // task's mm: no VMA lookup, so the sample's one bpf_find_vma stays for a
-// library. user space reads a new process only when it is first sampled,
+// library. User space reads a new process only when it is first sampled,
 // and its first samples unwind the program and one library this way.
 static __always_inline void read_exe(struct unwind_state *state)
 {
@@ -100,11 +100,17 @@ static __always_inline void read_exe(struct unwind_state *state)
   struct known_file *k = bpf_map_lookup_elem(&known_files, &key);
   if (!k || start >= end)
     return;
-  state->exe_start = start;
-  state->exe_end = end;
-  state->exe_mapping.file_id = k->file_id;
-  state->exe_mapping.bias = start - k->text_vaddr;
-  state->exe_mapping.runtime = 0;
+  state->exe.start = start;
+  state->exe.end = end;
+  state->exe.mapping.file_id = k->file_id;
+  state->exe.mapping.bias = start - k->text_vaddr;
+  state->exe.mapping.runtime = 0;
+  increment_metric(METRIC_EXE_RESOLVED);
+}
+
+static __always_inline int in_range(const struct resolved_range *r, u64 pc)
+{
+  return pc >= r->start && pc < r->end;
 }
 
 // PCs the mapping trie does not cover yet (a new process, new code) are
@@ -117,7 +123,9 @@ static __always_inline void read_exe(struct unwind_state *state)
 // kernel without the helper rejects the callback even in dead code (5.10:
 // "number of funcs in func_info doesn't match number of subprogs"), and
 // 7.2's verifier stops pruning the unwind loop when the loop calls it (16
-// frames then exceed 1M instructions).
+// frames then exceed 1M instructions). The loop checks one range
+// (state->vma); the program's and the library's are kept here, and copied
+// there for the PC asked about.
 SEC("perf_event")
 int resolve_vma(struct bpf_perf_event_data *ctx)
 {
@@ -125,54 +133,55 @@ int resolve_vma(struct bpf_perf_event_data *ctx)
   if (!r)
     return 0;
   struct unwind_state *state = &r->state;
-  if (!state->exe_read) {
+  u64 pc = state->vma_pc;
+  if (!state->exe_read)
     read_exe(state);
-    if (state->vma_pc >= state->exe_start && state->vma_pc < state->exe_end) {
-      state->vma_tried = 0;
-      return tail_call_next(ctx, r, PROG_UNWIND_NATIVE);
+  if (!in_range(&state->exe, pc) && !in_range(&state->lib, pc) && !state->lib_looked) {
+    // bpf_find_vma works once per sample in interrupt context: it defers
+    // releasing the mmap lock to an irq_work that is busy until the
+    // interrupt ends.
+    state->lib_looked = 1;
+    struct vma_lookup l = {};
+    if (bpf_find_vma(bpf_get_current_task_btf(), pc, vma_callback, &l, 0)) {
+      increment_metric(METRIC_ERR_VMA_LOOKUP);
+    } else {
+      state->lib.start = l.start;
+      state->lib.end = l.end;
+      state->lib.mapping.file_id = l.file_id;
+      state->lib.mapping.bias = l.bias;
+      state->lib.mapping.runtime = 0;
     }
   }
-  struct vma_lookup l = {};
-  if (bpf_find_vma(bpf_get_current_task_btf(), state->vma_pc, vma_callback, &l, 0)) {
-    increment_metric(METRIC_ERR_VMA_LOOKUP);
-  } else {
-    state->vma_start = l.start;
-    state->vma_end = l.end;
-    state->vma_mapping.file_id = l.file_id;
-    state->vma_mapping.bias = l.bias;
-  }
+  if (in_range(&state->exe, pc))
+    state->vma = state->exe;
+  else if (in_range(&state->lib, pc))
+    state->vma = state->lib;
+  else
+    state->vma_tried = 1;
   return tail_call_next(ctx, r, PROG_UNWIND_NATIVE);
 }
 
-// The mapping of pc from the program's code or the VMA resolve_vma found,
-// or NULL. The first PC of a sample the trie misses goes to resolve_vma,
-// which reads where the program is and, for a PC outside it, looks up its
-// VMA (once: bpf_find_vma works once per sample in interrupt context);
-// where that program is not loaded the tail call falls through and there is
-// no VMA.
-static __always_inline struct pid_mapping *mapping_from_vma(void *ctx, struct unwind_state *state,
-                                                            u64 pc)
+// The mapping of pc from what resolve_vma found, or NULL. A PC the trie
+// and the last range resolve_vma gave miss goes to resolve_vma (counted
+// like any tail call), until it could not resolve one; where that program
+// is not loaded the tail call falls through and there is nothing.
+static __always_inline struct pid_mapping *mapping_from_vma(void *ctx, struct record *r, u64 pc)
 {
-  if (pc >= state->exe_start && pc < state->exe_end) {
-    increment_metric(METRIC_EXE_RESOLVED);
-    return &state->exe_mapping;
-  }
-  if (pc < state->vma_start || pc >= state->vma_end) {
-    if (state->vma_tried)
+  struct unwind_state *state = &r->state;
+  if (pc < state->vma.start || pc >= state->vma.end) {
+    if (state->vma_tried || ++state->tail_calls > MAX_TAIL_CALLS)
       return 0;
-    state->vma_tried = 1;
     state->vma_pc = pc;
-    // Uncounted (at most twice per sample: the program's code, then a
-    // VMA): MAX_TAIL_CALLS leaves room below the kernel's limit.
     bpf_tail_call(ctx, &progs, PROG_RESOLVE_VMA);
+    state->vma_tried = 1;
     return 0;
   }
-  if (!state->vma_mapping.file_id) {
+  if (!state->vma.mapping.file_id) {
     increment_metric(METRIC_ERR_VMA_UNKNOWN_FILE);
     return 0;
   }
   increment_metric(METRIC_VMA_RESOLVED);
-  return &state->vma_mapping;
+  return &state->vma.mapping;
 }
 
 // Delta idx of the stack_deltas pool, or NULL.
@@ -376,7 +385,7 @@ int unwind_native(struct bpf_perf_event_data *ctx)
     if (!m) {
       increment_metric(METRIC_ERR_NO_MAPPING);
       report_unknown_pc(t->pid);
-      m = mapping_from_vma(ctx, state, lookup_pc);
+      m = mapping_from_vma(ctx, r, lookup_pc);
     }
     u64 file_id = 0, addr = state->pc;
     if (m) {

@@ -77,10 +77,12 @@ int sample_entry(struct bpf_perf_event_data *ctx)
   bpf_get_current_comm(t->comm, sizeof(t->comm));
   r->state.tail_calls = 0;
   r->state.return_address = 0;
-  r->state.vma_end = 0;
+  r->state.vma.end = 0;
+  r->state.exe.end = 0;
+  r->state.lib.end = 0;
   r->state.vma_tried = 0;
   r->state.exe_read = 0;
-  r->state.exe_end = 0;
+  r->state.lib_looked = 0;
   r->state.handoff.done_mask = 0;
   r->state.inline_walk.runtime = 0;
 

@@ -111,10 +111,13 @@ struct {
 
 // The pool every file's deltas are allocated from: 4M deltas in 16 MiB,
 // room for libLLVM (1M deltas), node (370k) and a JDK's VM library (190k) together
-// with a host's usual libraries.
+// with a host's usual libraries. User space maps it and writes a file's
+// deltas as memory: updating libLLVM's 500k elements one by one took as
+// long as extracting them.
 struct {
   __uint(type, BPF_MAP_TYPE_ARRAY);
   __uint(max_entries, (1 << 22) / DELTAS_PER_SLOT);
+  __uint(map_flags, BPF_F_MMAPABLE);
   __type(key, u32);
   __type(value, struct delta_slot);
 } stack_deltas SEC(".maps");

@@ -247,7 +247,8 @@ enum metric_id {
   METRIC_ERR_NO_MAPPING,
   // Of those, resolved from the task's VMA of a file user space knows.
   METRIC_VMA_RESOLVED,
-  // Of those, in the program's own code, resolved from the task's mm.
+  // Samples that missed the trie in a process whose program's code was
+  // then found from the task's mm.
   METRIC_EXE_RESOLVED,
   // bpf_find_vma failed: no VMA at the PC, or its lock was contended.
   METRIC_ERR_VMA_LOOKUP,
@@ -402,6 +403,13 @@ struct inline_walk {
   u8 pad[5];
 };
 
+// [start, end) of a process maps mapping.
+struct resolved_range {
+  u64 start;
+  u64 end;
+  struct pid_mapping mapping;
+};
+
 // Where the native unwinder is on the user stack.
 struct unwind_state {
   u64 pc;
@@ -418,23 +426,18 @@ struct unwind_state {
   u32 tail_calls;
   // Set once pc is a return address rather than the interrupted pc.
   u32 return_address;
-  // The VMA last resolved with bpf_find_vma, which works once per sample
-  // in interrupt context (it defers releasing the mmap lock to an
-  // irq_work that is busy until the interrupt ends): [vma_start, vma_end)
-  // maps vma_mapping. vma_end is 0 when unset; vma_pc is the PC
-  // resolve_vma looks up, vma_tried set once it was asked to.
-  u64 vma_start;
-  u64 vma_end;
-  struct pid_mapping vma_mapping;
+  // What resolve_vma resolved for PCs outside the trie: the range the
+  // loop checks (vma, end 0 when unset), the program's own code (exe, from
+  // the task's mm once exe_read) and the one VMA bpf_find_vma found (lib,
+  // once lib_looked). vma_pc is the PC resolve_vma is asked about,
+  // vma_tried set once it could not resolve one.
+  struct resolved_range vma;
+  struct resolved_range exe;
+  struct resolved_range lib;
   u64 vma_pc;
   u32 vma_tried;
-  // The program's own code, [exe_start, exe_end) from the task's mm, maps
-  // exe_mapping (file_id 0: its file is not known); exe_read is set once
-  // resolve_vma looked.
-  u32 exe_read;
-  u64 exe_start;
-  u64 exe_end;
-  struct pid_mapping exe_mapping;
+  u8 exe_read;
+  u8 lib_looked;
   struct runtime_handoff handoff;
   struct inline_walk inline_walk;
 };
