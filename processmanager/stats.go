@@ -100,6 +100,8 @@ type Stats struct {
 	DeltaMappingsDropped uint64
 	// DeltasResident is what the maps hold now.
 	DeltasResident DeltaResidency
+	// UnwindQueue is how many mapping changes wait for the delta loader.
+	UnwindQueue int
 }
 
 // counters are the Manager's mutable counts, guarded by its mutex.
@@ -188,6 +190,7 @@ func (m *Manager) Stats() Stats {
 		st.DeltaExtractErrors = u.extractErrors.Load()
 		st.DeltaLoadErrors = u.loadErrors.Load()
 		st.DeltaMappingsDropped = u.dropped.Load()
+		st.UnwindQueue = int(u.pending.Load())
 		if r := u.resident.Load(); r != nil {
 			st.DeltasResident = *r
 		}

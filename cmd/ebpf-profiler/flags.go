@@ -66,6 +66,9 @@ type config struct {
 	probabilisticThreshold uint
 	probabilisticInterval  time.Duration
 	noKernelVersionCheck   bool
+	// startupNice is the nice value the daemon starts at (when started
+	// at 0); 0 or more turns the start-up boost off.
+	startupNice int
 	// warnings are problems with the environment that do not stop the
 	// daemon, logged once logging is set up.
 	warnings []string
@@ -128,6 +131,10 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 			"and the host is sampled for that interval when it is below the threshold. 100 samples always.")
 	fs.DurationVar(&c.probabilisticInterval, "probabilistic-interval", time.Minute,
 		"How long each probabilistic decision holds (1s-24h).")
+	fs.IntVar(&c.startupNice, "startup-nice", -5,
+		"Scheduling priority (nice value, -20 to 0) the daemon starts at, when started at the default priority, "+
+			"until its first profile is out and the stack deltas of the processes it found are loaded: on a saturated "+
+			"host its start-up then takes seconds, not tens of seconds. 0 turns this off; needs root or CAP_SYS_NICE.")
 	fs.BoolVar(&c.noKernelVersionCheck, "no-kernel-version-check", false,
 		fmt.Sprintf("Start on kernels older than %s (e.g. with BPF features backported); loading may still fail.",
 			tracer.MinKernel))
@@ -176,6 +183,9 @@ func (c *config) validate() error {
 		if _, _, err := net.SplitHostPort(c.pprofAddr); err != nil {
 			errs = append(errs, fmt.Errorf("-pprof=%q: want host:port", c.pprofAddr))
 		}
+	}
+	if c.startupNice < -20 || c.startupNice > 0 {
+		errs = append(errs, fmt.Errorf("-startup-nice=%d: want -20 to 0", c.startupNice))
 	}
 	if c.samplesPerSecond < 1 || c.samplesPerSecond > 10000 {
 		errs = append(errs, fmt.Errorf("-samples-per-second=%d: want 1 to 10000", c.samplesPerSecond))

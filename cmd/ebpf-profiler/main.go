@@ -97,6 +97,7 @@ func run(args []string) int {
 func profile(ctx context.Context, cfg *config) error {
 	start := time.Now()
 	log.Infof("Starting %s", versionLine())
+	boost := boostPriority(cfg.startupNice)
 	release := tracer.KernelRelease()
 	if err := checkKernel(release, cfg.noKernelVersionCheck); err != nil {
 		return err
@@ -196,6 +197,9 @@ func profile(ctx context.Context, cfg *config) error {
 	pumpDone := make(chan error, 1)
 	go func() { pumpDone <- tr.Run(pumpCtx, handler) }()
 
+	boostCtx, endBoost := context.WithCancel(ctx)
+	defer endBoost()
+	go boost.endWhen(boostCtx, func() bool { return rep.Stats().Intervals > 0 && pm.Stats().UnwindQueue == 0 })
 	mon := newMonitor(tr, handler, pm, rep, corr, prob)
 	log.Debugf("Start-up took %v", time.Since(start).Round(time.Millisecond))
 	// Loading parsed the kernel's BTF, tens of MiB of garbage by now: hand

@@ -42,6 +42,8 @@ func main() {
 		"two threads per process, 80% of the time in APM transactions) or apm-off (the same with the agent "+
 		"library renamed, so that it is not correlated)")
 	procs := flag.Int("procs", runtime.NumCPU(), "busy processes")
+	startup := flag.Int("startup", 0, "instead: start the daemon at this rate on a host of 18 busy processes "+
+		"(C, Go, Python, Java, Node) and print how soon their stacks are complete")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fatalf("run as root")
@@ -50,6 +52,11 @@ func main() {
 		fatalf("enabling BPF run-time stats: %v", err)
 	}
 	atExit(func() { os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", []byte("0"), 0) })
+	if *startup > 0 {
+		defer runAtExit()
+		runStartup(*bin, *startup, *runs)
+		return
+	}
 	if *rates == "" {
 		defer runAtExit()
 		runScenarios(*bin, *duration, *runs)
@@ -332,6 +339,13 @@ func bpfMapBytes(pid int) uint64 {
 // busyLoad starts n busy processes of the given kind and returns the func
 // that stops them.
 func busyLoad(kind string, n int) func() {
+	stop, _ := busyProcesses(kind, n)
+	return stop
+}
+
+// busyProcesses starts n busy processes of the given kind and returns the
+// func that stops them and their pids.
+func busyProcesses(kind string, n int) (stop func(), pids []int) {
 	var argv []string
 	switch kind {
 	case "shell":
@@ -344,6 +358,16 @@ func busyLoad(kind string, n int) func() {
 		out, err := exec.Command("gcc", "-O2", "-o", bin, "utils/workloads/fpchain.c").CombinedOutput()
 		if err != nil {
 			fatalf("building the C load (run from the repository root): %v\n%s", err, out)
+		}
+		argv = []string{bin, "1000000"}
+	case "go":
+		dir, err := os.MkdirTemp("", "bench-go")
+		check(err)
+		atExit(func() { os.RemoveAll(dir) })
+		bin := filepath.Join(dir, "gochain")
+		out, err := exec.Command("go", "build", "-o", bin, "./utils/workloads/gochain").CombinedOutput()
+		if err != nil {
+			fatalf("building the Go load (run from the repository root): %v\n%s", err, out)
 		}
 		argv = []string{bin, "1000000"}
 	case "python":
@@ -379,13 +403,14 @@ func busyLoad(kind string, n int) func() {
 		c := exec.Command(argv[0], args...)
 		check(c.Start())
 		cmds = append(cmds, c)
+		pids = append(pids, c.Process.Pid)
 	}
 	return func() {
 		for _, c := range cmds {
 			c.Process.Kill()
 			c.Wait()
 		}
-	}
+	}, pids
 }
 
 // apmLoad builds utils/testagent and returns the command line of its app,

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	log "github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+)
+
+// The daemon's start-up (verifying its BPF programs, reading every busy
+// process, extracting and loading their stack deltas) is a second or two
+// of CPU. On a saturated host a process at the default priority gets a
+// thread's fair share of it, and the first complete stacks came only after
+// 10 s (12 busy processes on 2 CPUs). So the daemon starts at a higher
+// priority, -startup-nice, and returns to the one it was started with once
+// its first profile is out and its queue of stack deltas has run empty.
+// A daemon started below the default priority (systemd's Nice=) was put
+// there on purpose and is left alone.
+
+// maxStartupBoost bounds the boost when start-up never settles (a host
+// whose processes keep the delta queue busy).
+const maxStartupBoost = time.Minute
+
+// priorityBoost is a raised scheduling priority that can be undone.
+type priorityBoost struct {
+	from, to int
+	start    time.Time
+}
+
+// boostPriority raises every thread of the daemon to nice value to, if it
+// runs at the default priority (0). It returns nil when it did nothing.
+func boostPriority(to int) *priorityBoost {
+	if to >= 0 {
+		return nil
+	}
+	from, err := niceOf(0)
+	if err != nil || from != 0 {
+		return nil
+	}
+	if err := setNice(to); err != nil {
+		log.Debugf("Start-up at the default scheduling priority: %v", err)
+		setNice(0)
+		return nil
+	}
+	log.Debugf("Starting at scheduling priority nice %d", to)
+	return &priorityBoost{from: from, to: to, start: time.Now()}
+}
+
+// endWhen returns the priority to where it was once done says start-up is
+// over (polled), after maxStartupBoost, or when ctx ends.
+func (b *priorityBoost) endWhen(ctx context.Context, done func() bool) {
+	if b == nil {
+		return
+	}
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(maxStartupBoost)
+loop:
+	for !done() {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-deadline:
+			break loop
+		case <-tick.C:
+		}
+	}
+	if err := setNice(b.from); err != nil {
+		log.Warnf("Could not return to scheduling priority nice %d after start-up: %v", b.from, err)
+		return
+	}
+	log.Debugf("Start-up done after %v: back to scheduling priority nice %d", time.Since(b.start).Round(time.Millisecond), b.from)
+}
+
+// niceOf returns the nice value of thread tid (0: the caller).
+func niceOf(tid int) (int, error) {
+	// The raw system call returns 20 - nice, so that no value is negative.
+	p, err := unix.Getpriority(unix.PRIO_PROCESS, tid)
+	if err != nil {
+		return 0, err
+	}
+	return 20 - p, nil
+}
+
+// setNice sets the nice value of every thread of the process: Linux keeps
+// it per thread, and a new thread inherits its creator's. Twice, for
+// threads created while the first pass ran.
+func setNice(nice int) error {
+	for range 2 {
+		tasks, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			return err
+		}
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil {
+				continue
+			}
+			if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("setting nice %d on thread %d: %w", nice, tid, err)
+			}
+		}
+	}
+	return nil
+}

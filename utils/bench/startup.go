@@ -1,0 +1,232 @@
+package main
+
+import (
+	"cmp"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/google/pprof/profile"
+)
+
+// The start-up scenario of issue 21: the daemon starts on a host whose
+// processes are already busy, and the question is how soon their stacks
+// are complete. Complete means the outermost frame is where a thread
+// begins: anything else was cut short (deltas not loaded yet, a frame the
+// unwinder could not pass).
+
+// startupMix is the busy host: several languages, some with large
+// libraries (libjvm, the node binary).
+var startupMix = []struct {
+	kind string
+	n    int
+}{{"c", 4}, {"go", 2}, {"python", 4}, {"java", 4}, {"node", 4}}
+
+// threadRoots are the functions a thread's stack ends in.
+var threadRoots = []string{"_start", "start_thread", "__clone", "__clone3", "runtime.goexit.abi0", "runtime.mstart", "runtime.rt0_go.abi0"}
+
+// startupSeconds is how long after the daemon's exec the curve goes.
+const startupSeconds = 25
+
+// runStartup starts the busy host, then the daemon runs times, and prints
+// per second since the daemon's exec the share of the host's samples
+// whose stacks are complete (median over the runs), with what was dropped.
+func runStartup(bin string, hz, runs int) {
+	var pids []int
+	var stops []func()
+	for _, l := range startupMix {
+		stop, ps := busyProcesses(l.kind, l.n)
+		stops = append(stops, stop)
+		pids = append(pids, ps...)
+	}
+	defer func() {
+		for _, s := range stops {
+			s()
+		}
+	}()
+	fmt.Printf("%d busy processes (%s), %d Hz, the daemon started %d times\n", len(pids), mixString(), hz, runs)
+	time.Sleep(5 * time.Second) // JVMs and Node compile their hot code
+
+	var curves [][]float64
+	var firsts, accurate, lost, evLost, mapDrops []float64
+	for range runs {
+		r := startupRun(bin, hz, pids)
+		curves = append(curves, r.curve)
+		firsts = append(firsts, r.firstExport.Seconds())
+		accurate = append(accurate, r.accurateAt.Seconds())
+		lost = append(lost, r.tracesLost)
+		evLost = append(evLost, r.eventsLost)
+		mapDrops = append(mapDrops, r.mappingsDropped)
+		fmt.Printf("run: first export %.2fs, 90%% complete from %.0fs, traces lost %.0f, process events lost %.0f, "+
+			"mapping updates dropped %.0f; incomplete roots: %s\n",
+			r.firstExport.Seconds(), r.accurateAt.Seconds(), r.tracesLost, r.eventsLost, r.mappingsDropped, r.roots)
+	}
+	fmt.Printf("\nmedians: first export %.2fs, stacks >= 90%% complete from second %.0f on, traces lost %.0f, "+
+		"process events lost %.0f, mapping updates dropped %.0f\n",
+		median(firsts), median(accurate), median(lost), median(evLost), median(mapDrops))
+	fmt.Printf("\n%8s %10s\n", "second", "complete")
+	for s := range startupSeconds {
+		var v []float64
+		for _, c := range curves {
+			if c[s] >= 0 {
+				v = append(v, c[s])
+			}
+		}
+		if len(v) == 0 {
+			fmt.Printf("%8d %10s\n", s, "-")
+			continue
+		}
+		fmt.Printf("%8d %9.1f%%\n", s, 100*median(v))
+	}
+	fmt.Println("\ncomplete: samples of the busy processes whose outermost frame is a thread's start " +
+		"(" + strings.Join(threadRoots, ", ") + "), per second since the daemon's exec (1 s reporter intervals).")
+}
+
+func mixString() string {
+	var parts []string
+	for _, l := range startupMix {
+		parts = append(parts, fmt.Sprintf("%d %s", l.n, l.kind))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+type startupResult struct {
+	// curve is the complete share per second since exec, -1 where the
+	// second has no sample.
+	curve                                  []float64
+	firstExport, accurateAt                time.Duration
+	tracesLost, eventsLost, mappingsDropped float64
+	// roots of the incomplete stacks, most frequent first.
+	roots string
+}
+
+func startupRun(bin string, hz int, pids []int) startupResult {
+	out, err := os.MkdirTemp("", "bench-startup")
+	check(err)
+	defer os.RemoveAll(out)
+	logPath := filepath.Join(out, "daemon.log")
+	logFile, err := os.Create(logPath)
+	check(err)
+	defer logFile.Close()
+	cmd := exec.Command(bin, "-samples-per-second", strconv.Itoa(hz), "-output-dir", out, "-reporter-interval", "1s")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	start := time.Now()
+	check(cmd.Start())
+	atExit(func() { cmd.Process.Kill() })
+	var r startupResult
+	for r.firstExport == 0 && time.Since(start) < time.Minute {
+		if files, _ := filepath.Glob(filepath.Join(out, "profile-*.pb.gz")); len(files) > 0 {
+			r.firstExport = time.Since(start)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(time.Until(start.Add(startupSeconds * time.Second)))
+	check(cmd.Process.Signal(syscall.SIGTERM))
+	err = cmd.Wait()
+	b, _ := os.ReadFile(logPath)
+	if keep := os.Getenv("BENCH_KEEP_LOG"); keep != "" {
+		os.WriteFile(keep, b, 0o644)
+	}
+	log := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if err != nil {
+		fatalf("daemon: %v\n%s", err, strings.Join(log, "\n"))
+	}
+	r.tracesLost = field(log, "bpf_traces_lost")
+	r.eventsLost = field(log, "bpf_process_events_lost")
+	r.mappingsDropped = field(log, "delta_mappings_dropped")
+
+	busy := map[int64]bool{}
+	for _, p := range pids {
+		busy[int64(p)] = true
+	}
+	complete := make([]float64, startupSeconds)
+	total := make([]float64, startupSeconds)
+	roots := map[string]int64{}
+	files, err := filepath.Glob(filepath.Join(out, "profile-*.pb.gz"))
+	check(err)
+	for _, path := range files {
+		f, err := os.Open(path)
+		check(err)
+		p, err := profile.Parse(f)
+		f.Close()
+		if err != nil {
+			fatalf("%s: %v", path, err)
+		}
+		// The interval's samples are put at the second it ended in.
+		sec := int(time.Unix(0, p.TimeNanos+p.DurationNanos).Sub(start) / time.Second)
+		if sec < 0 || sec >= startupSeconds {
+			continue
+		}
+		for _, smp := range p.Sample {
+			if pid := smp.NumLabel["pid"]; len(pid) == 0 || !busy[pid[0]] {
+				continue
+			}
+			n := float64(smp.Value[0])
+			total[sec] += n
+			root := outermost(smp)
+			if slices.Contains(threadRoots, root) {
+				complete[sec] += n
+			} else {
+				roots[root] += smp.Value[0]
+			}
+		}
+	}
+	r.curve = make([]float64, startupSeconds)
+	r.accurateAt = -1
+	for s := range startupSeconds {
+		r.curve[s] = -1
+		if total[s] > 0 {
+			r.curve[s] = complete[s] / total[s]
+		}
+	}
+	// The first second from which every later second is >= 90% complete.
+	for s := startupSeconds - 1; s >= 0 && (r.curve[s] < 0 || r.curve[s] >= 0.9); s-- {
+		r.accurateAt = time.Duration(s) * time.Second
+	}
+	type rc struct {
+		name string
+		n    int64
+	}
+	var rs []rc
+	for k, v := range roots {
+		rs = append(rs, rc{k, v})
+	}
+	slices.SortFunc(rs, func(a, b rc) int { return int(b.n - a.n) })
+	var parts []string
+	for i, x := range rs {
+		if i == 6 {
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s=%d", cmp.Or(x.name, "?"), x.n))
+	}
+	r.roots = strings.Join(parts, " ")
+	return r
+}
+
+// outermost is the name of a sample's outermost function, "" when its
+// frame has no name.
+func outermost(smp *profile.Sample) string {
+	if len(smp.Location) == 0 {
+		return ""
+	}
+	loc := smp.Location[len(smp.Location)-1]
+	if len(loc.Line) == 0 || loc.Line[len(loc.Line)-1].Function == nil {
+		return ""
+	}
+	return loc.Line[len(loc.Line)-1].Function.Name
+}
