@@ -28,8 +28,9 @@ var startupMix = []struct {
 	n    int
 }{{"c", 4}, {"go", 2}, {"python", 4}, {"java", 4}, {"node", 4}}
 
-// threadRoots are the functions a thread's stack ends in.
-var threadRoots = []string{"_start", "start_thread", "__clone", "__clone3", "runtime.goexit.abi0", "runtime.mstart", "runtime.rt0_go.abi0"}
+// threadRoots are the functions a thread's stack ends in (Go's named with
+// or without their ABI suffix).
+var threadRoots = []string{"_start", "start_thread", "__clone", "__clone3", "runtime.goexit", "runtime.mstart", "runtime.rt0_go"}
 
 // startupSeconds is how long after the daemon's exec the curve goes.
 const startupSeconds = 25
@@ -108,8 +109,8 @@ func median(v []float64) float64 {
 type startupResult struct {
 	// curve is the complete share per second since exec, -1 where the
 	// second has no sample.
-	curve                                  []float64
-	firstExport, accurateAt                time.Duration
+	curve                                   []float64
+	firstExport, accurateAt                 time.Duration
 	tracesLost, eventsLost, mappingsDropped float64
 	// roots of the incomplete stacks, most frequent first.
 	roots string
@@ -179,7 +180,7 @@ func startupRun(bin string, hz int, pids []int) startupResult {
 			n := float64(smp.Value[0])
 			total[sec] += n
 			root := outermost(smp)
-			if slices.Contains(threadRoots, root) {
+			if slices.Contains(threadRoots, strings.TrimSuffix(root, ".abi0")) {
 				complete[sec] += n
 			} else {
 				roots[root] += smp.Value[0]
