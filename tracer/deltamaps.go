@@ -44,8 +44,8 @@ func (t *Tracer) SetStackDeltas(first uint32, deltas []support.StackDelta) error
 	if first%perSlot != 0 {
 		return fmt.Errorf("stack deltas at %d do not start a slot of %d", first, perSlot)
 	}
-	if t.deltaMem != nil {
-		return writeDeltas(t.deltaMem, first, deltas)
+	if t.deltasMappable {
+		return writeDeltas(t.coll.Maps["stack_deltas"], first, deltas)
 	}
 	slots := make([]support.DeltaSlot, (uint32(len(deltas))+perSlot-1)/perSlot)
 	keys := make([]uint32, len(slots))
@@ -67,33 +67,34 @@ func (t *Tracer) SetStackDeltas(first uint32, deltas []support.StackDelta) error
 	return nil
 }
 
-// mapMemory maps an array created with BPF_F_MMAPABLE into memory, read
-// and write; Close unmaps it. (cilium/ebpf's Map.Memory unmaps only when
-// the garbage collector finds it unused, which would keep a closed
-// tracer's pool alive.)
-func mapMemory(m *ebpf.Map) ([]byte, error) {
-	if m.Flags()&unix.BPF_F_MMAPABLE == 0 {
-		return nil, errors.New("not created mappable")
-	}
-	page := uint64(os.Getpagesize())
-	size := (uint64(m.MaxEntries())*uint64((m.ValueSize()+7)&^7) + page - 1) &^ (page - 1)
-	return unix.Mmap(m.FD(), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-}
-
-// writeDeltas writes deltas to the mapped pool from delta index first on,
-// as struct stack_delta: elements hold DELTAS_PER_SLOT of them, unpadded.
-func writeDeltas(mem []byte, first uint32, deltas []support.StackDelta) error {
+// writeDeltas writes deltas to the pool from delta index first on, as
+// struct stack_delta (elements hold DELTAS_PER_SLOT of them, unpadded),
+// through a mapping of the pages they span. The mapping is undone at once:
+// pages it touched would count in the daemon's RSS for as long as it
+// stayed, though they are the map's kernel memory either way.
+func writeDeltas(pool *ebpf.Map, first uint32, deltas []support.StackDelta) error {
 	const size = 4
-	off := uint64(first) * size
-	if off+uint64(len(deltas))*size > uint64(len(mem)) {
+	page := uint64(os.Getpagesize())
+	poolBytes := uint64(pool.MaxEntries()) * uint64((pool.ValueSize()+7)&^7)
+	off, end := uint64(first)*size, (uint64(first)+uint64(len(deltas)))*size
+	if end > poolBytes {
 		return fmt.Errorf("%d stack deltas at %d lie outside the pool", len(deltas), first)
 	}
+	if len(deltas) == 0 {
+		return nil
+	}
+	start := off &^ (page - 1)
+	mem, err := unix.Mmap(pool.FD(), int64(start), int((end-start+page-1)&^(page-1)),
+		unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("mapping the stack delta pool: %w", err)
+	}
 	for i, d := range deltas {
-		b := mem[off+uint64(i)*size:]
+		b := mem[off-start+uint64(i)*size:]
 		binary.NativeEndian.PutUint16(b, d.AddrLow)
 		binary.NativeEndian.PutUint16(b[2:], d.Rule)
 	}
-	return nil
+	return unix.Munmap(mem)
 }
 
 // SetDeltaPage writes the location of a page's deltas.

@@ -99,13 +99,12 @@ func TestMapScaleFactorLoads(t *testing.T) {
 		t.Error("deltas written past the end of the pool")
 	}
 	// Where the pool is not mapped into memory, deltas are map updates.
-	if scaled.deltaMem == nil {
-		t.Fatal("the stack delta pool is not mapped into memory")
+	if !scaled.deltasMappable {
+		t.Fatal("the stack delta pool cannot be mapped into memory")
 	}
-	mem := scaled.deltaMem
-	scaled.deltaMem = nil
+	scaled.deltasMappable = false
 	err := scaled.SetStackDeltas(0, deltas[:2])
-	scaled.deltaMem = mem
+	scaled.deltasMappable = true
 	var first support.DeltaSlot
 	if err != nil || scaled.coll.Maps["stack_deltas"].Lookup(uint32(0), &first) != nil ||
 		first != (support.DeltaSlot{deltas[0], deltas[1]}) {

@@ -78,10 +78,10 @@ type Tracer struct {
 	runtimes map[interpreter.ID]*interpreter.Runtime
 	// malformed counts ring buffer records that did not decode.
 	malformed atomic.Uint64
-	// deltaMem is the stack delta pool mapped into memory, nil where
-	// the kernel would not map it (deltas are then written as map
-	// updates).
-	deltaMem []byte
+	// deltasMappable says the stack delta pool can be mapped into
+	// memory: a file's deltas are written through a mapping of their
+	// span, not as map updates.
+	deltasMappable bool
 }
 
 // New checks privileges and kernel features, then loads and verifies the
@@ -167,9 +167,7 @@ func New(cfg Config) (*Tracer, error) {
 	}
 	t := &Tracer{cfg: cfg, shared: shared, coll: coll, cpus: cpus, runtimes: runtimes}
 	t.mapWatch, t.mapWatchErr = loadMapWatch(spec, mapWatchSpec, coll)
-	if t.deltaMem, err = mapMemory(coll.Maps["stack_deltas"]); err != nil {
-		log.Debugf("Stack delta pool not mapped into memory, written as map updates: %v", err)
-	}
+	t.deltasMappable = coll.Maps["stack_deltas"].Flags()&unix.BPF_F_MMAPABLE != 0
 	if cfg.BPFLogLevel != 0 {
 		for name, p := range coll.Programs {
 			log.Debugf("Verifier log of %s:\n%s", name, p.VerifierLog)
@@ -491,10 +489,6 @@ func (t *Tracer) Close() error {
 	}
 	if t.wake != nil {
 		t.wake.close()
-	}
-	if t.deltaMem != nil {
-		_ = unix.Munmap(t.deltaMem)
-		t.deltaMem = nil
 	}
 	if t.coll != nil {
 		t.coll.Close()

@@ -37,7 +37,8 @@ func main() {
 	rates := flag.String("rates", "", "sampling rates to measure under -load (default: the scenario table)")
 	runs := flag.Int("runs", 3, "runs per rate; the table shows each figure's median")
 	load := flag.String("load", "shell", "what keeps the CPUs busy: shell loops, c (utils/workloads/fpchain.c, -O2), "+
-		"python (utils/workloads/python/pyworkload.py chain under python3), java (utils/workloads/java "+
+		"python (utils/workloads/python/pyworkload.py chain under python3), manymaps (utils/workloads/manymaps.c: "+
+		"30,000 file mappings, 15,000 executable), java (utils/workloads/java "+
 		"JWorkload chain under JDK 17), node (utils/workloads/node/v8work.js chain under Node 20), apm (utils/testagent's app: "+
 		"two threads per process, 80% of the time in APM transactions) or apm-off (the same with the agent "+
 		"library renamed, so that it is not correlated)")
@@ -368,6 +369,16 @@ func busyProcesses(kind string, n int) (stop func(), pids []int) {
 		out, err := exec.Command("go", "build", "-o", bin, "./utils/workloads/gochain").CombinedOutput()
 		if err != nil {
 			fatalf("building the Go load (run from the repository root): %v\n%s", err, out)
+		}
+		argv = []string{bin, "1000000"}
+	case "manymaps":
+		dir, err := os.MkdirTemp("", "bench-manymaps")
+		check(err)
+		atExit(func() { os.RemoveAll(dir) })
+		bin := filepath.Join(dir, "manymaps")
+		out, err := exec.Command("gcc", "-O2", "-o", bin, "utils/workloads/manymaps.c").CombinedOutput()
+		if err != nil {
+			fatalf("building the huge mapping table load (run from the repository root): %v\n%s", err, out)
 		}
 		argv = []string{bin, "1000000"}
 	case "python":
