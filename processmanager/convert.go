@@ -178,6 +178,11 @@ func (m *Manager) appendUserFrames(frames []libpf.Frame, p *process, raw []suppo
 			}
 		} else if mp = p.findMapping(addr); mp != nil && mp.pf != nil {
 			f.Address = addr - mp.pf.Bias
+			if m.unwind != nil && !mp.attached && m.live(p) {
+				// Sampled in a mapping not handed to the unwinder
+				// (MaxEagerMappings, a full queue): now it is.
+				m.attachMapping(p.pid, mp)
+			}
 		}
 		switch {
 		case mp == nil:

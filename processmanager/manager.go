@@ -161,6 +161,10 @@ type process struct {
 	vanished time.Time
 	// mappings are the executable mappings, sorted by start address.
 	mappings []*mapping
+	// byFile indexes mappings by their file's 64-bit id (the first
+	// mapping of each file); nil until findFile needs it, and again
+	// whenever mappings change.
+	byFile map[uint64]*mapping
 	// runtimes are the language runtimes the process runs.
 	runtimes []*runtimeState
 	// apm is set when the process has an APM agent.
@@ -188,6 +192,8 @@ type mapping struct {
 	// pf is the mapping frames point to, shared by all of them so the
 	// reporter can dedupe by pointer; nil for anonymous memory.
 	pf *libpf.Mapping
+	// attached says it was handed to the unwinder's maps.
+	attached bool
 }
 
 // New returns a Manager. It reads the kernel's symbols and build id once;
@@ -321,6 +327,35 @@ func (m *Manager) RefreshMappings(pid libpf.PID) {
 	}
 }
 
+// UnknownPC handles BPF's report that pc of pid lies in no mapping it has
+// loaded. A pc in a mapping the manager knows needs no read of the
+// process's maps: the mapping is handed to the unwinder if it was not (a
+// process over MaxEagerMappings, a full queue), or is on its way. Else the
+// maps are read as RefreshMappings does.
+func (m *Manager) UnknownPC(pid libpf.PID, pc uint64) {
+	if pc != 0 && m.attachKnown(uint32(pid), pc) {
+		return
+	}
+	m.RefreshMappings(pid)
+}
+
+// attachKnown hands the mapping of pc to the unwinder and reports true if
+// pid's state knows one with a file.
+func (m *Manager) attachKnown(pid uint32, pc uint64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p, ok := m.procs[pid]
+	if !ok || !p.mapsRead || !m.live(p) || m.unwind == nil {
+		return false
+	}
+	mp := p.findMapping(pc)
+	if mp == nil || mp.pf == nil {
+		return false
+	}
+	m.attachMapping(pid, mp)
+	return true
+}
+
 // Tracks reports whether the manager holds state for pid.
 func (m *Manager) Tracks(pid libpf.PID) bool {
 	m.mu.Lock()
@@ -408,7 +443,7 @@ func (m *Manager) sampled(raw *support.Trace) (*process, uint64) {
 		if len(raw.Frames) > 0 {
 			m.ensureMaps(p)
 		}
-	} else if now := m.now(); now.Sub(p.lastCheck) >= m.checkInterval {
+	} else if now := m.now(); now.Sub(p.lastCheck) >= m.checkIntervalOf(p) {
 		p.lastCheck = now
 		m.checkProcess(p)
 	}
@@ -440,6 +475,19 @@ func (m *Manager) checkProcess(p *process) {
 		m.recheckAPMAgent(p)
 	}
 }
+
+// checkIntervalOf is how often a sampled process is checked: its maps are
+// read each time, so a process with a huge mapping table is checked less
+// often, in proportion (at most every maxCheckInterval).
+func (m *Manager) checkIntervalOf(p *process) time.Duration {
+	if n := len(p.mappings); n > MaxEagerMappings {
+		return min(m.checkInterval*time.Duration(n/MaxEagerMappings+1), max(maxCheckInterval, m.checkInterval))
+	}
+	return m.checkInterval
+}
+
+// maxCheckInterval bounds checkIntervalOf.
+const maxCheckInterval = time.Minute
 
 func (m *Manager) newGeneration() uint64 {
 	g := m.nextGen
@@ -640,6 +688,9 @@ func (m *Manager) loadMaps(p *process) (changed bool, err error) {
 	old := p.mappings
 	fresh := make([]*mapping, 0, len(entries))
 	changed = len(old) != len(entries)
+	// One open per file, however often it is mapped: a process may map
+	// one file thousands of times.
+	files := map[[2]uint64]*fileInfo{}
 	j := 0
 	for i := range entries {
 		e := &entries[i]
@@ -651,7 +702,7 @@ func (m *Manager) loadMaps(p *process) (changed bool, err error) {
 			continue
 		}
 		changed = true
-		mp, err := m.newMapping(p.pid, e)
+		mp, err := m.newMapping(p.pid, e, files)
 		if err != nil {
 			return false, err
 		}
@@ -660,13 +711,21 @@ func (m *Manager) loadMaps(p *process) (changed bool, err error) {
 	if m.unwind != nil && changed {
 		m.syncUnwind(p.pid, old, fresh)
 	}
-	p.mappings = fresh
+	p.mappings, p.byFile = fresh, nil
 	if changed {
 		m.findRuntimes(p)
 		m.findAPMAgent(p)
 	}
 	return changed, nil
 }
+
+// MaxEagerMappings bounds the executable mappings of one process
+// that are handed to the unwinder's maps when its maps are read. Beyond it
+// (a JVM or a browser with thousands of libraries, or a hostile process
+// mapping one file 15,000 times), a mapping is handed over when a sample
+// or an unknown-PC report first falls in it: the work follows the code
+// that runs, not the size of the mapping table.
+const MaxEagerMappings = 1024
 
 // syncUnwind tells the unwinder maps which mappings went and came.
 func (m *Manager) syncUnwind(pid uint32, old, fresh []*mapping) {
@@ -675,7 +734,7 @@ func (m *Manager) syncUnwind(pid uint32, old, fresh []*mapping) {
 		kept[mp] = true
 	}
 	for _, mp := range old {
-		if !kept[mp] {
+		if !kept[mp] && mp.attached {
 			m.unwind.detach(pid, mp)
 		}
 	}
@@ -683,22 +742,41 @@ func (m *Manager) syncUnwind(pid uint32, old, fresh []*mapping) {
 	for _, mp := range old {
 		was[mp] = true
 	}
+	lazy := len(fresh) > MaxEagerMappings
 	for _, mp := range fresh {
-		if !was[mp] {
-			m.unwind.attach(pid, mp, m.procFS)
+		switch {
+		case was[mp]:
+		case lazy:
+			m.counters.mappingsDeferred++
+		default:
+			m.attachMapping(pid, mp)
 		}
+	}
+}
+
+// attachMapping hands a mapping to the unwinder's maps, unless it has no
+// file to unwind with or the queue is full (counted; the next sample in it
+// tries again).
+func (m *Manager) attachMapping(pid uint32, mp *mapping) {
+	if !mp.attached && m.unwind.attach(pid, mp, m.procFS) {
+		mp.attached = true
 	}
 }
 
 // newMapping builds the state of one mapping, reading its file through the
 // file cache. Only a process exit is an error: a file that cannot be read
 // still gives a mapping, just without a file id.
-func (m *Manager) newMapping(pid uint32, e *mapsEntry) (*mapping, error) {
+func (m *Manager) newMapping(pid uint32, e *mapsEntry, read map[[2]uint64]*fileInfo) (*mapping, error) {
 	mp := &mapping{entry: *e}
 	var err error
 	switch {
+	case e.isFile() && read[[2]uint64{e.dev, e.inode}] != nil:
+		mp.file = read[[2]uint64{e.dev, e.inode}]
 	case e.isFile():
 		mp.file, err = m.files.fileForMapping(m.procFS, pid, e)
+		if mp.file != nil && read != nil {
+			read[[2]uint64{e.dev, e.inode}] = mp.file
+		}
 	case e.isVDSO():
 		mp.file, err = m.files.vdsoForMapping(m.procFS, pid, e)
 	default:
@@ -748,10 +826,15 @@ func (p *process) findMapping(addr uint64) *mapping {
 // findFile returns the mapping of the file whose 64-bit truncated id BPF
 // reported.
 func (p *process) findFile(low64 uint64) *mapping {
-	for _, mp := range p.mappings {
-		if mp.file != nil && mp.file.id.Low64() == low64 {
-			return mp
+	if p.byFile == nil {
+		p.byFile = map[uint64]*mapping{}
+		for _, mp := range p.mappings {
+			if mp.file != nil {
+				if _, ok := p.byFile[mp.file.id.Low64()]; !ok {
+					p.byFile[mp.file.id.Low64()] = mp
+				}
+			}
 		}
 	}
-	return nil
+	return p.byFile[low64]
 }

@@ -100,7 +100,7 @@ func (m *Manager) ExecMapped(pid libpf.PID, em support.ExecMapping) {
 	}); found && p.mappings[i].entry.sameAs(&e) {
 		return // known from a maps read since
 	}
-	mp, err := m.newMapping(p.pid, &e)
+	mp, err := m.newMapping(p.pid, &e, nil)
 	if err != nil {
 		m.procError(p.pid, err)
 		return
@@ -117,7 +117,7 @@ func (m *Manager) ExecMapped(pid libpf.PID, em support.ExecMapping) {
 	if m.unwind != nil {
 		m.syncUnwind(p.pid, old, fresh)
 	}
-	p.mappings = fresh
+	p.mappings, p.byFile = fresh, nil
 	m.findRuntimes(p)
 	m.findAPMAgent(p)
 	// Cached conversions may have left addresses of it unmapped.

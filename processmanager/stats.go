@@ -98,6 +98,10 @@ type Stats struct {
 	DeltaLoadErrors uint64
 	// DeltaMappingsDropped counts mappings not queued: the queue was full.
 	DeltaMappingsDropped uint64
+	// DeltaMappingsDeferred counts mappings of processes with more than
+	// MaxEagerMappings executable mappings that were not handed to the
+	// unwinder when read, but only if a sample falls in them.
+	DeltaMappingsDeferred uint64
 	// DeltasResident is what the maps hold now.
 	DeltasResident DeltaResidency
 	// UnwindQueue is how many mapping changes wait for the delta loader.
@@ -126,6 +130,7 @@ type counters struct {
 	processChecks      uint64
 	staleExecs         uint64
 	execsDeferred      uint64
+	mappingsDeferred   uint64
 	native             NativeFrameCounts
 }
 
@@ -135,35 +140,36 @@ func (m *Manager) Stats() Stats {
 	defer m.mu.Unlock()
 	c := &m.counters
 	st := Stats{
-		TracesConverted:    c.tracesConverted,
-		TruncatedTraces:    c.truncatedTraces,
-		UnmappedFrames:     c.unmappedFrames,
-		ProcessesTracked:   len(m.procs),
-		ProcessesSeen:      c.processesSeen,
-		ProcessesExited:    c.processesExited,
-		ProcessesVanished:  c.processesVanished,
-		ProcessReadErrors:  c.procErrors,
-		MapsReads:          c.mapsReads,
-		MapsRereadsLimited: c.mapsRereadsLimited,
-		MappingsAdded:      c.mappingsAdded,
-		InterpreterErrors:  c.interpreterErrors + m.files.runtimeErrors,
-		RuntimeAttached:    maps.Clone(c.runtimeAttached),
-		RuntimeFrameErrors: c.runtimeFrameErrors,
-		RuntimeRefusals:    maps.Clone(c.runtimeRefusals),
-		RuntimeProcesses:   map[string]int{},
-		APMAgents:          c.apmAgents,
-		APMErrors:          c.apmErrors,
-		ProcessChecks:      c.processChecks,
-		DemangleFailures:   m.demangler.failures,
-		StaleExecs:         c.staleExecs,
-		ExecsDeferred:      c.execsDeferred,
-		Native:             c.native,
-		FileCacheSize:      m.files.lru.Len(),
-		FileCacheHits:      m.files.hits,
-		FileCacheMisses:    m.files.misses,
-		FileErrors:         c.fileErrors,
-		ELFErrors:          m.files.elfErrors,
-		KernelSymbols:      len(m.kernel.syms.syms),
+		TracesConverted:       c.tracesConverted,
+		TruncatedTraces:       c.truncatedTraces,
+		UnmappedFrames:        c.unmappedFrames,
+		ProcessesTracked:      len(m.procs),
+		ProcessesSeen:         c.processesSeen,
+		ProcessesExited:       c.processesExited,
+		ProcessesVanished:     c.processesVanished,
+		ProcessReadErrors:     c.procErrors,
+		MapsReads:             c.mapsReads,
+		MapsRereadsLimited:    c.mapsRereadsLimited,
+		MappingsAdded:         c.mappingsAdded,
+		InterpreterErrors:     c.interpreterErrors + m.files.runtimeErrors,
+		RuntimeAttached:       maps.Clone(c.runtimeAttached),
+		RuntimeFrameErrors:    c.runtimeFrameErrors,
+		RuntimeRefusals:       maps.Clone(c.runtimeRefusals),
+		RuntimeProcesses:      map[string]int{},
+		APMAgents:             c.apmAgents,
+		APMErrors:             c.apmErrors,
+		ProcessChecks:         c.processChecks,
+		DemangleFailures:      m.demangler.failures,
+		StaleExecs:            c.staleExecs,
+		ExecsDeferred:         c.execsDeferred,
+		DeltaMappingsDeferred: c.mappingsDeferred,
+		Native:                c.native,
+		FileCacheSize:         m.files.lru.Len(),
+		FileCacheHits:         m.files.hits,
+		FileCacheMisses:       m.files.misses,
+		FileErrors:            c.fileErrors,
+		ELFErrors:             m.files.elfErrors,
+		KernelSymbols:         len(m.kernel.syms.syms),
 	}
 	if l := m.lines; l != nil {
 		l.mu.Lock()

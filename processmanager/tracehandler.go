@@ -164,7 +164,7 @@ func (h *Handler) ExecMapped(pid libpf.PID, m support.ExecMapping) { h.m.ExecMap
 
 // UnknownPC reads the mappings of a process BPF found a PC of outside every
 // mapping it knows: a new process, or new code.
-func (h *Handler) UnknownPC(pid libpf.PID) { h.m.RefreshMappings(pid) }
+func (h *Handler) UnknownPC(pid libpf.PID, pc uint64) { h.m.UnknownPC(pid, pc) }
 
 // Stats returns the Handler's and the Manager's counters.
 func (h *Handler) Stats() Stats {

@@ -152,15 +152,16 @@ func newUnwindSync(u Unwinding, log logrus.FieldLogger) *unwindSync {
 	return s
 }
 
-// attach queues a mapping; when the queue is full it is dropped and its
-// frames unwind with frame pointers.
-func (s *unwindSync) attach(pid uint32, mp *mapping, procFS string) {
+// attach queues a mapping and reports whether it did: not for a mapping
+// without a file to unwind with, nor when the queue is full (counted; its
+// frames unwind with frame pointers until it is attached).
+func (s *unwindSync) attach(pid uint32, mp *mapping, procFS string) bool {
 	if mp.pf == nil || mp.pf.FileID.IsZero() || mp.file == nil || mp.file.elf == nil {
-		return
+		return false
 	}
 	if s.pending.Load() >= maxPendingAttaches/2 {
 		s.dropped.Add(1)
-		return
+		return false
 	}
 	e := mp.entry
 	j := unwindJob{
@@ -190,6 +191,7 @@ func (s *unwindSync) attach(pid uint32, mp *mapping, procFS string) {
 		}
 	}
 	s.send(j)
+	return true
 }
 
 // addRegion queues the claim of a runtime's region of anonymous code

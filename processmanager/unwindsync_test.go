@@ -198,3 +198,48 @@ func TestExecOfKnownProgramReadAtFirstSample(t *testing.T) {
 		t.Error("exec not read at once without ReadAtFirstSample")
 	}
 }
+
+// TestHugeMappingTable: a process with more executable mappings than
+// MaxEagerMappings (one file mapped over and over) has its file opened
+// once and none of them handed to the unwinder when read; a sample in one
+// hands that one over, and an unknown-PC report in another hands it over
+// without reading the maps again.
+func TestHugeMappingTable(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	var mappings []fakeMapping
+	var pcs []uint64
+	for i := range MaxEagerMappings + 10 {
+		mp, pc := lib.mapAt(0x7f0000000000 + uint64(i)*0x10000)
+		mappings = append(mappings, mp)
+		pcs = append(pcs, pc)
+	}
+	fs.setProcess(100, 1, "/bin/app", mappings...)
+	maps := newFakeDeltaMaps()
+	m := newUnwindingManager(t, fs, maps, nil)
+
+	if _, _, err := m.ConvertTrace(&support.Trace{PID: 100, Frames: []support.Frame{{Addr: pcs[7]}}}); err != nil {
+		t.Fatal(err)
+	}
+	m.unwind.wait()
+	s := m.Stats()
+	if s.DeltaMappingsDeferred != uint64(len(mappings)) || s.FileCacheMisses != 1 {
+		t.Errorf("deferred %d mappings (want %d), file cache misses %d (want 1)",
+			s.DeltaMappingsDeferred, len(mappings), s.FileCacheMisses)
+	}
+	if got := s.DeltasResident.Mappings; got != 1 {
+		t.Errorf("%d mappings in the trie after a sample in one, want 1", got)
+	}
+	reads := s.MapsReads
+	m.UnknownPC(100, pcs[3])
+	m.unwind.wait()
+	if s := m.Stats(); s.DeltasResident.Mappings != 2 || s.MapsReads != reads {
+		t.Errorf("after an unknown PC in a known mapping: %d in the trie (want 2), %d maps reads (want none)",
+			s.DeltasResident.Mappings, s.MapsReads-reads)
+	}
+	// A PC outside every mapping reads the maps again.
+	m.UnknownPC(100, 0x1000)
+	if s := m.Stats(); s.MapsReads == reads && s.MapsRereadsLimited == 0 {
+		t.Error("an unknown PC outside every mapping neither read the maps nor was rate limited")
+	}
+}

@@ -56,6 +56,8 @@ type traceLayout struct {
 	eventTrace, eventProcessExit, eventProcessExec, eventUnknownPC                   uint32
 	processEventPID                                                                  int
 	eventExecMapped                                                                  uint32
+	// processEventAddr is struct process_event's addr.
+	processEventAddr int
 	// execEvent are struct exec_event's offsets and size.
 	execEvent     map[string]int
 	execEventSize int
@@ -236,6 +238,10 @@ func (l *traceLayout) read(types *btf.Spec) error {
 		return err
 	}
 	l.processEventPID = pe["pid"]
+	if _, ok := pe["addr"]; !ok {
+		return errors.New("BPF struct process_event lacks addr")
+	}
+	l.processEventAddr = pe["addr"]
 	xe, xst, err := memberOffsets(types, "exec_event")
 	if err != nil {
 		return err
@@ -319,6 +325,9 @@ type Event struct {
 	// Program is, for EventProcessExec, the file the process now runs
 	// (zero if BPF could not read it).
 	Program FileKey
+	// Addr is, for EventUnknownPC, the PC (0: a runtime's code ran where
+	// it was not described to BPF).
+	Addr uint64
 }
 
 // ErrMalformedEvent is returned for records that do not decode.
@@ -338,7 +347,11 @@ func (s *Shared) DecodeEvent(raw []byte, trace *Trace) (Event, error) {
 	case l.eventProcessExec:
 		return s.decodeExec(raw)
 	case l.eventUnknownPC:
-		return Event{Kind: EventUnknownPC, PID: libpf.PID(le.Uint32(raw[l.processEventPID:]))}, nil
+		if len(raw) < l.processEventAddr+8 {
+			return Event{}, fmt.Errorf("%w: unknown-PC event of %d bytes", ErrMalformedEvent, len(raw))
+		}
+		return Event{Kind: EventUnknownPC, PID: libpf.PID(le.Uint32(raw[l.processEventPID:])),
+			Addr: le.Uint64(raw[l.processEventAddr:])}, nil
 	case l.eventExecMapped:
 		return s.decodeExecMapped(raw)
 	case l.eventTrace:

@@ -130,15 +130,17 @@ func TestDecodeEvent(t *testing.T) {
 		t.Errorf("APM context decoded wrong: %+v, %v", ev.Trace.APM, err)
 	}
 
-	exit := make([]byte, 8)
+	exit := make([]byte, s.trace.processEventAddr+8)
 	binary.LittleEndian.PutUint32(exit, s.trace.eventProcessExit)
 	binary.LittleEndian.PutUint32(exit[4:], 77)
+	binary.LittleEndian.PutUint64(exit[s.trace.processEventAddr:], 0x7f0000001234)
 	for typ, kind := range map[uint32]EventKind{
 		s.trace.eventProcessExit: EventProcessExit,
 		s.trace.eventUnknownPC:   EventUnknownPC,
 	} {
 		binary.LittleEndian.PutUint32(exit, typ)
-		if ev, err := s.DecodeEvent(exit, &tr); err != nil || ev.PID != 77 || ev.Kind != kind || ev.Trace != nil {
+		if ev, err := s.DecodeEvent(exit, &tr); err != nil || ev.PID != 77 || ev.Kind != kind || ev.Trace != nil ||
+			(kind == EventUnknownPC) != (ev.Addr == 0x7f0000001234) {
 			t.Errorf("process event of type %d: %+v, %v", typ, ev, err)
 		}
 	}
@@ -169,9 +171,14 @@ func TestDecodeEvent(t *testing.T) {
 	}
 
 	for name, bad := range map[string][]byte{
-		"short":        raw[:4],
-		"cut mapping":  mapped[:len(mapped)-1],
-		"cut exec":     exec[:len(exec)-1],
+		"short":       raw[:4],
+		"cut mapping": mapped[:len(mapped)-1],
+		"cut exec":    exec[:len(exec)-1],
+		"cut unknown PC": func() []byte {
+			b := bytes.Clone(exit[:len(exit)-1])
+			binary.LittleEndian.PutUint32(b, s.trace.eventUnknownPC)
+			return b
+		}(),
 		"unknown type": {9, 0, 0, 0, 0, 0, 0, 0},
 		"cut header":   raw[:s.trace.frames-1],
 		"cut frames":   raw[:len(raw)-1],

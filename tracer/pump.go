@@ -25,8 +25,9 @@ type Handler interface {
 	// ProcessExeced says pid replaced its image: all its mappings changed.
 	// program is the file it now runs (zero if BPF could not read it).
 	ProcessExeced(pid libpf.PID, program support.FileKey)
-	// UnknownPC says a PC of pid was in no mapping loaded into BPF.
-	UnknownPC(pid libpf.PID)
+	// UnknownPC says pc of pid was in no mapping loaded into BPF (pc 0: a
+	// runtime's code ran where it was not described to BPF).
+	UnknownPC(pid libpf.PID, pc uint64)
 	// ExecMapped says pid mapped a file executable.
 	ExecMapped(pid libpf.PID, m support.ExecMapping)
 }
@@ -112,7 +113,7 @@ func (t *Tracer) dispatch(raw []byte, trace *support.Trace, h Handler) (early bo
 	case support.EventProcessExit:
 		h.ProcessExited(ev.PID)
 	case support.EventUnknownPC:
-		h.UnknownPC(ev.PID)
+		h.UnknownPC(ev.PID, ev.Addr)
 	case support.EventExecMapped:
 		h.ExecMapped(ev.PID, ev.Mapping)
 	}

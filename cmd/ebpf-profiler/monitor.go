@@ -169,13 +169,19 @@ func statusFields(prev, cur snapshot, fills []mapFill, sampling string) log.Fiel
 			"correlation_samples": d(prev.corr.SamplesDropped, cur.corr.SamplesDropped),
 			"undecodable_events":  d(prev.malformed, cur.malformed),
 			"conversion_errors":   d(prev.handler.ConversionErrors, cur.handler.ConversionErrors),
-			"delta_mappings":      d(prev.handler.DeltaMappingsDropped, cur.handler.DeltaMappingsDropped),
+			"mappings_queue_full": d(prev.handler.DeltaMappingsDropped, cur.handler.DeltaMappingsDropped),
 		}),
 		"maps":    fillSummary(fills),
 		"rss_mib": rssMiB(),
 	}
 	if sampling != "" {
 		f["sampling"] = sampling
+	}
+	// Mappings of processes over the per-process bound, handed to the
+	// unwinder only when sampled: not lost, but worth knowing.
+	if n := d(prev.handler.DeltaMappingsDeferred, cur.handler.DeltaMappingsDeferred); n > 0 {
+		f["mappings_deferred"] = fmt.Sprintf("%d (processes over %d executable mappings: loaded when sampled)",
+			n, processmanager.MaxEagerMappings)
 	}
 	// Symbol names shown mangled because they did not demangle.
 	if n := d(prev.handler.DemangleFailures, cur.handler.DemangleFailures); n > 0 {

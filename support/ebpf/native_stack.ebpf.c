@@ -384,7 +384,7 @@ int unwind_native(struct bpf_perf_event_data *ctx)
     struct pid_mapping *m = find_mapping(t->pid, lookup_pc);
     if (!m) {
       increment_metric(METRIC_ERR_NO_MAPPING);
-      report_unknown_pc(t->pid);
+      report_unknown_pc(t->pid, lookup_pc);
       m = mapping_from_vma(ctx, r, lookup_pc);
     }
     u64 file_id = 0, addr = state->pc;

@@ -22,8 +22,8 @@ SEC("raw_tracepoint/sched_process_exit")
 int process_exit(void *ctx)
 {
   if (group_dead())
-    emit_process_event(EVENT_PROCESS_EXIT, bpf_get_current_pid_tgid() >> 32, METRIC_PROCESS_EXITS,
-                       0);
+    emit_process_event(EVENT_PROCESS_EXIT, bpf_get_current_pid_tgid() >> 32, 0,
+                       METRIC_PROCESS_EXITS, 0);
   return 0;
 }
 

@@ -226,9 +226,9 @@ static __always_inline long emit_event(void *data, u64 size, int urgent)
 }
 
 // Emits a process event; returns non-zero (counted) when the buffer is full.
-static __always_inline long emit_process_event(u32 type, u32 pid, u32 metric, int urgent)
+static __always_inline long emit_process_event(u32 type, u32 pid, u64 addr, u32 metric, int urgent)
 {
-  struct process_event ev = {.type = type, .pid = pid};
+  struct process_event ev = {.type = type, .pid = pid, .addr = addr};
   long err = emit_event(&ev, sizeof(ev), urgent);
   increment_metric(err ? METRIC_ERR_PROCESS_EVENT_DROPPED : metric);
   return err;
@@ -243,16 +243,17 @@ static __always_inline int tail_call_stop(void *ctx)
 }
 
 // Tells user space, at most once per unknown_pc_report_interval per
-// process and at once, that pid needs a look: a PC is in no mapping it
-// loaded (a new process, or new code, whose mappings it should read), or
-// a runtime's code runs where it has not described the runtime to BPF yet.
-static __always_inline void report_unknown_pc(u32 pid)
+// process and at once, that pid needs a look: pc is in no mapping it
+// loaded (a new process, or new code, whose mappings it should read, or a
+// mapping it has not loaded yet), or, pc 0, a runtime's code runs where it
+// has not described the runtime to BPF yet.
+static __always_inline void report_unknown_pc(u32 pid, u64 pc)
 {
   u64 now = bpf_ktime_get_ns();
   u64 *last = bpf_map_lookup_elem(&unknown_pc_reports, &pid);
   if (last && now - *last < unknown_pc_report_interval)
     return;
-  if (emit_process_event(EVENT_UNKNOWN_PC, pid, METRIC_UNKNOWN_PC_REPORTS, 1) == 0)
+  if (emit_process_event(EVENT_UNKNOWN_PC, pid, pc, METRIC_UNKNOWN_PC_REPORTS, 1) == 0)
     bpf_map_update_elem(&unknown_pc_reports, &pid, &now, BPF_ANY);
 }
 
@@ -339,7 +340,7 @@ static __always_inline void runtime_missing(struct unwind_state *state, u32 pid,
                                             u32 metric)
 {
   increment_runtime_metric(runtime, metric);
-  report_unknown_pc(pid);
+  report_unknown_pc(pid, 0);
   runtime_give_up(state, runtime);
 }
 

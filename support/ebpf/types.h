@@ -453,6 +453,8 @@ struct record {
 struct process_event {
   u32 type; // enum event_type
   u32 pid;
+  // EVENT_UNKNOWN_PC: the PC (0 when a runtime's code ran undescribed).
+  u64 addr;
 };
 
 // EVENT_PROCESS_EXEC: process pid now runs the program file (dev, ino), dev

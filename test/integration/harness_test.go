@@ -98,9 +98,9 @@ func (l *eventLog) ProcessExeced(pid libpf.PID, program support.FileKey) {
 	l.Handler.ProcessExeced(pid, program)
 }
 
-func (l *eventLog) UnknownPC(pid libpf.PID) {
+func (l *eventLog) UnknownPC(pid libpf.PID, pc uint64) {
 	l.record("unknown-pc", pid)
-	l.Handler.UnknownPC(pid)
+	l.Handler.UnknownPC(pid, pc)
 }
 
 // of returns the kinds of events for one pid, in order.

@@ -514,9 +514,9 @@ func (c *handlerClock) ProcessExeced(pid libpf.PID, program support.FileKey) {
 	c.next.ProcessExeced(pid, program)
 }
 
-func (c *handlerClock) UnknownPC(pid libpf.PID) {
+func (c *handlerClock) UnknownPC(pid libpf.PID, pc uint64) {
 	defer c.record("unknown-pc", pid, time.Now())
-	c.next.UnknownPC(pid)
+	c.next.UnknownPC(pid, pc)
 }
 
 func (c *handlerClock) ExecMapped(pid libpf.PID, m support.ExecMapping) {
