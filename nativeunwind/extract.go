@@ -43,6 +43,12 @@ func Extract(f *elf.File) (Deltas, error) {
 	return d, err
 }
 
+// ExtractVersion numbers what Extract makes of a file: bump it with any
+// change that makes Extract return other deltas for the same file, so that
+// deltas an older daemon cached on disk (processmanager.DeltaCache) are
+// extracted again.
+const ExtractVersion = 1
+
 // ExtractReader is Extract for an ELF file read from r.
 func ExtractReader(r io.ReaderAt) (Deltas, error) {
 	f, err := elf.NewFile(r)

@@ -104,6 +104,8 @@ type Stats struct {
 	DeltaMappingsDeferred uint64
 	// DeltasResident is what the maps hold now.
 	DeltasResident DeltaResidency
+	// DeltaCache is what the on-disk delta cache did (zero without one).
+	DeltaCache DeltaCacheStats
 	// UnwindQueue is how many mapping changes wait for the delta loader.
 	UnwindQueue int
 }
@@ -197,6 +199,7 @@ func (m *Manager) Stats() Stats {
 		st.DeltaLoadErrors = u.loadErrors.Load()
 		st.DeltaMappingsDropped = u.dropped.Load()
 		st.UnwindQueue = int(u.pending.Load())
+		st.DeltaCache = u.u.Cache.Stats()
 		if r := u.resident.Load(); r != nil {
 			st.DeltasResident = *r
 		}

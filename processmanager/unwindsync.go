@@ -9,6 +9,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/support"
 )
@@ -28,6 +29,8 @@ type Unwinding struct {
 	// APM, when set, receives where each process's APM agent keeps its
 	// threads' trace context.
 	APM APMMaps
+	// Cache, when set, keeps extracted deltas on disk by file id.
+	Cache *DeltaCache
 	// ReadAtFirstSample says BPF unwinds a process's samples before its
 	// mappings are read, as far as the program it runs and one library
 	// per sample go (tracer.Tracer.ResolvesUnread): a process that exec'd
@@ -112,8 +115,9 @@ type unwindJob struct {
 	known  support.KnownFile
 	hasKey bool
 	// open reads the mapped file; called only when its deltas are not
-	// loaded yet.
+	// loaded yet. id is the file's whole id, the cache's key.
 	open func() (mappedImage, error)
+	id   libpf.FileID
 	// runtimeCode are the eval loops of the runtimes in the file, whose
 	// deltas are marked for the runtimes' unwinders.
 	runtimeCode []runtimeCode
@@ -168,6 +172,7 @@ func (s *unwindSync) attach(pid uint32, mp *mapping, procFS string) bool {
 		pid:  pid,
 		m:    attachedMapping{start: e.start, end: e.end, bias: mp.pf.Bias, fileID: mp.pf.FileID.Low64()},
 		open: func() (mappedImage, error) { return openImage(procFS, pid, &e) },
+		id:   mp.pf.FileID,
 	}
 	if e.isFile() {
 		j.known, j.hasKey = mp.file.elf.knownFile()
@@ -294,15 +299,9 @@ func (s *unwindSync) add(j unwindJob) error {
 		s.remove(j.pid, j.m.start)
 	}
 	err := s.loader.acquire(j.m.fileID, func() (nativeunwind.Deltas, error) {
-		f, err := j.open()
+		d, err := s.extract(j)
 		if err != nil {
-			return nil, transientError{err}
-		}
-		defer f.Close()
-		d, err := s.u.Extract(f)
-		if err != nil {
-			s.extractErrors.Add(1)
-			return nil, fmt.Errorf("extracting stack deltas: %w", err)
+			return nil, err
 		}
 		s.filesLoaded.Add(1)
 		for _, c := range j.runtimeCode {
@@ -320,6 +319,26 @@ func (s *unwindSync) add(j unwindJob) error {
 		}
 	}
 	return s.addTrie(j.pid, j.m)
+}
+
+// extract returns a job's file's deltas: from the cache, or extracted from
+// the file (and cached).
+func (s *unwindSync) extract(j unwindJob) (nativeunwind.Deltas, error) {
+	if d, ok := s.u.Cache.load(j.id); ok {
+		return d, nil
+	}
+	f, err := j.open()
+	if err != nil {
+		return nil, transientError{err}
+	}
+	defer f.Close()
+	d, err := s.u.Extract(f)
+	if err != nil {
+		s.extractErrors.Add(1)
+		return nil, fmt.Errorf("extracting stack deltas: %w", err)
+	}
+	s.u.Cache.store(j.id, d)
+	return d, nil
 }
 
 // addTrie writes a mapping (or region) to the mapping trie.

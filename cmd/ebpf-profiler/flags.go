@@ -22,6 +22,9 @@ const defaultOutputDir = "/var/lib/ebpf-profiler/pprof"
 // defaultDebuginfodCache keeps debug files fetched from debuginfod.
 const defaultDebuginfodCache = "/var/cache/ebpf-profiler/debuginfod"
 
+// defaultDeltaCache keeps extracted stack deltas across restarts.
+const defaultDeltaCache = "/var/cache/ebpf-profiler/stack-deltas"
+
 // envPrefix names the environment variables that set flags:
 // -collection-agent is EBPF_PROFILER_COLLECTION_AGENT. The command line wins
 // over the environment.
@@ -54,13 +57,17 @@ type config struct {
 	// debuginfodURLs are the debuginfod servers; none turns fetching off.
 	debuginfodURLs  []string
 	debuginfodCache string
-	bpfLogLevel     uint
-	mapScaleFactor  uint
-	verbose         bool
-	version         bool
-	outputDir       string
-	maxOutputFiles  int
-	pprofAddr       string
+	// deltaCache is where extracted stack deltas are kept on disk, at
+	// most deltaCacheMiB; "" or 0 turns it off.
+	deltaCache     string
+	deltaCacheMiB  int
+	bpfLogLevel    uint
+	mapScaleFactor uint
+	verbose        bool
+	version        bool
+	outputDir      string
+	maxOutputFiles int
+	pprofAddr      string
 	// probabilisticThreshold is the percentage of probabilistic intervals
 	// that sample; 100 samples always.
 	probabilisticThreshold uint
@@ -112,6 +119,11 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 			"debug files of sampled native code that the host lacks, by build id. Off when empty.")
 	fs.StringVar(&c.debuginfodCache, "debuginfod-cache", defaultDebuginfodCache,
 		"Directory where files fetched from -debuginfod-urls are kept.")
+	fs.StringVar(&c.deltaCache, "delta-cache", defaultDeltaCache,
+		"Directory where extracted stack deltas are kept by file id, so that after a restart the deltas of large "+
+			"libraries are ready (\"\" disables). Files that do not check out are removed with a warning.")
+	fs.IntVar(&c.deltaCacheMiB, "delta-cache-mb", 256,
+		"MiB the stack delta cache may hold; least recently used files go first. 0 disables it.")
 	fs.UintVar(&c.bpfLogLevel, "bpf-log-level", 0, "BPF verifier log level (0-2); logs are printed with -v.")
 	fs.UintVar(&c.mapScaleFactor, "map-scale-factor", 0,
 		fmt.Sprintf("Scaling factor for eBPF map sizes (0-%d): every increase by 1 doubles the maps of stack deltas "+
@@ -183,6 +195,9 @@ func (c *config) validate() error {
 		if _, _, err := net.SplitHostPort(c.pprofAddr); err != nil {
 			errs = append(errs, fmt.Errorf("-pprof=%q: want host:port", c.pprofAddr))
 		}
+	}
+	if c.deltaCacheMiB < 0 {
+		errs = append(errs, fmt.Errorf("-delta-cache-mb=%d: want 0 or more", c.deltaCacheMiB))
 	}
 	if c.startupNice < -20 || c.startupNice > 0 {
 		errs = append(errs, fmt.Errorf("-startup-nice=%d: want -20 to 0", c.startupNice))

@@ -159,7 +159,7 @@ func profile(ctx context.Context, cfg *config) error {
 			return err
 		}
 	}
-	pm, err := processmanager.New(processmanager.Config{Unwinding: unwinding(tr), Correlator: corr, Runtimes: runtimes,
+	pm, err := processmanager.New(processmanager.Config{Unwinding: unwinding(tr, deltaCache(cfg)), Correlator: corr, Runtimes: runtimes,
 		Demangle: cfg.demangle, DebugDirs: cfg.debugDirs, DebugInfoBytes: debugInfoBytes(cfg.debugInfoMiB),
 		Debuginfod: dfd})
 	if err != nil {
@@ -294,11 +294,25 @@ func servePprof(addr string) {
 }
 
 // unwinding connects the process manager to the native unwinder's maps.
-func unwinding(tr *tracer.Tracer) *processmanager.Unwinding {
+func unwinding(tr *tracer.Tracer, cache *processmanager.DeltaCache) *processmanager.Unwinding {
 	return &processmanager.Unwinding{
 		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Runtimes: tr, APM: tr,
-		ReadAtFirstSample: tr.ResolvesUnread(),
+		ReadAtFirstSample: tr.ResolvesUnread(), Cache: cache,
 	}
+}
+
+// deltaCache opens the on-disk stack delta cache, or returns nil (none)
+// when it is off or cannot be used: the daemon works without it.
+func deltaCache(cfg *config) *processmanager.DeltaCache {
+	if cfg.deltaCache == "" || cfg.deltaCacheMiB == 0 {
+		return nil
+	}
+	c, err := processmanager.OpenDeltaCache(cfg.deltaCache, int64(cfg.deltaCacheMiB)<<20, log.StandardLogger())
+	if err != nil {
+		log.Warnf("Not caching stack deltas on disk: %v", err)
+		return nil
+	}
+	return c
 }
 
 // topN logs the per-interval summary only in the local default, where the

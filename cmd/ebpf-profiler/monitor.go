@@ -281,6 +281,7 @@ func (m *monitor) summary() {
 		"deltas":                  hs.DeltasResident.Deltas,
 		"delta_mappings":          hs.DeltasResident.Mappings,
 		"requests_dropped":        rs.RequestsDropped,
+		"delta_cache_hits":        hs.DeltaCache.Hits,
 	}).Info("Stopped")
 	if cs := m.last.corr; cs.Registrations > 0 || cs.SamplesDropped > 0 || refusals(cs) > 0 {
 		log.WithFields(log.Fields{
