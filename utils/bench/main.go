@@ -43,6 +43,7 @@ func main() {
 		"two threads per process, 80% of the time in APM transactions) or apm-off (the same with the agent "+
 		"library renamed, so that it is not correlated)")
 	procs := flag.Int("procs", runtime.NumCPU(), "busy processes")
+	only := flag.String("scenarios", "", "run only the scenarios whose name contains this")
 	startup := flag.Int("startup", 0, "instead: start the daemon at this rate on a host of 18 busy processes "+
 		"(C, Go, Python, Java, Node) and print how soon their stacks are complete")
 	flag.Parse()
@@ -60,7 +61,7 @@ func main() {
 	}
 	if *rates == "" {
 		defer runAtExit()
-		runScenarios(*bin, *duration, *runs)
+		runScenarios(*bin, *duration, *runs, *only)
 		return
 	}
 

@@ -44,7 +44,7 @@ func scenarios() []scenario {
 
 // runScenarios measures every scenario runs times for d each and prints
 // the medians as one table.
-func runScenarios(bin string, d time.Duration, runs int) {
+func runScenarios(bin string, d time.Duration, runs int, only string) {
 	fmt.Printf("%d CPUs; medians of %d runs of %v per scenario, measured after the first export\n\n",
 		runtime.NumCPU(), runs, d)
 	fmt.Printf("%-30s %10s %10s %8s %9s %10s %8s %10s\n",
@@ -53,6 +53,9 @@ func runScenarios(bin string, d time.Duration, runs int) {
 	check(err)
 	atExit(func() { os.RemoveAll(dir) })
 	for _, sc := range scenarios() {
+		if !strings.Contains(sc.name, only) {
+			continue
+		}
 		stopBusy := busyLoad("shell", sc.busy)
 		var all []result
 		for range runs {
