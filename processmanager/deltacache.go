@@ -153,11 +153,13 @@ func (c *DeltaCache) read(path string, id libpf.FileID) (nativeunwind.Deltas, er
 	if err != nil {
 		return nil, err
 	}
-	sys, _ := st.Sys().(*syscall.Stat_t)
+	sys, ok := st.Sys().(*syscall.Stat_t)
 	switch {
 	case !st.Mode().IsRegular():
 		return nil, errors.New("not a regular file")
-	case sys == nil || int(sys.Uid) != c.uid:
+	case !ok:
+		return nil, errors.New("no owner to check")
+	case int(sys.Uid) != c.uid:
 		return nil, fmt.Errorf("owned by uid %d, not by the daemon's %d", sys.Uid, c.uid)
 	case st.Mode().Perm()&0o022 != 0:
 		return nil, fmt.Errorf("others may write to it (mode %v)", st.Mode().Perm())

@@ -17,6 +17,9 @@ import (
 // executable file mapping and every exec at once, so that even a process
 // that lives for milliseconds has its mappings in the unwinder's maps before
 // most of its code runs, without a sample to trigger a read of its maps.
+// Where BPF can unwind a process it was not told of (its program's code from
+// the task's mm, one library from its VMAs), an exec of a program it knows
+// is read only at the process's first sample instead (ProcessExeced).
 
 // ProcessExeced drops the state of a process that exec'd and reads the new
 // image's at once: the kernel has mapped the executable and its
