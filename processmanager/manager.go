@@ -721,7 +721,7 @@ func (m *Manager) loadMaps(p *process) (changed bool, err error) {
 
 // MaxEagerMappings bounds the executable mappings of one process
 // that are handed to the unwinder's maps when its maps are read. Beyond it
-// (a JVM or a browser with thousands of libraries, or a hostile process
+// (a process with thousands of libraries, or a hostile process
 // mapping one file 15,000 times), a mapping is handed over when a sample
 // or an unknown-PC report first falls in it: the work follows the code
 // that runs, not the size of the mapping table.
