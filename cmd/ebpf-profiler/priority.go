@@ -26,10 +26,10 @@ import (
 // whose processes keep the delta queue busy).
 const maxStartupBoost = time.Minute
 
-// priorityBoost is a raised scheduling priority that can be undone.
+// priorityBoost is a raised scheduling priority, undone by returning to the
+// default (the only priority it raises from).
 type priorityBoost struct {
-	from, to int
-	start    time.Time
+	start time.Time
 }
 
 // boostPriority raises every thread of the daemon to nice value to, if it
@@ -48,10 +48,10 @@ func boostPriority(to int) *priorityBoost {
 		return nil
 	}
 	log.Debugf("Starting at scheduling priority nice %d", to)
-	return &priorityBoost{from: from, to: to, start: time.Now()}
+	return &priorityBoost{start: time.Now()}
 }
 
-// endWhen returns the priority to where it was once done says start-up is
+// endWhen returns the priority to the default once done says start-up is
 // over (polled), after maxStartupBoost, or when ctx ends.
 func (b *priorityBoost) endWhen(ctx context.Context, done func() bool) {
 	if b == nil {
@@ -70,11 +70,11 @@ loop:
 		case <-tick.C:
 		}
 	}
-	if err := setNice(b.from); err != nil {
-		log.Warnf("Could not return to scheduling priority nice %d after start-up: %v", b.from, err)
+	if err := setNice(0); err != nil {
+		log.Warnf("Could not return to the default scheduling priority after start-up: %v", err)
 		return
 	}
-	log.Debugf("Start-up done after %v: back to scheduling priority nice %d", time.Since(b.start).Round(time.Millisecond), b.from)
+	log.Debugf("Start-up done after %v: back to the default scheduling priority", time.Since(b.start).Round(time.Millisecond))
 }
 
 // niceOf returns the nice value of thread tid (0: the caller).

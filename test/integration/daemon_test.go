@@ -63,16 +63,14 @@ func buildDaemon(t *testing.T) string {
 	return bin
 }
 
-// pprofSamplesOf counts the samples of process pid in the pprof files in
-// dir, and those whose stack holds chain (leaf first); misses counts the
-// others by stack.
-func pprofSamplesOf(t *testing.T, dir string, pid int, chain []string) (samples, chains int64, misses map[string]int) {
+// readPprofFiles parses the pprof files the daemon wrote to dir.
+func readPprofFiles(t *testing.T, dir string) []*profile.Profile {
 	t.Helper()
-	misses = map[string]int{}
 	files, err := filepath.Glob(filepath.Join(dir, "profile-*.pb.gz"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no pprof files in %s (%v)", dir, err)
+	if err != nil {
+		t.Fatal(err)
 	}
+	var out []*profile.Profile
 	for _, path := range files {
 		f, err := os.Open(path)
 		if err != nil {
@@ -83,6 +81,22 @@ func pprofSamplesOf(t *testing.T, dir string, pid int, chain []string) (samples,
 		if err != nil {
 			t.Fatalf("%s: %v", path, err)
 		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// pprofSamplesOf counts the samples of process pid in the pprof files in
+// dir, and those whose stack holds chain (leaf first); misses counts the
+// others by stack.
+func pprofSamplesOf(t *testing.T, dir string, pid int, chain []string) (samples, chains int64, misses map[string]int) {
+	t.Helper()
+	misses = map[string]int{}
+	profiles := readPprofFiles(t, dir)
+	if len(profiles) == 0 {
+		t.Fatalf("no pprof files in %s", dir)
+	}
+	for _, p := range profiles {
 		for _, s := range p.Sample {
 			if pids := s.NumLabel["pid"]; len(pids) != 1 || pids[0] != int64(pid) {
 				continue

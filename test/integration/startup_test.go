@@ -108,20 +108,7 @@ func TestStartupAccuracy(t *testing.T) {
 	type second struct{ samples, complete int64 }
 	perSecond := map[int]*second{}
 	incomplete := map[string]int{}
-	files, err := filepath.Glob(filepath.Join(out, "profile-*.pb.gz"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, path := range files {
-		f, err := os.Open(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := profile.Parse(f)
-		f.Close()
-		if err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
+	for _, p := range readPprofFiles(t, out) {
 		sec := int(time.Unix(0, p.TimeNanos+p.DurationNanos).Sub(firstExport).Round(time.Second) / time.Second)
 		for _, s := range p.Sample {
 			pid := s.NumLabel["pid"]

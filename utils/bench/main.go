@@ -27,6 +27,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/pprof/profile"
+
 	"github.com/hostprof/ebpf-profiler/utils/jdkfetch"
 	"github.com/hostprof/ebpf-profiler/utils/nodefetch"
 )
@@ -106,31 +108,37 @@ type result struct {
 
 func measure(bin string, hz int, d time.Duration) result { return measureWith(bin, hz, d, nil) }
 
+// startDaemon starts the daemon with args, its log in dir/daemon.log
+// (a file, not a pipe: a pipe nobody drains during a long run would block
+// its logging), killed at exit if still running. readLog returns the
+// log's lines so far.
+func startDaemon(bin, dir string, args ...string) (cmd *exec.Cmd, readLog func() []string) {
+	logPath := filepath.Join(dir, "daemon.log")
+	logFile, err := os.Create(logPath)
+	check(err)
+	defer logFile.Close() // the daemon keeps its own descriptor
+	cmd = exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	check(cmd.Start())
+	atExit(func() { cmd.Process.Kill() })
+	return cmd, func() []string {
+		b, _ := os.ReadFile(logPath)
+		return strings.Split(strings.TrimSpace(string(b)), "\n")
+	}
+}
+
 // measureWith measures the daemon at hz for d after its first export, with
 // side spawning processes meanwhile (nil: nothing).
 func measureWith(bin string, hz int, d time.Duration, side *spawner) result {
 	out, err := os.MkdirTemp("", "bench-pprof")
 	check(err)
 	defer os.RemoveAll(out)
-	// The log goes to a file, not a pipe: a pipe nobody drains during a
-	// long run would block the daemon's logging.
-	logPath := filepath.Join(out, "daemon.log")
-	logFile, err := os.Create(logPath)
-	check(err)
-	defer logFile.Close()
-	cmd := exec.Command(bin, "-samples-per-second", strconv.Itoa(hz), "-output-dir", out,
-		"-reporter-interval", "5s")
-	cmd.Stdout, cmd.Stderr = logFile, logFile
 	start := time.Now()
-	check(cmd.Start())
+	cmd, readLog := startDaemon(bin, out, "-samples-per-second", strconv.Itoa(hz), "-output-dir", out,
+		"-reporter-interval", "5s")
 	pid := cmd.Process.Pid
-	atExit(func() { cmd.Process.Kill() })
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	readLog := func() []string {
-		b, _ := os.ReadFile(logPath)
-		return strings.Split(strings.TrimSpace(string(b)), "\n")
-	}
 
 	var r result
 	// Wait for attach and the first export.
@@ -353,35 +361,11 @@ func busyProcesses(kind string, n int) (stop func(), pids []int) {
 	case "shell":
 		argv = []string{"sh", "-c", "while :; do :; done"}
 	case "c":
-		dir, err := os.MkdirTemp("", "bench-load")
-		check(err)
-		atExit(func() { os.RemoveAll(dir) })
-		bin := filepath.Join(dir, "fpchain")
-		out, err := exec.Command("gcc", "-O2", "-o", bin, "utils/workloads/fpchain.c").CombinedOutput()
-		if err != nil {
-			fatalf("building the C load (run from the repository root): %v\n%s", err, out)
-		}
-		argv = []string{bin, "1000000"}
+		argv = []string{buildLoad("fpchain", "gcc", "-O2", "-o", "BIN", "utils/workloads/fpchain.c"), "1000000"}
 	case "go":
-		dir, err := os.MkdirTemp("", "bench-go")
-		check(err)
-		atExit(func() { os.RemoveAll(dir) })
-		bin := filepath.Join(dir, "gochain")
-		out, err := exec.Command("go", "build", "-o", bin, "./utils/workloads/gochain").CombinedOutput()
-		if err != nil {
-			fatalf("building the Go load (run from the repository root): %v\n%s", err, out)
-		}
-		argv = []string{bin, "1000000"}
+		argv = []string{buildLoad("gochain", "go", "build", "-o", "BIN", "./utils/workloads/gochain"), "1000000"}
 	case "manymaps":
-		dir, err := os.MkdirTemp("", "bench-manymaps")
-		check(err)
-		atExit(func() { os.RemoveAll(dir) })
-		bin := filepath.Join(dir, "manymaps")
-		out, err := exec.Command("gcc", "-O2", "-o", bin, "utils/workloads/manymaps.c").CombinedOutput()
-		if err != nil {
-			fatalf("building the huge mapping table load (run from the repository root): %v\n%s", err, out)
-		}
-		argv = []string{bin, "1000000"}
+		argv = []string{buildLoad("manymaps", "gcc", "-O2", "-o", "BIN", "utils/workloads/manymaps.c"), "1000000"}
 	case "python":
 		argv = []string{"python3", "utils/workloads/python/pyworkload.py", "chain", "1000000"}
 	case "apm", "apm-off":
@@ -423,6 +407,44 @@ func busyProcesses(kind string, n int) (stop func(), pids []int) {
 			c.Wait()
 		}
 	}, pids
+}
+
+// buildLoad builds a load's binary, name, into a temporary directory
+// removed at exit, with the command given (BIN standing for the binary's
+// path), run from the repository root.
+func buildLoad(name string, command ...string) string {
+	dir, err := os.MkdirTemp("", "bench-"+name)
+	check(err)
+	atExit(func() { os.RemoveAll(dir) })
+	bin := filepath.Join(dir, name)
+	args := slices.Clone(command[1:])
+	for i := range args {
+		if args[i] == "BIN" {
+			args[i] = bin
+		}
+	}
+	if out, err := exec.Command(command[0], args...).CombinedOutput(); err != nil {
+		fatalf("building %s (run from the repository root): %v\n%s", name, err, out)
+	}
+	return bin
+}
+
+// readProfiles parses the pprof files the daemon wrote to dir.
+func readProfiles(dir string) []*profile.Profile {
+	files, err := filepath.Glob(filepath.Join(dir, "profile-*.pb.gz"))
+	check(err)
+	var out []*profile.Profile
+	for _, path := range files {
+		f, err := os.Open(path)
+		check(err)
+		p, err := profile.Parse(f)
+		f.Close()
+		if err != nil {
+			fatalf("%s: %v", path, err)
+		}
+		out = append(out, p)
+	}
+	return out
 }
 
 // apmLoad builds utils/testagent and returns the command line of its app,

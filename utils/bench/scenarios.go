@@ -10,8 +10,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/google/pprof/profile"
 )
 
 // scenario is one row of the table: a sampling rate, what keeps the CPUs
@@ -165,17 +163,8 @@ func buildSpinner(dir string) string {
 // samplesOf counts the samples of processes named process in the pprof
 // files the daemon wrote to dir.
 func samplesOf(dir, process string) float64 {
-	files, err := filepath.Glob(filepath.Join(dir, "profile-*.pb.gz"))
-	check(err)
 	var n int64
-	for _, path := range files {
-		f, err := os.Open(path)
-		check(err)
-		p, err := profile.Parse(f)
-		f.Close()
-		if err != nil {
-			fatalf("%s: %v", path, err)
-		}
+	for _, p := range readProfiles(dir) {
 		for _, smp := range p.Sample {
 			if len(smp.Label["process"]) > 0 && smp.Label["process"][0] == process {
 				n += smp.Value[0]

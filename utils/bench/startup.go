@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -145,16 +144,9 @@ func startupRun(bin string, hz int, pids []int, cache string) startupResult {
 	out, err := os.MkdirTemp("", "bench-startup")
 	check(err)
 	defer os.RemoveAll(out)
-	logPath := filepath.Join(out, "daemon.log")
-	logFile, err := os.Create(logPath)
-	check(err)
-	defer logFile.Close()
-	cmd := exec.Command(bin, "-samples-per-second", strconv.Itoa(hz), "-output-dir", out, "-reporter-interval", "1s",
-		"-delta-cache", cache)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
 	start := time.Now()
-	check(cmd.Start())
-	atExit(func() { cmd.Process.Kill() })
+	cmd, readLog := startDaemon(bin, out, "-samples-per-second", strconv.Itoa(hz), "-output-dir", out,
+		"-reporter-interval", "1s", "-delta-cache", cache)
 	var r startupResult
 	for r.firstExport == 0 && time.Since(start) < time.Minute {
 		if files, _ := filepath.Glob(filepath.Join(out, "profile-*.pb.gz")); len(files) > 0 {
@@ -165,11 +157,7 @@ func startupRun(bin string, hz int, pids []int, cache string) startupResult {
 	time.Sleep(time.Until(start.Add(startupSeconds * time.Second)))
 	check(cmd.Process.Signal(syscall.SIGTERM))
 	err = cmd.Wait()
-	b, _ := os.ReadFile(logPath)
-	if keep := os.Getenv("BENCH_KEEP_LOG"); keep != "" {
-		os.WriteFile(keep, b, 0o644)
-	}
-	log := strings.Split(strings.TrimSpace(string(b)), "\n")
+	log := readLog()
 	if err != nil {
 		fatalf("daemon: %v\n%s", err, strings.Join(log, "\n"))
 	}
@@ -184,16 +172,7 @@ func startupRun(bin string, hz int, pids []int, cache string) startupResult {
 	complete := make([]float64, startupSeconds)
 	total := make([]float64, startupSeconds)
 	roots := map[string]int64{}
-	files, err := filepath.Glob(filepath.Join(out, "profile-*.pb.gz"))
-	check(err)
-	for _, path := range files {
-		f, err := os.Open(path)
-		check(err)
-		p, err := profile.Parse(f)
-		f.Close()
-		if err != nil {
-			fatalf("%s: %v", path, err)
-		}
+	for _, p := range readProfiles(out) {
 		// The interval's samples are put at the second it ended in.
 		sec := int(time.Unix(0, p.TimeNanos+p.DurationNanos).Sub(start) / time.Second)
 		if sec < 0 || sec >= startupSeconds {
