@@ -125,7 +125,10 @@ type Manager struct {
 	// first sample (Unwinding.ReadAtFirstSample); mapping events do not
 	// read them either.
 	unread *lru[uint32, struct{}]
-	kernel *kernel
+	// tracked, when BPF filters process events, is told of every
+	// process added to and removed from procs (Unwinding.Tracked).
+	tracked TrackedProcesses
+	kernel  *kernel
 	// nextGen numbers process states. A cached conversion is valid only
 	// while its pid's state has the generation it was made with; 0 means
 	// "never valid".
@@ -240,8 +243,15 @@ func New(cfg Config) (*Manager, error) {
 	m.exited = newLRU[uint32, exitedProcess](maxExitedProcesses)
 	m.unread = newLRU[uint32, struct{}](maxExitedProcesses)
 	m.kernel = m.loadKernel()
-	if cfg.Unwinding != nil {
-		m.unwind = newUnwindSync(*cfg.Unwinding, m.log)
+	if u := cfg.Unwinding; u != nil {
+		m.unwind = newUnwindSync(*u, m.log)
+		if u.Tracked != nil && u.ReadAtFirstSample {
+			if err := u.Tracked.FilterProcessEvents(); err != nil {
+				m.log.Warnf("Process events of every process are sent (filtering them: %v)", err)
+			} else {
+				m.tracked = u.Tracked
+			}
+		}
 	}
 	return m, nil
 }
@@ -267,6 +277,9 @@ func (m *Manager) forget(pid uint32) {
 		m.dropAPM(p)
 		if p.mem != nil {
 			p.mem.Close()
+		}
+		if m.tracked != nil && pid != 0 {
+			m.tracked.UntrackProcess(pid)
 		}
 	}
 	delete(m.procs, pid)
@@ -532,6 +545,11 @@ func (m *Manager) processFor(pid uint32, comm string) *process {
 		p.info = cmp.Or(e.info, &libpf.ProcessInfo{PID: libpf.PID(pid), ExecutableName: comm})
 		p.mapsRead = true
 		return p
+	}
+	if m.tracked != nil {
+		// Before anything of the image is read: an exec from here on is
+		// reported.
+		m.tracked.TrackProcess(pid)
 	}
 	p.startTime = st.startTime
 	p.info = readProcessInfo(m.procFS, pid, comm)

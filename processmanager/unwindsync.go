@@ -36,6 +36,21 @@ type Unwinding struct {
 	// per sample go (tracer.Tracer.ResolvesUnread): a process that exec'd
 	// a program whose deltas are loaded is read only when first sampled.
 	ReadAtFirstSample bool
+	// Tracked, when set with ReadAtFirstSample, is told which processes
+	// the manager keeps state for, and BPF then reports execs and exits
+	// of those only (and execs of programs not loaded yet): a short
+	// command that is never sampled costs nothing at all.
+	Tracked TrackedProcesses
+}
+
+// TrackedProcesses filters BPF's process events (tracer.Tracer).
+type TrackedProcesses interface {
+	// FilterProcessEvents turns the filter on, before the first process
+	// is tracked.
+	FilterProcessEvents() error
+	// TrackProcess is called before a process's mappings are read.
+	TrackProcess(pid uint32)
+	UntrackProcess(pid uint32)
 }
 
 // maxPendingAttaches bounds the mappings waiting for their deltas; beyond

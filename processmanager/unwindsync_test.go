@@ -199,6 +199,71 @@ func TestExecOfKnownProgramReadAtFirstSample(t *testing.T) {
 	}
 }
 
+// fakeTracked records what the manager says of the processes it tracks.
+type fakeTracked struct {
+	filtering bool
+	pids      map[uint32]bool
+}
+
+func (f *fakeTracked) FilterProcessEvents() error { f.filtering = true; return nil }
+func (f *fakeTracked) TrackProcess(pid uint32)    { f.pids[pid] = true }
+func (f *fakeTracked) UntrackProcess(pid uint32)  { delete(f.pids, pid) }
+
+// TestTrackedProcesses: with ReadAtFirstSample, BPF's process event filter
+// holds exactly the processes the manager keeps state for: added before
+// a process is read, removed when it is forgotten (exit or exec), never
+// the idle task. Without ReadAtFirstSample the filter stays off.
+func TestTrackedProcesses(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	mp, fnAbs := lib.mapAt(0x7f0000000000)
+	fs.setProcess(100, 1, "/bin/app", mp)
+	newManager := func(readAtFirstSample bool) (*Manager, *fakeTracked) {
+		tracked := &fakeTracked{pids: map[uint32]bool{}}
+		maps := newFakeDeltaMaps()
+		m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger(),
+			Unwinding: &Unwinding{Maps: maps, Capacity: support.DeltaCapacity{Rules: 8, Deltas: 1024, PageBits: 16},
+				Extract: func(io.ReaderAt) (nativeunwind.Deltas, error) { return nil, nil }, Runtimes: maps,
+				ReadAtFirstSample: readAtFirstSample, Tracked: tracked}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(m.Close)
+		return m, tracked
+	}
+
+	m, tracked := newManager(true)
+	if !tracked.filtering {
+		t.Fatal("filter not turned on")
+	}
+	for _, pid := range []uint32{100, 0} {
+		if _, _, err := m.ConvertTrace(&support.Trace{PID: pid, Frames: []support.Frame{{Addr: fnAbs}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !tracked.pids[100] || tracked.pids[0] || len(tracked.pids) != 1 {
+		t.Errorf("tracked %v after samples of 100 and the idle task, want {100}", tracked.pids)
+	}
+	m.ProcessExeced(100, support.FileKey{Dev: 1, Ino: 2}) // unknown program: read again
+	if !tracked.pids[100] {
+		t.Error("a process read again after exec is not tracked")
+	}
+	fs.removeProcess(100)
+	m.ProcessExited(100)
+	if len(tracked.pids) != 0 {
+		t.Errorf("tracked %v after the exit, want none", tracked.pids)
+	}
+
+	fs.setProcess(100, 1, "/bin/app", mp)
+	m, tracked = newManager(false)
+	if _, _, err := m.ConvertTrace(&support.Trace{PID: 100, Frames: []support.Frame{{Addr: fnAbs}}}); err != nil {
+		t.Fatal(err)
+	}
+	if tracked.filtering || len(tracked.pids) != 0 {
+		t.Errorf("without ReadAtFirstSample: filtering %v, tracked %v; want the filter off", tracked.filtering, tracked.pids)
+	}
+}
+
 // TestHugeMappingTable: a process with more executable mappings than
 // MaxEagerMappings (one file mapped over and over) has its file opened
 // once and none of them handed to the unwinder when read; a sample in one

@@ -78,6 +78,8 @@ type Tracer struct {
 	runtimes map[interpreter.ID]*interpreter.Runtime
 	// malformed counts ring buffer records that did not decode.
 	malformed atomic.Uint64
+	// warnUntracked warns once that tracked_pids is full (TrackProcess).
+	warnUntracked sync.Once
 	// deltasMappable says the stack delta pool can be mapped into
 	// memory: a file's deltas are written through a mapping of their
 	// span, not as map updates.

@@ -297,7 +297,7 @@ func servePprof(addr string) {
 func unwinding(tr *tracer.Tracer, cache *processmanager.DeltaCache) *processmanager.Unwinding {
 	return &processmanager.Unwinding{
 		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Runtimes: tr, APM: tr,
-		ReadAtFirstSample: tr.ResolvesUnread(), Cache: cache,
+		ReadAtFirstSample: tr.ResolvesUnread(), Tracked: tr, Cache: cache,
 	}
 }
 

@@ -1,5 +1,6 @@
-// Tells user space when a process exits or replaces its image with exec, so
-// that its state is freed or re-read. Raw tracepoints need no tracefs.
+// Tells user space when a process it tracks exits or replaces its image
+// with exec, so that its state is freed or re-read (see tracked_pids). Raw
+// tracepoints need no tracefs.
 #include "tracemgmt.h"
 
 // Whether the exiting thread is the last of its group: do_exit() drops
@@ -21,9 +22,15 @@ static __always_inline int group_dead(void)
 SEC("raw_tracepoint/sched_process_exit")
 int process_exit(void *ctx)
 {
-  if (group_dead())
-    emit_process_event(EVENT_PROCESS_EXIT, bpf_get_current_pid_tgid() >> 32, 0,
-                       METRIC_PROCESS_EXITS, 0);
+  if (!group_dead())
+    return 0;
+  u32 pid = bpf_get_current_pid_tgid() >> 32;
+  if (!is_tracked(pid)) {
+    increment_metric(METRIC_EXITS_UNTRACKED);
+    return 0;
+  }
+  emit_process_event(EVENT_PROCESS_EXIT, pid, 0, METRIC_PROCESS_EXITS, 0);
+  bpf_map_delete_elem(&tracked_pids, &pid);
   return 0;
 }
 
@@ -38,6 +45,9 @@ static __always_inline void report_exec_mapping(u64 start, u64 end, u64 pgoff, s
     .end = end,
     .pgoff = pgoff,
   };
+  // User space reads an untracked process's mappings whole, if ever.
+  if (!is_tracked(ev.pid))
+    return;
   struct inode *inode;
   struct super_block *sb;
   u32 dev;
@@ -109,10 +119,18 @@ int process_exec(void *ctx)
       !CORE_READ_KERNEL(&inode, &f->f_inode) && !CORE_READ_KERNEL(&ev.ino, &inode->i_ino) &&
       !CORE_READ_KERNEL(&sb, &inode->i_sb) && !CORE_READ_KERNEL(&dev, &sb->s_dev))
     ev.dev = dev;
-  long err = emit_event(&ev, sizeof(ev), 1);
-  increment_metric(err ? METRIC_ERR_PROCESS_EVENT_DROPPED : METRIC_PROCESS_EXECS);
   // The new image's first unknown PC must be reported at once, whatever
   // the old image reported.
   bpf_map_delete_elem(&unknown_pc_reports, &pid);
+  // A process user space has no state of, running a program it has
+  // loaded: nothing to tell (and a wakeup of user space saved, which
+  // costs more than the rest of this program).
+  struct file_key key = {.dev = ev.dev, .ino = ev.ino};
+  if (ev.ino && !is_tracked(pid) && bpf_map_lookup_elem(&known_files, &key)) {
+    increment_metric(METRIC_EXECS_UNTRACKED);
+    return 0;
+  }
+  long err = emit_event(&ev, sizeof(ev), 1);
+  increment_metric(err ? METRIC_ERR_PROCESS_EVENT_DROPPED : METRIC_PROCESS_EXECS);
   return 0;
 }

@@ -168,6 +168,22 @@ struct {
   __type(value, u64);
 } early_wakeups SEC(".maps");
 
+// The processes user space keeps state for (it adds them before reading
+// their mappings and removes them when it forgets them). Exec, exit and
+// mapping events are sent only of these, and of execs of programs whose
+// deltas are not loaded: a process user space never read (a shell
+// command, a build step) is read at its first sample, if it has one, and
+// costs user space nothing until then. Pid 0 is a switch: while it is
+// absent or non-zero every process counts as tracked (BPF cannot unwind
+// unread processes, or a pid did not fit).
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 1 << 15);
+  __uint(map_flags, BPF_F_NO_PREALLOC);
+  __type(key, u32);
+  __type(value, u8);
+} tracked_pids SEC(".maps");
+
 // When each process last had an unknown PC reported (ktime ns).
 struct {
   __uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -223,6 +239,14 @@ static __always_inline long emit_event(void *data, u64 size, int urgent)
   if (urgent || bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= events_wakeup_bytes)
     flags = BPF_RB_FORCE_WAKEUP;
   return bpf_ringbuf_output(&events, data, size, flags);
+}
+
+// Whether user space keeps state for pid (see tracked_pids).
+static __always_inline int is_tracked(u32 pid)
+{
+  u32 all = 0;
+  u8 *every = bpf_map_lookup_elem(&tracked_pids, &all);
+  return !every || *every || bpf_map_lookup_elem(&tracked_pids, &pid);
 }
 
 // Emits a process event; returns non-zero (counted) when the buffer is full.

@@ -297,6 +297,10 @@ enum metric_id {
   METRIC_APM_RECORD_INVALID,
   // An APM correlation record could not be read.
   METRIC_ERR_APM_READ,
+  // Execs of a program whose deltas are loaded, and exits, of processes
+  // user space keeps no state for: not sent.
+  METRIC_EXECS_UNTRACKED,
+  METRIC_EXITS_UNTRACKED,
   METRIC_COUNT,
 };
 

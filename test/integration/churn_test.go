@@ -173,14 +173,21 @@ func TestExecStorm(t *testing.T) {
 	}
 	t.Logf("%d processes (%.0f/s) used %.1f CPU-s: %d samples (%.0f expected), %d with the full stack, %d outside the hot function (exec, loader), %d misattributed",
 		len(pids), rate, cpu.Seconds(), samples, cpu.Seconds()*testHz, complete, unnamed, wrong)
-	t.Logf("BPF: vma resolved %d, lookup errors %d, unknown pc reports %d, dropped process events %d",
-		metrics["vma_resolved"], metrics["err_vma_lookup"], metrics["unknown_pc_reports"], metrics["err_process_event_dropped"])
+	t.Logf("BPF: vma resolved %d, lookup errors %d, unknown pc reports %d, dropped process events %d; "+
+		"execs sent %d, not sent %d; exits sent %d, not sent %d",
+		metrics["vma_resolved"], metrics["err_vma_lookup"], metrics["unknown_pc_reports"], metrics["err_process_event_dropped"],
+		metrics["process_execs"], metrics["execs_untracked"], metrics["process_exits"], metrics["exits_untracked"])
 	t.Logf("before: %d processes, %+v; after: %d processes, %+v; maps reads %d",
 		base.ProcessesTracked, base.DeltasResident, after.ProcessesTracked, after.DeltasResident, after.MapsReads-base.MapsReads)
 	t.Logf("Go heap in use: %.1f MiB before, %.1f MiB after", float64(heapBefore.HeapInuse)/(1<<20), float64(heapAfter.HeapInuse)/(1<<20))
 
 	if rate < 200 {
 		t.Errorf("only %.0f processes per second", rate)
+	}
+	// Execs of the 8 programs once they are loaded, by processes user
+	// space never read, wake nobody (tracked_pids).
+	if float64(metrics["execs_untracked"]) < 0.9*float64(len(pids)) {
+		t.Errorf("%d of %d execs not sent to user space, want >= 90%%", metrics["execs_untracked"], len(pids))
 	}
 	if inHot := samples - unnamed; float64(complete) < 0.9*float64(inHot) {
 		t.Errorf("%d of %d samples in a hot function have the full stack, want >= 90%%", complete, inHot)
