@@ -114,24 +114,24 @@ type lineSymbolizer struct {
 	closed  bool
 }
 
-func newLineSymbolizer(dirs []string, maxBytes int64, dfd *debuginfo.Debuginfod, now func() time.Time) *lineSymbolizer {
+// newLineSymbolizer opens debug information where opts say, maxBytes of
+// it at most.
+func newLineSymbolizer(opts debuginfo.Options, maxBytes int64, dfd *debuginfo.Debuginfod, now func() time.Time) *lineSymbolizer {
 	if dfd != nil {
-		dirs = append(slices.Clip(dirs), dfd.Dir())
+		opts.DebugDirs = append(slices.Clip(opts.DebugDirs), dfd.Dir())
 	}
+	// One file may take up to half the bound.
+	opts.MaxDecompressed = maxBytes / 2
 	s := &lineSymbolizer{
 		debuginfod: dfd,
 		recheck:    defaultDebuginfodRecheck,
 		now:        now,
-		opts: debuginfo.Options{
-			DebugDirs: dirs,
-			// One file may take up to half the bound.
-			MaxDecompressed: maxBytes / 2,
-		},
-		maxBytes: maxBytes,
-		queue:    make(chan openRequest, openQueue),
-		files:    newLRU[libpf.FileID, debugFile](maxDebugFiles),
-		results:  newLRU[lineKey, []debuginfo.Frame](maxLineResults),
-		stats:    lineStats{filesOpened: map[string]uint64{}},
+		opts:       opts,
+		maxBytes:   maxBytes,
+		queue:      make(chan openRequest, openQueue),
+		files:      newLRU[libpf.FileID, debugFile](maxDebugFiles),
+		results:    newLRU[lineKey, []debuginfo.Frame](maxLineResults),
+		stats:      lineStats{filesOpened: map[string]uint64{}},
 	}
 	s.wg.Add(1)
 	go s.opener()

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
 )
 
 // BenchmarkDebugInfoRSS: the daemon's resident memory after sampling
@@ -31,7 +32,7 @@ func BenchmarkDebugInfoRSS(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			for b.Loop() {
 				before := rssBytes(b)
-				s := newLineSymbolizer(nil, c.bound, nil, time.Now)
+				s := newLineSymbolizer(debuginfo.Options{}, c.bound, nil, time.Now)
 				lines := 0
 				pid := uint32(os.Getpid())
 				for i, bin := range bins {

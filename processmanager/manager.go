@@ -64,6 +64,10 @@ type Config struct {
 	// lines and inlined frames; DefaultDebugInfoBytes when zero, and
 	// negative turns lines off.
 	DebugInfoBytes int64
+	// DebugInfoInflateDir is where compressed debug sections are
+	// inflated, into unlinked files (debuginfo.Options.InflateDir); the
+	// heap when empty.
+	DebugInfoInflateDir string
 	// Debuginfod, when set, fetches debug files that the host lacks; a
 	// file asked for is opened again DebuginfodRecheck later (10 s when
 	// zero).
@@ -225,7 +229,8 @@ func New(cfg Config) (*Manager, error) {
 		if dirs == nil {
 			dirs = DefaultDebugDirs
 		}
-		m.lines = newLineSymbolizer(dirs, cmp.Or(cfg.DebugInfoBytes, DefaultDebugInfoBytes), cfg.Debuginfod, func() time.Time { return m.now() })
+		m.lines = newLineSymbolizer(debuginfo.Options{DebugDirs: dirs, InflateDir: cfg.DebugInfoInflateDir},
+			cmp.Or(cfg.DebugInfoBytes, DefaultDebugInfoBytes), cfg.Debuginfod, func() time.Time { return m.now() })
 		m.lines.recheck = cmp.Or(cfg.DebuginfodRecheck, defaultDebuginfodRecheck)
 	}
 	if m.log == nil {

@@ -25,6 +25,10 @@ const defaultDebuginfodCache = "/var/cache/ebpf-profiler/debuginfod"
 // defaultDeltaCache keeps extracted stack deltas across restarts.
 const defaultDeltaCache = "/var/cache/ebpf-profiler/stack-deltas"
 
+// defaultInflateDir holds compressed debug sections, inflated, in unlinked
+// files.
+const defaultInflateDir = "/var/cache/ebpf-profiler/debuginfo-inflated"
+
 // envPrefix names the environment variables that set flags:
 // -collection-agent is EBPF_PROFILER_COLLECTION_AGENT. The command line wins
 // over the environment.
@@ -59,15 +63,18 @@ type config struct {
 	debuginfodCache string
 	// deltaCache is where extracted stack deltas are kept on disk, at
 	// most deltaCacheMiB; "" or 0 turns it off.
-	deltaCache     string
-	deltaCacheMiB  int
-	bpfLogLevel    uint
-	mapScaleFactor uint
-	verbose        bool
-	version        bool
-	outputDir      string
-	maxOutputFiles int
-	pprofAddr      string
+	deltaCache string
+	// debugInfoInflateDir is where compressed debug sections are
+	// inflated (processmanager.Config.DebugInfoInflateDir).
+	debugInfoInflateDir string
+	deltaCacheMiB       int
+	bpfLogLevel         uint
+	mapScaleFactor      uint
+	verbose             bool
+	version             bool
+	outputDir           string
+	maxOutputFiles      int
+	pprofAddr           string
 	// probabilisticThreshold is the percentage of probabilistic intervals
 	// that sample; 100 samples always.
 	probabilisticThreshold uint
@@ -114,6 +121,9 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	fs.IntVar(&c.debugInfoMiB, "debuginfo-cache-mb", processmanager.DefaultDebugInfoBytes>>20,
 		"MiB of debug information (DWARF, Go pclntab) kept open to give native frames source lines and inlined "+
 			"frames; least recently used files are closed first. 0 turns lines and inlined frames off.")
+	fs.StringVar(&c.debugInfoInflateDir, "debuginfo-inflate-dir", defaultInflateDir,
+		"Directory where compressed debug sections are inflated into unlinked files and mapped, so that they take "+
+			"reclaimable page cache rather than the daemon's memory (\"\" or unusable: inflated in memory).")
 	fs.StringVar(&debuginfodURLs, "debuginfod-urls", "",
 		"Space- or comma-separated debuginfod servers (as DEBUGINFOD_URLS lists them) asked in the background for the "+
 			"debug files of sampled native code that the host lacks, by build id. Off when empty.")

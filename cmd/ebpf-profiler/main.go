@@ -161,7 +161,7 @@ func profile(ctx context.Context, cfg *config) error {
 	}
 	pm, err := processmanager.New(processmanager.Config{Unwinding: unwinding(tr, deltaCache(cfg)), Correlator: corr, Runtimes: runtimes,
 		Demangle: cfg.demangle, DebugDirs: cfg.debugDirs, DebugInfoBytes: debugInfoBytes(cfg.debugInfoMiB),
-		Debuginfod: dfd})
+		DebugInfoInflateDir: inflateDir(cfg), Debuginfod: dfd})
 	if err != nil {
 		return err
 	}
@@ -344,6 +344,19 @@ func describeOutputs(cfg *config) {
 		log.Infof("Writing a pprof file to %s every %v (open with: go tool pprof -http=: FILE)",
 			cfg.outputDir, cfg.reporterInterval)
 	}
+}
+
+// inflateDir makes -debuginfo-inflate-dir (owner only) and returns it, or
+// "" (inflate in memory) when it is off or cannot be made.
+func inflateDir(cfg *config) string {
+	if cfg.debugInfoInflateDir == "" || cfg.debugInfoMiB == 0 {
+		return ""
+	}
+	if err := os.MkdirAll(cfg.debugInfoInflateDir, 0o700); err != nil {
+		log.Warnf("Inflating compressed debug sections in memory: %v", err)
+		return ""
+	}
+	return cfg.debugInfoInflateDir
 }
 
 // debugInfoBytes is the processmanager bound for -debuginfo-cache-mb: 0

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/hostprof/ebpf-profiler/utils/llvmsym"
@@ -107,29 +108,41 @@ func TestDWARFAgainstSymbolizer(t *testing.T) {
 		// prepare builds the binary and returns it, the debug dirs and
 		// the file the oracle reads (a copy with its DWARF in place).
 		prepare func(t *testing.T, dir string) (bin string, dirs []string, oracle string)
+		// inflate is where compressed sections go: "" the heap, "dir"
+		// files of a directory, "full" a directory without room (the
+		// heap again).
+		inflate string
 	}{
 		{"in the file", "file", func(t *testing.T, dir string) (string, []string, string) {
 			bin := build(t, dir, "bin", "-g")
 			return bin, nil, bin
-		}},
+		}, ""},
 		{"DWARF 4, compressed", "file", func(t *testing.T, dir string) (string, []string, string) {
 			bin := build(t, dir, "bin", "-gdwarf-4", "-gz")
 			return bin, nil, bin
-		}},
+		}, ""},
+		{"DWARF 4, compressed, inflated into files", "file", func(t *testing.T, dir string) (string, []string, string) {
+			bin := build(t, dir, "bin", "-gdwarf-4", "-gz")
+			return bin, nil, bin
+		}, "dir"},
+		{"DWARF 5, compressed, no room to inflate into files", "file", func(t *testing.T, dir string) (string, []string, string) {
+			bin := build(t, dir, "bin", "-g", "-gz")
+			return bin, nil, bin
+		}, "full"},
 		{"by build id", "build-id", func(t *testing.T, dir string) (string, []string, string) {
 			bin := build(t, dir, "bin", "-g")
 			oracle := copyFile(t, bin)
 			debugDir := filepath.Join(dir, "debug")
 			splitDebug(t, bin, buildIDPath(t, debugDir, bin))
 			return bin, []string{debugDir}, oracle
-		}},
+		}, ""},
 		{"by debug link beside it, no build id", "debuglink", func(t *testing.T, dir string) (string, []string, string) {
 			bin := build(t, dir, "bin", "-g", "-Wl,--build-id=none")
 			oracle := copyFile(t, bin)
 			splitDebug(t, bin, filepath.Join(dir, "bin.debug"))
 			run(t, "objcopy", "--add-gnu-debuglink="+filepath.Join(dir, "bin.debug"), bin)
 			return bin, nil, oracle
-		}},
+		}, ""},
 		{"by debug link under the debug dir", "debuglink", func(t *testing.T, dir string) (string, []string, string) {
 			bin := build(t, dir, "bin", "-g")
 			oracle := copyFile(t, bin)
@@ -138,15 +151,32 @@ func TestDWARFAgainstSymbolizer(t *testing.T) {
 			splitDebug(t, bin, debug)
 			run(t, "objcopy", "--add-gnu-debuglink="+debug, bin)
 			return bin, []string{debugDir}, oracle
-		}},
+		}, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
 			bin, dirs, oracle := c.prepare(t, dir)
-			d, err := open(t, bin, Options{DebugDirs: dirs})
+			opts := Options{DebugDirs: dirs, MaxDecompressed: 1 << 30}
+			switch c.inflate {
+			case "dir":
+				opts.InflateDir = t.TempDir()
+			case "full":
+				opts.InflateDir = smallTmpfs(t)
+			}
+			d, err := open(t, bin, opts)
 			if err != nil {
 				t.Fatal(err)
+			}
+			// The file and a debug file are mapped, and so is each
+			// section inflated into a file: in "full", those that fit
+			// (not .debug_info, nor .debug_line).
+			spilled := len(d.maps) - 1
+			if d.Source != "file" {
+				spilled--
+			}
+			if c.inflate == "" && spilled != 0 || c.inflate == "dir" && spilled < 3 || c.inflate == "full" && spilled > 2 {
+				t.Errorf("inflate %q: %d sections inflated into files", c.inflate, spilled)
 			}
 			if d.Source != c.source {
 				t.Errorf("found in %q, want %q", d.Source, c.source)
@@ -173,6 +203,16 @@ func TestDWARFAgainstSymbolizer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// smallTmpfs mounts a tmpfs of 8 KiB, too small for any section.
+func smallTmpfs(t *testing.T) string {
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=8k,mode=0700"); err != nil {
+		t.Fatalf("mounting a small tmpfs (the test runs as root): %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(dir, 0) })
+	return dir
 }
 
 // TestNoDebugInfo: a file built without -g, and one whose debug link
@@ -281,7 +321,7 @@ func TestLibcAgainstSymbolizer(t *testing.T) {
 	if _, err := exec.LookPath(llvmsym.Command); err != nil {
 		t.Fatalf("%s: %v (make test-deps installs it)", llvmsym.Command, err)
 	}
-	d, err := open(t, libc, Options{DebugDirs: []string{"/usr/lib/debug"}})
+	d, err := open(t, libc, Options{DebugDirs: []string{"/usr/lib/debug"}, MaxDecompressed: 1 << 30, InflateDir: t.TempDir()})
 	if err != nil {
 		t.Fatalf("%s: %v (make test-deps installs libc6-dbg)", libc, err)
 	}

@@ -8,10 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path"
 	"runtime/metrics"
 	"sort"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Limits that keep a hostile or enormous file from costing unbounded
@@ -53,21 +56,19 @@ var dwarfSections = []string{"abbrev", "info", "line", "ranges", "str"}
 var dwarf5Sections = []string{"addr", "line_str", "str_offsets", "rnglists"}
 
 // openDWARF reads the DWARF of ef, whose bytes are img: uncompressed
-// sections are used in place, compressed ones inflated within
-// maxDecompressed bytes. It returns the cost in bytes.
-func openDWARF(ef *elf.File, img []byte, maxDecompressed int64) (*dwarfLines, int64, error) {
-	budget := maxDecompressed
+// sections are used in place, compressed ones inflated by in. It returns
+// the cost in bytes.
+func openDWARF(ef *elf.File, img []byte, in *inflater) (*dwarfLines, int64, error) {
 	var cost int64
 	secs := map[string][]byte{}
 	for _, name := range append(dwarfSections, dwarf5Sections...) {
-		b, err := section(ef, img, name, &budget)
+		b, err := section(ef, img, name, in)
 		if err != nil {
 			return nil, 0, err
 		}
 		secs[name] = b
 		cost += int64(len(b))
-		// A compressed section's own pages were read too (mapped, they
-		// stay resident while the file is open).
+		// A compressed section's own pages were read too.
 		if s := compressedSection(ef, name); s != nil {
 			cost += int64(s.FileSize)
 		}
@@ -118,7 +119,7 @@ func newDWARFLines(secs map[string][]byte) (*dwarfLines, int64, error) {
 
 // section returns the bytes of .debug_NAME (or the older .zdebug_NAME),
 // nil if the file has none.
-func section(ef *elf.File, img []byte, name string, budget *int64) ([]byte, error) {
+func section(ef *elf.File, img []byte, name string, in *inflater) ([]byte, error) {
 	s := ef.Section(".debug_" + name)
 	zdebug := false
 	if s == nil {
@@ -137,14 +138,11 @@ func section(ef *elf.File, img []byte, name string, budget *int64) ([]byte, erro
 		return img[s.Offset : s.Offset+s.FileSize : s.Offset+s.FileSize], nil
 	}
 	if zdebug {
-		return inflateZdebug(s, budget)
+		return inflateZdebug(s, in)
 	}
-	// debug/elf gives the inflated size of an SHF_COMPRESSED section.
-	if int64(s.Size) < 0 || int64(s.Size) > *budget {
-		return nil, fmt.Errorf("%w: %s inflates to %d bytes", ErrTooLarge, s.Name, s.Size)
-	}
-	*budget -= int64(s.Size)
-	b, err := s.Data()
+	// debug/elf gives the inflated size of an SHF_COMPRESSED section, and
+	// inflates it as it is read.
+	b, err := in.inflate(s.Name, s.Size, func() (io.Reader, error) { return s.Open(), nil })
 	if err != nil {
 		return nil, fmt.Errorf("inflating %s: %w", s.Name, err)
 	}
@@ -165,24 +163,99 @@ func compressedSection(ef *elf.File, name string) *elf.Section {
 
 // inflateZdebug inflates a .zdebug section: "ZLIB", the inflated size as
 // a big-endian uint64, then a zlib stream.
-func inflateZdebug(s *elf.Section, budget *int64) ([]byte, error) {
+func inflateZdebug(s *elf.Section, in *inflater) ([]byte, error) {
 	r := s.Open()
 	var hdr [12]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil || string(hdr[:4]) != "ZLIB" {
 		return nil, fmt.Errorf("%s: no ZLIB header", s.Name)
 	}
-	size := binary.BigEndian.Uint64(hdr[4:])
-	if size > uint64(*budget) {
-		return nil, fmt.Errorf("%w: %s inflates to %d bytes", ErrTooLarge, s.Name, size)
-	}
-	*budget -= int64(size)
-	zr, err := zlib.NewReader(r)
+	b, err := in.inflate(s.Name, binary.BigEndian.Uint64(hdr[4:]), func() (io.Reader, error) {
+		r := s.Open()
+		if _, err := r.Seek(int64(len(hdr)), io.SeekStart); err != nil {
+			return nil, err
+		}
+		return zlib.NewReader(r)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("inflating %s: %w", s.Name, err)
 	}
+	return b, nil
+}
+
+// inflater inflates a file's compressed sections within a budget, into
+// mapped unlinked files of dir or, without one, on the heap.
+type inflater struct {
+	dir    string
+	budget int64
+	// maps are the files mapped so far; their owner unmaps them.
+	maps [][]byte
+}
+
+// inflate reads the size bytes open returns.
+func (in *inflater) inflate(name string, size uint64, open func() (io.Reader, error)) ([]byte, error) {
+	if size > uint64(in.budget) {
+		return nil, fmt.Errorf("%w: %s inflates to %d bytes", ErrTooLarge, name, size)
+	}
+	in.budget -= int64(size)
+	if size == 0 {
+		return nil, nil
+	}
+	if in.dir != "" {
+		if b, err := in.inflateToFile(size, open); err == nil {
+			in.maps = append(in.maps, b)
+			return b, nil
+		} else if !errors.Is(err, errNoFile) {
+			return nil, err
+		}
+		// No room or no file there: the heap, for this file's sections.
+		in.dir = ""
+	}
+	r, err := open()
+	if err != nil {
+		return nil, err
+	}
 	b := make([]byte, size)
-	if _, err := io.ReadFull(zr, b); err != nil {
-		return nil, fmt.Errorf("inflating %s: %w", s.Name, err)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// errNoFile says an inflated section could not be written to a file.
+var errNoFile = errors.New("no file for the inflated section")
+
+// inflateToFile copies the size bytes open returns into an unlinked file
+// of in.dir and maps them. A failure to make or write the file wraps
+// errNoFile.
+func (in *inflater) inflateToFile(size uint64, open func() (io.Reader, error)) ([]byte, error) {
+	f, err := os.OpenFile(in.dir, os.O_RDWR|unix.O_TMPFILE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errNoFile, err)
+	}
+	defer f.Close()
+	r, err := open()
+	if err != nil {
+		return nil, err
+	}
+	// A read error is the section's; a write error the directory's (the
+	// caller falls back to the heap).
+	buf := make([]byte, min(size, 256<<10))
+	for n := uint64(0); n < size; {
+		chunk := buf[:min(uint64(len(buf)), size-n)]
+		if _, err := io.ReadFull(r, chunk); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
+		if _, err := f.Write(chunk); err != nil {
+			return nil, fmt.Errorf("%w: %v", errNoFile, err)
+		}
+		n += uint64(len(chunk))
+	}
+	b, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("%w: mapping it: %v", errNoFile, err)
 	}
 	return b, nil
 }

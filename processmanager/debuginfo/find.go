@@ -43,6 +43,13 @@ type Options struct {
 	// inflated into memory for one file; a file that needs more is
 	// refused with ErrTooLarge.
 	MaxDecompressed int64
+	// InflateDir, when set, is where compressed sections are inflated:
+	// into unlinked files there, mapped. Their pages are then the page
+	// cache's (reclaimable, written to disk under memory pressure) and
+	// resident in the daemon only while they are read, instead of heap
+	// the garbage collector doubles. Empty, or where no file can be
+	// made there, they are inflated on the heap.
+	InflateDir string
 }
 
 // ErrNoDebugInfo says that neither the file nor a debug file found for it
@@ -164,11 +171,19 @@ func Open(exe Executable, opts Options) (_ *File, err error) {
 }
 
 func (f *File) openDWARF(ef *elf.File, img []byte, opts Options) error {
-	d, cost, err := openDWARF(ef, img, opts.MaxDecompressed)
+	in := &inflater{dir: opts.InflateDir, budget: opts.MaxDecompressed}
+	d, cost, err := openDWARF(ef, img, in)
+	f.maps = append(f.maps, in.maps...)
 	if err != nil {
 		return err
 	}
 	f.lines, f.cost = d, cost
+	// Parsing and indexing touched most pages of the sections; lookups
+	// need few. Dropped from the daemon's memory, they stay in the page
+	// cache and come back when read.
+	for _, m := range f.maps {
+		_ = unix.Madvise(m, unix.MADV_DONTNEED)
+	}
 	return nil
 }
 
