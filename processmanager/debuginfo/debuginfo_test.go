@@ -129,6 +129,10 @@ func TestDWARFAgainstSymbolizer(t *testing.T) {
 			bin := build(t, dir, "bin", "-g", "-gz")
 			return bin, nil, bin
 		}, "full"},
+		{"LTO, units refer into each other", "file", func(t *testing.T, dir string) (string, []string, string) {
+			bin := build(t, dir, "bin", "-g", "-flto")
+			return bin, nil, bin
+		}, ""},
 		{"by build id", "build-id", func(t *testing.T, dir string) (string, []string, string) {
 			bin := build(t, dir, "bin", "-g")
 			oracle := copyFile(t, bin)
@@ -180,6 +184,11 @@ func TestDWARFAgainstSymbolizer(t *testing.T) {
 			}
 			if d.Source != c.source {
 				t.Errorf("found in %q, want %q", d.Source, c.source)
+			}
+			// Units are read one by one unless they refer into each
+			// other (DW_FORM_ref_addr, which LTO's DWARF uses).
+			if whole := d.lines.(*dwarfLines).d != nil; whole != strings.HasPrefix(c.name, "LTO") {
+				t.Errorf("all units parsed at once: %v", whole)
 			}
 			addrs := functionAddrs(t, bin)
 			want := symbolize(t, oracle, addrs)

@@ -37,12 +37,20 @@ const (
 // an index of their address ranges, the line from its line table, the
 // inlined calls from its subprogram and inlined-subroutine entries.
 type dwarfLines struct {
-	d     *dwarf.Data
-	units []unitRange // sorted by lo
+	secs map[string][]byte
+	// d holds every unit, where units refer into each other; nil where
+	// each is read on its own (units.go): spans are then their places,
+	// recent the last read, first first.
+	d      *dwarf.Data
+	spans  []unitSpan
+	recent []parsedUnit
+	units  []unitRange // sorted by lo
+	// names are function names by their entry's section offset.
 	names map[dwarf.Offset]string
 }
 
-// unitRange is an address range of a compilation unit.
+// unitRange is an address range of a compilation unit: the offset of its
+// entry (of its header where units are read on their own).
 type unitRange struct {
 	lo, hi uint64
 	unit   dwarf.Offset
@@ -91,27 +99,35 @@ func heapAllocs() uint64 {
 }
 
 // newDWARFLines reads DWARF from its sections, named without ".debug_",
-// and indexes its units. It returns about how many bytes parsing kept:
-// debug/dwarf parses every unit's header and abbreviations up front, and
-// libc's 2,083 units keep more so than its sections take (what the parse
-// allocates is counted, with other goroutines' allocations meanwhile, a
-// small error on the safe side).
+// and indexes its units. It returns about how many bytes parsing kept
+// where every unit is parsed up front (what the parse allocates is
+// counted, with other goroutines' allocations meanwhile, a small error on
+// the safe side); where units are read on their own, the few kept.
 func newDWARFLines(secs map[string][]byte) (*dwarfLines, int64, error) {
-	allocs := heapAllocs()
-	d, err := dwarf.New(secs["abbrev"], nil, nil, secs["info"], secs["line"], nil, secs["ranges"], secs["str"])
-	if err != nil {
-		return nil, 0, fmt.Errorf("reading DWARF: %w", err)
-	}
-	for _, name := range dwarf5Sections {
-		if b := secs[name]; b != nil {
-			if err := d.AddSection(".debug_"+name, b); err != nil {
-				return nil, 0, fmt.Errorf("reading DWARF: %w", err)
+	l := &dwarfLines{secs: secs, names: map[dwarf.Offset]string{}}
+	if cross, err := crossUnitForms(secs["abbrev"]); err == nil && !cross {
+		if l.spans, err = splitUnits(secs["info"]); err == nil {
+			if err := l.indexUnits(); err != nil {
+				return nil, 0, err
 			}
+			kept, err := l.sorted()
+			if err != nil {
+				return nil, 0, err
+			}
+			return l, kept, nil
 		}
 	}
+	allocs := heapAllocs()
+	d, err := newData(secs, secs["info"])
+	if err != nil {
+		return nil, 0, err
+	}
 	parsed := int64(heapAllocs() - allocs)
-	l := &dwarfLines{d: d, names: map[dwarf.Offset]string{}}
+	l.d, l.spans = d, nil
 	if err := l.index(); err != nil {
+		return nil, 0, err
+	}
+	if _, err := l.sorted(); err != nil {
 		return nil, 0, err
 	}
 	return l, parsed, nil
@@ -282,11 +298,18 @@ func (l *dwarfLines) index() error {
 		}
 		r.SkipChildren()
 	}
+	return nil
+}
+
+// sorted sorts the index and returns the bytes the units read on their
+// own may keep.
+func (l *dwarfLines) sorted() (int64, error) {
 	if len(l.units) == 0 {
-		return fmt.Errorf("%w: no compilation unit has addresses", ErrNoDebugInfo)
+		return 0, fmt.Errorf("%w: no compilation unit has addresses", ErrNoDebugInfo)
 	}
 	sort.Slice(l.units, func(i, j int) bool { return l.units[i].lo < l.units[j].lo })
-	return nil
+	const perUnit = 64 << 10 // a unit's header and abbreviations, generously
+	return int64(len(l.spans))*16 + int64(min(len(l.spans), recentUnits))*perUnit, nil
 }
 
 // unitAt returns the unit whose ranges hold addr. Ranges of units rarely
@@ -306,8 +329,12 @@ func (l *dwarfLines) lookup(addr uint64) ([]Frame, error) {
 	if !ok {
 		return nil, nil
 	}
-	r := l.d.Reader()
-	r.Seek(unit)
+	v, err := l.view(unit)
+	if err != nil {
+		return nil, err
+	}
+	r := v.d.Reader()
+	r.Seek(v.cu)
 	cu, err := r.Next()
 	if err != nil || cu == nil {
 		return nil, fmt.Errorf("reading the unit at %#x: %v", unit, err)
@@ -316,7 +343,7 @@ func (l *dwarfLines) lookup(addr uint64) ([]Frame, error) {
 	var files []*dwarf.LineFile
 	var file string
 	var line uint32
-	if lr, err := l.d.LineReader(cu); err == nil && lr != nil {
+	if lr, err := v.d.LineReader(cu); err == nil && lr != nil {
 		le, err := rowAt(lr, addr)
 		if err != nil {
 			return nil, fmt.Errorf("line table of the unit at %#x: %w", unit, err)
@@ -329,7 +356,7 @@ func (l *dwarfLines) lookup(addr uint64) ([]Frame, error) {
 		}
 		files = lr.Files()
 	}
-	scopes, err := l.scopes(r, addr)
+	scopes, err := scopes(v.d, r, addr)
 	if err != nil {
 		return nil, err
 	}
@@ -344,7 +371,7 @@ func (l *dwarfLines) lookup(addr uint64) ([]Frame, error) {
 	frames := make([]Frame, len(scopes))
 	for k := len(scopes) - 1; k >= 0; k-- {
 		e := scopes[k]
-		frames[len(scopes)-1-k] = Frame{Function: l.name(e), File: file, Line: line, Inlined: k > 0}
+		frames[len(scopes)-1-k] = Frame{Function: l.name(v, e), File: file, Line: line, Inlined: k > 0}
 		file, line = callSite(e, files)
 		file = sourcePath(compDir, file)
 	}
@@ -374,8 +401,8 @@ func rowAt(lr *dwarf.LineReader, addr uint64) (*dwarf.LineEntry, error) {
 
 // scopes returns the subprogram holding addr and the inlined subroutines
 // inside it that hold addr, outermost first. r is positioned after the
-// unit's entry.
-func (l *dwarfLines) scopes(r *dwarf.Reader, addr uint64) ([]*dwarf.Entry, error) {
+// unit's entry, in d.
+func scopes(d *dwarf.Data, r *dwarf.Reader, addr uint64) ([]*dwarf.Entry, error) {
 	var scopes []*dwarf.Entry
 	// entered has an element per entry whose children are being read:
 	// true for a scope holding addr (its end ends the search), false for
@@ -405,7 +432,7 @@ func (l *dwarfLines) scopes(r *dwarf.Reader, addr uint64) ([]*dwarf.Entry, error
 			}
 		case dwarf.TagSubprogram, dwarf.TagInlinedSubroutine, dwarf.TagLexDwarfBlock,
 			dwarf.TagTryDwarfBlock, dwarf.TagCatchDwarfBlock:
-			if l.holds(e, addr) {
+			if holds(d, e, addr) {
 				if e.Tag == dwarf.TagSubprogram || e.Tag == dwarf.TagInlinedSubroutine {
 					scopes = append(scopes, e)
 				}
@@ -421,12 +448,12 @@ func (l *dwarfLines) scopes(r *dwarf.Reader, addr uint64) ([]*dwarf.Entry, error
 	return scopes, fmt.Errorf("more than %d DWARF entries around %#x", maxScopeEntries, addr)
 }
 
-// holds says whether e's address ranges hold addr.
-func (l *dwarfLines) holds(e *dwarf.Entry, addr uint64) bool {
+// holds says whether e's address ranges hold addr; d holds e.
+func holds(d *dwarf.Data, e *dwarf.Entry, addr uint64) bool {
 	if e.Val(dwarf.AttrLowpc) == nil && e.Val(dwarf.AttrRanges) == nil {
 		return false
 	}
-	ranges, err := l.d.Ranges(e)
+	ranges, err := d.Ranges(e)
 	if err != nil {
 		return false
 	}
@@ -440,12 +467,13 @@ func (l *dwarfLines) holds(e *dwarf.Entry, addr uint64) bool {
 
 // name returns a function's linkage name, else its name, following the
 // abstract origin of an inlined or out-of-line instance and the
-// specification of a definition to the declaration that has them.
-func (l *dwarfLines) name(e *dwarf.Entry) string {
-	if n, ok := l.names[e.Offset]; ok {
+// specification of a definition to the declaration that has them. v
+// holds e.
+func (l *dwarfLines) name(v unitView, e *dwarf.Entry) string {
+	start := v.base + e.Offset
+	if n, ok := l.names[start]; ok {
 		return n
 	}
-	start := e.Offset
 	var plain string
 	for range maxNameHops {
 		for _, a := range []dwarf.Attr{dwarf.AttrLinkageName, attrMIPSLinkageName} {
@@ -463,7 +491,7 @@ func (l *dwarfLines) name(e *dwarf.Entry) string {
 		if !ok {
 			break
 		}
-		r := l.d.Reader()
+		r := v.d.Reader()
 		r.Seek(off)
 		next, err := r.Next()
 		if err != nil || next == nil {
