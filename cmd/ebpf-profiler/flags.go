@@ -68,6 +68,9 @@ type config struct {
 	// inflated (processmanager.Config.DebugInfoInflateDir).
 	debugInfoInflateDir string
 	deltaCacheMiB       int
+	// memoryLimitMiB is the Go runtime's soft memory limit; 0 leaves
+	// it to GOMEMLIMIT (none by default).
+	memoryLimitMiB int
 	bpfLogLevel         uint
 	mapScaleFactor      uint
 	verbose             bool
@@ -134,6 +137,9 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 			"libraries are ready (\"\" disables). Files that do not check out are removed with a warning.")
 	fs.IntVar(&c.deltaCacheMiB, "delta-cache-mb", 256,
 		"MiB the stack delta cache may hold; least recently used files go first. 0 disables it.")
+	fs.IntVar(&c.memoryLimitMiB, "memory-limit-mb", 0,
+		"Soft limit, in MiB, on the daemon's own memory (heap, stacks, runtime; not its mapped code or BPF maps): "+
+			"near it the garbage collector runs more often, at most half the daemon's CPU. 0: GOMEMLIMIT's, or none.")
 	fs.UintVar(&c.bpfLogLevel, "bpf-log-level", 0, "BPF verifier log level (0-2); logs are printed with -v.")
 	fs.UintVar(&c.mapScaleFactor, "map-scale-factor", 0,
 		fmt.Sprintf("Scaling factor for eBPF map sizes (0-%d): every increase by 1 doubles the maps of stack deltas "+
@@ -205,6 +211,9 @@ func (c *config) validate() error {
 		if _, _, err := net.SplitHostPort(c.pprofAddr); err != nil {
 			errs = append(errs, fmt.Errorf("-pprof=%q: want host:port", c.pprofAddr))
 		}
+	}
+	if c.memoryLimitMiB < 0 || c.memoryLimitMiB > 1<<20 {
+		errs = append(errs, fmt.Errorf("-memory-limit-mb=%d: want 0 (none) to %d", c.memoryLimitMiB, 1<<20))
 	}
 	if c.deltaCacheMiB < 0 {
 		errs = append(errs, fmt.Errorf("-delta-cache-mb=%d: want 0 or more", c.deltaCacheMiB))

@@ -92,6 +92,7 @@ func TestParseFlags(t *testing.T) {
 		{name: "agent without host", args: []string{"-collection-agent=:4317"}, wantErr: "has no host"},
 		{name: "agent port out of range", args: []string{"-collection-agent=h:99999"}, wantErr: "invalid port"},
 		{name: "zero rate", args: []string{"-samples-per-second=0"}, wantErr: "want 1 to 10000"},
+		{name: "negative memory limit", args: []string{"-memory-limit-mb=-1"}, wantErr: "-memory-limit-mb=-1: want 0 (none)"},
 		{name: "huge rate", args: []string{"-samples-per-second=20000"}, wantErr: "want 1 to 10000"},
 		{name: "short interval", args: []string{"-reporter-interval=10ms"}, wantErr: "-reporter-interval=10ms"},
 		{name: "bad monitor interval", args: []string{"-monitor-interval=2h"}, wantErr: "-monitor-interval=2h0m0s"},

@@ -98,6 +98,9 @@ func profile(ctx context.Context, cfg *config) error {
 	start := time.Now()
 	log.Infof("Starting %s", versionLine())
 	boost := boostPriority(cfg.startupNice)
+	if cfg.memoryLimitMiB > 0 {
+		debug.SetMemoryLimit(int64(cfg.memoryLimitMiB) << 20)
+	}
 	release := tracer.KernelRelease()
 	if err := checkKernel(release, cfg.noKernelVersionCheck); err != nil {
 		return err
@@ -197,9 +200,17 @@ func profile(ctx context.Context, cfg *config) error {
 	pumpDone := make(chan error, 1)
 	go func() { pumpDone <- tr.Run(pumpCtx, handler) }()
 
-	boostCtx, endBoost := context.WithCancel(ctx)
-	defer endBoost()
-	go boost.endWhen(boostCtx, func() bool { return rep.Stats().Intervals > 0 && pm.Stats().UnwindQueue == 0 })
+	startupCtx, endStartup := context.WithCancel(ctx)
+	defer endStartup()
+	go func() {
+		// Start-up is over once the first profile is out and the stack
+		// deltas of the processes found are loaded.
+		over := waitStartup(startupCtx, func() bool { return rep.Stats().Intervals > 0 && pm.Stats().UnwindQueue == 0 })
+		boost.end()
+		if over {
+			releaseStartupMemory()
+		}
+	}()
 	mon := newMonitor(tr, handler, pm, rep, corr, prob)
 	log.Debugf("Start-up took %v", time.Since(start).Round(time.Millisecond))
 	// Loading parsed the kernel's BTF, tens of MiB of garbage by now: hand

@@ -22,8 +22,8 @@ import (
 // A daemon started below the default priority (systemd's Nice=) was put
 // there on purpose and is left alone.
 
-// maxStartupBoost bounds the boost when start-up never settles (a host
-// whose processes keep the delta queue busy).
+// maxStartupBoost bounds the wait for start-up to settle (a host whose
+// processes keep the delta queue busy).
 const maxStartupBoost = time.Minute
 
 // priorityBoost is a raised scheduling priority, undone by returning to the
@@ -51,24 +51,28 @@ func boostPriority(to int) *priorityBoost {
 	return &priorityBoost{start: time.Now()}
 }
 
-// endWhen returns the priority to the default once done says start-up is
-// over (polled), after maxStartupBoost, or when ctx ends.
-func (b *priorityBoost) endWhen(ctx context.Context, done func() bool) {
-	if b == nil {
-		return
-	}
+// waitStartup returns once done says start-up is over (polled), after
+// maxStartupBoost, or when ctx ends (false then).
+func waitStartup(ctx context.Context, done func() bool) bool {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	deadline := time.After(maxStartupBoost)
-loop:
 	for !done() {
 		select {
 		case <-ctx.Done():
-			break loop
+			return false
 		case <-deadline:
-			break loop
+			return true
 		case <-tick.C:
 		}
+	}
+	return true
+}
+
+// end returns the priority to the default.
+func (b *priorityBoost) end() {
+	if b == nil {
+		return
 	}
 	if err := setNice(0); err != nil {
 		log.Warnf("Could not return to the default scheduling priority after start-up: %v", err)

@@ -47,7 +47,10 @@ func TestStartupBoost(t *testing.T) {
 		}
 	}
 	calls := 0
-	b.endWhen(context.Background(), func() bool { calls++; return calls > 1 })
+	if !waitStartup(context.Background(), func() bool { calls++; return calls > 1 }) || calls != 2 {
+		t.Errorf("waitStartup: done called %d times", calls)
+	}
+	b.end()
 	for tid, n := range threadNices(t) {
 		if n != 0 {
 			t.Errorf("thread %d at nice %d after the boost, want 0", tid, n)

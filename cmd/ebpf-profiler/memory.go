@@ -1,0 +1,70 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+
+	log "github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+)
+
+// Start-up runs code and builds data that steady state does not touch
+// again: loading and verifying the BPF programs, parsing the kernel's BTF
+// and kallsyms, reading every process and the ELF files of its mappings.
+// Their heap is garbage by then and their code pages stay resident until
+// memory runs short, which made the daemon's resident set after start-up
+// depend on what it happened to load. Once start-up is over both are
+// handed back.
+
+// releaseStartupMemory returns free heap to the OS and drops the resident
+// pages of the daemon's own read-only mappings (its code and read-only
+// data): those still used come back from the page cache on first use (a
+// minor fault), the rest stay out. Writable mappings (Go's data and bss,
+// private copies) are left alone.
+func releaseStartupMemory() {
+	debug.FreeOSMemory()
+	dropped, err := dropReadOnlyPages("/proc/self/maps")
+	if err != nil {
+		log.Debugf("Keeping the start-up code resident: %v", err)
+		return
+	}
+	log.Debugf("Start-up over: heap returned to the OS, %d KiB of code and read-only data dropped", dropped>>10)
+}
+
+// dropReadOnlyPages drops the resident pages of the read-only mappings of
+// the running executable listed in mapsPath, and returns their bytes.
+func dropReadOnlyPages(mapsPath string) (uint64, error) {
+	exe, err := os.Readlink("/proc/self/exe")
+	if err != nil {
+		return 0, err
+	}
+	b, err := os.ReadFile(mapsPath)
+	if err != nil {
+		return 0, err
+	}
+	var total uint64
+	s := bufio.NewScanner(bytes.NewReader(b))
+	for s.Scan() {
+		// start-end perms offset dev inode path
+		f := strings.Fields(s.Text())
+		if len(f) < 6 || f[5] != exe || len(f[1]) < 2 || f[1][1] == 'w' {
+			continue
+		}
+		lo, hi, ok := strings.Cut(f[0], "-")
+		start, err1 := strconv.ParseUint(lo, 16, 64)
+		end, err2 := strconv.ParseUint(hi, 16, 64)
+		if !ok || err1 != nil || err2 != nil || end <= start {
+			return total, fmt.Errorf("%s: malformed line %q", mapsPath, s.Text())
+		}
+		if _, _, errno := unix.Syscall(unix.SYS_MADVISE, uintptr(start), uintptr(end-start), unix.MADV_DONTNEED); errno != 0 {
+			return total, fmt.Errorf("madvise %s: %w", f[0], errno)
+		}
+		total += end - start
+	}
+	return total, s.Err()
+}
