@@ -71,13 +71,13 @@ type config struct {
 	// memoryLimitMiB is the Go runtime's soft memory limit; 0 leaves
 	// it to GOMEMLIMIT (none by default).
 	memoryLimitMiB int
-	bpfLogLevel         uint
-	mapScaleFactor      uint
-	verbose             bool
-	version             bool
-	outputDir           string
-	maxOutputFiles      int
-	pprofAddr           string
+	bpfLogLevel    uint
+	mapScaleFactor uint
+	verbose        bool
+	version        bool
+	outputDir      string
+	maxOutputFiles int
+	pprofAddr      string
 	// probabilisticThreshold is the percentage of probabilistic intervals
 	// that sample; 100 samples always.
 	probabilisticThreshold uint
