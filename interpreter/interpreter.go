@@ -94,6 +94,10 @@ type File struct {
 	// FunctionRanges lists the ranges of the file's FDEs
 	// (nativeunwind.FunctionRanges), read on first call.
 	FunctionRanges func() ([][2]uint64, error)
+	// DynamicSymbols and Symbols are the file's .dynsym and .symtab,
+	// read once for every runtime (and the daemon's own symbol table):
+	// reading a large library's costs megabytes of allocations.
+	DynamicSymbols, Symbols []elf.Symbol
 }
 
 // Binary is a runtime found in a file, with what every process running it

@@ -98,12 +98,17 @@ func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime) (d *elfDat
 		}
 	}
 	d.gnuBuildID, d.goBuildID = findBuildIDs(f)
-	syms, err := f.Symbols()
-	if len(syms) == 0 || err != nil {
-		syms, err = f.DynamicSymbols()
-	}
-	if err != nil && !errors.Is(err, elf.ErrNoSymbols) {
-		return nil, fmt.Errorf("reading ELF symbols: %w", err)
+	// Both tables, once, for the daemon's symbol table and every
+	// runtime's look.
+	// A damaged .symtab leaves .dynsym's names.
+	symtab, symtabErr := f.Symbols()
+	dynsym, err := f.DynamicSymbols()
+	syms := symtab
+	if len(syms) == 0 || symtabErr != nil {
+		syms = dynsym
+		if err != nil && !errors.Is(err, elf.ErrNoSymbols) {
+			return nil, fmt.Errorf("reading ELF symbols: %w", err)
+		}
 	}
 	cands := elfSymbolCandidates(f, syms)
 	// Go binaries are often stripped; their .gopclntab still names every
@@ -115,6 +120,7 @@ func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime) (d *elfDat
 	d.symbols = buildSymbolTable(cands)
 	d.runtimes, d.recogniseErrs = recogniseRuntimes(&interpreter.File{
 		Path: path, ELF: f, FunctionRanges: func() ([][2]uint64, error) { return nativeunwind.FunctionRanges(f) },
+		DynamicSymbols: dynsym, Symbols: symtab,
 	}, rts)
 	if definesGetspecific(syms) {
 		if l, err := libc.TSDLayoutFromLibc(f); err == nil {

@@ -64,7 +64,14 @@ const maxRodata = 64 << 20
 // from the PY_VERSION string in .rodata where that can be found. Files of
 // other programs give ErrNotPython.
 func Detect(f *elf.File) (*Interpreter, error) {
-	syms := symbolTable(f)
+	dyn, _ := f.DynamicSymbols()
+	symtab, _ := f.Symbols()
+	return detect(f, dyn, symtab)
+}
+
+// detect is Detect with f's .dynsym and .symtab read already.
+func detect(f *elf.File, dyn, symtab []elf.Symbol) (*Interpreter, error) {
+	syms := symbolTable(dyn, symtab)
 	eval, ok := syms["_PyEval_EvalFrameDefault"]
 	if !ok {
 		return nil, ErrNotPython
@@ -101,14 +108,23 @@ func Detect(f *elf.File) (*Interpreter, error) {
 	return in, nil
 }
 
-// symbolTable returns f's function and object symbols by name, from
-// .dynsym and, where present, .symtab.
-func symbolTable(f *elf.File) map[string]elf.Symbol {
+// detectSymbols are the symbols Detect reads.
+var detectSymbols = func() map[string]bool {
+	m := map[string]bool{"_PyEval_EvalFrameDefault": true, "_PyRuntime": true, "_PyThreadState_Current": true,
+		debugBuildSymbol: true, "Py_Version": true}
+	for _, v := range versionMarkers {
+		m[v.symbol] = true
+	}
+	return m
+}()
+
+// symbolTable returns the defined symbols of tables that Detect reads, by
+// name; a later one wins.
+func symbolTable(tables ...[]elf.Symbol) map[string]elf.Symbol {
 	out := map[string]elf.Symbol{}
-	for _, load := range []func() ([]elf.Symbol, error){f.DynamicSymbols, f.Symbols} {
-		syms, _ := load()
+	for _, syms := range tables {
 		for _, s := range syms {
-			if s.Section != elf.SHN_UNDEF && s.Value != 0 {
+			if s.Section != elf.SHN_UNDEF && s.Value != 0 && detectSymbols[s.Name] {
 				out[s.Name] = s
 			}
 		}

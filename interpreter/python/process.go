@@ -34,6 +34,12 @@ func NewBinary(f *elf.File, functions func() ([][2]uint64, error)) (*Binary, err
 	if err != nil {
 		return nil, err
 	}
+	return newBinary(f, in, functions), nil
+}
+
+// newBinary is NewBinary for the interpreter Detect found in f; what
+// keeps its processes from being unwound is its Err.
+func newBinary(f *elf.File, in *Interpreter, functions func() ([][2]uint64, error)) *Binary {
 	b := &Binary{Interpreter: in, EvalRanges: [][2]uint64{in.EvalFrame}}
 	if fns, err := functions(); err == nil {
 		// Without the parts, the symbol's range still is the eval loop's
@@ -42,20 +48,22 @@ func NewBinary(f *elf.File, functions func() ([][2]uint64, error)) (*Binary, err
 	}
 	if in.Debug {
 		b.Err = fmt.Errorf("CPython %v is a debug build (Py_DEBUG): the offsets table describes release builds", in.Version)
-		return b, nil
+		return b
 	}
 	if b.Offsets, b.Err = OffsetsFor(in.Version); b.Err != nil {
 		b.Offsets = nil
-		return b, nil
+		return b
 	}
 	if _, err := b.Offsets.frameLayout(); err != nil {
 		b.Offsets, b.Err = nil, err
-		return b, nil
+		return b
 	}
-	if b.keyLoc, err = FindThreadStateKey(f, in, b.Offsets); err != nil {
+	key, err := FindThreadStateKey(f, in, b.Offsets)
+	if err != nil {
 		b.Offsets, b.Err = nil, err
 	}
-	return b, nil
+	b.keyLoc = key
+	return b
 }
 
 // Process is a process that runs a Binary: it describes the process to

@@ -38,11 +38,11 @@ func init() { interpreter.Register(Runtime) }
 // recognise finds CPython by its eval loop's symbol, not by file name, so
 // static and embedded builds (uwsgi) are found too.
 func recognise(f *interpreter.File) (interpreter.Binary, error) {
-	b, err := NewBinary(f.ELF, f.FunctionRanges)
+	in, err := detect(f.ELF, f.DynamicSymbols, f.Symbols)
 	if err != nil {
 		return nil, nil // not CPython
 	}
-	return runtimeBinary{b}, nil
+	return runtimeBinary{newBinary(f.ELF, in, f.FunctionRanges)}, nil
 }
 
 // runtimeBinary is a Binary as the interpreter interface sees it.

@@ -67,16 +67,22 @@ type binaryInfo struct {
 
 // readBinary reads a V8 binary's version, metadata and builtins.
 func readBinary(f *elf.File) (*binaryInfo, error) {
+	syms, _ := f.Symbols()
+	dyn, _ := f.DynamicSymbols()
+	return readBinarySymbols(f, dyn, syms)
+}
+
+// readBinarySymbols is readBinary with f's .dynsym and .symtab read
+// already.
+func readBinarySymbols(f *elf.File, dyn, syms []elf.Symbol) (*binaryInfo, error) {
 	md, err := readMetadata(f)
 	if err != nil {
 		return nil, err
 	}
-	b := &binaryInfo{md: md}
-	syms, err := f.Symbols()
-	if err != nil {
-		return nil, fmt.Errorf("V8 without a symbol table: %w", err)
+	if len(syms) == 0 {
+		return nil, errors.New("V8 without a symbol table")
 	}
-	dyn, _ := f.DynamicSymbols()
+	b := &binaryInfo{md: md}
 	byName := map[string]elf.Symbol{}
 	for _, list := range [][]elf.Symbol{dyn, syms} {
 		for _, s := range list {

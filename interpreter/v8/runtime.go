@@ -65,7 +65,7 @@ func recognise(f *interpreter.File) (interpreter.Binary, error) {
 	if !isNodeName(f.Path) {
 		return nil, nil
 	}
-	info, err := readBinary(f.ELF)
+	info, err := readBinarySymbols(f.ELF, f.DynamicSymbols, f.Symbols)
 	if errors.Is(err, ErrNotV8) {
 		return nil, nil
 	}
