@@ -2,13 +2,13 @@ package processmanager
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"fmt"
 	"io"
 	"math"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
@@ -50,19 +50,21 @@ const vmlinuxName = "vmlinux"
 func parseKallsyms(r io.Reader) (*kallsyms, error) {
 	k := &kallsyms{modules: []moduleRange{{name: vmlinuxName}}}
 	moduleIndex := map[string]uint16{}
-	type rankedSym struct {
-		ksym
-		rank int
-	}
-	var syms []rankedSym
-	var names strings.Builder
+	// While parsing, a symbol's type rank (its preference among symbols
+	// at one address) sits in the top bits of nameLen: a kernel has over
+	// 100k text symbols, and a second array of them was megabytes more.
+	const rankShift = 14
+	// Grown by doubling: append grows large slices by a quarter, and
+	// copied the megabytes of names five times over.
+	syms := make([]ksym, 0, 1<<16)
+	names := make([]byte, 0, 1<<20)
 	nonZero := false
 
 	s := bufio.NewScanner(r)
 	for lineNo := 1; s.Scan(); lineNo++ {
-		line := s.Text()
-		addrStr, rest, ok1 := strings.Cut(line, " ")
-		typ, rest, ok2 := strings.Cut(rest, " ")
+		line := s.Bytes()
+		addrStr, rest, ok1 := bytes.Cut(line, []byte{' '})
+		typ, rest, ok2 := bytes.Cut(rest, []byte{' '})
 		if !ok1 || !ok2 || len(typ) != 1 {
 			return nil, fmt.Errorf("kallsyms line %d %q: malformed", lineNo, line)
 		}
@@ -70,55 +72,87 @@ func parseKallsyms(r io.Reader) (*kallsyms, error) {
 		if rank < 0 {
 			continue
 		}
-		addr, err := strconv.ParseUint(addrStr, 16, 64)
+		addr, err := parseHex(addrStr)
 		if err != nil {
 			return nil, fmt.Errorf("kallsyms line %d: address: %w", lineNo, err)
 		}
 		nonZero = nonZero || addr != 0
-		name, module, _ := strings.Cut(rest, "\t")
-		name = strings.TrimSpace(name)
-		module = strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(module), "["), "]")
+		name, module, _ := bytes.Cut(rest, []byte{'\t'})
+		name = bytes.TrimSpace(name)
+		module = bytes.TrimSuffix(bytes.TrimPrefix(bytes.TrimSpace(module), []byte{'['}), []byte{']'})
 		var modIdx uint16
-		if module != "" {
-			idx, ok := moduleIndex[module]
+		if len(module) > 0 {
+			idx, ok := moduleIndex[string(module)]
 			if !ok {
 				if len(k.modules) > math.MaxUint16 {
 					return nil, fmt.Errorf("kallsyms line %d: more than %d modules", lineNo, math.MaxUint16)
 				}
 				idx = uint16(len(k.modules))
-				moduleIndex[module] = idx
-				k.modules = append(k.modules, moduleRange{name: module, low: ^uint64(0)})
+				moduleIndex[string(module)] = idx
+				k.modules = append(k.modules, moduleRange{name: string(module), low: ^uint64(0)})
 			}
 			modIdx = idx
 		}
-		off := names.Len()
-		if off+len(name) > math.MaxUint32 || len(name) > math.MaxUint16 {
+		off := len(names)
+		if off+len(name) > math.MaxUint32 || len(name) >= 1<<rankShift {
 			return nil, fmt.Errorf("kallsyms line %d: name too long or names exceed 4 GiB", lineNo)
 		}
-		names.WriteString(name)
-		syms = append(syms, rankedSym{ksym{addr, uint32(off), uint16(len(name)), modIdx}, rank})
+		if cap(names)-len(names) < len(name) {
+			names = slices.Grow(names, cap(names))
+		}
+		if len(syms) == cap(syms) {
+			syms = slices.Grow(syms, cap(syms))
+		}
+		names = append(names, name...)
+		syms = append(syms, ksym{addr, uint32(off), uint16(len(name)) | uint16(rank)<<rankShift, modIdx})
 	}
 	if err := s.Err(); err != nil {
 		return nil, fmt.Errorf("reading kallsyms: %w", err)
 	}
-	// Clone drops the builder's spare capacity: names are megabytes.
-	k.names = strings.Clone(names.String())
+	// A copy of exactly their size: names are megabytes.
+	k.names = string(names)
 	if !nonZero {
 		k.hidden = len(syms) > 0
 		return k, nil
 	}
-	slices.SortStableFunc(syms, func(a, b rankedSym) int {
-		return cmp.Or(cmp.Compare(a.addr, b.addr), cmp.Compare(a.rank, b.rank))
+	slices.SortStableFunc(syms, func(a, b ksym) int {
+		return cmp.Or(cmp.Compare(a.addr, b.addr), cmp.Compare(a.nameLen>>rankShift, b.nameLen>>rankShift))
 	})
-	syms = slices.CompactFunc(syms, func(a, b rankedSym) bool { return a.addr == b.addr })
-	k.syms = make([]ksym, len(syms))
+	syms = slices.CompactFunc(syms, func(a, b ksym) bool { return a.addr == b.addr })
+	k.syms = syms
+	if cap(syms) > len(syms)+len(syms)/4 {
+		k.syms = slices.Clone(syms) // the appends' spare room is megabytes
+	}
 	k.modules[0].low = ^uint64(0)
-	for i, s := range syms {
-		k.syms[i] = s.ksym
+	for i := range k.syms {
+		s := &k.syms[i]
+		s.nameLen &= 1<<rankShift - 1
 		m := &k.modules[s.module]
 		m.low, m.high = min(m.low, s.addr), max(m.high, s.addr)
 	}
 	return k, nil
+}
+
+// parseHex parses a kallsyms address: hexadecimal digits, at most 16.
+func parseHex(b []byte) (uint64, error) {
+	if len(b) == 0 || len(b) > 16 {
+		return 0, fmt.Errorf("%q is not a 64-bit hexadecimal number", b)
+	}
+	var v uint64
+	for _, c := range b {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		case c >= 'A' && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return 0, fmt.Errorf("%q is not a 64-bit hexadecimal number", b)
+		}
+		v = v<<4 | uint64(c)
+	}
+	return v, nil
 }
 
 // maxKernelSymbolSize bounds how far past its start a kernel symbol is

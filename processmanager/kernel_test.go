@@ -230,3 +230,18 @@ func TestRealKallsyms(t *testing.T) {
 		t.Log("kernel has no build id in /sys/kernel/notes")
 	}
 }
+
+// BenchmarkLoadKallsyms: reading and parsing the host's /proc/kallsyms,
+// which the daemon does at start; B/op is its allocations.
+func BenchmarkLoadKallsyms(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		k, err := loadKallsyms("/proc")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(k.syms) == 0 {
+			b.Fatal("no symbols")
+		}
+	}
+}
