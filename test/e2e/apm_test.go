@@ -18,6 +18,7 @@ import (
 
 	profilespb "go.opentelemetry.io/proto/slim/otlp/profiles/v1development"
 
+	"github.com/hostprof/ebpf-profiler/utils/collector"
 	"github.com/hostprof/ebpf-profiler/utils/testagent/applog"
 )
 
@@ -172,7 +173,7 @@ type linkedSample struct {
 func appSamples(t *testing.T, pds []*profilespb.ProfilesData, pid int) (samples []linkedSample, hostID string) {
 	t.Helper()
 	for _, pd := range pds {
-		if err := resolveAttributeRefs(pd); err != nil {
+		if err := collector.ResolveAttributeRefs(pd); err != nil {
 			t.Fatal(err)
 		}
 		d := pd.GetDictionary()
@@ -180,8 +181,8 @@ func appSamples(t *testing.T, pds []*profilespb.ProfilesData, pid int) (samples 
 			if p, _ := resourceIntAttr(rp, "process.pid"); int(p) != pid {
 				continue
 			}
-			hostID = resourceAttr(rp, "host.id")
-			if svc := resourceAttr(rp, "service.name"); svc != "testagent-svc" && svc != "" {
+			hostID = collector.ResourceAttr(rp, "host.id")
+			if svc := collector.ResourceAttr(rp, "service.name"); svc != "testagent-svc" && svc != "" {
 				t.Errorf("service.name %q", svc)
 			}
 			for _, sp := range rp.GetScopeProfiles() {
@@ -378,7 +379,7 @@ func TestAPMCorrelation(t *testing.T) {
 	t.Run("hostile", func(t *testing.T) {
 		checkHostile(t, hostile, string(log), outside(), rootOwned(), hwm)
 	})
-	pds, err := readFileExporterOutput(c.OutPath, false)
+	pds, err := collector.ReadOutput(c.OutPath, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,8 @@ import (
 
 	collectorpb "go.opentelemetry.io/proto/slim/otlp/collector/profiles/v1development"
 	profilespb "go.opentelemetry.io/proto/slim/otlp/profiles/v1development"
+
+	"github.com/hostprof/ebpf-profiler/utils/collector"
 )
 
 // TestCollectorAcceptsProfiles checks the collector side of the e2e setup
@@ -47,7 +49,7 @@ func TestCollectorAcceptsProfiles(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	got, err := readFileExporterOutput(c.OutPath, true)
+	got, err := collector.ReadOutput(c.OutPath, true)
 	if err != nil {
 		t.Fatalf("reading file exporter output (strict v0.4.0 parse): %v", err)
 	}
@@ -64,11 +66,11 @@ func TestCollectorAcceptsProfiles(t *testing.T) {
 			Dictionary:       sent[i].GetDictionary(),
 		}
 		gotPD := got[i]
-		if err := resolveAttributeRefs(gotPD); err != nil {
+		if err := collector.ResolveAttributeRefs(gotPD); err != nil {
 			t.Fatalf("request %d: %v", i, err)
 		}
 		for _, rp := range gotPD.GetResourceProfiles() {
-			if resourceAttr(rp, "host.name") == "" {
+			if collector.ResourceAttr(rp, "host.name") == "" {
 				t.Errorf("request %d: resource lost its host.name attribute", i)
 			}
 		}
@@ -99,13 +101,13 @@ func TestCollectorProfilesFeatureGate(t *testing.T) {
 	bin := collectorBinary(t)
 	gate := profilesGateArgs(t, bin)
 	if len(gate) == 0 {
-		t.Skipf("%s is not needed by this collector", profilesGate)
+		t.Skipf("%s is not needed by this collector", collector.ProfilesGate)
 	}
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "config.yaml")
-	writeFile(t, cfg, collectorConfig("127.0.0.1:0", filepath.Join(dir, "out.jsonl"), "basic", nil))
+	writeFile(t, cfg, collector.Config("127.0.0.1:0", filepath.Join(dir, "out.jsonl"), "basic", nil))
 	out, err := exec.Command(bin, "--config="+cfg).CombinedOutput()
-	if err == nil || !strings.Contains(string(out), profilesGate) {
-		t.Fatalf("collector without --feature-gates=+%s: err=%v, want a refusal naming the gate; output:\n%s", profilesGate, err, out)
+	if err == nil || !strings.Contains(string(out), collector.ProfilesGate) {
+		t.Fatalf("collector without --feature-gates=+%s: err=%v, want a refusal naming the gate; output:\n%s", collector.ProfilesGate, err, out)
 	}
 }

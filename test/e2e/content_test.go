@@ -12,6 +12,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	_ "github.com/hostprof/ebpf-profiler/interpreter/all"
+	"github.com/hostprof/ebpf-profiler/utils/collector"
 )
 
 // dictAttrs returns the key/value pairs an attribute_indices list points at.
@@ -42,7 +43,7 @@ func checkExportedContent(t *testing.T, pds []*profilespb.ProfilesData, workload
 	var kernelLocations, workloadSamples, workloadHot int64
 	sawWorkload := false
 	for _, pd := range pds {
-		if err := resolveAttributeRefs(pd); err != nil {
+		if err := collector.ResolveAttributeRefs(pd); err != nil {
 			t.Fatal(err)
 		}
 		d := pd.GetDictionary()
@@ -72,7 +73,7 @@ func checkExportedContent(t *testing.T, pds []*profilespb.ProfilesData, workload
 			}
 		}
 		for _, rp := range pd.GetResourceProfiles() {
-			if resourceAttr(rp, "host.name") == "" || resourceAttr(rp, "process.executable.name") == "" {
+			if collector.ResourceAttr(rp, "host.name") == "" || collector.ResourceAttr(rp, "process.executable.name") == "" {
 				t.Fatalf("resource lacks host.name or process.executable.name: %v", rp.GetResource())
 			}
 			pid, ok := resourceIntAttr(rp, "process.pid")
@@ -92,7 +93,7 @@ func checkExportedContent(t *testing.T, pds []*profilespb.ProfilesData, workload
 							continue
 						}
 						sawWorkload = true
-						n := countSamples(s)
+						n := collector.SampleCount(s)
 						workloadSamples += n
 						if names := stackFunctions(d, s.GetStackIndex()); hasChain(names, workloadChain) {
 							workloadHot += n

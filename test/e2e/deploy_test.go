@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hostprof/ebpf-profiler/utils/collector"
 	"github.com/hostprof/ebpf-profiler/utils/testcerts"
 	"github.com/hostprof/ebpf-profiler/utils/testenv"
 )
@@ -247,7 +248,7 @@ func TestMutualTLSToCollector(t *testing.T) {
 	serverCert, serverKey := ca.Server(t)
 	clientCert, clientKey := ca.Client(t, "ebpf-profiler")
 	caFile := write("ca.pem", ca.PEM)
-	c := startCollectorTLS(t, &collectorTLS{
+	c := startCollectorTLS(t, &collector.TLS{
 		CertFile: write("server.pem", serverCert), KeyFile: write("server-key.pem", serverKey), ClientCAFile: caFile,
 	})
 	t.Setenv("EBPF_PROFILER_TLS_CA_FILE", caFile)

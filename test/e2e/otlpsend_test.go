@@ -45,7 +45,7 @@ func strAttr(k, v string) *commonpb.KeyValue {
 // Dictionary rule: every table has its zero value at index 0
 // (string_table[0] == "", mapping_table[0] == {}, ...).
 //
-// Samples carried (counted the way countSamples does): host "a": 3+4 values
+// Samples carried (counted the way collector.SampleCount does): host "a": 3+4 values
 // and one sample with 2 timestamps but no values -> 9; host "b": 5 -> 5.
 // Total 14 samples, 2 resources, 3 profiles.
 func handMadeRequest(seq int) (req *collectorpb.ExportProfilesServiceRequest, samples int64, resources, profiles int) {

@@ -4,7 +4,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	profilespb "go.opentelemetry.io/proto/slim/otlp/profiles/v1development"
+	"github.com/hostprof/ebpf-profiler/utils/collector"
 )
 
 // Quick, always-on checks of the parsers the e2e tests depend on.
@@ -25,42 +25,32 @@ time="2026-01-02T03:04:07Z" level=info msg="exported profiles" dropped_samples=7
 	}
 }
 
-func TestGateArgsFromListing(t *testing.T) {
-	for _, tc := range []struct {
-		listing string
-		want    int
-	}{
-		{"ID Enabled Stage Description\nservice.profilesSupport false Alpha Controls", 1},
-		{"ID Enabled Stage Description\nservice.profilesSupport true Beta Controls", 0},
-		{"ID Enabled Stage Description\nservice.profilesSupport true Stable Controls", 0},
-		{"ID Enabled Stage Description\nother.gate false Alpha x", 0},
-	} {
-		if args, note := gateArgsFromListing(tc.listing); len(args) != tc.want {
-			t.Errorf("%q: got %v (%s), want %d args", tc.listing, args, note, tc.want)
-		}
-	}
-}
-
 func TestParseProfilesJSON(t *testing.T) {
 	line := `{"resourceProfiles":[{"resource":{"attributes":[{"keyStrindex":1,"value":{"stringValueStrindex":2}}]},` +
 		`"scopeProfiles":[{"profiles":[{"samples":[{"stackIndex":1,"values":["3","4"]},{"timestampsUnixNano":["1","2"]}],` +
 		`"profileId":"0102030405060708090a0b0c0d0e0f10"}]}]}],` +
 		`"dictionary":{"stringTable":["","host.name","a"],"linkTable":[{},{"traceId":"0102030405060708090a0b0c0d0e0f10","spanId":"0102030405060708"}]}}`
-	pd, err := parseProfilesJSON([]byte(line), true)
+	path := filepath.Join(t.TempDir(), "profiles.jsonl")
+	writeFile(t, path, line+"\n")
+	pds, err := collector.ReadOutput(path, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := statsOf([]*profilespb.ProfilesData{pd})
+	if len(pds) != 1 {
+		t.Fatalf("got %d lines, want 1", len(pds))
+	}
+	pd := pds[0]
+	st := statsOf(pds)
 	if st.Samples != 9 || st.Profiles != 1 || st.Resources != 1 || st.SampleRecords != 2 {
 		t.Errorf("stats %s", st)
 	}
 	if id := pd.ResourceProfiles[0].ScopeProfiles[0].Profiles[0].ProfileId; len(id) != 16 || id[15] != 0x10 {
 		t.Errorf("profile id %x", id)
 	}
-	if err := resolveAttributeRefs(pd); err != nil {
+	if err := collector.ResolveAttributeRefs(pd); err != nil {
 		t.Fatal(err)
 	}
-	if v := resourceAttr(pd.ResourceProfiles[0], "host.name"); v != "a" {
+	if v := collector.ResourceAttr(pd.ResourceProfiles[0], "host.name"); v != "a" {
 		t.Errorf("host.name=%q", v)
 	}
 }

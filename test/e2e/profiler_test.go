@@ -14,6 +14,7 @@ import (
 
 	profilespb "go.opentelemetry.io/proto/slim/otlp/profiles/v1development"
 
+	"github.com/hostprof/ebpf-profiler/utils/collector"
 	"github.com/hostprof/ebpf-profiler/utils/testenv"
 )
 
@@ -157,7 +158,7 @@ func TestProfilerExportsToCollector(t *testing.T) {
 // exports to c, stops both, and checks that the collector received exactly
 // the samples the daemon says it exported, and some. It returns the
 // workload's pid and what the collector received.
-func exportWorkload(t *testing.T, c *collector, dmn *testenv.Daemon, d time.Duration) (int, []*profilespb.ProfilesData) {
+func exportWorkload(t *testing.T, c *collector.Collector, dmn *testenv.Daemon, d time.Duration) (int, []*profilespb.ProfilesData) {
 	t.Helper()
 	workload := startWorkload(t, d)
 	if err := workload.Wait(); err != nil {
@@ -172,7 +173,7 @@ func exportWorkload(t *testing.T, c *collector, dmn *testenv.Daemon, d time.Dura
 	if err != nil {
 		t.Fatal(err)
 	}
-	pds, err := readFileExporterOutput(c.OutPath, false)
+	pds, err := collector.ReadOutput(c.OutPath, false)
 	if err != nil {
 		t.Fatal(err)
 	}
