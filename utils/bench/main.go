@@ -3,7 +3,10 @@
 // sampling rates, and prints CPU time per minute (user+system, and the BPF
 // programs' own run time, run_time_ns with kernel.bpf_stats_enabled=1), RSS,
 // BPF map memory, the share of expected samples that reached user space,
-// and start-up time and CPU until the first export.
+// and start-up time and CPU until the first export. The daemon exports to
+// a local OpenTelemetry Collector (utils/collector, built on first use), and
+// what the Collector received gives the short-lived capture and how soon
+// stacks are complete.
 //
 // Without -rates it runs the scenarios of scenarios.go (busy loops at 20
 // and 100 Hz, exec churn, short-lived processes, an idle host) and prints
@@ -26,8 +29,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/google/pprof/profile"
 
 	"github.com/hostprof/ebpf-profiler/utils/jdkfetch"
 	"github.com/hostprof/ebpf-profiler/utils/nodefetch"
@@ -67,7 +68,8 @@ func main() {
 		return
 	}
 
-	atExit(busyLoad(*load, *procs))
+	stopBusy, busy := busyProcesses(*load, *procs)
+	atExit(stopBusy)
 	defer runAtExit()
 	fmt.Printf("%d CPUs kept busy by %d %s processes; medians of %d runs of %v per rate\n\n",
 		runtime.NumCPU(), *procs, *load, *runs, *duration)
@@ -81,7 +83,7 @@ func main() {
 		}
 		var all []result
 		for range *runs {
-			all = append(all, measure(*bin, hz, *duration))
+			all = append(all, measureWith(*bin, hz, *duration, nil, busy))
 		}
 		m := medians(all)
 		fmt.Printf("%6d %10.3f %10.3f %9.0f %8.1f %9.1f %9.2f %9.2f%% %6.0f %6.0f %9.2f %5.2fs/%.2fs\n",
@@ -94,6 +96,9 @@ func main() {
 	fmt.Println("BPF ns/smp: the BPF programs' run time per perf event (sample_entry's runs; tail calls included).")
 }
 
+// warmup is how long after the first export the steady state begins.
+const warmup = 10 * time.Second
+
 type result struct {
 	cpuPerMin, bpfPerMin    float64
 	bpfPerSample            float64
@@ -104,9 +109,10 @@ type result struct {
 	// capture is the share of the side load's CPU time that arrived as
 	// samples; -1 when it is not measured.
 	capture float64
+	// accurate is the time from exec from which the busy processes'
+	// stacks are at least 90% complete; -1 when there are none.
+	accurate time.Duration
 }
-
-func measure(bin string, hz int, d time.Duration) result { return measureWith(bin, hz, d, nil) }
 
 // startDaemon starts the daemon with args, its log in dir/daemon.log
 // (a file, not a pipe: a pipe nobody drains during a long run would block
@@ -128,14 +134,16 @@ func startDaemon(bin, dir string, args ...string) (cmd *exec.Cmd, readLog func()
 }
 
 // measureWith measures the daemon at hz for d after its first export, with
-// side spawning processes meanwhile (nil: nothing).
-func measureWith(bin string, hz int, d time.Duration, side *spawner) result {
-	out, err := os.MkdirTemp("", "bench-pprof")
+// side spawning processes meanwhile (nil: nothing); busy are the pids whose
+// stacks must be complete.
+func measureWith(bin string, hz int, d time.Duration, side *spawner, busy []int) result {
+	dir, err := os.MkdirTemp("", "bench-daemon")
 	check(err)
-	defer os.RemoveAll(out)
+	defer os.RemoveAll(dir)
+	sk := startSink()
 	start := time.Now()
-	cmd, readLog := startDaemon(bin, out, "-samples-per-second", strconv.Itoa(hz), "-output-dir", out,
-		"-reporter-interval", "5s")
+	cmd, readLog := startDaemon(bin, dir, append(sk.args(), "-samples-per-second", strconv.Itoa(hz),
+		"-reporter-interval", "5s")...)
 	pid := cmd.Process.Pid
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
@@ -151,18 +159,19 @@ func measureWith(bin string, hz int, d time.Duration, side *spawner) result {
 		if r.attach == 0 && slices.ContainsFunc(readLog(), func(l string) bool { return strings.Contains(l, "Sampling ") }) {
 			r.attach = time.Since(start)
 		}
-		if r.firstExport == 0 {
-			if files, _ := filepath.Glob(filepath.Join(out, "profile-*.pb.gz")); len(files) > 0 {
-				r.firstExport = time.Since(start)
-				r.startupCPU = cpuTime(pid)
-			}
+		if r.firstExport == 0 && sk.exported() {
+			r.firstExport = time.Since(start)
+			r.startupCPU = cpuTime(pid)
 		}
 		if time.Since(start) > time.Minute {
 			fatalf("no export within a minute:\n%s", strings.Join(readLog(), "\n"))
 		}
 	}
 
-	// Measure steady state from here on.
+	// Steady state is measured from warmup on: what start-up leaves for
+	// later (debug information opened in the background at the first
+	// samples of a file, about 0.1 CPU s for libc's) is no per-minute cost.
+	time.Sleep(warmup)
 	if side != nil {
 		side.start()
 	}
@@ -195,10 +204,20 @@ func measureWith(bin string, hz int, d time.Duration, side *spawner) result {
 	r.delivered = received / expected
 	r.lost = field(log, "bpf_samples") - received
 	r.idle = field(log, "bpf_idle_samples")
+	samples := sk.samples()
 	r.capture = -1
 	if sr.process != "" {
-		got := samplesOf(out, sr.process)
+		var got float64
+		for _, smp := range samples {
+			if smp.process == sr.process {
+				got++
+			}
+		}
 		r.capture = got / (sr.cpu.Seconds() * float64(hz))
+	}
+	r.accurate = -1
+	if len(busy) > 0 {
+		r.accurate = accurateFrom(accuracyCurve(samples, busy, start, int(time.Since(start)/time.Second)+1))
 	}
 	return r
 }
@@ -230,6 +249,7 @@ func medians(runs []result) result {
 		firstExport:  dur(func(r *result) time.Duration { return r.firstExport }),
 		startupCPU:   dur(func(r *result) time.Duration { return r.startupCPU }),
 		capture:      med(func(r *result) float64 { return r.capture }),
+		accurate:     dur(func(r *result) time.Duration { return r.accurate }),
 	}
 }
 
@@ -346,13 +366,6 @@ func bpfMapBytes(pid int) uint64 {
 	return total
 }
 
-// busyLoad starts n busy processes of the given kind and returns the func
-// that stops them.
-func busyLoad(kind string, n int) func() {
-	stop, _ := busyProcesses(kind, n)
-	return stop
-}
-
 // busyProcesses starts n busy processes of the given kind and returns the
 // func that stops them and their pids.
 func busyProcesses(kind string, n int) (stop func(), pids []int) {
@@ -427,24 +440,6 @@ func buildLoad(name string, command ...string) string {
 		fatalf("building %s (run from the repository root): %v\n%s", name, err, out)
 	}
 	return bin
-}
-
-// readProfiles parses the pprof files the daemon wrote to dir.
-func readProfiles(dir string) []*profile.Profile {
-	files, err := filepath.Glob(filepath.Join(dir, "profile-*.pb.gz"))
-	check(err)
-	var out []*profile.Profile
-	for _, path := range files {
-		f, err := os.Open(path)
-		check(err)
-		p, err := profile.Parse(f)
-		f.Close()
-		if err != nil {
-			fatalf("%s: %v", path, err)
-		}
-		out = append(out, p)
-	}
-	return out
 }
 
 // apmLoad builds utils/testagent and returns the command line of its app,

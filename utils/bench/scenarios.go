@@ -27,6 +27,10 @@ type scenario struct {
 // spawnRate is how many processes the churn scenarios start per second.
 const spawnRate = 50
 
+// busyKind is the load that keeps the CPUs busy: C without frame pointers,
+// whose stacks are complete only with their deltas loaded.
+const busyKind = "c"
+
 func scenarios() []scenario {
 	cpus := runtime.NumCPU()
 	return []scenario{
@@ -43,10 +47,10 @@ func scenarios() []scenario {
 // runScenarios measures every scenario runs times for d each and prints
 // the medians as one table.
 func runScenarios(bin string, d time.Duration, runs int, only string) {
-	fmt.Printf("%d CPUs; medians of %d runs of %v per scenario, measured after the first export\n\n",
-		runtime.NumCPU(), runs, d)
-	fmt.Printf("%-30s %10s %10s %8s %9s %10s %8s %10s\n",
-		"scenario", "CPU s/min", "BPF s/min", "RSS MiB", "peak MiB", "delivered", "capture", "1st export")
+	fmt.Printf("%d CPUs; medians of %d runs of %v per scenario, measured from %v after the first export\n\n",
+		runtime.NumCPU(), runs, d, warmup)
+	fmt.Printf("%-30s %10s %10s %8s %9s %10s %8s %10s %9s\n",
+		"scenario", "CPU s/min", "BPF s/min", "RSS MiB", "peak MiB", "delivered", "capture", "1st export", "accurate")
 	dir, err := os.MkdirTemp("", "bench-scenarios")
 	check(err)
 	atExit(func() { os.RemoveAll(dir) })
@@ -54,32 +58,39 @@ func runScenarios(bin string, d time.Duration, runs int, only string) {
 		if !strings.Contains(sc.name, only) {
 			continue
 		}
-		stopBusy := busyLoad("shell", sc.busy)
+		stopBusy, busy := busyProcesses(busyKind, sc.busy)
 		var all []result
 		for range runs {
 			var side *spawner
 			if sc.spawn != nil {
 				side = &spawner{argv: sc.spawn(dir), rate: spawnRate}
 			}
-			all = append(all, measureWith(bin, sc.hz, d, side))
+			all = append(all, measureWith(bin, sc.hz, d, side, busy))
 		}
 		stopBusy()
 		m := medians(all)
-		delivered, capture := "-", "-"
+		delivered, capture, accurate := "-", "-", "-"
 		if sc.busy > 0 {
 			delivered = fmt.Sprintf("%.2f%%", 100*m.delivered)
 		}
 		if m.capture >= 0 {
 			capture = fmt.Sprintf("%.3f", m.capture)
 		}
-		fmt.Printf("%-30s %10.3f %10.3f %8.1f %9.1f %10s %8s %9.2fs\n",
-			sc.name, m.cpuPerMin, m.bpfPerMin, m.rssMiB, m.peakMiB, delivered, capture, m.firstExport.Seconds())
+		if m.accurate >= 0 {
+			accurate = fmt.Sprintf("%.0fs", m.accurate.Seconds())
+		}
+		fmt.Printf("%-30s %10.3f %10.3f %8.1f %9.1f %10s %8s %9.2fs %9s\n",
+			sc.name, m.cpuPerMin, m.bpfPerMin, m.rssMiB, m.peakMiB, delivered, capture, m.firstExport.Seconds(), accurate)
 	}
 	fmt.Println("\nCPU: the daemon's user+system time; BPF: its programs' run time (kernel.bpf_stats_enabled).")
 	fmt.Println("RSS: at the end of the run; peak: VmHWM over the whole run, start-up included.")
 	fmt.Println("delivered: traces user space received / (CPUs × Hz × seconds sampled).")
 	fmt.Println("capture: samples of the spawned processes in the daemon's profiles / (their CPU seconds × Hz).")
-	fmt.Println("1st export: wall time from exec until the first profile was written.")
+	fmt.Println("1st export: wall time from exec until the Collector wrote the first profile.")
+	fmt.Println("accurate: seconds from exec from which >= 90% of the busy processes' samples have complete stacks " +
+		"(outermost frame where a thread starts).")
+	fmt.Printf("Busy processes: %s (utils/workloads/fpchain.c, -O2: unwound with stack deltas). "+
+		"The daemon exports to a local OpenTelemetry Collector (utils/collector).\n", busyKind)
 }
 
 // spawner starts a command rate times a second (each in its own
@@ -158,18 +169,4 @@ func buildSpinner(dir string) string {
 		fatalf("building the spinner (run from the repository root): %v\n%s", err, out)
 	}
 	return bin
-}
-
-// samplesOf counts the samples of processes named process in the pprof
-// files the daemon wrote to dir.
-func samplesOf(dir, process string) float64 {
-	var n int64
-	for _, p := range readProfiles(dir) {
-		for _, smp := range p.Sample {
-			if len(smp.Label["process"]) > 0 && smp.Label["process"][0] == process {
-				n += smp.Value[0]
-			}
-		}
-	}
-	return float64(n)
 }

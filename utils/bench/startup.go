@@ -10,8 +10,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/google/pprof/profile"
 )
 
 // The start-up scenario of issue 21: the daemon starts on a host whose
@@ -26,10 +24,6 @@ var startupMix = []struct {
 	kind string
 	n    int
 }{{"c", 4}, {"go", 2}, {"python", 4}, {"java", 4}, {"node", 4}}
-
-// threadRoots are the functions a thread's stack ends in (Go's named with
-// or without their ABI suffix).
-var threadRoots = []string{"_start", "start_thread", "__clone", "__clone3", "runtime.goexit", "runtime.mstart", "runtime.rt0_go"}
 
 // startupSeconds is how long after the daemon's exec the curve goes.
 const startupSeconds = 25
@@ -98,7 +92,7 @@ func runStartup(bin string, hz, runs int) {
 		fmt.Printf("%8d %9.1f%%\n", s, 100*median(v))
 	}
 	fmt.Println("\ncomplete: samples of the busy processes whose outermost frame is a thread's start " +
-		"(" + strings.Join(threadRoots, ", ") + "), per second since the daemon's exec (1 s reporter intervals).")
+		"(" + strings.Join(threadRoots, ", ") + "), per second since the daemon's exec (by the samples' timestamps).")
 }
 
 func mixString() string {
@@ -141,15 +135,16 @@ func curveString(c []float64) string {
 }
 
 func startupRun(bin string, hz int, pids []int, cache string) startupResult {
-	out, err := os.MkdirTemp("", "bench-startup")
+	dir, err := os.MkdirTemp("", "bench-startup")
 	check(err)
-	defer os.RemoveAll(out)
+	defer os.RemoveAll(dir)
+	sk := startSink()
 	start := time.Now()
-	cmd, readLog := startDaemon(bin, out, "-samples-per-second", strconv.Itoa(hz), "-output-dir", out,
-		"-reporter-interval", "1s", "-delta-cache", cache)
+	cmd, readLog := startDaemon(bin, dir, append(sk.args(), "-samples-per-second", strconv.Itoa(hz),
+		"-reporter-interval", "1s", "-delta-cache", cache)...)
 	var r startupResult
 	for r.firstExport == 0 && time.Since(start) < time.Minute {
-		if files, _ := filepath.Glob(filepath.Join(out, "profile-*.pb.gz")); len(files) > 0 {
+		if sk.exported() {
 			r.firstExport = time.Since(start)
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -165,44 +160,14 @@ func startupRun(bin string, hz int, pids []int, cache string) startupResult {
 	r.eventsLost = field(log, "bpf_process_events_lost")
 	r.mappingsDropped = field(log, "delta_mappings_dropped")
 
-	busy := map[int64]bool{}
-	for _, p := range pids {
-		busy[int64(p)] = true
-	}
-	complete := make([]float64, startupSeconds)
-	total := make([]float64, startupSeconds)
+	samples := sk.samples()
+	r.curve = accuracyCurve(samples, pids, start, startupSeconds)
+	r.accurateAt = accurateFrom(r.curve)
 	roots := map[string]int64{}
-	for _, p := range readProfiles(out) {
-		// The interval's samples are put at the second it ended in.
-		sec := int(time.Unix(0, p.TimeNanos+p.DurationNanos).Sub(start) / time.Second)
-		if sec < 0 || sec >= startupSeconds {
-			continue
+	for _, smp := range samples {
+		if slices.Contains(pids, int(smp.pid)) && !smp.complete() && smp.at.Sub(start) < startupSeconds*time.Second {
+			roots[smp.root]++
 		}
-		for _, smp := range p.Sample {
-			if pid := smp.NumLabel["pid"]; len(pid) == 0 || !busy[pid[0]] {
-				continue
-			}
-			n := float64(smp.Value[0])
-			total[sec] += n
-			root := outermost(smp)
-			if slices.Contains(threadRoots, strings.TrimSuffix(root, ".abi0")) {
-				complete[sec] += n
-			} else {
-				roots[root] += smp.Value[0]
-			}
-		}
-	}
-	r.curve = make([]float64, startupSeconds)
-	r.accurateAt = -1
-	for s := range startupSeconds {
-		r.curve[s] = -1
-		if total[s] > 0 {
-			r.curve[s] = complete[s] / total[s]
-		}
-	}
-	// The first second from which every later second is >= 90% complete.
-	for s := startupSeconds - 1; s >= 0 && (r.curve[s] < 0 || r.curve[s] >= 0.9); s-- {
-		r.accurateAt = time.Duration(s) * time.Second
 	}
 	type rc struct {
 		name string
@@ -222,17 +187,4 @@ func startupRun(bin string, hz int, pids []int, cache string) startupResult {
 	}
 	r.roots = strings.Join(parts, " ")
 	return r
-}
-
-// outermost is the name of a sample's outermost function, "" when its
-// frame has no name.
-func outermost(smp *profile.Sample) string {
-	if len(smp.Location) == 0 {
-		return ""
-	}
-	loc := smp.Location[len(smp.Location)-1]
-	if len(loc.Line) == 0 || loc.Line[len(loc.Line)-1].Function == nil {
-		return ""
-	}
-	return loc.Line[len(loc.Line)-1].Function.Name
 }
