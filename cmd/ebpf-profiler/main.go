@@ -209,6 +209,7 @@ func profile(ctx context.Context, cfg *config) error {
 		boost.end()
 		if over {
 			releaseStartupMemory()
+			returnIdleHeap(startupCtx)
 		}
 	}()
 	mon := newMonitor(tr, handler, pm, rep, corr, prob)

@@ -3,6 +3,8 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 )
@@ -33,5 +35,22 @@ func TestDropReadOnlyPages(t *testing.T) {
 	}
 	if _, err := dropReadOnlyPages(bad); err == nil || !strings.Contains(err.Error(), "malformed") {
 		t.Errorf("malformed line: %v", err)
+	}
+}
+
+// TestIdleHeap: garbage collected but not yet returned counts as idle heap,
+// and FreeOSMemory, which returnIdleHeap calls above maxIdleHeap, returns it.
+func TestIdleHeap(t *testing.T) {
+	garbage := make([][]byte, 64)
+	for i := range garbage {
+		garbage[i] = make([]byte, 1<<20)
+		garbage[i][0] = 1
+	}
+	garbage = nil
+	runtime.GC()
+	before := idleHeap()
+	debug.FreeOSMemory()
+	if after := idleHeap(); after > maxIdleHeap || after > before {
+		t.Errorf("idle heap %d MiB before, %d MiB after FreeOSMemory", before>>20, after>>20)
 	}
 }
