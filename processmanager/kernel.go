@@ -30,9 +30,20 @@ type ksym struct {
 	addr    uint64
 	nameOff uint32
 	// nameLen fits: kernel symbol names are at most KSYM_NAME_LEN (512).
+	// paddingFlag is set in it for a padding symbol.
 	nameLen uint16
 	module  uint16
 }
+
+// x86 kernels built with call padding (CONFIG_CALL_PADDING) list a
+// padding symbol "__pfx_NAME" right before each
+// function NAME: half of all text symbols. A padding symbol keeps its entry
+// (an address there is not the previous function's) but stores no name of
+// its own: it shares its function's, with paddingFlag set in nameLen.
+const (
+	paddingPrefix = "__pfx_"
+	paddingFlag   = 1 << 13
+)
 
 // moduleRange is a module's name and the span of its text symbols.
 type moduleRange struct {
@@ -54,6 +65,9 @@ func parseKallsyms(r io.Reader) (*kallsyms, error) {
 	// at one address) sits in the top bits of nameLen: a kernel has over
 	// 100k text symbols, and a second array of them was megabytes more.
 	const rankShift = 14
+	// prev is the name of the last symbol stored, to share a padding
+	// symbol's name with the function it pads.
+	var prev ksym
 	// Grown by doubling: append grows large slices by a quarter, and
 	// copied the megabytes of names five times over.
 	syms := make([]ksym, 0, 1<<16)
@@ -93,18 +107,33 @@ func parseKallsyms(r io.Reader) (*kallsyms, error) {
 			}
 			modIdx = idx
 		}
-		off := len(names)
-		if off+len(name) > math.MaxUint32 || len(name) >= 1<<rankShift {
-			return nil, fmt.Errorf("kallsyms line %d: name too long or names exceed 4 GiB", lineNo)
+		var flags uint16
+		if padded, ok := bytes.CutPrefix(name, []byte(paddingPrefix)); ok && len(padded) > 0 {
+			name, flags = padded, paddingFlag
 		}
-		if cap(names)-len(names) < len(name) {
-			names = slices.Grow(names, cap(names))
+		if len(name) >= paddingFlag {
+			return nil, fmt.Errorf("kallsyms line %d: name of %d bytes is too long", lineNo, len(name))
 		}
+		sym := ksym{addr, uint32(len(names)), uint16(len(name)), modIdx}
+		if prev.nameLen&paddingFlag != 0 && prev.nameLen&^paddingFlag == sym.nameLen &&
+			bytes.Equal(names[prev.nameOff:prev.nameOff+uint32(sym.nameLen)], name) {
+			sym.nameOff = prev.nameOff
+		} else {
+			if len(names)+len(name) > math.MaxUint32 {
+				return nil, fmt.Errorf("kallsyms line %d: names exceed 4 GiB", lineNo)
+			}
+			if cap(names)-len(names) < len(name) {
+				names = slices.Grow(names, cap(names))
+			}
+			names = append(names, name...)
+		}
+		sym.nameLen |= flags
+		prev = sym
 		if len(syms) == cap(syms) {
 			syms = slices.Grow(syms, cap(syms))
 		}
-		names = append(names, name...)
-		syms = append(syms, ksym{addr, uint32(off), uint16(len(name)) | uint16(rank)<<rankShift, modIdx})
+		sym.nameLen |= uint16(rank) << rankShift
+		syms = append(syms, sym)
 	}
 	if err := s.Err(); err != nil {
 		return nil, fmt.Errorf("reading kallsyms: %w", err)
@@ -172,7 +201,11 @@ func (k *kallsyms) lookup(addr uint64) (name string, module uint32, ok bool) {
 		return "", 0, false
 	}
 	s := &k.syms[i]
-	return k.names[s.nameOff : s.nameOff+uint32(s.nameLen)], uint32(s.module), true
+	name = k.names[s.nameOff : s.nameOff+uint32(s.nameLen&^paddingFlag)]
+	if s.nameLen&paddingFlag != 0 {
+		name = paddingPrefix + name
+	}
+	return name, uint32(s.module), true
 }
 
 // kernel symbolizes kernel frames: kallsyms for names, sysfs notes for the

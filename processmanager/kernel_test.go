@@ -25,6 +25,10 @@ func TestParseKallsyms(t *testing.T) {
 		"ffffffff82000000 D some_data\n" +
 		"ffffffffc0a02000 T ext4_write\t[ext4]\n" +
 		"ffffffff81000800 W weak_fn\n" +
+		"ffffffff81001ff0 T __pfx_padded\n" + // padding, then its function
+		"ffffffff81002000 T padded\n" +
+		"ffffffff81002ff0 t __pfx_lone\n" + // padding of a function not listed
+		"ffffffff81003000 t __pfx_\n" +
 		"ffffffffc0b00000 t bpf_prog_abc_handler\t[bpf]\n" +
 		"0000000000000000 A fixed_percpu_data\n"
 	k, err := parseKallsyms(strings.NewReader(input))
@@ -40,6 +44,10 @@ func TestParseKallsyms(t *testing.T) {
 		{0xffffffff81000000, "_stext", vmlinuxName, true}, // global before local at one address
 		{0xffffffff81000900, "weak_fn", vmlinuxName, true},
 		{0xffffffff81001234, "schedule", vmlinuxName, true},
+		{0xffffffff81001ff8, "__pfx_padded", vmlinuxName, true},
+		{0xffffffff81002000, "padded", vmlinuxName, true},
+		{0xffffffff81002ff0, "__pfx_lone", vmlinuxName, true},
+		{0xffffffff81003001, "__pfx_", vmlinuxName, true},
 		{0xffffffffc0a01010, "ext4_read", "ext4", true},
 		{0xffffffffc0a02000, "ext4_write", "ext4", true},
 		{0xffffffffc0b00010, "bpf_prog_abc_handler", "bpf", true},
@@ -54,6 +62,9 @@ func TestParseKallsyms(t *testing.T) {
 	}
 	if k.hidden {
 		t.Error("hidden set with real addresses")
+	}
+	if want := len("_stextstartup_64ext4_readscheduleext4_writeweak_fnpaddedlonebpf_prog_abc_handler__pfx_"); len(k.names) != want {
+		t.Errorf("names take %d bytes, want %d (padding symbols share their function's)", len(k.names), want)
 	}
 	if m := k.modules[1]; m.name != "ext4" || m.low != 0xffffffffc0a01000 || m.high != 0xffffffffc0a02000 {
 		t.Errorf("ext4 range %+v", m)
@@ -194,18 +205,41 @@ func TestRealKallsyms(t *testing.T) {
 		t.Skip(err)
 	}
 	defer f.Close()
+	// Every text symbol alone at its address is found by it, as named.
 	var addr uint64
+	named := map[uint64]string{}
 	s := bufio.NewScanner(f)
 	for s.Scan() {
 		fields := strings.Fields(s.Text())
-		if len(fields) == 3 && fields[2] == "schedule" {
-			addr, _ = strconv.ParseUint(fields[0], 16, 64)
-			break
+		if len(fields) < 3 || !strings.Contains("tTwW", fields[1]) {
+			continue
+		}
+		a, _ := strconv.ParseUint(fields[0], 16, 64)
+		if _, dup := named[a]; dup {
+			named[a] = ""
+		} else {
+			named[a] = fields[2]
+		}
+		if fields[2] == "schedule" {
+			addr = a
 		}
 	}
 	if addr == 0 {
 		t.Skip("kallsyms hides addresses or has no schedule")
 	}
+	k, err := loadKallsyms("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong := 0
+	for a, want := range named {
+		if name, _, ok := k.lookup(a); want != "" && (!ok || name != want) {
+			if wrong++; wrong <= 5 {
+				t.Errorf("lookup(%#x) = %q, %v; want %q", a, name, ok, want)
+			}
+		}
+	}
+	t.Logf("%d symbols, %d bytes of names", len(named), len(k.names))
 	m, err := New(Config{})
 	if err != nil {
 		t.Fatal(err)
