@@ -301,6 +301,18 @@ func (s *lineSymbolizer) remove(id libpf.FileID, df debugFile) {
 	}
 }
 
+// dropResident drops the resident pages of every open file's mappings:
+// what lookups touched since the last call.
+func (s *lineSymbolizer) dropResident() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, i := range s.files.index {
+		if d := s.files.nodes[i].val.d; d != nil {
+			d.DropResident()
+		}
+	}
+}
+
 // wait waits until the files queued so far are opened (for tests).
 func (s *lineSymbolizer) wait() {
 	for {

@@ -4,6 +4,7 @@ import (
 	"debug/elf"
 	"os"
 	"reflect"
+	"strconv"
 	"runtime"
 	"strings"
 	"testing"
@@ -107,5 +108,80 @@ func TestLinesAfterProcessExited(t *testing.T) {
 	h.HandleTrace(raw)
 	if f := rep.last(t).trace.Frames[0]; f.SourceLine != uint32(line) {
 		t.Errorf("line %d in the next process, want %d (%+v)", f.SourceLine, line, h.Stats().Native)
+	}
+}
+
+// TestDropMappedDebugInfo: the pages a lookup touched in the mapped debug
+// information leave the resident set when dropped, and lookups go on.
+func TestDropMappedDebugInfo(t *testing.T) {
+	text, pc, fn, _, line := ownText(t)
+	fs := newFakeProcFS(t)
+	fs.setProcess(100, 1, text.file, text)
+	h, rep := newTestHandler(t, fs)
+	st, err := os.Stat(text.file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The debug information's mappings of the test binary (all of the
+	// file), by address: resident KiB.
+	wholeMappings := func() map[string]int {
+		b, err := os.ReadFile("/proc/self/smaps")
+		if err != nil {
+			t.Fatal(err)
+		}
+		page := int64(os.Getpagesize())
+		out := map[string]int{}
+		whole := ""
+		for _, l := range strings.Split(string(b), "\n") {
+			f := strings.Fields(l)
+			if len(f) == 0 {
+				continue
+			}
+			lo, hi, header := strings.Cut(f[0], "-")
+			switch {
+			case header && len(f) >= 5: // start-end perms offset dev inode [path]
+				start, _ := strconv.ParseUint(lo, 16, 64)
+				end, _ := strconv.ParseUint(hi, 16, 64)
+				whole = ""
+				if len(f) == 6 && f[5] == text.file && f[2] == "00000000" && int64(end-start) == (st.Size()+page-1)/page*page {
+					whole = f[0]
+					out[whole] = 0
+				}
+			case len(f) == 3 && f[0] == "Rss:" && whole != "":
+				n, _ := strconv.Atoi(f[1])
+				out[whole] += n
+			}
+		}
+		return out
+	}
+	// Earlier tests' handlers may still map the file.
+	before := wholeMappings()
+	resident := func() (kib int) {
+		found := false
+		for m, n := range wholeMappings() {
+			if _, old := before[m]; !old {
+				kib += n
+				found = true
+			}
+		}
+		if !found {
+			t.Fatal("no new mapping of the whole test binary")
+		}
+		return kib
+	}
+	for hash := uint64(1); hash <= 2; hash++ {
+		h.HandleTrace(&support.Trace{PID: 100, TID: 100, Hash: 0xd0 + hash, KTime: monotonicNow(t),
+			Frames: []support.Frame{{Kind: libpf.FrameNative, Addr: pc + hash}}})
+		h.m.lines.wait()
+	}
+	touched := resident()
+	h.m.DropMappedDebugInfo()
+	if after := resident(); touched == 0 || after != 0 {
+		t.Errorf("resident pages of the mapped debug information: %d KiB after a lookup, %d KiB after dropping", touched, after)
+	}
+	h.HandleTrace(&support.Trace{PID: 100, TID: 100, Hash: 0xd5, KTime: monotonicNow(t),
+		Frames: []support.Frame{{Kind: libpf.FrameNative, Addr: pc}}})
+	if f := rep.last(t).trace.Frames[0]; f.FunctionName != fn.Name() || f.SourceLine != uint32(line) {
+		t.Errorf("frame after dropping: %s:%d, want %s:%d", f.FunctionName, f.SourceLine, fn.Name(), line)
 	}
 }

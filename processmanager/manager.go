@@ -293,6 +293,15 @@ func (m *Manager) forget(pid uint32) {
 	}
 }
 
+// DropMappedDebugInfo drops the resident pages of the mapped debug
+// information (they stay in the page cache): the pages lookups touched once
+// otherwise stay in the daemon's resident set while their file is open.
+func (m *Manager) DropMappedDebugInfo() {
+	if m.lines != nil {
+		m.lines.dropResident()
+	}
+}
+
 // ReloadKernelSymbols re-reads /proc/kallsyms, e.g. after modules were
 // loaded. Traces converted earlier keep the old names.
 func (m *Manager) ReloadKernelSymbols() {

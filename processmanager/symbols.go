@@ -105,7 +105,14 @@ func buildSymbolTable(cands []symbolCandidate) *symbolTable {
 	})
 	cands = slices.CompactFunc(cands, func(a, b symbolCandidate) bool { return a.start == b.start })
 
+	// Sized up front: the table lives as long as its file is mapped, and a
+	// doubling builder's spare room was up to half of it.
 	var names strings.Builder
+	size := 0
+	for _, c := range cands {
+		size += len(c.name)
+	}
+	names.Grow(min(size, 1<<32-1))
 	t := &symbolTable{entries: make([]symbolEntry, 0, len(cands))}
 	for i, c := range cands {
 		end := c.start + c.size

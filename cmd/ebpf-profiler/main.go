@@ -209,7 +209,9 @@ func profile(ctx context.Context, cfg *config) error {
 		boost.end()
 		if over {
 			releaseStartupMemory()
-			returnIdleHeap(startupCtx)
+			// Debug information mapped for source lines: pages that
+			// lookups touched once stay out of the resident set.
+			returnIdleHeap(startupCtx, pm.DropMappedDebugInfo)
 		}
 	}()
 	mon := newMonitor(tr, handler, pm, rep, corr, prob)

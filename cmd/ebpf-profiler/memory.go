@@ -35,8 +35,9 @@ const (
 )
 
 // returnIdleHeap returns free heap to the OS whenever more than maxIdleHeap
-// of it is still resident, checked every idleHeapCheck until ctx ends.
-func returnIdleHeap(ctx context.Context) {
+// of it is still resident, checked every idleHeapCheck until ctx ends; it
+// calls dropMapped then too.
+func returnIdleHeap(ctx context.Context, dropMapped func()) {
 	t := time.NewTicker(idleHeapCheck)
 	defer t.Stop()
 	for {
@@ -45,6 +46,7 @@ func returnIdleHeap(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		dropMapped()
 		if idleHeap() > maxIdleHeap {
 			debug.FreeOSMemory()
 		}

@@ -143,6 +143,7 @@ func Open(exe Executable, opts Options) (_ *File, err error) {
 	}
 	if src, cost, err := openGo(ef, img); err == nil {
 		out.Source, out.lines, out.cost = "pclntab", src, cost
+		out.DropResident()
 		return out, nil
 	}
 	if hasDWARF(ef) {
@@ -178,13 +179,18 @@ func (f *File) openDWARF(ef *elf.File, img []byte, opts Options) error {
 		return err
 	}
 	f.lines, f.cost = d, cost
-	// Parsing and indexing touched most pages of the sections; lookups
-	// need few. Dropped from the daemon's memory, they stay in the page
-	// cache and come back when read.
+	f.DropResident()
+	return nil
+}
+
+// DropResident drops the resident pages of the File's mappings: parsing
+// and indexing touched most pages of the tables, lookups need few. Dropped
+// from the daemon's memory, they stay in the page cache and come back when
+// read. Not safe to call concurrently with Close.
+func (f *File) DropResident() {
 	for _, m := range f.maps {
 		_ = unix.Madvise(m, unix.MADV_DONTNEED)
 	}
-	return nil
 }
 
 // mapFile maps a whole regular file read-only.
