@@ -96,7 +96,9 @@ type File struct {
 	FunctionRanges func() ([][2]uint64, error)
 	// DynamicSymbols and Symbols are the file's .dynsym and .symtab,
 	// read once for every runtime (and the daemon's own symbol table):
-	// reading a large library's costs megabytes of allocations.
+	// reading a large library's costs megabytes of allocations. Their
+	// names share one string per table (nativeunwind.ReadSymbols): a
+	// runtime that keeps a name clones it.
 	DynamicSymbols, Symbols []elf.Symbol
 }
 

@@ -170,7 +170,7 @@ func hasGoNote(b []byte, order binary.ByteOrder) bool {
 // pclntabBySymbol uses the runtime.pclntab and runtime.epclntab symbols.
 // It returns nil, nil when they are missing.
 func (m elfImage) pclntabBySymbol() (*pclntab, error) {
-	syms, err := m.f.Symbols()
+	syms, err := ReadSymbols(m.f, elf.SHT_SYMTAB)
 	if err != nil {
 		return nil, nil
 	}
@@ -303,7 +303,7 @@ func (m elfImage) resolveText(t *pclntab) error {
 }
 
 func (m elfImage) symbol(name string) (uint64, bool) {
-	syms, err := m.f.Symbols()
+	syms, err := ReadSymbols(m.f, elf.SHT_SYMTAB)
 	if err != nil {
 		return 0, false
 	}

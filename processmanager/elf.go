@@ -101,8 +101,8 @@ func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime) (d *elfDat
 	// Both tables, once, for the daemon's symbol table and every
 	// runtime's look.
 	// A damaged .symtab leaves .dynsym's names.
-	symtab, symtabErr := f.Symbols()
-	dynsym, err := f.DynamicSymbols()
+	symtab, symtabErr := nativeunwind.ReadSymbols(f, elf.SHT_SYMTAB)
+	dynsym, err := nativeunwind.ReadSymbols(f, elf.SHT_DYNSYM)
 	syms := symtab
 	if len(syms) == 0 || symtabErr != nil {
 		syms = dynsym

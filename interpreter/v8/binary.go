@@ -96,7 +96,7 @@ func readBinarySymbols(f *elf.File, dyn, syms []elf.Symbol) (*binaryInfo, error)
 					return nil, fmt.Errorf("more than %d builtins", maxBuiltins)
 				}
 				b.Builtins = append(b.Builtins, builtin{Addr: s.Value, Size: uint32(s.Size),
-					Name: strings.TrimPrefix(s.Name, builtinPrefix)})
+					Name: strings.Clone(strings.TrimPrefix(s.Name, builtinPrefix))})
 			}
 		}
 	}
