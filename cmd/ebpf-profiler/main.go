@@ -101,6 +101,7 @@ func profile(ctx context.Context, cfg *config) error {
 	if cfg.memoryLimitMiB > 0 {
 		debug.SetMemoryLimit(int64(cfg.memoryLimitMiB) << 20)
 	}
+	endStartupLimit := limitStartupMemory()
 	release := tracer.KernelRelease()
 	if err := checkKernel(release, cfg.noKernelVersionCheck); err != nil {
 		return err
@@ -207,6 +208,7 @@ func profile(ctx context.Context, cfg *config) error {
 		// deltas of the processes found are loaded.
 		over := waitStartup(startupCtx, func() bool { return rep.Stats().Intervals > 0 && pm.Stats().UnwindQueue == 0 })
 		boost.end()
+		endStartupLimit()
 		if over {
 			releaseStartupMemory()
 			// Debug information mapped for source lines: pages that

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -52,5 +53,22 @@ func TestIdleHeap(t *testing.T) {
 	debug.FreeOSMemory()
 	if after := idleHeap(); after > maxIdleHeap || after > before {
 		t.Errorf("idle heap %d MiB before, %d MiB after FreeOSMemory", before>>20, after>>20)
+	}
+}
+
+// TestLimitStartupMemory: the start-up limit applies only below the one
+// set, and the set one comes back.
+func TestLimitStartupMemory(t *testing.T) {
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	for _, set := range []int64{math.MaxInt64, 1 << 30, 10 << 20} {
+		debug.SetMemoryLimit(set)
+		end := limitStartupMemory()
+		if got := debug.SetMemoryLimit(-1); got != min(set, startupMemoryLimit) {
+			t.Errorf("limit %d: %d during start-up, want %d", set, got, min(set, startupMemoryLimit))
+		}
+		end()
+		if got := debug.SetMemoryLimit(-1); got != set {
+			t.Errorf("limit %d: %d after start-up", set, got)
+		}
 	}
 }
