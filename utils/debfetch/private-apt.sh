@@ -11,7 +11,8 @@ debian_mirror() {
 }
 
 # private_apt DIR ARCH SUITE [SECURITY_MIRROR]: an apt configuration in DIR
-# for ARCH with SUITE from the system's mirror (and SUITE-security from
+# for ARCH with SUITE (one, or several separated by spaces, e.g. "sid
+# experimental") from the system's mirror (and SUITE-security from
 # SECURITY_MIRROR, if given), exported as APT_CONFIG, its lists updated.
 private_apt() {
   local dir=$1 arch=$2 suite=$3 security=${4:-} mirror
@@ -19,8 +20,10 @@ private_apt() {
   mirror=$(debian_mirror) || return 1
   mkdir -p "$dir/lists/partial" "$dir/cache/archives/partial"
   {
-    echo "deb [arch=$arch signed-by=$key] $mirror $suite main"
-    [ -z "$security" ] || echo "deb [arch=$arch signed-by=$key] $security $suite-security main"
+    for s in $suite; do
+      echo "deb [arch=$arch signed-by=$key] $mirror $s main"
+      [ -z "$security" ] || echo "deb [arch=$arch signed-by=$key] $security $s-security main"
+    done
   } >"$dir/sources.list"
   cat >"$dir/apt.conf" <<EOF
 Dir::Etc::sourcelist "$dir/sources.list"; Dir::Etc::sourceparts "-";
