@@ -38,6 +38,10 @@ fi
 # tests run beside the system's 17 (cached).
 for v in 11 21 25; do ./utils/jdkfetch/fetch-jdk.sh "$v" >/dev/null; done
 
+# CRuby 3.1, 3.3 and 3.4, Debian's builds from bookworm, trixie and
+# experimental, which the Ruby tests run (cached).
+for v in 3.1 3.3 3.4; do ./utils/rubyfetch/fetch-ruby.sh "$v" >/dev/null; done
+
 # Node.js 18, 22 and 24, official builds from the npm registry, which the V8
 # tests run beside the machine's Node 20 (cached).
 for v in 18 22 24; do ./utils/nodefetch/fetch-node.sh "$v" >/dev/null; done

@@ -1,0 +1,387 @@
+// Package ruby will unwind CRuby (MRI) stacks. This part reads what a
+// libruby (or a static ruby executable) says of itself: its version, the
+// range of its instruction loop, where a thread's execution context and
+// the global symbol table are. Debian's libruby exports neither the
+// thread-local ruby_current_ec (3.3+) nor vm_exec_core nor the symbol
+// table, so they are found from the code and data that are exported or
+// unmistakable; internals.md says what each step rests on.
+package ruby
+
+import (
+	"bytes"
+	"cmp"
+	"debug/elf"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/arch/x86/x86asm"
+)
+
+// ErrNotRuby says a file holds no CRuby interpreter.
+var ErrNotRuby = errors.New("not a CRuby interpreter")
+
+// Version is a CRuby release.
+type Version struct{ Major, Minor, Patch int }
+
+func (v Version) String() string { return fmt.Sprintf("%d.%d.%d", v.Major, v.Minor, v.Patch) }
+
+// Binary is what a libruby says of itself; addresses are the file's
+// virtual addresses.
+type Binary struct {
+	Version Version
+	// EvalLoop is vm_exec_core, [start, end): the function that runs the
+	// instructions of Ruby methods and blocks.
+	EvalLoop [2]uint64
+	// TLSIndex is the GOT pair (tls_index: module id, offset) through
+	// which the library reaches ruby_current_ec, the running thread's
+	// rb_execution_context_t: the dynamic loader writes the module id
+	// there, and TLSOffset is the variable's offset in the module's block.
+	TLSIndex  uint64
+	TLSOffset uint64
+	// GlobalSymbols is ruby_global_symbols, the table of IDs' names.
+	GlobalSymbols uint64
+}
+
+// Symbols every CRuby 3.x exports (internals.md §1.3, §9): the version
+// string, the table of instruction lengths (one byte per instruction,
+// whose count finds the instruction loop), the function whose code shows
+// where ruby_current_ec is, and the one that reads the symbol table.
+const (
+	versionSymbol       = "ruby_version"
+	insnLenSymbol       = "rb_vm_insn_len_info"
+	threadCurrentSymbol = "rb_thread_current"
+	id2strSymbol        = "rb_id2str"
+)
+
+// Detect reads a CRuby interpreter's facts from f, whose exported symbols
+// are dynsym and whose functions are functionRanges (nativeunwind's FDE
+// ranges). Other files give ErrNotRuby.
+func Detect(f *elf.File, dynsym []elf.Symbol, functionRanges func() ([][2]uint64, error)) (*Binary, error) {
+	syms := map[string]elf.Symbol{}
+	for _, s := range dynsym {
+		switch s.Name {
+		case versionSymbol, insnLenSymbol, threadCurrentSymbol, id2strSymbol:
+			if s.Section != elf.SHN_UNDEF {
+				syms[s.Name] = s
+			}
+		}
+	}
+	vs, ok1 := syms[versionSymbol]
+	ls, ok2 := syms[insnLenSymbol]
+	if !ok1 || !ok2 {
+		return nil, ErrNotRuby
+	}
+	if f.Machine != elf.EM_X86_64 {
+		return nil, fmt.Errorf("CRuby on %v: only x86_64 is supported", f.Machine)
+	}
+	b := &Binary{}
+	var err error
+	if b.Version, err = readVersion(f, vs.Value); err != nil {
+		return nil, err
+	}
+	ranges, err := functionRanges()
+	if err != nil {
+		return nil, fmt.Errorf("CRuby %v: function ranges: %w", b.Version, err)
+	}
+	if b.EvalLoop, err = findEvalLoop(f, int(ls.Size), ranges); err != nil {
+		return nil, fmt.Errorf("CRuby %v: %w", b.Version, err)
+	}
+	tc, ok := syms[threadCurrentSymbol]
+	if !ok {
+		return nil, fmt.Errorf("CRuby %v: no %s", b.Version, threadCurrentSymbol)
+	}
+	if b.TLSIndex, b.TLSOffset, err = findTLSIndex(f, tc); err != nil {
+		return nil, fmt.Errorf("CRuby %v: execution context: %w", b.Version, err)
+	}
+	id2str, ok := syms[id2strSymbol]
+	if !ok {
+		return nil, fmt.Errorf("CRuby %v: no %s", b.Version, id2strSymbol)
+	}
+	if b.GlobalSymbols, err = findGlobalSymbols(f, id2str, ranges); err != nil {
+		return nil, fmt.Errorf("CRuby %v: symbol table: %w", b.Version, err)
+	}
+	return b, nil
+}
+
+// readVersion parses the NUL-terminated "X.Y.Z" at addr.
+func readVersion(f *elf.File, addr uint64) (Version, error) {
+	b, err := readAt(f, addr, 16)
+	if err != nil {
+		return Version{}, fmt.Errorf("reading %s: %w", versionSymbol, err)
+	}
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	parts := strings.Split(string(b), ".")
+	var v [3]int
+	for i := range v {
+		if len(parts) != 3 {
+			break
+		}
+		v[i], err = strconv.Atoi(parts[i])
+		if err != nil || v[i] < 0 || v[i] > 999 {
+			err = errors.New("not a number")
+			break
+		}
+	}
+	if len(parts) != 3 || err != nil {
+		return Version{}, fmt.Errorf("%s is %q, not a version", versionSymbol, b)
+	}
+	return Version{v[0], v[1], v[2]}, nil
+}
+
+// findEvalLoop finds vm_exec_core through its table of instruction
+// addresses (insns_address_table, with direct threading, which GCC builds
+// use): insns pointers in a row, all into one function. No other table of
+// a libruby is as long and points into one function (internals.md; 202,
+// 204 and 220 entries in Debian's 3.1, 3.3 and 3.4). A shared library
+// holds the table as relative relocations, an executable as addresses.
+func findEvalLoop(f *elf.File, insns int, ranges [][2]uint64) ([2]uint64, error) {
+	if insns < 64 {
+		return [2]uint64{}, fmt.Errorf("%s has %d instructions, too few for a VM", insnLenSymbol, insns)
+	}
+	ranges = slices.Clone(ranges)
+	slices.SortFunc(ranges, func(a, b [2]uint64) int { return cmp.Compare(a[0], b[0]) })
+	rangeOf := func(a uint64) int {
+		i, found := slices.BinarySearchFunc(ranges, a, func(r [2]uint64, a uint64) int {
+			switch {
+			case r[1] <= a:
+				return -1
+			case r[0] > a:
+				return 1
+			}
+			return 0
+		})
+		if !found {
+			return -1
+		}
+		return i
+	}
+	ptrs, err := codePointers(f)
+	if err != nil {
+		return [2]uint64{}, err
+	}
+	// The longest run of consecutive slots into one function.
+	best, bestRange := 0, -1
+	for i := 0; i < len(ptrs); {
+		r := rangeOf(ptrs[i].target)
+		j := i
+		for j+1 < len(ptrs) && ptrs[j+1].slot == ptrs[j].slot+8 && r >= 0 && rangeOf(ptrs[j+1].target) == r {
+			j++
+		}
+		if n := j - i + 1; r >= 0 && n > best {
+			best, bestRange = n, r
+		}
+		i = j + 1
+	}
+	if best != insns {
+		return [2]uint64{}, fmt.Errorf("no instruction table of %d entries (the longest is %d)", insns, best)
+	}
+	return ranges[bestRange], nil
+}
+
+// codePointer is a pointer the file keeps at slot.
+type codePointer struct{ slot, target uint64 }
+
+// codePointers lists, by slot, the pointers a shared library's dynamic
+// relocations make (R_X86_64_RELATIVE) or, in an executable, the aligned
+// words of its read-only data after relocation that could be addresses.
+func codePointers(f *elf.File) ([]codePointer, error) {
+	var out []codePointer
+	if f.Type == elf.ET_DYN {
+		for _, sec := range f.Sections {
+			if sec.Type != elf.SHT_RELA {
+				continue
+			}
+			b, err := sec.Data()
+			if err != nil {
+				return nil, fmt.Errorf("reading %s: %w", sec.Name, err)
+			}
+			for i := 0; i+24 <= len(b); i += 24 {
+				info := binary.LittleEndian.Uint64(b[i+8:])
+				if elf.R_X86_64(info&0xffffffff) == elf.R_X86_64_RELATIVE {
+					out = append(out, codePointer{binary.LittleEndian.Uint64(b[i:]), binary.LittleEndian.Uint64(b[i+16:])})
+				}
+			}
+		}
+	} else {
+		for _, name := range []string{".data.rel.ro", ".rodata", ".data"} {
+			sec := f.Section(name)
+			if sec == nil || sec.Type != elf.SHT_PROGBITS {
+				continue
+			}
+			b, err := sec.Data()
+			if err != nil {
+				return nil, fmt.Errorf("reading %s: %w", name, err)
+			}
+			for i := (8 - sec.Addr%8) % 8; i+8 <= uint64(len(b)); i += 8 {
+				out = append(out, codePointer{sec.Addr + i, binary.LittleEndian.Uint64(b[i:])})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b codePointer) int { return cmp.Compare(a.slot, b.slot) })
+	return out, nil
+}
+
+// maxDecode bounds the instructions decoded per function.
+const maxDecode = 256
+
+// findTLSIndex finds the GOT pair through which rb_thread_current reads
+// ruby_current_ec: its code is "lea PAIR(%rip),%rdi; call __tls_get_addr;
+// mov (%rax),%rax" (general-dynamic TLS, internals.md §1.4). The offset
+// word is in the file (a constant the linker resolved) or relocated
+// against the exported TLS symbol (R_X86_64_DTPOFF64).
+func findTLSIndex(f *elf.File, fn elf.Symbol) (index, offset uint64, err error) {
+	code, err := readAt(f, fn.Value, min(max(fn.Size, 16), 512))
+	if err != nil {
+		return 0, 0, err
+	}
+	var lea uint64
+	for pc, n := uint64(0), 0; pc < uint64(len(code)) && n < maxDecode; n++ {
+		in, err := decode(code[pc:])
+		if err != nil {
+			return 0, 0, fmt.Errorf("%s+%#x: %w", fn.Name, pc, err)
+		}
+		next := pc + uint64(in.Len)
+		switch {
+		case in.Op == x86asm.LEA && in.Args[0] == x86asm.RDI:
+			if m, ok := in.Args[1].(x86asm.Mem); ok && m.Base == x86asm.RIP && m.Index == 0 {
+				lea = fn.Value + next + uint64(m.Disp)
+			}
+		case in.Op == x86asm.CALL && lea != 0:
+			index = lea
+		}
+		if index != 0 || in.Op == x86asm.RET {
+			break
+		}
+		pc = next
+	}
+	if index == 0 {
+		return 0, 0, fmt.Errorf("%s does not call __tls_get_addr with a GOT pair", fn.Name)
+	}
+	if off, ok, err := dtpoff(f, index+8); err != nil {
+		return 0, 0, err
+	} else if ok {
+		return index, off, nil
+	}
+	b, err := readAt(f, index+8, 8)
+	if err != nil {
+		return 0, 0, fmt.Errorf("reading the TLS offset at %#x: %w", index+8, err)
+	}
+	return index, binary.LittleEndian.Uint64(b), nil
+}
+
+// dtpoff is the value of an R_X86_64_DTPOFF64 relocation at slot: the
+// offset of its symbol in the module's TLS block.
+func dtpoff(f *elf.File, slot uint64) (uint64, bool, error) {
+	var dynsym []elf.Symbol
+	for _, sec := range f.Sections {
+		if sec.Type != elf.SHT_RELA {
+			continue
+		}
+		b, err := sec.Data()
+		if err != nil {
+			return 0, false, fmt.Errorf("reading %s: %w", sec.Name, err)
+		}
+		for i := 0; i+24 <= len(b); i += 24 {
+			info := binary.LittleEndian.Uint64(b[i+8:])
+			if binary.LittleEndian.Uint64(b[i:]) != slot || elf.R_X86_64(info&0xffffffff) != elf.R_X86_64_DTPOFF64 {
+				continue
+			}
+			addend := binary.LittleEndian.Uint64(b[i+16:])
+			idx := info >> 32
+			if idx == 0 {
+				return addend, true, nil
+			}
+			if dynsym == nil {
+				if dynsym, err = f.DynamicSymbols(); err != nil {
+					return 0, false, err
+				}
+			}
+			// Symbol index 0 is the null symbol, which DynamicSymbols omits.
+			if idx > uint64(len(dynsym)) {
+				return 0, false, fmt.Errorf("TLS relocation against symbol %d of %d", idx, len(dynsym))
+			}
+			return dynsym[idx-1].Value + addend, true, nil
+		}
+	}
+	return 0, false, nil
+}
+
+// findGlobalSymbols finds ruby_global_symbols from rb_id2str: it, or the
+// function it jumps or calls to first (get_id_serial_entry), compares the
+// ID's serial with the table's first field, last_id, read RIP-relative
+// (internals.md §7). The functions are read to their end, as their FDEs
+// say: 3.4's puts an early return before the comparison.
+func findGlobalSymbols(f *elf.File, fn elf.Symbol, ranges [][2]uint64) (uint64, error) {
+	start, name := fn.Value, fn.Name
+	for hop := 0; hop < 2; hop++ {
+		size := uint64(512)
+		for _, r := range ranges {
+			if r[0] <= start && start < r[1] {
+				size = min(r[1]-start, 4096)
+			}
+		}
+		code, err := readAt(f, start, size)
+		if err != nil {
+			return 0, err
+		}
+		var callee uint64
+		for pc, n := uint64(0), 0; pc < uint64(len(code)) && n < maxDecode; n++ {
+			in, err := decode(code[pc:])
+			if err != nil {
+				return 0, fmt.Errorf("%s+%#x: %w", name, pc, err)
+			}
+			next := pc + uint64(in.Len)
+			if in.Op == x86asm.CMP {
+				for _, a := range in.Args[:2] {
+					if m, ok := a.(x86asm.Mem); ok && m.Base == x86asm.RIP && m.Index == 0 && in.MemBytes == 4 {
+						return start + next + uint64(m.Disp), nil
+					}
+				}
+			}
+			if rel, ok := in.Args[0].(x86asm.Rel); ok && (in.Op == x86asm.JMP || in.Op == x86asm.CALL) && callee == 0 {
+				callee = start + next + uint64(int64(rel))
+			}
+			pc = next
+		}
+		if callee == 0 {
+			break
+		}
+		start, name = callee, fmt.Sprintf("%s's callee at %#x", fn.Name, callee)
+	}
+	return 0, fmt.Errorf("no comparison with the table's last_id in %s or its callee", fn.Name)
+}
+
+// endbr64 starts functions built with control-flow protection (CET); the
+// decoder does not know it, and it does nothing here.
+var endbr64 = []byte{0xf3, 0x0f, 0x1e, 0xfa}
+
+// decode decodes the x86_64 instruction code starts with.
+func decode(code []byte) (x86asm.Inst, error) {
+	if bytes.HasPrefix(code, endbr64) {
+		return x86asm.Inst{Op: x86asm.NOP, Len: len(endbr64)}, nil
+	}
+	return x86asm.Decode(code, 64)
+}
+
+// readAt reads n bytes at virtual address addr of f's loaded segments.
+func readAt(f *elf.File, addr, n uint64) ([]byte, error) {
+	for _, p := range f.Progs {
+		if p.Type != elf.PT_LOAD || addr < p.Vaddr || addr >= p.Vaddr+p.Filesz {
+			continue
+		}
+		n = min(n, p.Vaddr+p.Filesz-addr)
+		b := make([]byte, n)
+		if _, err := p.ReadAt(b, int64(addr-p.Vaddr)); err != nil && !errors.Is(err, io.EOF) {
+			return nil, err
+		}
+		return b, nil
+	}
+	return nil, fmt.Errorf("address %#x is not in the file", addr)
+}

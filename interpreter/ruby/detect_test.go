@@ -1,0 +1,178 @@
+package ruby
+
+import (
+	"bufio"
+	"debug/elf"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hostprof/ebpf-profiler/nativeunwind"
+	"github.com/hostprof/ebpf-profiler/utils/rubyfetch"
+)
+
+// detectFile runs Detect on a file as the process manager would.
+func detectFile(t *testing.T, path string) *Binary {
+	t.Helper()
+	f, err := elf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	dyn, err := nativeunwind.ReadSymbols(f, elf.SHT_DYNSYM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Detect(f, dyn, func() ([][2]uint64, error) { return nativeunwind.FunctionRanges(f) })
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return b
+}
+
+// TestDetectNotRuby: other files are not taken for Ruby.
+func TestDetectNotRuby(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := elf.Open(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dyn, _ := nativeunwind.ReadSymbols(f, elf.SHT_DYNSYM)
+	if _, err := Detect(f, dyn, func() ([][2]uint64, error) { return nil, nil }); err != ErrNotRuby {
+		t.Errorf("test binary: %v, want ErrNotRuby", err)
+	}
+}
+
+// TestDetect checks what Detect reads from Debian's libruby builds against
+// a running interpreter of each: from the main thread's fs base, through
+// the GOT pair's module id and the thread's DTV, to its execution context,
+// whose current frame's instructions are addresses in the instruction loop
+// Detect found (direct threading); and the symbol table's last_id counts
+// the symbols a Ruby has at start.
+func TestDetect(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to trace the interpreter")
+	}
+	for _, v := range rubyfetch.Versions {
+		t.Run(v, func(t *testing.T) {
+			lib, err := rubyfetch.Libruby(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ruby, _ := rubyfetch.Ruby(v)
+			b := detectFile(t, lib)
+			t.Logf("%v: eval loop %#x-%#x, TLS pair %#x offset %#x, symbols %#x", b.Version, b.EvalLoop[0], b.EvalLoop[1],
+				b.TLSIndex, b.TLSOffset, b.GlobalSymbols)
+			if got := fmt.Sprintf("%d.%d", b.Version.Major, b.Version.Minor); got != v {
+				t.Errorf("version %v, want %s", b.Version, v)
+			}
+			if n := b.EvalLoop[1] - b.EvalLoop[0]; n < 8<<10 || n > 256<<10 {
+				t.Errorf("eval loop of %d bytes", n)
+			}
+
+			cmd := exec.Command(ruby, "-e", "STDOUT.puts 1; STDOUT.flush; x = 0; while true; x += 1; end")
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Process.Kill()
+			if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond) // into the loop
+			pid := cmd.Process.Pid
+			fsBase := mainThreadFSBase(t, pid)
+			bias := mappingBias(t, pid, lib)
+			mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mem.Close()
+			word := func(addr uint64) uint64 {
+				var buf [8]byte
+				if _, err := mem.ReadAt(buf[:], int64(addr)); err != nil {
+					t.Fatalf("reading %#x: %v", addr, err)
+				}
+				return binary.LittleEndian.Uint64(buf[:])
+			}
+			module := word(bias + b.TLSIndex)
+			dtv := word(fsBase + 8) // tcbhead_t.dtv
+			block := word(dtv + 16*module)
+			ec := word(block + b.TLSOffset)
+			stack, size, cfp := word(ec), word(ec+8), word(ec+16)
+			t.Logf("module %d, ec %#x: vm_stack %#x, %d words, cfp %#x", module, ec, stack, size, cfp)
+			if module == 0 || size == 0 || size > 1<<24 || cfp < stack || cfp >= stack+8*size {
+				t.Fatalf("no execution context: module %d, vm_stack %#x, %d words, cfp %#x", module, stack, size, cfp)
+			}
+			iseq := word(cfp + 16)
+			encoded := word(word(iseq+16) + 8) // iseq->body->iseq_encoded
+			if insn := word(encoded) - bias; insn < b.EvalLoop[0] || insn >= b.EvalLoop[1] {
+				t.Errorf("the running frame's first instruction is at %#x, outside the eval loop", insn)
+			}
+			if lastID := uint32(word(bias + b.GlobalSymbols)); lastID < 1000 || lastID > 1<<24 {
+				t.Errorf("the symbol table's last_id is %d", lastID)
+			}
+		})
+	}
+}
+
+// mainThreadFSBase stops pid with ptrace long enough to read its fs base.
+func mainThreadFSBase(t *testing.T, pid int) uint64 {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := unix.PtraceSeize(pid); err != nil {
+		t.Fatalf("PTRACE_SEIZE: %v", err)
+	}
+	defer unix.PtraceDetach(pid)
+	if err := unix.PtraceInterrupt(pid); err != nil {
+		t.Fatalf("PTRACE_INTERRUPT: %v", err)
+	}
+	var ws unix.WaitStatus
+	if _, err := unix.Wait4(pid, &ws, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	var regs unix.PtraceRegs
+	if err := unix.PtraceGetRegs(pid, &regs); err != nil {
+		t.Fatalf("PTRACE_GETREGS: %v", err)
+	}
+	return regs.Fs_base
+}
+
+// mappingBias is where path is loaded in pid: the start of its mapping at
+// file offset 0 (libruby's first segment has virtual address 0).
+func mappingBias(t *testing.T, pid int, path string) uint64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 6 && f[5] == path && f[2] == "00000000" {
+			lo, _, _ := strings.Cut(f[0], "-")
+			v, err := strconv.ParseUint(lo, 16, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+	}
+	t.Fatalf("%s is not mapped in %d", path, pid)
+	return 0
+}
