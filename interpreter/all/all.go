@@ -6,5 +6,6 @@ import (
 	_ "github.com/hostprof/ebpf-profiler/interpreter/hotspot"
 	_ "github.com/hostprof/ebpf-profiler/interpreter/perfmap"
 	_ "github.com/hostprof/ebpf-profiler/interpreter/python"
+	_ "github.com/hostprof/ebpf-profiler/interpreter/ruby"
 	_ "github.com/hostprof/ebpf-profiler/interpreter/v8"
 )

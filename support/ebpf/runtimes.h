@@ -14,6 +14,7 @@ enum runtime_id {
   RUNTIME_CPYTHON = 4,
   RUNTIME_JVM = 5,
   RUNTIME_V8 = 6,
+  RUNTIME_RUBY = 7,
   // Ids stay below this: a u32 bit mask holds one bit per runtime.
   RUNTIME_MAX = 32,
 };

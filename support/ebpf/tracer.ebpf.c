@@ -10,5 +10,6 @@
 #include "cpython.ebpf.c"
 #include "jvm.ebpf.c"
 #include "v8.ebpf.c"
+#include "ruby.ebpf.c"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

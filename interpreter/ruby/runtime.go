@@ -1,0 +1,136 @@
+package ruby
+
+import (
+	"fmt"
+	"runtime"
+	"time"
+
+	"github.com/hostprof/ebpf-profiler/interpreter"
+	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/support"
+)
+
+// ID is CRuby's runtime id: RUNTIME_RUBY in support/ebpf/runtimes.h.
+const ID interpreter.ID = 7
+
+// Kind is the frame kind of Ruby frames.
+const Kind = libpf.FrameKind(ID)
+
+// cfuncFrame is the addr of a C function's frame (RUBY_CFUNC_FRAME): its
+// file_id is the method entry. Other frames' addr is their pc.
+const cfuncFrame = 1
+
+// Runtime is CRuby as the process manager drives it.
+var Runtime = &interpreter.Runtime{
+	Name:         "ruby",
+	DisplayName:  "CRuby",
+	ID:           ID,
+	ConfigStruct: "ruby_proc",
+	ConfigMirror: UnwinderProc{},
+	Recognise:    recognise,
+	// The unwinder reads the thread's execution context per sample: a
+	// process can be described as soon as libruby is mapped.
+	RetryMin: 50 * time.Millisecond,
+	RetryMax: 30 * time.Second,
+	// Instruction sequences and method entries are garbage collected and
+	// their addresses reused.
+	TraceRecheck: 10 * time.Second,
+}
+
+func init() { interpreter.Register(Runtime) }
+
+// UnwinderProc mirrors struct ruby_proc in support/ebpf/ruby.ebpf.c.
+type UnwinderProc struct {
+	TLSIndex      uint64
+	TLSOffset     uint64
+	ECVMStack     uint16
+	ECVMStackSize uint16
+	ECCFP         uint16
+	CFPSize       uint16
+	CFPPC         uint16
+	CFPISeq       uint16
+	CFPEP         uint16
+	_             uint16
+}
+
+// recognise finds CRuby by the symbols every 3.x exports.
+func recognise(f *interpreter.File) (interpreter.Binary, error) {
+	b, err := Detect(f.ELF, f.DynamicSymbols, f.FunctionRanges)
+	if err == ErrNotRuby {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	layout, layoutErr := LayoutFor(b.Version)
+	if runtime.GOARCH != "amd64" {
+		layoutErr = fmt.Errorf("CRuby frames are unwound on x86_64 only, not %s", runtime.GOARCH)
+	}
+	return &rubyBinary{Binary: b, layout: layout, err: layoutErr}, nil
+}
+
+// rubyBinary is a libruby (or static ruby) as the interpreter interface
+// sees it.
+type rubyBinary struct {
+	*Binary
+	layout *Layout
+	err    error
+}
+
+func (b *rubyBinary) Version() string         { return b.Binary.Version.String() }
+func (b *rubyBinary) Unsupported() error      { return b.err }
+func (b *rubyBinary) CodeRanges() [][2]uint64 { return [][2]uint64{b.EvalLoop} }
+
+// Attach describes the process to the unwinder, which finds each thread's
+// execution context per sample.
+func (b *rubyBinary) Attach(h interpreter.Host) (interpreter.Process, error) {
+	if b.err != nil {
+		return nil, b.err
+	}
+	mem, err := h.Memory()
+	if err != nil {
+		return nil, err
+	}
+	bias := h.Bias()
+	s, err := NewSymbolizer(mem, b.Binary.Version, bias+b.GlobalSymbols)
+	if err != nil {
+		return nil, err
+	}
+	l := b.layout
+	if err := h.SetConfig(UnwinderProc{
+		TLSIndex: bias + b.TLSIndex, TLSOffset: b.TLSOffset,
+		ECVMStack: uint16(l.ECVMStack), ECVMStackSize: uint16(l.ECVMStackSize), ECCFP: uint16(l.ECCFP),
+		CFPSize: uint16(l.CFPSize), CFPPC: uint16(l.CFPPC), CFPISeq: uint16(l.CFPISeq), CFPEP: uint16(l.CFPEP),
+	}); err != nil {
+		return nil, err
+	}
+	return &process{sym: s}, nil
+}
+
+// process is an attached CRuby process.
+type process struct {
+	sym *Symbolizer
+}
+
+// Symbolize names a Ruby frame: an instruction sequence at a pc, or a C
+// function by its method entry.
+func (p *process) Symbolize(f support.Frame, out []libpf.Frame) ([]libpf.Frame, error) {
+	var rf Frame
+	var err error
+	if f.Addr == cfuncFrame {
+		rf, err = p.sym.CFuncFrame(f.FileID)
+	} else {
+		rf, err = p.sym.ISeqFrame(f.FileID, f.Addr)
+	}
+	if err != nil {
+		return out, err
+	}
+	fr := libpf.Frame{Kind: Kind, FunctionName: rf.Function, SourceFile: rf.File}
+	if rf.Line > 0 {
+		fr.SourceLine = uint32(rf.Line)
+	}
+	return append(out, fr), nil
+}
+
+// Detach has nothing to release.
+func (*process) Detach() {}

@@ -1,0 +1,249 @@
+// The CRuby unwinder (runtime RUNTIME_RUBY), x86_64. The native unwinder
+// hands over at each frame of vm_exec_core, the loop that runs Ruby
+// instructions, after stepping past it; this program reports the control
+// frames that call of the loop runs, innermost first, and hands back. A
+// call of the loop runs frames from the thread's current one down to the
+// one it was entered for, which carries VM_FRAME_FLAG_FINISH; a C method's
+// control frame sits among them (its native frames are above the loop's
+// frame that called it). So C functions land between the right Ruby
+// frames (interpreter/ruby/internals.md).
+//
+// The thread's rb_execution_context_t is ruby_current_ec, a thread-local
+// variable of libruby reached as __tls_get_addr does (general-dynamic
+// TLS): the dynamic loader writes libruby's module id into a GOT pair,
+// and the variable is at an offset in the module's block, which the
+// thread's DTV (the word at the thread pointer + 8, glibc's tcbhead_t)
+// lists at 16 * module id.
+//
+// Its frames: file_id is the instruction sequence (rb_iseq_t) and addr the
+// frame's pc (0 before its first instruction); for a C function, file_id
+// is its method entry and addr RUBY_CFUNC_FRAME.
+#include "tracemgmt.h"
+
+// A pc is a pointer into an instruction sequence, never 1.
+#define RUBY_CFUNC_FRAME 1
+
+// Control frame flags (vm_core.h): the frame a call of vm_exec was
+// entered for, and a C frame.
+#define RUBY_FRAME_FLAG_FINISH 0x20
+#define RUBY_FRAME_FLAG_CFRAME 0x80
+#define RUBY_FRAME_MAGIC_MASK  0x7fff0001
+#define RUBY_FRAME_MAGIC_DUMMY 0x79990001
+
+// What the Ruby unwinder needs of a CRuby process (its entry in
+// runtime_procs); user space fills it from package ruby's tables.
+struct ruby_proc {
+  // The GOT pair (tls_index) libruby reaches ruby_current_ec through:
+  // the module id the dynamic loader wrote at tls_index, and the
+  // variable's offset in the module's TLS block.
+  u64 tls_index;
+  u64 tls_offset;
+  // Byte offsets: rb_execution_context_t's vm_stack, vm_stack_size (in
+  // words) and cfp; rb_control_frame_t's size, pc, iseq and ep.
+  u16 ec_vm_stack;
+  u16 ec_vm_stack_size;
+  u16 ec_cfp;
+  u16 cfp_size;
+  u16 cfp_pc;
+  u16 cfp_iseq;
+  u16 cfp_ep;
+  u16 pad;
+};
+_Static_assert(sizeof(struct ruby_proc) <= RUNTIME_PROC_SIZE, "ruby_proc too large");
+
+// The runtime's counters (runtime_metrics), reported by user space under the
+// lower-case name without the METRIC_ prefix.
+enum ruby_metric {
+  // Ruby frames reported.
+  METRIC_RUBY_FRAMES,
+  // A frame of vm_exec_core in a process user space has not (yet)
+  // described: the native frame is reported, and user space is told.
+  METRIC_ERR_RUBY_NO_PROC,
+  // The thread's execution context could not be read.
+  METRIC_ERR_RUBY_EXECUTION_CONTEXT,
+  // Reading a control frame failed.
+  METRIC_ERR_RUBY_FRAME_READ,
+  // A call of vm_exec_core had no control frame left to report: the
+  // native frame is reported.
+  METRIC_ERR_RUBY_NO_FRAME,
+  METRIC_RUBY_COUNT,
+};
+_Static_assert(METRIC_RUBY_COUNT <= RUNTIME_METRICS_MAX, "too many ruby metrics");
+
+// Where the Ruby unwinder is in a sample.
+struct ruby_walk {
+  // The sample (its ktime) this walk belongs to: a walk of an earlier
+  // sample is started afresh.
+  u64 sample;
+  // The next control frame to report, and the end of the VM stack (the
+  // frames grow down from it).
+  u64 cfp;
+  u64 end;
+  // The CFA of the vm_exec_core frame being reported, and the frames
+  // reported for it.
+  u64 call_cfa;
+  u32 call_frames;
+  // The thread's execution context was found.
+  u8 started;
+  u8 pad[3];
+};
+
+// Never read: puts the structs user space mirrors into the BTF.
+volatile const struct ruby_btf_exports {
+  struct ruby_proc ruby_proc;
+  enum ruby_metric ruby_metric;
+} ruby_btf_exports __attribute__((used));
+
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, u32);
+  __type(value, struct ruby_walk);
+} ruby_walks SEC(".maps");
+
+// Control frames one run of this program walks before it tail-calls
+// itself.
+#define RUBY_FRAMES_PER_PROGRAM 24
+
+// Finds the interrupted thread's execution context and its current
+// control frame. Returns 0 when found.
+static __always_inline int ruby_start(struct ruby_walk *w, const struct ruby_proc *proc)
+{
+  u64 tp = thread_pointer(), module, dtv, block, ec, stack, size, cfp;
+  if (!tp || bpf_probe_read_user(&module, sizeof(module), (void *)proc->tls_index) || !module ||
+      module > 0xffff)
+    goto fail;
+  if (bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(tp + 8)) || !dtv ||
+      bpf_probe_read_user(&block, sizeof(block), (void *)(dtv + 16 * module)) || !block ||
+      block == (u64)-1)
+    goto fail;
+  if (bpf_probe_read_user(&ec, sizeof(ec), (void *)(block + proc->tls_offset)) || !ec)
+    goto fail;
+  if (bpf_probe_read_user(&stack, sizeof(stack), (void *)(ec + proc->ec_vm_stack)) ||
+      bpf_probe_read_user(&size, sizeof(size), (void *)(ec + proc->ec_vm_stack_size)) ||
+      bpf_probe_read_user(&cfp, sizeof(cfp), (void *)(ec + proc->ec_cfp)))
+    goto fail;
+  // A VM stack is at most a few MiB (RUBY_VM_THREAD_VM_STACK_SIZE).
+  if (!stack || !size || size > (1 << 24) || cfp < stack || cfp >= stack + 8 * size)
+    goto fail;
+  w->cfp = cfp;
+  w->end = stack + 8 * size;
+  w->started = 1;
+  return 0;
+fail:
+  increment_runtime_metric(RUNTIME_RUBY, METRIC_ERR_RUBY_EXECUTION_CONTEXT);
+  return -1;
+}
+
+// What a walk of one vm_exec_core call leaves to do.
+enum ruby_call_walk {
+  RUBY_CALL_DONE,
+  RUBY_CALL_MORE,
+  RUBY_CALL_FULL,
+};
+
+// Reports the control frames of one vm_exec_core call: from the next one
+// down to the first with VM_FRAME_FLAG_FINISH.
+static __always_inline int ruby_walk_call(struct ruby_walk *w, const struct ruby_proc *proc,
+                                          struct unwind_state *state, struct trace *t)
+{
+  const struct runtime_handoff *h = &state->handoff;
+  for (int i = 0; i < RUBY_FRAMES_PER_PROGRAM; i++) {
+    u64 cfp = w->cfp, ep, flags, id, addr;
+    if (cfp >= w->end) {
+      if (w->call_frames)
+        return RUBY_CALL_DONE;
+      increment_runtime_metric(RUNTIME_RUBY, METRIC_ERR_RUBY_NO_FRAME);
+      return runtime_report_native(h, t) ? RUBY_CALL_FULL : RUBY_CALL_DONE;
+    }
+    if (bpf_probe_read_user(&ep, sizeof(ep), (void *)(cfp + proc->cfp_ep)) ||
+        bpf_probe_read_user(&flags, sizeof(flags), (void *)ep))
+      goto fail;
+    w->cfp = cfp + proc->cfp_size;
+    if ((flags & RUBY_FRAME_MAGIC_MASK) == RUBY_FRAME_MAGIC_DUMMY)
+      goto next;
+    if (flags & RUBY_FRAME_FLAG_CFRAME) {
+      // The method entry, ep[-2] (VM_ENV_DATA_INDEX_ME_CREF).
+      if (bpf_probe_read_user(&id, sizeof(id), (void *)(ep - 16)))
+        goto fail;
+      addr = RUBY_CFUNC_FRAME;
+    } else {
+      if (bpf_probe_read_user(&id, sizeof(id), (void *)(cfp + proc->cfp_iseq)) ||
+          bpf_probe_read_user(&addr, sizeof(addr), (void *)(cfp + proc->cfp_pc)))
+        goto fail;
+      if (!id)
+        goto next;
+    }
+    w->call_frames++;
+    increment_runtime_metric(RUNTIME_RUBY, METRIC_RUBY_FRAMES);
+    if (push_runtime_frame(t, RUNTIME_RUBY, id, addr))
+      return RUBY_CALL_FULL;
+  next:
+    if (flags & RUBY_FRAME_FLAG_FINISH) {
+      if (w->call_frames)
+        return RUBY_CALL_DONE;
+      increment_runtime_metric(RUNTIME_RUBY, METRIC_ERR_RUBY_NO_FRAME);
+      return runtime_report_native(h, t) ? RUBY_CALL_FULL : RUBY_CALL_DONE;
+    }
+  }
+  return RUBY_CALL_MORE;
+fail:
+  // What is left of the VM stack cannot be trusted: the loop's frames
+  // from here on are reported as native.
+  increment_runtime_metric(RUNTIME_RUBY, METRIC_ERR_RUBY_FRAME_READ);
+  runtime_give_up(state, RUNTIME_RUBY);
+  if (w->call_frames)
+    return RUBY_CALL_DONE;
+  return runtime_report_native(h, t) ? RUBY_CALL_FULL : RUBY_CALL_DONE;
+}
+
+// The walk of the sample being unwound, started afresh for a new sample.
+static __always_inline struct ruby_walk *ruby_walk_of(const struct trace *t)
+{
+  u32 zero = 0;
+  struct ruby_walk *w = bpf_map_lookup_elem(&ruby_walks, &zero);
+  if (w && w->sample != t->ktime) {
+    w->sample = t->ktime;
+    w->started = 0;
+    w->call_cfa = 0;
+    w->call_frames = 0;
+  }
+  return w;
+}
+
+static __always_inline int ruby_unwind_call(struct unwind_state *state, struct trace *t)
+{
+  const struct runtime_handoff *h = &state->handoff;
+  const struct ruby_proc *proc = runtime_config(t->pid, RUNTIME_RUBY);
+  if (!proc) {
+    runtime_missing(state, t->pid, RUNTIME_RUBY, METRIC_ERR_RUBY_NO_PROC);
+    return runtime_report_native(h, t) ? RUBY_CALL_FULL : RUBY_CALL_DONE;
+  }
+  struct ruby_walk *w = ruby_walk_of(t);
+  if (!w || (!w->started && ruby_start(w, proc))) {
+    runtime_give_up(state, RUNTIME_RUBY);
+    return runtime_report_native(h, t) ? RUBY_CALL_FULL : RUBY_CALL_DONE;
+  }
+  if (w->call_cfa != h->cfa) {
+    // The first run for this vm_exec_core frame (not a continuation).
+    w->call_cfa = h->cfa;
+    w->call_frames = 0;
+  }
+  return ruby_walk_call(w, proc, state, t);
+}
+
+SEC("perf_event")
+int unwind_ruby(struct bpf_perf_event_data *ctx)
+{
+  struct record *r = get_record();
+  if (!r)
+    return 0;
+  switch (ruby_unwind_call(&r->state, &r->trace)) {
+  case RUBY_CALL_MORE:
+    return tail_call_next(ctx, r, RUNTIME_RUBY);
+  case RUBY_CALL_FULL:
+    increment_metric(METRIC_TRUNCATED_TRACES);
+    return tail_call_stop(ctx);
+  }
+  return runtime_return(ctx, r);
+}
