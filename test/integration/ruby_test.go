@@ -137,3 +137,102 @@ func TestRubyStacks(t *testing.T) {
 	}
 	logShareTable(t, "Ruby", rubyfetch.Versions, []string{"chain"}, results)
 }
+
+// TestRubyThreads: four Ruby threads, each in its own chain, taking turns
+// on the VM lock: each thread's samples show its own chain, never a frame
+// of another's (each thread has its own execution context).
+func TestRubyThreads(t *testing.T) {
+	requireRoot(t)
+	script, hot := rubyWorkload(t)
+	for _, v := range rubyfetch.Versions {
+		t.Run("Ruby "+v, func(t *testing.T) {
+			rb, err := rubyfetch.Ruby(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := startSession(t, testHz)
+			run := runRuby(t, rb, script, "threads", 4*time.Second)
+			s.stop(t)
+			var n, ok, foreign int
+			misses := map[string]int{}
+			for _, smp := range run.hotSamples(t, s.rec) {
+				name := smp.meta.ThreadName
+				if len(name) != 2 || name[0] != 't' {
+					continue
+				}
+				n++
+				fs := rubyFrames(smp.trace)
+				for _, f := range fs {
+					if len(f.FunctionName) > 3 && f.FunctionName[0] == 't' && f.FunctionName[2] == '_' && f.FunctionName[:2] != name {
+						foreign++
+						break
+					}
+				}
+				good := len(fs) >= 3
+				for i, fn := range []string{"_leaf", "_mid", "_top"} {
+					good = good && fs[i].FunctionName == name+fn && fs[i].SourceLine == hot[name+fn] && fs[i].SourceFile == script
+				}
+				if good {
+					ok++
+				} else {
+					misses[name+": "+rubyStack(smp.trace)]++
+				}
+			}
+			t.Logf("%d samples of threads t0-t3, %.1f%% show their thread's chain, %d with another thread's frames",
+				n, 100*share(ok, n), foreign)
+			logTopStacks(t, misses, 4)
+			if n < testHz || share(ok, n) < 0.95 || foreign > 0 {
+				t.Errorf("%d of %d samples show their thread's chain (want >= 95%%), %d another thread's frames (want 0)", ok, n, foreign)
+			}
+		})
+	}
+}
+
+// TestRubyStartedBeforeProfiler: a Ruby process running before the
+// daemon starts is found and unwound as well.
+func TestRubyStartedBeforeProfiler(t *testing.T) {
+	requireRoot(t)
+	script, hot := rubyWorkload(t)
+	rb, err := rubyfetch.Ruby(rubyfetch.Versions[len(rubyfetch.Versions)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(rb, script, "chain", "5")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	s := startSession(t, testHz)
+	time.Sleep(3 * time.Second)
+	s.stop(t)
+	samples := s.rec.ofPID(cmd.Process.Pid)
+	chain := func(smp sample) bool {
+		fs := rubyFrames(smp.trace)
+		return len(fs) == 6 && fs[0].FunctionName == "leaf" && fs[5].FunctionName == "<main>" && fs[5].SourceLine == hot["main"]
+	}
+	// The process is read at its first sample: the samples before that
+	// are the warm-up.
+	first := slices.IndexFunc(samples, chain)
+	if first < 0 || first > 20 {
+		t.Fatalf("first sample with the chain: %d of %d (want within the first 20)", first, len(samples))
+	}
+	ok := 0
+	for _, smp := range samples[first:] {
+		if chain(smp) {
+			ok++
+		}
+	}
+	rest := len(samples) - first
+	t.Logf("%d samples, the first with the chain is #%d; %.1f%% of it and those after with the chain", len(samples), first, 100*share(ok, rest))
+	if rest < testHz || share(ok, rest) < 0.95 {
+		t.Errorf("%d of %d samples show the chain, want >= 95%%", ok, rest)
+	}
+}

@@ -6,6 +6,8 @@
 #
 # chain: leaf, called by mid, called from a block top passes to
 # Hash#each_pair (a C function), so the stack interleaves Ruby and C.
+# threads: four threads named t0-t3, each in its own chain tN_leaf <-
+# tN_mid <- tN_top; they take turns holding the VM lock.
 
 def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
@@ -25,8 +27,27 @@ def top(deadline)
   {a: 1}.each_pair { mid(deadline) } # hot: top
 end
 
+def t0_leaf(d) = (x = 0; x += 1 until x % 100_000 == 0 && now > d) # hot: t0_leaf
+def t0_mid(d) = t0_leaf(d) # hot: t0_mid
+def t0_top(d) = t0_mid(d) # hot: t0_top
+def t1_leaf(d) = (x = 0; x += 1 until x % 100_000 == 0 && now > d) # hot: t1_leaf
+def t1_mid(d) = t1_leaf(d) # hot: t1_mid
+def t1_top(d) = t1_mid(d) # hot: t1_top
+def t2_leaf(d) = (x = 0; x += 1 until x % 100_000 == 0 && now > d) # hot: t2_leaf
+def t2_mid(d) = t2_leaf(d) # hot: t2_mid
+def t2_top(d) = t2_mid(d) # hot: t2_top
+def t3_leaf(d) = (x = 0; x += 1 until x % 100_000 == 0 && now > d) # hot: t3_leaf
+def t3_mid(d) = t3_leaf(d) # hot: t3_mid
+def t3_top(d) = t3_mid(d) # hot: t3_top
+
 mode, seconds = ARGV
-abort "usage: #{$0} chain SECONDS" unless mode == "chain" && seconds
+abort "usage: #{$0} chain|threads SECONDS" unless %w[chain threads].include?(mode) && seconds
 STDOUT.puts "hot phase from #{Process.clock_gettime(Process::CLOCK_REALTIME)}"
 STDOUT.flush
-top(now + Float(seconds)) # hot: main
+deadline = now + Float(seconds)
+case mode
+when "chain"
+  top(deadline) # hot: main
+when "threads"
+  4.times.map { |i| Thread.new { Thread.current.name = "t#{i}"; send(:"t#{i}_top", deadline) } }.each(&:join)
+end
