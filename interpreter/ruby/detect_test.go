@@ -82,20 +82,7 @@ func TestDetect(t *testing.T) {
 				t.Errorf("eval loop of %d bytes", n)
 			}
 
-			cmd := exec.Command(ruby, "-e", "STDOUT.puts 1; STDOUT.flush; x = 0; while true; x += 1; end")
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer cmd.Process.Kill()
-			if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(50 * time.Millisecond) // into the loop
-			pid := cmd.Process.Pid
+			pid := startSpinning(t, ruby, "-e", "STDOUT.puts 1; STDOUT.flush; x = 0; while true; x += 1; end")
 			fsBase := mainThreadFSBase(t, pid)
 			bias := mappingBias(t, pid, lib)
 			mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
@@ -129,6 +116,27 @@ func TestDetect(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startSpinning starts ruby with args, which print a line and then spin,
+// and returns its pid once it spins; the process is killed at the test's
+// end.
+func startSpinning(t *testing.T, ruby string, args ...string) int {
+	t.Helper()
+	cmd := exec.Command(ruby, args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // into the loop
+	return cmd.Process.Pid
 }
 
 // mainThreadFSBase stops pid with ptrace long enough to read its fs base.

@@ -101,17 +101,14 @@ var layouts = map[[2]int]*Layout{
 		MEDef: 16, MEOwner: 32, DefOriginalID: 32,
 		ClassPath: 152, SingletonFlag: 0x1000, SingletonAttached: 128, LastOpID: 169,
 	},
-	{3, 4}: {
-		CFPSize: 56, CFPPC: 0, CFPISeq: 16, CFPEP: 32,
-		ECVMStack: 0, ECVMStackSize: 8, ECCFP: 16,
-		ISeqBody: 16, BodyEncoded: 8, BodyPathObj: 64, BodyLabel: 80, BodyFirstLine: 88, BodyInsnsInfo: 112,
-		InsnInfoSize: 12,
-		StrLen:       16, StrPtr: 24, StrEmbedded: 24,
-		AryLen: 16, AryPtr: 32, AryEmbedded: 16, AryEmbedLenMask: 0x3f8000,
-		Nil:   4,
-		MEDef: 16, MEOwner: 32, DefOriginalID: 32,
-		ClassPath: 152, SingletonFlag: 0x2000, SingletonAttached: 128, LastOpID: 170,
-	},
+}
+
+func init() {
+	// 3.4 moved RUBY_FL_SINGLETON and added an operator ID; the rest of
+	// what is read here is as in 3.3.
+	l := *layouts[[2]int{3, 3}]
+	l.SingletonFlag, l.LastOpID = 0x2000, 170
+	layouts[[2]int{3, 4}] = &l
 }
 
 // LayoutFor returns the layout of a version, or an error for one without.

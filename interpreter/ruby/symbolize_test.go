@@ -1,15 +1,12 @@
 package ruby
 
 import (
-	"bufio"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/hostprof/ebpf-profiler/utils/rubyfetch"
 )
@@ -60,20 +57,7 @@ func TestSymbolize(t *testing.T) {
 			}
 			ruby, _ := rubyfetch.Ruby(v)
 			b := detectFile(t, lib)
-			cmd := exec.Command(ruby, script)
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer cmd.Process.Kill()
-			if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(50 * time.Millisecond)
-			pid := cmd.Process.Pid
+			pid := startSpinning(t, ruby, script)
 			fsBase := mainThreadFSBase(t, pid)
 			bias := mappingBias(t, pid, lib)
 			mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))

@@ -65,8 +65,15 @@ func pythonInterpreters(t *testing.T) []pythonInterpreter {
 // pythonWorkload returns the path of utils/workloads/python/pyworkload.py
 // and the line of each "# hot: NAME" marker in it.
 func pythonWorkload(t *testing.T) (string, map[string]uint32) {
+	return markedWorkload(t, "python", "pyworkload.py")
+}
+
+// markedWorkload returns the path of a script under utils/workloads and
+// the line of each "# hot: NAME" marker in it.
+func markedWorkload(t *testing.T, elem ...string) (string, map[string]uint32) {
+	t.Helper()
 	_, here, _, _ := runtime.Caller(0)
-	path, err := filepath.Abs(filepath.Join(filepath.Dir(here), "..", "..", "utils", "workloads", "python", "pyworkload.py"))
+	path, err := filepath.Abs(filepath.Join(append([]string{filepath.Dir(here), "..", "..", "utils", "workloads"}, elem...)...))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,10 +3,8 @@ package integration
 import (
 	"bufio"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -20,24 +18,7 @@ import (
 // rubyWorkload returns the path of rbworkload.rb and the lines of its
 // "# hot: NAME" marks.
 func rubyWorkload(t *testing.T) (string, map[string]uint32) {
-	_, here, _, _ := runtime.Caller(0)
-	path, err := filepath.Abs(filepath.Join(filepath.Dir(here), "..", "..", "utils", "workloads", "ruby", "rbworkload.rb"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	lines := map[string]uint32{}
-	sc := bufio.NewScanner(f)
-	for n := uint32(1); sc.Scan(); n++ {
-		if _, name, ok := strings.Cut(sc.Text(), "# hot: "); ok {
-			lines[strings.TrimSpace(name)] = n
-		}
-	}
-	return path, lines
+	return markedWorkload(t, "ruby", "rbworkload.rb")
 }
 
 // runRuby runs the workload in one mode for d.
