@@ -95,7 +95,7 @@ func Detect(f *elf.File, dynsym []elf.Symbol, functionRanges func() ([][2]uint64
 	if !ok {
 		return nil, fmt.Errorf("CRuby %v: no %s", b.Version, threadCurrentSymbol)
 	}
-	if b.TLSIndex, b.TLSOffset, err = findTLSIndex(f, tc); err != nil {
+	if b.TLSIndex, b.TLSOffset, err = findTLSIndex(f, tc, dynsym); err != nil {
 		return nil, fmt.Errorf("CRuby %v: execution context: %w", b.Version, err)
 	}
 	id2str, ok := syms[id2strSymbol]
@@ -236,7 +236,7 @@ const maxDecode = 256
 // mov (%rax),%rax" (general-dynamic TLS, internals.md §1.4). The offset
 // word is in the file (a constant the linker resolved) or relocated
 // against the exported TLS symbol (R_X86_64_DTPOFF64).
-func findTLSIndex(f *elf.File, fn elf.Symbol) (index, offset uint64, err error) {
+func findTLSIndex(f *elf.File, fn elf.Symbol, dynsym []elf.Symbol) (index, offset uint64, err error) {
 	code, err := readAt(f, fn.Value, min(max(fn.Size, 16), 512))
 	if err != nil {
 		return 0, 0, err
@@ -264,7 +264,7 @@ func findTLSIndex(f *elf.File, fn elf.Symbol) (index, offset uint64, err error) 
 	if index == 0 {
 		return 0, 0, fmt.Errorf("%s does not call __tls_get_addr with a GOT pair", fn.Name)
 	}
-	if off, ok, err := dtpoff(f, index+8); err != nil {
+	if off, ok, err := dtpoff(f, index+8, dynsym); err != nil {
 		return 0, 0, err
 	} else if ok {
 		return index, off, nil
@@ -277,9 +277,8 @@ func findTLSIndex(f *elf.File, fn elf.Symbol) (index, offset uint64, err error) 
 }
 
 // dtpoff is the value of an R_X86_64_DTPOFF64 relocation at slot: the
-// offset of its symbol in the module's TLS block.
-func dtpoff(f *elf.File, slot uint64) (uint64, bool, error) {
-	var dynsym []elf.Symbol
+// offset of its symbol (in dynsym, f's .dynsym) in the module's TLS block.
+func dtpoff(f *elf.File, slot uint64, dynsym []elf.Symbol) (uint64, bool, error) {
 	for _, sec := range f.Sections {
 		if sec.Type != elf.SHT_RELA {
 			continue
@@ -297,11 +296,6 @@ func dtpoff(f *elf.File, slot uint64) (uint64, bool, error) {
 			idx := info >> 32
 			if idx == 0 {
 				return addend, true, nil
-			}
-			if dynsym == nil {
-				if dynsym, err = f.DynamicSymbols(); err != nil {
-					return 0, false, err
-				}
 			}
 			// Symbol index 0 is the null symbol, which DynamicSymbols omits.
 			if idx > uint64(len(dynsym)) {

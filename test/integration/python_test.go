@@ -254,24 +254,30 @@ func TestPythonStacks(t *testing.T) {
 // the expected frames and the share with a complete stack.
 type workloadResult struct{ expected, complete float64 }
 
+// stackNames lists a trace's frames for a message: a runtime's frames
+// (kind) as tag:function:line, native ones by name or file and address.
+func stackNames(tr *libpf.Trace, kind libpf.FrameKind, tag string) []string {
+	var names []string
+	for _, f := range tr.Frames {
+		switch {
+		case f.Kind == kind:
+			names = append(names, fmt.Sprintf("%s:%s:%d", tag, f.FunctionName, f.SourceLine))
+		case f.FunctionName != "":
+			names = append(names, f.FunctionName)
+		case f.Mapping != nil:
+			names = append(names, fmt.Sprintf("%s+%#x", filepath.Base(f.Mapping.Path), f.Address))
+		default:
+			names = append(names, fmt.Sprintf("%v:%#x", f.Kind, f.Address))
+		}
+	}
+	return names
+}
+
 // logExamples logs a few samples, Python frames marked.
 func logExamples(t *testing.T, what string, samples []sample) {
 	t.Helper()
 	for _, smp := range samples[:min(len(samples), 4)] {
-		var names []string
-		for _, f := range smp.trace.Frames {
-			switch {
-			case f.Kind == python.Kind:
-				names = append(names, fmt.Sprintf("py:%s:%d", f.FunctionName, f.SourceLine))
-			case f.FunctionName != "":
-				names = append(names, f.FunctionName)
-			case f.Mapping != nil:
-				names = append(names, fmt.Sprintf("%s+%#x", filepath.Base(f.Mapping.Path), f.Address))
-			default:
-				names = append(names, fmt.Sprintf("%v:%#x", f.Kind, f.Address))
-			}
-		}
-		t.Logf("%s: %v", what, names)
+		t.Logf("%s: %v", what, stackNames(smp.trace, python.Kind, "py"))
 	}
 }
 

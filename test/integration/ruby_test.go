@@ -2,9 +2,7 @@ package integration
 
 import (
 	"bufio"
-	"fmt"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -46,20 +44,7 @@ func rubyFrames(tr *libpf.Trace) []libpf.Frame {
 // rubyStack is a trace's frames as the failure messages show them: Ruby
 // frames with their line, native frames by name.
 func rubyStack(tr *libpf.Trace) string {
-	var names []string
-	for _, f := range tr.Frames {
-		switch {
-		case f.Kind == ruby.Kind:
-			names = append(names, fmt.Sprintf("rb:%s:%d", f.FunctionName, f.SourceLine))
-		case f.FunctionName != "":
-			names = append(names, f.FunctionName)
-		case f.Mapping != nil:
-			names = append(names, fmt.Sprintf("%s+%#x", filepath.Base(f.Mapping.Path), f.Address))
-		default:
-			names = append(names, fmt.Sprintf("%v:%#x", f.Kind, f.Address))
-		}
-	}
-	return strings.Join(names, " ")
+	return strings.Join(stackNames(tr, ruby.Kind, "rb"), " ")
 }
 
 // TestRubyStacks profiles the chain workload under each tested CRuby and
