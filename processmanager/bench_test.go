@@ -132,7 +132,7 @@ func BenchmarkNativeLines(b *testing.B) {
 			}
 			for b.Loop() {
 				if c.fresh {
-					m.lines.results = newLRU[lineKey, []debuginfo.Frame](maxLineResults)
+					m.lines.results = libpf.NewLRU[lineKey, []debuginfo.Frame](maxLineResults, 0)
 				}
 				if _, _, err := m.ConvertTrace(raw); err != nil {
 					b.Fatal(err)

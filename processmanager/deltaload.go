@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/support"
 )
@@ -74,7 +75,7 @@ type deltaLoader struct {
 	// when its file was used again since (see isIdle).
 	idle      []idleEntry
 	idleFiles int
-	failed    *lru[uint64, failedFile]
+	failed    *libpf.LRU[uint64, failedFile]
 	// keyOwner is the file each key in BPF's known_files names: a key
 	// can move to another file when an inode number is reused. The
 	// loader's goroutine changes it under keysMu; isKnown reads it from
@@ -119,7 +120,7 @@ func newDeltaLoader(maps DeltaMaps, c support.DeltaCapacity) *deltaLoader {
 		pool:            newSpanAllocator(c.Deltas),
 		slot:            max(c.DeltasPerSlot, 1),
 		files:           map[uint64]*loadedFile{},
-		failed:          newLRU[uint64, failedFile](maxFailedFiles),
+		failed:          libpf.NewLRU[uint64, failedFile](maxFailedFiles, 0),
 		keyOwner:        map[support.FileKey]uint64{},
 		now:             time.Now,
 	}
@@ -145,7 +146,7 @@ func (l *deltaLoader) acquire(fileID uint64, extract func() (nativeunwind.Deltas
 	err := l.load(fileID, extract)
 	var transient transientError
 	if err != nil && !errors.As(err, &transient) {
-		l.failed.Add(fileID, failedFile{at: l.now(), err: err})
+		l.failed.Add(fileID, failedFile{at: l.now(), err: err}, 0)
 	}
 	return err
 }

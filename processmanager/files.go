@@ -82,7 +82,7 @@ func openMapping(procFS string, pid uint32, e *mapsEntry) (*os.File, error) {
 // keep the fileInfo of their mappings, so eviction only costs a re-parse when
 // a new process maps an evicted file.
 type fileCache struct {
-	lru *lru[fileKey, *fileInfo]
+	lru *libpf.LRU[fileKey, *fileInfo]
 	log logrus.FieldLogger
 	// runtimes are looked for in every file.
 	runtimes     []*interpreter.Runtime
@@ -206,6 +206,6 @@ func (c *fileCache) get(key fileKey, r readSeekerAt, name string) (*fileInfo, er
 			}
 		}
 	}
-	c.lru.Add(key, fi)
+	c.lru.Add(key, fi, 0)
 	return fi, nil
 }

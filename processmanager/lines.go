@@ -107,9 +107,9 @@ type lineSymbolizer struct {
 	settled atomic.Uint64
 
 	mu      sync.Mutex
-	files   *lru[libpf.FileID, debugFile]
+	files   *libpf.LRU[libpf.FileID, debugFile]
 	bytes   int64
-	results *lru[lineKey, []debuginfo.Frame]
+	results *libpf.LRU[lineKey, []debuginfo.Frame]
 	stats   lineStats
 	closed  bool
 }
@@ -129,8 +129,8 @@ func newLineSymbolizer(opts debuginfo.Options, maxBytes int64, dfd *debuginfo.De
 		opts:       opts,
 		maxBytes:   maxBytes,
 		queue:      make(chan openRequest, openQueue),
-		files:      newLRU[libpf.FileID, debugFile](maxDebugFiles),
-		results:    newLRU[lineKey, []debuginfo.Frame](maxLineResults),
+		files:      libpf.NewLRU[libpf.FileID, debugFile](maxDebugFiles, 0),
+		results:    libpf.NewLRU[lineKey, []debuginfo.Frame](maxLineResults, 0),
 		stats:      lineStats{filesOpened: map[string]uint64{}},
 	}
 	s.wg.Add(1)
@@ -179,7 +179,7 @@ func (s *lineSymbolizer) frames(procFS string, pid uint32, mp *mapping, addr uin
 	if err != nil {
 		s.stats.lookupErrors++
 	}
-	s.results.Add(key, fs)
+	s.results.Add(key, fs, 0)
 	return fs, time.Time{}, false
 }
 
@@ -265,7 +265,7 @@ func (s *lineSymbolizer) add(id libpf.FileID, df debugFile, cost int64) {
 	if s.files.Len() >= maxDebugFiles {
 		s.evictOldest()
 	}
-	s.files.Add(id, df)
+	s.files.Add(id, df, 0)
 	s.bytes += cost
 	for s.bytes > s.maxBytes {
 		if oldest, _, ok := s.files.Oldest(); !ok || oldest == id {
@@ -306,9 +306,9 @@ func (s *lineSymbolizer) remove(id libpf.FileID, df debugFile) {
 func (s *lineSymbolizer) dropResident() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, i := range s.files.index {
-		if d := s.files.nodes[i].val.d; d != nil {
-			d.DropResident()
+	for _, df := range s.files.All() {
+		if df.d != nil {
+			df.d.DropResident()
 		}
 	}
 }
@@ -318,8 +318,8 @@ func (s *lineSymbolizer) wait() {
 	for {
 		s.mu.Lock()
 		pending := len(s.queue) > 0
-		for _, i := range s.files.index {
-			pending = pending || s.files.nodes[i].val.opening
+		for _, df := range s.files.All() {
+			pending = pending || df.opening
 		}
 		s.mu.Unlock()
 		if !pending {

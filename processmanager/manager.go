@@ -120,15 +120,15 @@ type Manager struct {
 	// byFileID is a mapping of each recently seen file, by the file id
 	// BPF puts in frames it resolved itself: it names frames of processes
 	// whose mappings were never read (they exited first).
-	byFileID *lru[uint64, *mapping]
+	byFileID *libpf.LRU[uint64, *mapping]
 	// exited remembers processes whose exit was reported: samples taken
 	// while the kernel tears an exiting process down arrive after the exit
 	// event, and must not bring its state back.
-	exited *lru[uint32, exitedProcess]
+	exited *libpf.LRU[uint32, exitedProcess]
 	// unread are processes whose exec deferred reading them to their
 	// first sample (Unwinding.ReadAtFirstSample); mapping events do not
 	// read them either.
-	unread *lru[uint32, struct{}]
+	unread *libpf.LRU[uint32, struct{}]
 	// tracked, when BPF filters process events, is told of every
 	// process added to and removed from procs (Unwinding.Tracked).
 	tracked TrackedProcesses
@@ -240,13 +240,13 @@ func New(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("procfs not usable at %s (mount it or set Config.ProcFS): %w", m.procFS, err)
 	}
 	m.files = fileCache{
-		lru:      newLRU[fileKey, *fileInfo](cmp.Or(cfg.FileCacheSize, defaultFileCacheSize)),
+		lru:      libpf.NewLRU[fileKey, *fileInfo](cmp.Or(cfg.FileCacheSize, defaultFileCacheSize), 0),
 		log:      m.log,
 		runtimes: cfg.Runtimes,
 	}
-	m.byFileID = newLRU[uint64, *mapping](cmp.Or(cfg.FileCacheSize, defaultFileCacheSize))
-	m.exited = newLRU[uint32, exitedProcess](maxExitedProcesses)
-	m.unread = newLRU[uint32, struct{}](maxExitedProcesses)
+	m.byFileID = libpf.NewLRU[uint64, *mapping](cmp.Or(cfg.FileCacheSize, defaultFileCacheSize), 0)
+	m.exited = libpf.NewLRU[uint32, exitedProcess](maxExitedProcesses, 0)
+	m.unread = libpf.NewLRU[uint32, struct{}](maxExitedProcesses, 0)
 	m.kernel = m.loadKernel()
 	if u := cfg.Unwinding; u != nil {
 		m.unwind = newUnwindSync(*u, m.log)
@@ -398,7 +398,7 @@ func (m *Manager) ProcessExited(pid libpf.PID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if p, ok := m.procs[uint32(pid)]; ok {
-		m.exited.Add(p.pid, exitedProcess{startTime: p.startTime, info: p.info})
+		m.exited.Add(p.pid, exitedProcess{startTime: p.startTime, info: p.info}, 0)
 		m.forget(uint32(pid))
 		m.counters.processesExited++
 	} else if _, ok := m.unread.Get(uint32(pid)); ok {
@@ -407,7 +407,7 @@ func (m *Manager) ProcessExited(pid libpf.PID) {
 		m.unread.Remove(uint32(pid))
 	} else if st, err := readProcStat(m.procFS, uint32(pid)); err == nil {
 		// Never sampled yet; its last samples may still come.
-		m.exited.Add(uint32(pid), exitedProcess{startTime: st.startTime})
+		m.exited.Add(uint32(pid), exitedProcess{startTime: st.startTime}, 0)
 	}
 }
 
@@ -831,7 +831,7 @@ func (m *Manager) newMapping(pid uint32, e *mapsEntry, read map[[2]uint64]*fileI
 		return mp, nil
 	}
 	mp.pf.FileID = mp.file.id
-	m.byFileID.Add(mp.file.id.Low64(), mp)
+	m.byFileID.Add(mp.file.id.Low64(), mp, 0)
 	if d := mp.file.elf; d != nil {
 		mp.pf.GNUBuildID, mp.pf.GoBuildID = d.gnuBuildID, d.goBuildID
 		if bias, ok := d.bias(e.start, e.offset); ok {

@@ -42,7 +42,7 @@ func (m *Manager) ProcessExeced(pid libpf.PID, program support.FileKey) {
 	m.exited.Remove(uint32(pid)) // it lives, whatever was said of it
 	if m.unwind != nil && m.unwind.u.ReadAtFirstSample && m.unwind.loader.isKnown(program) {
 		m.counters.execsDeferred++
-		m.unread.Add(uint32(pid), struct{}{})
+		m.unread.Add(uint32(pid), struct{}{}, 0)
 		return
 	}
 	p := m.processFor(uint32(pid), "")

@@ -34,7 +34,7 @@ type Handler struct {
 	reporter TraceReporter
 	// cache maps a BPF trace hash to its conversion. Only HandleTrace
 	// touches it.
-	cache *lru[uint64, cachedTrace]
+	cache *libpf.LRU[uint64, cachedTrace]
 
 	// monoToWall is added to a CLOCK_MONOTONIC time to get Unix time, in ns;
 	// measured at monoSyncedAt (CLOCK_MONOTONIC ns).
@@ -63,7 +63,7 @@ func NewHandler(m *Manager, reporter TraceReporter, cacheSize int) (*Handler, er
 	if cacheSize <= 0 {
 		cacheSize = DefaultTraceCacheSize
 	}
-	h := &Handler{m: m, reporter: reporter, cache: newLRU[uint64, cachedTrace](cacheSize)}
+	h := &Handler{m: m, reporter: reporter, cache: libpf.NewLRU[uint64, cachedTrace](cacheSize, 0)}
 	if err := h.syncClock(); err != nil {
 		return nil, err
 	}
@@ -111,7 +111,7 @@ func (h *Handler) HandleTrace(raw *support.Trace) {
 		trace, info = c.trace, c.info
 		if c.gen != 0 {
 			h.cache.Add(raw.Hash, cachedTrace{trace: trace, info: info, pid: raw.PID, gen: c.gen, retryAt: c.retryAt,
-				linesSettled: c.linesSettled})
+				linesSettled: c.linesSettled}, 0)
 			h.cacheSize.Store(int64(h.cache.Len()))
 		}
 	} else {

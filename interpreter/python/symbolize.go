@@ -17,6 +17,7 @@ import (
 	"sync"
 
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
+	"github.com/hostprof/ebpf-profiler/libpf"
 )
 
 var (
@@ -126,7 +127,7 @@ type Symbolizer struct {
 	tableField int
 
 	mu    sync.Mutex
-	cache *symCache
+	cache *libpf.LRU[uint64, *symEntry]
 	// types holds the address of each static type once its tp_name and
 	// flags checked out, so that later objects need no read for it.
 	types [symNumTypes]uint64
@@ -144,7 +145,7 @@ func newSymbolizer(mem io.ReaderAt, off *Offsets, entries, bytes int) (*Symboliz
 	if err != nil {
 		return nil, err
 	}
-	s := &Symbolizer{mem: procmem.New(mem), off: off, format: format, cache: newSymCache(entries, bytes)}
+	s := &Symbolizer{mem: procmem.New(mem), off: off, format: format, cache: libpf.NewLRU[uint64, *symEntry](entries, bytes)}
 	s.tableField = off.Code.Linetable
 	if format == LineTableLnotab {
 		s.tableField = off.Code.Lnotab
@@ -196,7 +197,7 @@ func (s *Symbolizer) Stats() SymbolizerStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.stats
-	st.Evictions = s.cache.evictions
+	st.Evictions = s.cache.Evictions()
 	return st
 }
 
@@ -232,7 +233,7 @@ func (s *Symbolizer) Frame(codeAddr uint64, offset uint32) (Frame, error) {
 // holds id, loading it unless the entry cached is for the same object.
 func (s *Symbolizer) entry(addr uint64, id symCodeID) (*symEntry, error) {
 	s.mu.Lock()
-	e, cached := s.cache.get(addr)
+	e, cached := s.cache.Get(addr)
 	hit := cached && e.id == id
 	if hit {
 		s.stats.Hits++
@@ -250,10 +251,10 @@ func (s *Symbolizer) entry(addr uint64, id symCodeID) (*symEntry, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
-		s.cache.remove(addr)
+		s.cache.Remove(addr)
 		return nil, err
 	}
-	s.cache.add(addr, e)
+	s.cache.Add(addr, e, e.cacheCost())
 	return e, nil
 }
 
@@ -313,12 +314,18 @@ func (s *Symbolizer) load(addr uint64, id symCodeID) (*symEntry, error) {
 
 // symEntry is a cached code object.
 type symEntry struct {
-	id          symCodeID
-	name, file  string
-	table       []byte
-	prev, next  *symEntry // in the cache's recency list
-	addr        uint64    // the cache's key
-	cachedBytes int
+	id         symCodeID
+	name, file string
+	table      []byte
+}
+
+// symEntryOverhead approximates what an entry costs beyond its strings and
+// table: the entry, its cache node and map slot, and the string headers.
+const symEntryOverhead = 160
+
+// cacheCost is what e counts against symCacheBytes.
+func (e *symEntry) cacheCost() int {
+	return len(e.name) + len(e.file) + len(e.table) + symEntryOverhead
 }
 
 func (e *symEntry) frame(format LineTableFormat, offset uint32) (Frame, error) {

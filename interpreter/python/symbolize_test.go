@@ -560,15 +560,15 @@ func TestSymbolizerCacheBounds(t *testing.T) {
 				t.Fatalf("%s: %+v, %v", tt.name, f, err)
 			}
 		}
-		if st := s.Stats(); st.Evictions != tt.wantEvictions || s.cache.bytes > max(tt.bytes, s.cache.head.cachedBytes) {
-			t.Errorf("%s: %+v, %d bytes cached; want %d evictions", tt.name, st, s.cache.bytes, tt.wantEvictions)
+		if st := s.Stats(); st.Evictions != tt.wantEvictions || s.cache.Cost() != tt.wantCachedAfter*cost {
+			t.Errorf("%s: %+v, %d bytes cached; want %d evictions, %d bytes", tt.name, st, s.cache.Cost(), tt.wantEvictions, tt.wantCachedAfter*cost)
 		}
-		if len(s.cache.index) != tt.wantCachedAfter {
-			t.Errorf("%s: %d entries cached, want %d", tt.name, len(s.cache.index), tt.wantCachedAfter)
+		if s.cache.Len() != tt.wantCachedAfter {
+			t.Errorf("%s: %d entries cached, want %d", tt.name, s.cache.Len(), tt.wantCachedAfter)
 		}
 		// The newest entries stay.
 		for _, c := range codes[len(codes)-tt.wantCachedAfter:] {
-			if _, ok := s.cache.index[c.addr]; !ok {
+			if _, ok := s.cache.Get(c.addr); !ok {
 				t.Errorf("%s: %s evicted", tt.name, c.name)
 			}
 		}
