@@ -37,12 +37,15 @@ type Layout struct {
 	// rb_method_entry_t's def and owner, rb_method_definition_t's
 	// original_id (§4).
 	MEDef, MEOwner, DefOriginalID uint64
-	// ClassPath is the offset of a class's classpath (3.3+, §7); 0: the
-	// version keeps the name where it is impractical to read.
+	// ClassPath is the offset of a class's classpath (3.3+, §7).
 	ClassPath uint64
 	// SingletonFlag marks a singleton class (RUBY_FL_SINGLETON), whose
-	// attached object is at SingletonAttached.
+	// attached object is at SingletonAttached (3.3+).
 	SingletonFlag, SingletonAttached uint64
+	// ClassExt, before 3.3, is RClass's pointer to its rb_classext_t,
+	// whose iv_tbl at ExtIvTbl holds the class's path and a singleton
+	// class's attached object as hidden instance variables (§7).
+	ClassExt, ExtIvTbl uint64
 	// LastOpID is tLAST_OP_ID: IDs above it are serial<<4|scope (§7).
 	LastOpID uint64
 }
@@ -53,22 +56,29 @@ const (
 	epFlags  = 0
 	epMECref = -2
 	// Frame magic (ep[0] & frameMagicMask) and flags.
-	frameMagicMask  = 0x7fff0001
-	frameMagicCFunc = 0x55550001
-	frameMagicDummy = 0x79990001
-	frameFlagCFrame = 0x80
+	frameMagicMask   = 0x7fff0001
+	frameMagicMethod = 0x11110001
+	frameMagicCFunc  = 0x55550001
+	frameMagicDummy  = 0x79990001
+	frameFlagCFrame  = 0x80
 
-	strNoEmbed   = 0x2000 // RSTRING_NOEMBED (FL_USER1)
-	aryEmbedded  = 0x2000 // RARRAY_EMBED_FLAG (FL_USER1)
-	typeMask     = 0x1f
-	typeString   = 0x05
-	typeArray    = 0x07
-	typeIMemo    = 0x1a
-	imemoShift   = 12
-	imemoMask    = 0xf
-	imemoMEnt    = 6
-	imemoISeq    = 7
-	idScopeShift = 4
+	strNoEmbed  = 0x2000 // RSTRING_NOEMBED (FL_USER1)
+	aryEmbedded = 0x2000 // RARRAY_EMBED_FLAG (FL_USER1)
+	typeMask    = 0x1f
+	typeString  = 0x05
+	typeArray   = 0x07
+	typeIMemo   = 0x1a
+	imemoShift  = 12
+	imemoMask   = 0xf
+	imemoMEnt   = 6
+	imemoISeq   = 7
+	// rb_method_definition_t: the method type in the low bits of its
+	// first word, its body at 8 (§4).
+	defTypeMask     = 0xf
+	defBody         = 8
+	methodTypeISeq  = 0
+	methodTypeCFunc = 1
+	idScopeShift    = 4
 	// The symbol table: last_id (u32), ids (an Array of Arrays of
 	// ID_ENTRY_UNIT entries of ID_ENTRY_SIZE: String, Symbol).
 	symbolsIDs  = 16
@@ -88,7 +98,7 @@ var layouts = map[[2]int]*Layout{
 		AryLen: 16, AryPtr: 32, AryEmbedded: 16, AryEmbedLenMask: 0x18000,
 		Nil:   8,
 		MEDef: 16, MEOwner: 32, DefOriginalID: 32,
-		SingletonFlag: 0x1000, LastOpID: 169,
+		SingletonFlag: 0x1000, ClassExt: 24, ExtIvTbl: 8, LastOpID: 169,
 	},
 	{3, 3}: {
 		CFPSize: 56, CFPPC: 0, CFPISeq: 16, CFPEP: 32,

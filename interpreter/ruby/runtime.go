@@ -16,10 +16,6 @@ const ID interpreter.ID = 7
 // Kind is the frame kind of Ruby frames.
 const Kind = libpf.FrameKind(ID)
 
-// cfuncFrame is the addr of a C function's frame (RUBY_CFUNC_FRAME): its
-// file_id is the method entry. Other frames' addr is their pc.
-const cfuncFrame = 1
-
 // Runtime is CRuby as the process manager drives it.
 var Runtime = &interpreter.Runtime{
 	Name:         "ruby",
@@ -112,16 +108,10 @@ type process struct {
 	sym *Symbolizer
 }
 
-// Symbolize names a Ruby frame: an instruction sequence at a pc, or a C
-// function by its method entry.
+// Symbolize names a Ruby frame: a method entry or an instruction
+// sequence at a pc.
 func (p *process) Symbolize(f support.Frame, out []libpf.Frame) ([]libpf.Frame, error) {
-	var rf Frame
-	var err error
-	if f.Addr == cfuncFrame {
-		rf, err = p.sym.CFuncFrame(f.FileID)
-	} else {
-		rf, err = p.sym.ISeqFrame(f.FileID, f.Addr)
-	}
+	rf, err := p.sym.Frame(f.FileID, f.Addr)
 	if err != nil {
 		return out, err
 	}

@@ -7,13 +7,26 @@ import (
 	"io"
 	"math/bits"
 	"strings"
+	"sync"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
 )
 
 // Bounds on what is read from a process, which may be hostile or change
-// under the reader.
+// under the reader, and on what is kept of it.
 const (
 	maxString    = 4096    // bytes of a label, path or name
 	maxInsnInfos = 1 << 24 // entries of an instruction sequence's line table
+	maxIvars     = 256     // entries of a class's instance variable table (3.1)
+	// A Symbolizer's cache: objects, bytes, and pcs whose lines one
+	// entry keeps (the hot ones of a method are few).
+	cacheEntries = 4096
+	cacheBytes   = 2 << 20
+	cachedLines  = 64
+	// entryOverhead approximates an entry's cost beyond its strings: the
+	// entry, its LRU node and map slot; a cached line costs lineCost.
+	entryOverhead = 200
+	lineCost      = 24
 )
 
 // errBadObject says memory did not hold the object expected there: freed,
@@ -22,20 +35,52 @@ var errBadObject = errors.New("not the Ruby object expected")
 
 // Frame is a Ruby frame as symbolized.
 type Frame struct {
-	// Function is a method's or block's label ("fib", "block in outer",
-	// "<main>"), or a C function's method name, with its class where the
-	// version keeps it readable ("Integer#times").
+	// Function is a method's label with its class where the class has a
+	// name ("Integer#times", "Chain.top", "fib"), a block's or other
+	// code's label ("block in outer", "<main>", "<class:Foo>"), or a C
+	// function's method name with its class.
 	Function string
 	File     string
 	Line     int
 }
 
-// Symbolizer names a process's frames from its memory.
+// SymbolizerStats counts how a Symbolizer's lookups went.
+type SymbolizerStats struct {
+	// Hits were answered from the cache after one read of the object
+	// confirmed it was still the one cached.
+	Hits uint64
+	// Misses read an object: not cached, or Stale.
+	Misses uint64
+	// Stale counts cached entries found to be for another object (the
+	// cached one was freed and its address reused) and replaced.
+	Stale uint64
+	// Evictions made room for newer entries.
+	Evictions uint64
+}
+
+// Symbolizer names a process's frames from its memory. It is safe for
+// concurrent use.
+//
+// It caches what it read per object, bounded by entries and bytes. The
+// garbage collector frees instruction sequences and method entries (code
+// loaded again, a method redefined) and reuses their slots, so every hit
+// is checked with the one read a miss starts with anyway, the object's
+// first words: an entry counts only if the object is still the same kind
+// of object with the same body (an instruction sequence's, which is freed
+// with it) or the same definition and owner (a method entry's). A live
+// object's body or definition does not change what is read from it.
 type Symbolizer struct {
 	mem io.ReaderAt
 	l   *Layout
 	// symbols is the process address of ruby_global_symbols.
 	symbols uint64
+
+	mu    sync.Mutex
+	cache *libpf.LRU[uint64, *cachedObject]
+	stats SymbolizerStats
+	// ivarIDs are the IDs of the hidden instance variables found so far,
+	// by name (before 3.3).
+	ivarIDs map[string]uint64
 }
 
 // NewSymbolizer reads a process of version v through mem; symbols is the
@@ -45,7 +90,17 @@ func NewSymbolizer(mem io.ReaderAt, v Version, symbols uint64) (*Symbolizer, err
 	if err != nil {
 		return nil, err
 	}
-	return &Symbolizer{mem: mem, l: l, symbols: symbols}, nil
+	return &Symbolizer{mem: mem, l: l, symbols: symbols, cache: libpf.NewLRU[uint64, *cachedObject](cacheEntries, cacheBytes),
+		ivarIDs: map[string]uint64{}}, nil
+}
+
+// Stats returns the counts of the lookups so far.
+func (s *Symbolizer) Stats() SymbolizerStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.stats
+	st.Evictions = s.cache.Evictions()
+	return st
 }
 
 func (s *Symbolizer) word(addr uint64) (uint64, error) {
@@ -64,54 +119,142 @@ func (s *Symbolizer) u32(addr uint64) (uint32, error) {
 	return binary.LittleEndian.Uint32(b[:]), nil
 }
 
-// ISeqFrame names the frame of instruction sequence iseq at pc (0: not
-// started).
-func (s *Symbolizer) ISeqFrame(iseq, pc uint64) (Frame, error) {
-	if err := s.checkIMemo(iseq, imemoISeq); err != nil {
-		return Frame{}, err
+// objectID is what identifies an object between lookups: its imemo type
+// and the fields its entry was built from.
+type objectID struct {
+	typ  uint64
+	a, b uint64
+}
+
+// cachedObject is what a frame of an object is named from.
+type cachedObject struct {
+	id       objectID
+	function string
+	file     string
+	// body is the instruction sequence's body lines are read from; 0 for
+	// a C function.
+	body  uint64
+	lines map[uint64]int
+}
+
+func (e *cachedObject) cost() int {
+	return len(e.function) + len(e.file) + entryOverhead + lineCost*len(e.lines)
+}
+
+// Frame names the frame of the object obj at pc, as the unwinder reports
+// it: a method entry (a method's frame, or a C function's), or an
+// instruction sequence (a block, a class body, <main>). pc is 0 for a
+// frame that has not started; a C function's is ignored.
+func (s *Symbolizer) Frame(obj, pc uint64) (Frame, error) {
+	if obj == 0 || obj&7 != 0 || obj >= 1<<56 {
+		return Frame{}, fmt.Errorf("%w: object address %#x", errBadObject, obj)
 	}
-	body, err := s.word(iseq + s.l.ISeqBody)
-	if err != nil {
-		return Frame{}, err
+	var hdr [40]byte // rb_method_entry_t; an rb_iseq_t's first fields
+	if _, err := s.mem.ReadAt(hdr[:], int64(obj)); err != nil {
+		return Frame{}, fmt.Errorf("reading %#x: %w", obj, err)
 	}
-	var f Frame
-	if f.Function, err = s.stringAt(body + s.l.BodyLabel); err != nil {
-		return Frame{}, fmt.Errorf("label: %w", err)
+	field := func(off uint64) uint64 { return binary.LittleEndian.Uint64(hdr[off:]) }
+	flags := field(0)
+	if flags&typeMask != typeIMemo {
+		return Frame{}, fmt.Errorf("%w: flags %#x at %#x", errBadObject, flags, obj)
 	}
-	if f.File, err = s.path(body + s.l.BodyPathObj); err != nil {
-		return Frame{}, fmt.Errorf("path: %w", err)
+	id := objectID{typ: flags >> imemoShift & imemoMask}
+	switch id.typ {
+	case imemoISeq:
+		id.a = field(s.l.ISeqBody)
+	case imemoMEnt:
+		id.a, id.b = field(s.l.MEDef), field(s.l.MEOwner)
+	default:
+		return Frame{}, fmt.Errorf("%w: imemo type %d at %#x", errBadObject, id.typ, obj)
 	}
-	if f.Line, err = s.line(body, pc); err != nil {
-		return Frame{}, fmt.Errorf("line: %w", err)
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, cached := s.cache.Get(obj)
+	if cached && e.id == id {
+		s.stats.Hits++
+	} else {
+		s.stats.Misses++
+		if cached {
+			s.stats.Stale++
+			s.cache.Remove(obj)
+		}
+		var err error
+		if e, err = s.load(id); err != nil {
+			return Frame{}, err
+		}
+		s.cache.Add(obj, e, e.cost())
 	}
+	f := Frame{Function: e.function, File: e.file}
+	if e.body == 0 {
+		return f, nil
+	}
+	line, ok := e.lines[pc]
+	if !ok {
+		var err error
+		if line, err = s.line(e.body, pc); err != nil {
+			return Frame{}, fmt.Errorf("line: %w", err)
+		}
+		if len(e.lines) < cachedLines {
+			e.lines[pc] = line
+			s.cache.Add(obj, e, e.cost())
+		}
+	}
+	f.Line = line
 	return f, nil
 }
 
-// CFuncFrame names a C function's frame by its method entry me.
-func (s *Symbolizer) CFuncFrame(me uint64) (Frame, error) {
-	if err := s.checkIMemo(me, imemoMEnt); err != nil {
-		return Frame{}, err
+// load reads what the frames of the object id describes are named from.
+func (s *Symbolizer) load(id objectID) (*cachedObject, error) {
+	if id.typ == imemoISeq {
+		return s.loadISeq(id, id.a, "")
 	}
-	def, err := s.word(me + s.l.MEDef)
+	def, owner := id.a, id.b
+	typ, err := s.u32(def)
 	if err != nil {
-		return Frame{}, err
+		return nil, err
 	}
-	id, err := s.word(def + s.l.DefOriginalID)
+	class, sep := s.className(owner)
+	switch typ & defTypeMask {
+	case methodTypeISeq:
+		iseq, err := s.word(def + defBody)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.checkIMemo(iseq, imemoISeq); err != nil {
+			return nil, err
+		}
+		body, err := s.word(iseq + s.l.ISeqBody)
+		if err != nil {
+			return nil, err
+		}
+		return s.loadISeq(id, body, class+sep)
+	case methodTypeCFunc:
+		mid, err := s.word(def + s.l.DefOriginalID)
+		if err != nil {
+			return nil, err
+		}
+		name, err := s.idName(mid)
+		if err != nil {
+			return nil, fmt.Errorf("method name: %w", err)
+		}
+		return &cachedObject{id: id, function: class + sep + name}, nil
+	}
+	return nil, fmt.Errorf("%w: method type %d", errBadObject, typ&defTypeMask)
+}
+
+// loadISeq reads the label and path of an instruction sequence's body;
+// prefix goes before the label (a method's class).
+func (s *Symbolizer) loadISeq(id objectID, body uint64, prefix string) (*cachedObject, error) {
+	label, err := s.stringAt(body + s.l.BodyLabel)
 	if err != nil {
-		return Frame{}, err
+		return nil, fmt.Errorf("label: %w", err)
 	}
-	name, err := s.idName(id)
+	file, err := s.path(body + s.l.BodyPathObj)
 	if err != nil {
-		return Frame{}, fmt.Errorf("method name: %w", err)
+		return nil, fmt.Errorf("path: %w", err)
 	}
-	owner, err := s.word(me + s.l.MEOwner)
-	if err != nil {
-		return Frame{}, err
-	}
-	if class, sep := s.className(owner); class != "" {
-		name = class + sep + name
-	}
-	return Frame{Function: name}, nil
+	return &cachedObject{id: id, function: prefix + label, file: file, body: body, lines: map[uint64]int{}}, nil
 }
 
 // checkIMemo checks that addr holds an imemo of the type.
@@ -383,10 +526,9 @@ func (s *Symbolizer) arrayAt(v, i uint64) (uint64, error) {
 
 // className is a class's path and the separator of its methods: "#" for
 // instance methods, "." for a singleton class's (the attached class's
-// methods). Empty where the version keeps no readable path (before 3.3)
-// or the class has none (anonymous).
+// methods). Empty where the class has none (anonymous).
 func (s *Symbolizer) className(class uint64) (string, string) {
-	if s.l.ClassPath == 0 || class == 0 || class&7 != 0 {
+	if class == 0 || class&7 != 0 {
 		return "", ""
 	}
 	flags, err := s.word(class)
@@ -395,12 +537,12 @@ func (s *Symbolizer) className(class uint64) (string, string) {
 	}
 	sep := "#"
 	if flags&s.l.SingletonFlag != 0 {
-		if class, err = s.word(class + s.l.SingletonAttached); err != nil || class == 0 || class&7 != 0 {
+		if class, err = s.classField(class, s.l.SingletonAttached, "__attached__"); err != nil || class == 0 || class&7 != 0 {
 			return "", ""
 		}
 		sep = "."
 	}
-	path, err := s.word(class + s.l.ClassPath)
+	path, err := s.classField(class, s.l.ClassPath, "__classpath__")
 	if err != nil || path == 0 || path == s.l.Nil {
 		return "", ""
 	}
@@ -409,4 +551,68 @@ func (s *Symbolizer) className(class uint64) (string, string) {
 		return "", ""
 	}
 	return name, sep
+}
+
+// classField reads what a class keeps at offset off (3.3+) or, before,
+// in its hidden instance variable ivar.
+func (s *Symbolizer) classField(class, off uint64, ivar string) (uint64, error) {
+	if s.l.ClassExt == 0 {
+		return s.word(class + off)
+	}
+	return s.ivar(class, ivar)
+}
+
+// st_table (st.h, 3.1): where its live entries are, and an entry: {hash,
+// key, record}, a deleted one's hash all ones (st.c).
+const (
+	stEntriesStart = 32
+	stEntriesBound = 40
+	stEntries      = 48
+	stEntrySize    = 24
+	stDeleted      = ^uint64(0)
+)
+
+// ivar reads a class's hidden instance variable before 3.3: the st_table
+// at its classext's iv_tbl maps IDs to values. The variable's ID is found
+// by its name the first time and kept.
+func (s *Symbolizer) ivar(class uint64, name string) (uint64, error) {
+	ext, err := s.word(class + s.l.ClassExt)
+	if err != nil {
+		return 0, err
+	}
+	tbl, err := s.word(ext + s.l.ExtIvTbl)
+	if err != nil {
+		return 0, err
+	}
+	var hdr [stEntries + 8]byte
+	if _, err := s.mem.ReadAt(hdr[:], int64(tbl)); err != nil {
+		return 0, fmt.Errorf("instance variables of %#x: %w", class, err)
+	}
+	start := binary.LittleEndian.Uint64(hdr[stEntriesStart:])
+	bound := binary.LittleEndian.Uint64(hdr[stEntriesBound:])
+	entries := binary.LittleEndian.Uint64(hdr[stEntries:])
+	if bound < start || bound-start > maxIvars {
+		return 0, fmt.Errorf("%w: instance variable table entries [%d, %d)", errBadObject, start, bound)
+	}
+	buf := make([]byte, stEntrySize*(bound-start))
+	if _, err := s.mem.ReadAt(buf, int64(entries+stEntrySize*start)); err != nil {
+		return 0, fmt.Errorf("instance variables of %#x: %w", class, err)
+	}
+	want, known := s.ivarIDs[name]
+	for e := buf; len(e) >= stEntrySize; e = e[stEntrySize:] {
+		hash, key := binary.LittleEndian.Uint64(e), binary.LittleEndian.Uint64(e[8:])
+		if hash == stDeleted {
+			continue
+		}
+		if !known {
+			if n, err := s.idName(key); err != nil || n != name {
+				continue
+			}
+			s.ivarIDs[name] = key
+		} else if key != want {
+			continue
+		}
+		return binary.LittleEndian.Uint64(e[16:]), nil
+	}
+	return 0, fmt.Errorf("%w: class %#x has no %s", errBadObject, class, name)
 }

@@ -1,7 +1,9 @@
 package ruby
 
 import (
+	"encoding/binary"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,7 +13,8 @@ import (
 	"github.com/hostprof/ebpf-profiler/utils/rubyfetch"
 )
 
-// chainScript runs leaf, called by mid, called from a block top passes to
+// chainScript runs Leafy#leaf (a module's method), called by Chain#mid,
+// called from a block Chain.top (a singleton method) passes to
 // Hash#each_pair (a C function), and spins in leaf's loop: the stack
 // TestSymbolize expects. filler statements before leaf's loop put it past
 // the first positions of the line table, which are kept apart (the
@@ -20,20 +23,99 @@ import (
 // and the main call.
 func chainScript(filler int) (script string, leaf, mid, top, main int) {
 	var b strings.Builder
-	b.WriteString("def leaf\n  x = 0\n")
+	b.WriteString("module Leafy\n  def leaf\n    x = 0\n")
 	for i := range filler {
-		fmt.Fprintf(&b, "  x += %d\n", i)
+		fmt.Fprintf(&b, "    x += %d\n", i)
 	}
-	b.WriteString("  while true do x += 1 end\nend\ndef mid\n  leaf\nend\ndef top\n  {a: 1}.each_pair { mid }\nend\n")
-	b.WriteString("STDOUT.puts 1\nSTDOUT.flush\ntop\n")
-	leaf = 3 + filler
-	return b.String(), leaf, leaf + 3, leaf + 6, leaf + 10
+	b.WriteString("    while true do x += 1 end\n  end\nend\n")
+	b.WriteString("class Chain\n  include Leafy\n  def mid\n    leaf\n  end\n")
+	b.WriteString("  def self.top\n    {a: 1}.each_pair { new.mid }\n  end\nend\n")
+	b.WriteString("STDOUT.puts 1\nSTDOUT.flush\nChain.top\n")
+	leaf = 4 + filler
+	return b.String(), leaf, leaf + 6, leaf + 9, leaf + 14
+}
+
+// liveChain is a spinning chainScript interpreter of a version and a
+// Symbolizer of it.
+type liveChain struct {
+	s                    *Symbolizer
+	mem                  *os.File
+	script               string
+	leaf, mid, top, main int
+	ec                   uint64
+}
+
+func startChain(t *testing.T, v string, filler int) *liveChain {
+	t.Helper()
+	c := &liveChain{}
+	var src string
+	src, c.leaf, c.mid, c.top, c.main = chainScript(filler)
+	c.script = filepath.Join(t.TempDir(), "chain.rb")
+	if err := os.WriteFile(c.script, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lib, err := rubyfetch.Libruby(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ruby, _ := rubyfetch.Ruby(v)
+	b := detectFile(t, lib)
+	pid := startSpinning(t, ruby, c.script)
+	fsBase := mainThreadFSBase(t, pid)
+	bias := mappingBias(t, pid, lib)
+	if c.mem, err = os.Open(fmt.Sprintf("/proc/%d/mem", pid)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.mem.Close() })
+	if c.s, err = NewSymbolizer(c.mem, b.Version, bias+b.GlobalSymbols); err != nil {
+		t.Fatal(err)
+	}
+	c.ec = c.word(t, c.word(t, c.word(t, fsBase+8)+16*c.word(t, bias+b.TLSIndex))+b.TLSOffset)
+	return c
+}
+
+func (c *liveChain) word(t *testing.T, addr uint64) uint64 {
+	t.Helper()
+	w, err := c.s.word(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// frames walks the control frames as the BPF unwinder does and returns
+// what it would report: per frame the object (method entry or instruction
+// sequence) and pc.
+func (c *liveChain) frames(t *testing.T) [][2]uint64 {
+	l := c.s.l
+	end := c.word(t, c.ec+l.ECVMStack) + 8*c.word(t, c.ec+l.ECVMStackSize)
+	var out [][2]uint64
+	for cfp := c.word(t, c.ec+l.ECCFP); cfp < end; cfp += l.CFPSize {
+		ep := c.word(t, cfp+l.CFPEP)
+		flags := c.word(t, ep)
+		me := c.word(t, ep-8*-epMECref)
+		switch {
+		case flags&frameMagicMask == frameMagicDummy:
+		case flags&frameFlagCFrame != 0:
+			out = append(out, [2]uint64{me, 1})
+		default:
+			obj := c.word(t, cfp+l.CFPISeq)
+			if obj == 0 {
+				continue
+			}
+			if flags&frameMagicMask == frameMagicMethod && me != 0 {
+				obj = me
+			}
+			out = append(out, [2]uint64{obj, c.word(t, cfp+l.CFPPC)})
+		}
+	}
+	return out
 }
 
 // TestSymbolize walks the control frames of a running interpreter of each
-// version from user space, as the BPF unwinder will, and names them: the
-// Ruby methods and the block with their files and lines, the C function
-// between them with its class (3.3+, where classes keep their path).
+// version from user space, as the BPF unwinder does, and names them: the
+// methods with their classes, the block, the C function between them,
+// with files and lines. A second pass is answered from the cache.
 func TestSymbolize(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to trace the interpreter")
@@ -44,78 +126,76 @@ func TestSymbolize(t *testing.T) {
 	}{
 		{"3.1", 0}, {"3.3", 0}, {"3.4", 0}, {"3.1", 40}, {"3.3", 300}, {"3.4", 1200},
 	} {
-		v := tc.v
-		t.Run(fmt.Sprintf("%s/%d statements before", v, tc.filler), func(t *testing.T) {
-			src, leafLine, midLine, topLine, mainLine := chainScript(tc.filler)
-			script := filepath.Join(t.TempDir(), "chain.rb")
-			if err := os.WriteFile(script, []byte(src), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			lib, err := rubyfetch.Libruby(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ruby, _ := rubyfetch.Ruby(v)
-			b := detectFile(t, lib)
-			pid := startSpinning(t, ruby, script)
-			fsBase := mainThreadFSBase(t, pid)
-			bias := mappingBias(t, pid, lib)
-			mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer mem.Close()
-			s, err := NewSymbolizer(mem, b.Version, bias+b.GlobalSymbols)
-			if err != nil {
-				t.Fatal(err)
-			}
-			word := func(addr uint64) uint64 {
-				w, err := s.word(addr)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return w
-			}
-			l := s.l
-			ec := word(word(word(fsBase+8)+16*word(bias+b.TLSIndex)) + b.TLSOffset)
-			end := word(ec+l.ECVMStack) + 8*word(ec+l.ECVMStackSize)
-			var got []string
-			for cfp := word(ec + l.ECCFP); cfp < end; cfp += l.CFPSize {
-				ep := word(cfp + l.CFPEP)
-				flags := word(ep)
-				var f Frame
-				switch {
-				case flags&frameMagicMask == frameMagicDummy:
-					continue
-				case flags&frameFlagCFrame != 0:
-					if f, err = s.CFuncFrame(word(ep - 16)); err != nil {
-						t.Fatalf("C frame at %#x: %v", cfp, err)
+		t.Run(fmt.Sprintf("%s/%d statements before", tc.v, tc.filler), func(t *testing.T) {
+			c := startChain(t, tc.v, tc.filler)
+			want := []string{fmt.Sprintf("Leafy#leaf:%d", c.leaf), fmt.Sprintf("Chain#mid:%d", c.mid),
+				fmt.Sprintf("block in top:%d", c.top), "Hash#each_pair:0", fmt.Sprintf("Chain.top:%d", c.top),
+				fmt.Sprintf("<main>:%d", c.main)}
+			frames := c.frames(t)
+			for pass := range 2 {
+				var got []string
+				for _, fr := range frames {
+					f, err := c.s.Frame(fr[0], fr[1])
+					if err != nil {
+						t.Fatalf("frame %#x at %#x: %v", fr[0], fr[1], err)
 					}
-				default:
-					iseq := word(cfp + l.CFPISeq)
-					if iseq == 0 {
-						continue
+					if f.File != "" && f.File != c.script {
+						t.Errorf("%s in %s, want %s", f.Function, f.File, c.script)
 					}
-					if f, err = s.ISeqFrame(iseq, word(cfp+l.CFPPC)); err != nil {
-						t.Fatalf("frame at %#x: %v", cfp, err)
-					}
+					got = append(got, fmt.Sprintf("%s:%d", f.Function, f.Line))
 				}
-				if f.File != "" && f.File != script {
-					t.Errorf("%s in %s, want %s", f.Function, f.File, script)
+				if !slices.Equal(got, want) {
+					t.Errorf("pass %d: frames %s, want %s", pass, strings.Join(got, " "), strings.Join(want, " "))
 				}
-				got = append(got, fmt.Sprintf("%s:%d", f.Function, f.Line))
+				t.Logf("pass %d: %s", pass, strings.Join(got, " "))
 			}
-			each := "each_pair:0"
-			if l.ClassPath != 0 {
-				each = "Hash#each_pair:0"
+			if st := c.s.Stats(); st.Misses != uint64(len(frames)) || st.Hits != uint64(len(frames)) || st.Stale != 0 {
+				t.Errorf("stats %+v, want %d misses and hits, none stale", st, len(frames))
 			}
-			want := []string{fmt.Sprintf("leaf:%d", leafLine), fmt.Sprintf("mid:%d", midLine),
-				fmt.Sprintf("block in top:%d", topLine), each, fmt.Sprintf("top:%d", topLine), fmt.Sprintf("<main>:%d", mainLine)}
-			if !slices.Equal(got, want) {
-				t.Errorf("frames %s, want %s", strings.Join(got, " "), strings.Join(want, " "))
-			}
-			t.Logf("%v: %s", b.Version, strings.Join(got, " "))
 		})
+	}
+}
+
+// patchedMemory reads a process's memory with some words replaced.
+type patchedMemory struct {
+	io.ReaderAt
+	words map[uint64]uint64
+}
+
+func (m patchedMemory) ReadAt(b []byte, off int64) (int, error) {
+	n, err := m.ReaderAt.ReadAt(b, off)
+	for addr, w := range m.words {
+		if i := int64(addr) - off; i >= 0 && i+8 <= int64(n) {
+			binary.LittleEndian.PutUint64(b[i:], w)
+		}
+	}
+	return n, err
+}
+
+// TestSymbolizeReusedAddress: a method entry freed and its slot reused by
+// another method's entry (here: leaf's entry made to look like mid's) is
+// named after the new method, not from the cache.
+func TestSymbolizeReusedAddress(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to trace the interpreter")
+	}
+	c := startChain(t, "3.4", 0)
+	frames := c.frames(t)
+	leaf, mid := frames[0], frames[1]
+	mem := patchedMemory{ReaderAt: c.mem, words: map[uint64]uint64{}}
+	c.s.mem = mem
+	f, err := c.s.Frame(leaf[0], leaf[1])
+	if err != nil || f.Function != "Leafy#leaf" {
+		t.Fatalf("leaf: %+v, %v", f, err)
+	}
+	l := c.s.l
+	mem.words[leaf[0]+l.MEDef] = c.word(t, mid[0]+l.MEDef)
+	mem.words[leaf[0]+l.MEOwner] = c.word(t, mid[0]+l.MEOwner)
+	if f, err = c.s.Frame(leaf[0], mid[1]); err != nil || f.Function != "Chain#mid" || f.Line != c.mid {
+		t.Errorf("reused entry: %+v, %v, want Chain#mid at %d", f, err, c.mid)
+	}
+	if st := c.s.Stats(); st.Stale != 1 {
+		t.Errorf("stats %+v, want 1 stale", st)
 	}
 }
 
@@ -147,8 +227,8 @@ func TestSymbolizeGarbage(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s.ISeqFrame(seed*8, seed*24)
-			s.CFuncFrame(seed * 16)
+			s.Frame(seed*8, seed*24)
+			s.Frame(seed*16, 1)
 		}
 	}
 }

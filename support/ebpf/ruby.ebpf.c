@@ -15,9 +15,11 @@
 // thread's DTV (the word at the thread pointer + 8, glibc's tcbhead_t)
 // lists at 16 * module id.
 //
-// Its frames: file_id is the instruction sequence (rb_iseq_t) and addr the
-// frame's pc (0 before its first instruction); for a C function, file_id
-// is its method entry and addr RUBY_CFUNC_FRAME.
+// Its frames: file_id is the method entry (rb_method_entry_t) of a
+// method's frame, which names the method's class, and the instruction
+// sequence (rb_iseq_t) of any other Ruby frame (a block, a class body,
+// <main>); addr is the frame's pc (0 before its first instruction). For a
+// C function, file_id is its method entry and addr RUBY_CFUNC_FRAME.
 #include "tracemgmt.h"
 
 // A pc is a pointer into an instruction sequence, never 1.
@@ -25,10 +27,15 @@
 
 // Control frame flags (vm_core.h): the frame a call of vm_exec was
 // entered for, and a C frame.
-#define RUBY_FRAME_FLAG_FINISH 0x20
-#define RUBY_FRAME_FLAG_CFRAME 0x80
-#define RUBY_FRAME_MAGIC_MASK  0x7fff0001
-#define RUBY_FRAME_MAGIC_DUMMY 0x79990001
+#define RUBY_FRAME_FLAG_FINISH  0x20
+#define RUBY_FRAME_FLAG_CFRAME  0x80
+#define RUBY_FRAME_MAGIC_MASK   0x7fff0001
+#define RUBY_FRAME_MAGIC_METHOD 0x11110001
+#define RUBY_FRAME_MAGIC_DUMMY  0x79990001
+
+// Where a frame's environment keeps its method entry (or cref), relative
+// to ep: VM_ENV_DATA_INDEX_ME_CREF, -2 words.
+#define RUBY_EP_ME_CREF (-16)
 
 // What the Ruby unwinder needs of a CRuby process (its entry in
 // runtime_procs); user space fills it from package ruby's tables.
@@ -163,8 +170,7 @@ static __always_inline int ruby_walk_call(struct ruby_walk *w, const struct ruby
     if ((flags & RUBY_FRAME_MAGIC_MASK) == RUBY_FRAME_MAGIC_DUMMY)
       goto next;
     if (flags & RUBY_FRAME_FLAG_CFRAME) {
-      // The method entry, ep[-2] (VM_ENV_DATA_INDEX_ME_CREF).
-      if (bpf_probe_read_user(&id, sizeof(id), (void *)(ep - 16)))
+      if (bpf_probe_read_user(&id, sizeof(id), (void *)(ep + RUBY_EP_ME_CREF)))
         goto fail;
       addr = RUBY_CFUNC_FRAME;
     } else {
@@ -173,6 +179,12 @@ static __always_inline int ruby_walk_call(struct ruby_walk *w, const struct ruby
         goto fail;
       if (!id)
         goto next;
+      // A method's own environment holds its method entry, whose
+      // instruction sequence the frame runs.
+      u64 me;
+      if ((flags & RUBY_FRAME_MAGIC_MASK) == RUBY_FRAME_MAGIC_METHOD &&
+          !bpf_probe_read_user(&me, sizeof(me), (void *)(ep + RUBY_EP_ME_CREF)) && me)
+        id = me;
     }
     w->call_frames++;
     increment_runtime_metric(RUNTIME_RUBY, METRIC_RUBY_FRAMES);

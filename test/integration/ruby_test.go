@@ -48,9 +48,10 @@ func rubyStack(tr *libpf.Trace) string {
 }
 
 // TestRubyStacks profiles the chain workload under each tested CRuby and
-// checks its Ruby frames: leaf at its hot line, mid, the block in top,
-// Hash#each_pair (a C function: its native frames lie between the block
-// and it), top and <main>, each in the script at its line.
+// checks its Ruby frames: Leafy#leaf at its hot line, Chain#mid, the
+// block in Chain.top, Hash#each_pair (a C function: its native frames lie
+// between the block and it), Chain.top and <main>, each in the script at
+// its line.
 func TestRubyStacks(t *testing.T) {
 	requireRoot(t)
 	script, hot := rubyWorkload(t)
@@ -66,16 +67,13 @@ func TestRubyStacks(t *testing.T) {
 			logRuntimeMetrics(t, s, "ruby")
 			s.stop(t)
 			samples := run.hotSamples(t, s.rec)
-			each := "Hash#each_pair"
-			if v == "3.1" { // classes keep no readable path before 3.3
-				each = "each_pair"
-			}
 			// leaf's loop is two lines: the jump back has the while's.
 			want := []struct {
 				name  string
 				lines []uint32
-			}{{"leaf", []uint32{hot["leaf"], hot["leaf loop"]}}, {"mid", []uint32{hot["mid"]}}, {"block in top", []uint32{hot["top"]}},
-				{each, []uint32{0}}, {"top", []uint32{hot["top"]}}, {"<main>", []uint32{hot["main"]}}}
+			}{{"Leafy#leaf", []uint32{hot["leaf"], hot["leaf loop"]}}, {"Chain#mid", []uint32{hot["mid"]}},
+				{"block in top", []uint32{hot["top"]}}, {"Hash#each_pair", []uint32{0}}, {"Chain.top", []uint32{hot["top"]}},
+				{"<main>", []uint32{hot["main"]}}}
 			ok := 0
 			misses := map[string]int{}
 			for _, smp := range samples {
@@ -129,14 +127,14 @@ func TestRubyThreads(t *testing.T) {
 				n++
 				fs := rubyFrames(smp.trace)
 				for _, f := range fs {
-					if len(f.FunctionName) > 3 && f.FunctionName[0] == 't' && f.FunctionName[2] == '_' && f.FunctionName[:2] != name {
+					if fn, ok := strings.CutPrefix(f.FunctionName, "Object#t"); ok && len(fn) > 2 && fn[1] == '_' && fn[:1] != name[1:] {
 						foreign++
 						break
 					}
 				}
 				good := len(fs) >= 3
 				for i, fn := range []string{"_leaf", "_mid", "_top"} {
-					good = good && fs[i].FunctionName == name+fn && fs[i].SourceLine == hot[name+fn] && fs[i].SourceFile == script
+					good = good && fs[i].FunctionName == "Object#"+name+fn && fs[i].SourceLine == hot[name+fn] && fs[i].SourceFile == script
 				}
 				if good {
 					ok++
@@ -182,7 +180,7 @@ func TestRubyStartedBeforeProfiler(t *testing.T) {
 	samples := s.rec.ofPID(cmd.Process.Pid)
 	chain := func(smp sample) bool {
 		fs := rubyFrames(smp.trace)
-		return len(fs) == 6 && fs[0].FunctionName == "leaf" && fs[5].FunctionName == "<main>" && fs[5].SourceLine == hot["main"]
+		return len(fs) == 6 && fs[0].FunctionName == "Leafy#leaf" && fs[5].FunctionName == "<main>" && fs[5].SourceLine == hot["main"]
 	}
 	// The process is read at its first sample: the samples before that
 	// are the warm-up.

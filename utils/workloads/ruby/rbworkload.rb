@@ -4,27 +4,40 @@
 # spins for SECONDS. Lines marked "# hot: NAME" are where the tests expect
 # each frame; test/integration/ruby_test.go reads the marks.
 #
-# chain: leaf, called by mid, called from a block top passes to
-# Hash#each_pair (a C function), so the stack interleaves Ruby and C.
+# chain: Leafy#leaf (a module's method), called by Chain#mid, called from
+# a block Chain.top (a singleton method) passes to Hash#each_pair (a C
+# function), so the stack interleaves Ruby and C.
 # threads: four threads named t0-t3, each in its own chain tN_leaf <-
 # tN_mid <- tN_top; they take turns holding the VM lock.
+# fork: a forking server: two workers at a time, each forked to run the
+# chain for 0.3 s and exit, as unicorn's and puma's workers are.
+# gc: the chain, with leaf allocating and dropping objects so that the
+# garbage collector runs many times a second (GC.count is printed at the
+# end).
 
 def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
-def leaf(deadline)
-  x = 0
-  while true # hot: leaf loop
-    x += 1; break if x % 100_000 == 0 && now > deadline # hot: leaf
+module Leafy
+  def leaf(deadline)
+    x = 0
+    while true # hot: leaf loop
+      x += 1; break if x % 100_000 == 0 && now > deadline # hot: leaf
+      Array.new(100) { "s" * x.bit_length } if $garbage && x % 64 == 0 # hot: leaf garbage
+    end
+    x
   end
-  x
 end
 
-def mid(deadline)
-  leaf(deadline) # hot: mid
-end
+class Chain
+  include Leafy
 
-def top(deadline)
-  {a: 1}.each_pair { mid(deadline) } # hot: top
+  def mid(deadline)
+    leaf(deadline) # hot: mid
+  end
+
+  def self.top(deadline)
+    {a: 1}.each_pair { new.mid(deadline) } # hot: top
+  end
 end
 
 def t0_leaf(d) = (x = 0; x += 1 until x % 100_000 == 0 && now > d) # hot: t0_leaf
@@ -41,13 +54,28 @@ def t3_mid(d) = t3_leaf(d) # hot: t3_mid
 def t3_top(d) = t3_mid(d) # hot: t3_top
 
 mode, seconds = ARGV
-abort "usage: #{$0} chain|threads SECONDS" unless %w[chain threads].include?(mode) && seconds
+abort "usage: #{$0} chain|threads|fork|gc SECONDS" unless %w[chain threads fork gc].include?(mode) && seconds
 STDOUT.puts "hot phase from #{Process.clock_gettime(Process::CLOCK_REALTIME)}"
 STDOUT.flush
 deadline = now + Float(seconds)
 case mode
 when "chain"
-  top(deadline) # hot: main
+  Chain.top(deadline) # hot: main
+when "fork"
+  workers = 0
+  while now < deadline
+    if workers == 2
+      Process.wait
+      workers -= 1
+    end
+    fork { Chain.top([now + 0.3, deadline].min); exit! }
+    workers += 1
+  end
+  Process.waitall
+when "gc"
+  $garbage = true
+  Chain.top(deadline)
+  STDOUT.puts "gc count #{GC.count}"
 when "threads"
   4.times.map { |i| Thread.new { Thread.current.name = "t#{i}"; send(:"t#{i}_top", deadline) } }.each(&:join)
 end
