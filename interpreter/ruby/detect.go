@@ -37,6 +37,10 @@ type Binary struct {
 	// EvalLoop is vm_exec_core, [start, end): the function that runs the
 	// instructions of Ruby methods and blocks.
 	EvalLoop [2]uint64
+	// Exec are the functions that call vm_exec_core (vm_exec, one in
+	// Debian's builds): a call of one runs the frames from the one pushed
+	// for it, which it may not have entered vm_exec_core for yet.
+	Exec [][2]uint64
 	// TLSIndex is the GOT pair (tls_index: module id, offset) through
 	// which the library reaches ruby_current_ec, the running thread's
 	// rb_execution_context_t: the dynamic loader writes the module id
@@ -90,6 +94,9 @@ func Detect(f *elf.File, dynsym []elf.Symbol, functionRanges func() ([][2]uint64
 	}
 	if b.EvalLoop, err = findEvalLoop(f, int(ls.Size), ranges); err != nil {
 		return nil, fmt.Errorf("CRuby %v: %w", b.Version, err)
+	}
+	if b.Exec, err = findCallers(f, b.EvalLoop[0], ranges); err != nil {
+		return nil, fmt.Errorf("CRuby %v: callers of vm_exec_core: %w", b.Version, err)
 	}
 	tc, ok := syms[threadCurrentSymbol]
 	if !ok {
@@ -145,23 +152,8 @@ func findEvalLoop(f *elf.File, insns int, ranges [][2]uint64) ([2]uint64, error)
 	if insns < 64 {
 		return [2]uint64{}, fmt.Errorf("%s has %d instructions, too few for a VM", insnLenSymbol, insns)
 	}
-	ranges = slices.Clone(ranges)
-	slices.SortFunc(ranges, func(a, b [2]uint64) int { return cmp.Compare(a[0], b[0]) })
-	rangeOf := func(a uint64) int {
-		i, found := slices.BinarySearchFunc(ranges, a, func(r [2]uint64, a uint64) int {
-			switch {
-			case r[1] <= a:
-				return -1
-			case r[0] > a:
-				return 1
-			}
-			return 0
-		})
-		if !found {
-			return -1
-		}
-		return i
-	}
+	ranges = sortedRanges(ranges)
+	rangeOf := func(a uint64) int { return rangeIndex(ranges, a) }
 	ptrs, err := codePointers(f)
 	if err != nil {
 		return [2]uint64{}, err
@@ -183,6 +175,91 @@ func findEvalLoop(f *elf.File, insns int, ranges [][2]uint64) ([2]uint64, error)
 		return [2]uint64{}, fmt.Errorf("no instruction table of %d entries (the longest is %d)", insns, best)
 	}
 	return ranges[bestRange], nil
+}
+
+// sortedRanges returns function ranges sorted by start.
+func sortedRanges(ranges [][2]uint64) [][2]uint64 {
+	ranges = slices.Clone(ranges)
+	slices.SortFunc(ranges, func(a, b [2]uint64) int { return cmp.Compare(a[0], b[0]) })
+	return ranges
+}
+
+// rangeIndex is the index of the range of sorted that holds a, or -1.
+func rangeIndex(sorted [][2]uint64, a uint64) int {
+	i, found := slices.BinarySearchFunc(sorted, a, func(r [2]uint64, a uint64) int {
+		switch {
+		case r[1] <= a:
+			return -1
+		case r[0] > a:
+			return 1
+		}
+		return 0
+	})
+	if !found {
+		return -1
+	}
+	return i
+}
+
+// maxCallers bounds the functions findCallers accepts: vm_exec_core has
+// one caller in every build seen, a compiler's clones would add a few.
+const maxCallers = 4
+
+// findCallers finds the functions that call target directly: each
+// "call rel32" (0xe8) byte pattern in the executable segments that lands
+// on target, confirmed by decoding its function from the start up to it.
+func findCallers(f *elf.File, target uint64, ranges [][2]uint64) ([][2]uint64, error) {
+	ranges = sortedRanges(ranges)
+	var out [][2]uint64
+	for _, p := range f.Progs {
+		if p.Type != elf.PT_LOAD || p.Flags&elf.PF_X == 0 {
+			continue
+		}
+		code := make([]byte, p.Filesz)
+		if _, err := p.ReadAt(code, 0); err != nil && !errors.Is(err, io.EOF) {
+			return nil, err
+		}
+		for i := 0; i+5 <= len(code); i++ {
+			if code[i] != 0xe8 {
+				continue
+			}
+			at := p.Vaddr + uint64(i)
+			if at+5+uint64(int64(int32(binary.LittleEndian.Uint32(code[i+1:])))) != target {
+				continue
+			}
+			r := rangeIndex(ranges, at)
+			if r < 0 || slices.Contains(out, ranges[r]) || !callAt(f, ranges[r], at) {
+				continue
+			}
+			if out = append(out, ranges[r]); len(out) > maxCallers {
+				return nil, fmt.Errorf("more than %d functions call %#x", maxCallers, target)
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no function calls %#x", target)
+	}
+	return out, nil
+}
+
+// callAt says whether decoding function fn from its start meets a call
+// instruction at address at.
+func callAt(f *elf.File, fn [2]uint64, at uint64) bool {
+	code, err := readAt(f, fn[0], at+5-fn[0])
+	if err != nil {
+		return false
+	}
+	for pc := uint64(0); pc < uint64(len(code)); {
+		in, err := decode(code[pc:])
+		if err != nil {
+			return false
+		}
+		if fn[0]+pc == at {
+			return in.Op == x86asm.CALL
+		}
+		pc += uint64(in.Len)
+	}
+	return false
 }
 
 // codePointer is a pointer the file keeps at slot.

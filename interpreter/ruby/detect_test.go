@@ -81,6 +81,13 @@ func TestDetect(t *testing.T) {
 			if n := b.EvalLoop[1] - b.EvalLoop[0]; n < 8<<10 || n > 256<<10 {
 				t.Errorf("eval loop of %d bytes", n)
 			}
+			// 3.1 exports vm_exec as rb_vm_exec: the one caller found.
+			t.Logf("callers of the eval loop: %#x", b.Exec)
+			if len(b.Exec) != 1 {
+				t.Errorf("%d callers of the eval loop, want 1 (vm_exec)", len(b.Exec))
+			} else if exec := dynamicSymbol(t, lib, "rb_vm_exec"); exec != 0 && b.Exec[0][0] != exec {
+				t.Errorf("the eval loop's caller is at %#x, rb_vm_exec at %#x", b.Exec[0][0], exec)
+			}
 
 			pid := startSpinning(t, ruby, "-e", "STDOUT.puts 1; STDOUT.flush; x = 0; while true; x += 1; end")
 			fsBase := mainThreadFSBase(t, pid)
@@ -182,5 +189,26 @@ func mappingBias(t *testing.T, pid int, path string) uint64 {
 		}
 	}
 	t.Fatalf("%s is not mapped in %d", path, pid)
+	return 0
+}
+
+// dynamicSymbol is the value of an exported symbol of the file at path, 0
+// if it exports none of that name.
+func dynamicSymbol(t *testing.T, path, name string) uint64 {
+	t.Helper()
+	f, err := elf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	syms, err := f.DynamicSymbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range syms {
+		if s.Name == name && s.Section != elf.SHN_UNDEF {
+			return s.Value
+		}
+	}
 	return 0
 }

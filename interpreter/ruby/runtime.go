@@ -39,6 +39,8 @@ func init() { interpreter.Register(Runtime) }
 type UnwinderProc struct {
 	TLSIndex      uint64
 	TLSOffset     uint64
+	EvalLoopStart uint64
+	EvalLoopEnd   uint64
 	ECVMStack     uint16
 	ECVMStackSize uint16
 	ECCFP         uint16
@@ -75,7 +77,7 @@ type rubyBinary struct {
 
 func (b *rubyBinary) Version() string         { return b.Binary.Version.String() }
 func (b *rubyBinary) Unsupported() error      { return b.err }
-func (b *rubyBinary) CodeRanges() [][2]uint64 { return [][2]uint64{b.EvalLoop} }
+func (b *rubyBinary) CodeRanges() [][2]uint64 { return append([][2]uint64{b.EvalLoop}, b.Exec...) }
 
 // Attach describes the process to the unwinder, which finds each thread's
 // execution context per sample.
@@ -94,7 +96,7 @@ func (b *rubyBinary) Attach(h interpreter.Host) (interpreter.Process, error) {
 	}
 	l := b.layout
 	if err := h.SetConfig(UnwinderProc{
-		TLSIndex: bias + b.TLSIndex, TLSOffset: b.TLSOffset,
+		TLSIndex: bias + b.TLSIndex, TLSOffset: b.TLSOffset, EvalLoopStart: b.EvalLoop[0], EvalLoopEnd: b.EvalLoop[1],
 		ECVMStack: uint16(l.ECVMStack), ECVMStackSize: uint16(l.ECVMStackSize), ECCFP: uint16(l.ECCFP),
 		CFPSize: uint16(l.CFPSize), CFPPC: uint16(l.CFPPC), CFPISeq: uint16(l.CFPISeq), CFPEP: uint16(l.CFPEP),
 	}); err != nil {

@@ -1,12 +1,15 @@
 // The CRuby unwinder (runtime RUNTIME_RUBY), x86_64. The native unwinder
-// hands over at each frame of vm_exec_core, the loop that runs Ruby
-// instructions, after stepping past it; this program reports the control
-// frames that call of the loop runs, innermost first, and hands back. A
-// call of the loop runs frames from the thread's current one down to the
-// one it was entered for, which carries VM_FRAME_FLAG_FINISH; a C method's
-// control frame sits among them (its native frames are above the loop's
-// frame that called it). So C functions land between the right Ruby
-// frames (interpreter/ruby/internals.md).
+// hands over at each frame of vm_exec, which pushes nothing itself but
+// runs Ruby frames from the one its caller pushed for it, and of
+// vm_exec_core, the loop it calls to run their instructions, after
+// stepping past it; this program reports the control frames that call
+// runs, innermost first, and hands back: at vm_exec_core's frame, or at
+// vm_exec's when the sample came before vm_exec_core was entered. Such a
+// call runs frames from the thread's current one down to the one it was
+// entered for, which carries VM_FRAME_FLAG_FINISH; a C method's control
+// frame sits among them (its native frames are above the loop's frame
+// that called it). So C functions land between the right Ruby frames
+// (interpreter/ruby/internals.md).
 //
 // The thread's rb_execution_context_t is ruby_current_ec, a thread-local
 // variable of libruby reached as __tls_get_addr does (general-dynamic
@@ -45,6 +48,10 @@ struct ruby_proc {
   // variable's offset in the module's TLS block.
   u64 tls_index;
   u64 tls_offset;
+  // vm_exec_core, [start, end) in libruby's file addresses: the other
+  // code handed over is its caller, vm_exec.
+  u64 eval_loop_start;
+  u64 eval_loop_end;
   // Byte offsets: rb_execution_context_t's vm_stack, vm_stack_size (in
   // words) and cfp; rb_control_frame_t's size, pc, iseq and ep.
   u16 ec_vm_stack;
@@ -92,7 +99,10 @@ struct ruby_walk {
   u32 call_frames;
   // The thread's execution context was found.
   u8 started;
-  u8 pad[3];
+  // The frame handed over last was vm_exec_core's, which reported the
+  // frames of its caller's call of vm_exec.
+  u8 core_reported;
+  u8 pad[2];
 };
 
 // Never read: puts the structs user space mirrors into the BTF.
@@ -217,6 +227,7 @@ static __always_inline struct ruby_walk *ruby_walk_of(const struct trace *t)
   if (w && w->sample != t->ktime) {
     w->sample = t->ktime;
     w->started = 0;
+    w->core_reported = 0;
     w->call_cfa = 0;
     w->call_frames = 0;
   }
@@ -237,9 +248,18 @@ static __always_inline int ruby_unwind_call(struct unwind_state *state, struct t
     return runtime_report_native(h, t) ? RUBY_CALL_FULL : RUBY_CALL_DONE;
   }
   if (w->call_cfa != h->cfa) {
-    // The first run for this vm_exec_core frame (not a continuation).
+    // The first run for this frame (not a continuation). A call of
+    // vm_exec runs the frames from the one pushed for it, whether it has
+    // entered vm_exec_core yet (which it calls directly) or not.
     w->call_cfa = h->cfa;
     w->call_frames = 0;
+    u64 pc = h->addr - (h->flags & FRAME_FLAG_RETURN_ADDRESS ? 1 : 0);
+    int in_core = pc >= proc->eval_loop_start && pc < proc->eval_loop_end;
+    if (!in_core && w->core_reported) {
+      w->core_reported = 0;
+      return runtime_report_native(h, t) ? RUBY_CALL_FULL : RUBY_CALL_DONE;
+    }
+    w->core_reported = in_core;
   }
   return ruby_walk_call(w, proc, state, t);
 }

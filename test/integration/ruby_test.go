@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/interpreter/ruby"
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/tracer"
 	"github.com/hostprof/ebpf-profiler/utils/rubyfetch"
 )
 
@@ -47,11 +49,42 @@ func rubyStack(tr *libpf.Trace) string {
 	return strings.Join(stackNames(tr, ruby.Kind, "rb"), " ")
 }
 
+// rubyFrame is a Ruby frame a test expects: its function and the lines
+// it may be at (0 for a C function).
+type rubyFrame struct {
+	name  string
+	lines []uint32
+}
+
+// rubyMain is the chain workload's <main>, at the chain mode's call.
+func rubyMain(hot map[string]uint32) []rubyFrame {
+	return []rubyFrame{{"<main>", []uint32{hot["main"]}}}
+}
+
+// rubyChain says whether fs, a sample's Ruby frames, are the chain
+// workload's: Leafy#leaf at its hot line, Chain#mid, the block in
+// Chain.top, Hash#each_pair and Chain.top, then outer (what called
+// Chain.top), each in the script at its line.
+func rubyChain(fs []libpf.Frame, script string, hot map[string]uint32, outer []rubyFrame) bool {
+	// leaf's loop is three lines: the jump back has the while's.
+	want := append([]rubyFrame{{"Leafy#leaf", []uint32{hot["leaf"], hot["leaf loop"], hot["leaf garbage"]}},
+		{"Chain#mid", []uint32{hot["mid"]}}, {"block in top", []uint32{hot["top"]}}, {"Hash#each_pair", []uint32{0}},
+		{"Chain.top", []uint32{hot["top"]}}}, outer...)
+	if len(fs) != len(want) {
+		return false
+	}
+	for i, f := range fs {
+		if f.FunctionName != want[i].name || !slices.Contains(want[i].lines, f.SourceLine) ||
+			(f.SourceLine != 0 && f.SourceFile != script) {
+			return false
+		}
+	}
+	return true
+}
+
 // TestRubyStacks profiles the chain workload under each tested CRuby and
-// checks its Ruby frames: Leafy#leaf at its hot line, Chain#mid, the
-// block in Chain.top, Hash#each_pair (a C function: its native frames lie
-// between the block and it), Chain.top and <main>, each in the script at
-// its line.
+// checks its Ruby frames (rubyChain; Hash#each_pair is a C function whose
+// native frames lie between the block and it).
 func TestRubyStacks(t *testing.T) {
 	requireRoot(t)
 	script, hot := rubyWorkload(t)
@@ -67,24 +100,10 @@ func TestRubyStacks(t *testing.T) {
 			logRuntimeMetrics(t, s, "ruby")
 			s.stop(t)
 			samples := run.hotSamples(t, s.rec)
-			// leaf's loop is two lines: the jump back has the while's.
-			want := []struct {
-				name  string
-				lines []uint32
-			}{{"Leafy#leaf", []uint32{hot["leaf"], hot["leaf loop"]}}, {"Chain#mid", []uint32{hot["mid"]}},
-				{"block in top", []uint32{hot["top"]}}, {"Hash#each_pair", []uint32{0}}, {"Chain.top", []uint32{hot["top"]}},
-				{"<main>", []uint32{hot["main"]}}}
 			ok := 0
 			misses := map[string]int{}
 			for _, smp := range samples {
-				fs := rubyFrames(smp.trace)
-				good := len(fs) == len(want)
-				for i := 0; good && i < len(want); i++ {
-					f := fs[i]
-					good = f.FunctionName == want[i].name && slices.Contains(want[i].lines, f.SourceLine) &&
-						(f.SourceLine == 0 || f.SourceFile == script)
-				}
-				if good {
+				if rubyChain(rubyFrames(smp.trace), script, hot, rubyMain(hot)) {
 					ok++
 				} else {
 					misses[rubyStack(smp.trace)]++
@@ -178,10 +197,7 @@ func TestRubyStartedBeforeProfiler(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	s.stop(t)
 	samples := s.rec.ofPID(cmd.Process.Pid)
-	chain := func(smp sample) bool {
-		fs := rubyFrames(smp.trace)
-		return len(fs) == 6 && fs[0].FunctionName == "Leafy#leaf" && fs[5].FunctionName == "<main>" && fs[5].SourceLine == hot["main"]
-	}
+	chain := func(smp sample) bool { return rubyChain(rubyFrames(smp.trace), script, hot, rubyMain(hot)) }
 	// The process is read at its first sample: the samples before that
 	// are the warm-up.
 	first := slices.IndexFunc(samples, chain)
@@ -198,5 +214,124 @@ func TestRubyStartedBeforeProfiler(t *testing.T) {
 	t.Logf("%d samples, the first with the chain is #%d; %.1f%% of it and those after with the chain", len(samples), first, 100*share(ok, rest))
 	if rest < testHz || share(ok, rest) < 0.95 {
 		t.Errorf("%d of %d samples show the chain, want >= 95%%", ok, rest)
+	}
+}
+
+// TestRubyForkingServer: a server forks workers that live 1 s, two at a
+// time, as unicorn's and puma's recycle theirs; each is a new process
+// whose samples show the chain. Those of its last TraceWakeupLatency (and
+// a margin) may stay unnamed: the process's memory is gone before the
+// daemon reads it.
+func TestRubyForkingServer(t *testing.T) {
+	requireRoot(t)
+	script, hot := rubyWorkload(t)
+	rb, err := rubyfetch.Ruby(rubyfetch.Versions[len(rubyfetch.Versions)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startSession(t, testHz)
+	out, err := exec.Command(rb, script, "fork", "6").CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s fork: %v\n%s", rb, err, out)
+	}
+	s.stop(t)
+	// A worker goes on from the block it was forked with.
+	outer := []rubyFrame{{"block in <main>", []uint32{hot["fork main"]}}, {"Kernel#fork", []uint32{0}}, {"<main>", []uint32{hot["fork"]}}}
+	exitWindow := tracer.TraceWakeupLatency + 50*time.Millisecond
+	var workers, n, ok, last, lastOK int
+	misses := map[string]int{}
+	for _, line := range strings.Split(string(out), "\n") {
+		pid, found := strings.CutPrefix(line, "worker ")
+		if !found {
+			continue
+		}
+		p, err := strconv.Atoi(pid)
+		if err != nil {
+			t.Fatalf("the workload printed %q", line)
+		}
+		workers++
+		samples := s.rec.ofPID(p)
+		for _, smp := range samples {
+			good := rubyChain(rubyFrames(smp.trace), script, hot, outer)
+			if smp.meta.Time.After(samples[len(samples)-1].meta.Time.Add(-exitWindow)) {
+				last++
+				if good {
+					lastOK++
+				}
+				continue
+			}
+			n++
+			if good {
+				ok++
+			} else {
+				misses[rubyStack(smp.trace)]++
+			}
+		}
+	}
+	t.Logf("%d workers: %d samples before their last %v, %.1f%% with the chain; %d in it, %.1f%% with the chain",
+		workers, n, exitWindow, 100*share(ok, n), last, 100*share(lastOK, last))
+	logTopStacks(t, misses, 4)
+	if workers < 8 || n < 4*testHz || share(ok, n) < 0.95 {
+		t.Errorf("%d workers, %d of %d samples show the chain, want >= 8 workers and >= 95%%", workers, ok, n)
+	}
+}
+
+// TestRubyGC: the chain while leaf allocates enough for the garbage
+// collector to run many times a second and compact the heap, moving
+// objects: no sample shows a frame under a wrong method. The frames above
+// leaf are its allocations (a block in leaf, the C functions it calls).
+func TestRubyGC(t *testing.T) {
+	requireRoot(t)
+	script, hot := rubyWorkload(t)
+	for _, v := range rubyfetch.Versions {
+		t.Run("Ruby "+v, func(t *testing.T) {
+			rb, err := rubyfetch.Ruby(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := startSession(t, testHz)
+			cmd := exec.Command(rb, script, "gc", "4")
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("%s gc: %v\n%s", rb, err, out)
+			}
+			s.stop(t)
+			i := strings.LastIndex(string(out), "gc count ")
+			gcs, err := strconv.Atoi(strings.TrimSpace(string(out[i+len("gc count "):])))
+			if i < 0 || err != nil {
+				t.Fatalf("the workload printed %q", out)
+			}
+			run := pythonRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out))}
+			chain := []string{"Leafy#leaf", "Chain#mid", "block in top", "Hash#each_pair", "Chain.top", "<main>"}
+			above := []string{"block in leaf", "Array#initialize", "Class#new", "Array.new", "String#*", "Integer#bit_length"}
+			var n, ok, wrong int
+			misses := map[string]int{}
+			for _, smp := range run.hotSamples(t, s.rec) {
+				n++
+				fs := rubyFrames(smp.trace)
+				leaf := slices.IndexFunc(fs, func(f libpf.Frame) bool { return f.FunctionName == chain[0] })
+				good := leaf >= 0 && rubyChain(fs[leaf:], script, hot, []rubyFrame{{"<main>", []uint32{hot["gc main"]}}})
+				for _, f := range fs[:max(leaf, 0)] {
+					good = good && slices.Contains(above, f.FunctionName)
+				}
+				if good {
+					ok++
+					continue
+				}
+				misses[rubyStack(smp.trace)]++
+				if slices.ContainsFunc(fs, func(f libpf.Frame) bool {
+					return !strings.HasPrefix(f.FunctionName, "[unknown") && !slices.Contains(above, f.FunctionName) &&
+						!slices.Contains(chain, f.FunctionName)
+				}) {
+					wrong++
+				}
+			}
+			t.Logf("%d garbage collections; %d samples, %.1f%% with the chain, %d with a frame of another method", gcs, n, 100*share(ok, n), wrong)
+			logTopStacks(t, misses, 4)
+			if gcs < 40 || n < testHz || share(ok, n) < 0.95 || wrong > 0 {
+				t.Errorf("%d collections (want >= 40), %d of %d samples with the chain (want >= 95%%), %d with a wrong frame (want 0)",
+					gcs, ok, n, wrong)
+			}
+		})
 	}
 }

@@ -10,12 +10,13 @@
 # threads: four threads named t0-t3, each in its own chain tN_leaf <-
 # tN_mid <- tN_top; they take turns holding the VM lock.
 # fork: a forking server: two workers at a time, each forked to run the
-# chain for 0.3 s and exit, as unicorn's and puma's workers are.
+# chain for 1 s and exit, as unicorn's and puma's workers are recycled.
 # gc: the chain, with leaf allocating and dropping objects so that the
-# garbage collector runs many times a second (GC.count is printed at the
-# end).
+# garbage collector runs many times a second and compacts the heap
+# (moving objects); GC.count is printed at the end.
 
 def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+$garbage = false
 
 module Leafy
   def leaf(deadline)
@@ -68,13 +69,19 @@ when "fork"
       Process.wait
       workers -= 1
     end
-    fork { Chain.top([now + 0.3, deadline].min); exit! }
+    fork do # hot: fork
+      STDOUT.puts "worker #{Process.pid}"
+      STDOUT.flush
+      Chain.top([now + 1, deadline].min) # hot: fork main
+      exit!
+    end
     workers += 1
   end
   Process.waitall
 when "gc"
   $garbage = true
-  Chain.top(deadline)
+  GC.auto_compact = true
+  Chain.top(deadline) # hot: gc main
   STDOUT.puts "gc count #{GC.count}"
 when "threads"
   4.times.map { |i| Thread.new { Thread.current.name = "t#{i}"; send(:"t#{i}_top", deadline) } }.each(&:join)
