@@ -49,6 +49,9 @@ type Binary struct {
 	TLSOffset uint64
 	// GlobalSymbols is ruby_global_symbols, the table of IDs' names.
 	GlobalSymbols uint64
+	// Text is the file's executable segment, [start, end): JIT code
+	// returns into it.
+	Text [2]uint64
 }
 
 // Symbols every CRuby 3.x exports (internals.md §1.3, §9): the version
@@ -84,6 +87,11 @@ func Detect(f *elf.File, dynsym []elf.Symbol, functionRanges func() ([][2]uint64
 		return nil, fmt.Errorf("CRuby on %v: only x86_64 is supported", f.Machine)
 	}
 	b := &Binary{}
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_LOAD && p.Flags&elf.PF_X != 0 && b.Text[1] == 0 {
+			b.Text = [2]uint64{p.Vaddr, p.Vaddr + p.Memsz}
+		}
+	}
 	var err error
 	if b.Version, err = readVersion(f, vs.Value); err != nil {
 		return nil, err

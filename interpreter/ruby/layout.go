@@ -14,7 +14,8 @@ type Layout struct {
 	// rb_execution_context_t: vm_stack, vm_stack_size (in words), cfp (§2).
 	ECVMStack, ECVMStackSize, ECCFP uint64
 
-	// rb_iseq_t.body, and rb_iseq_constant_body's iseq_encoded,
+	// rb_iseq_t.body, and rb_iseq_constant_body's iseq_encoded (after
+	// iseq_size, a u32),
 	// location.pathobj and .label, first_lineno and insns_info (§5).
 	ISeqBody, BodyEncoded, BodyPathObj, BodyLabel, BodyFirstLine, BodyInsnsInfo uint64
 	// FirstLineFixnum: first_lineno is a Fixnum VALUE (3.0, 3.1), not an
@@ -68,10 +69,14 @@ const (
 	typeString  = 0x05
 	typeArray   = 0x07
 	typeIMemo   = 0x1a
-	imemoShift  = 12
-	imemoMask   = 0xf
-	imemoMEnt   = 6
-	imemoISeq   = 7
+	// T_MOVED: a slot compaction moved its object out of, which it keeps
+	// at RMoved.destination (gc.c) until the next collection.
+	typeMoved        = 0x1e
+	movedDestination = 16
+	imemoShift       = 12
+	imemoMask        = 0xf
+	imemoMEnt        = 6
+	imemoISeq        = 7
 	// rb_method_definition_t: the method type in the low bits of its
 	// first word, its body at 8 (§4).
 	defTypeMask     = 0xf

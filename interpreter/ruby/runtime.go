@@ -3,6 +3,8 @@ package ruby
 import (
 	"fmt"
 	"runtime"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
@@ -41,6 +43,8 @@ type UnwinderProc struct {
 	TLSOffset     uint64
 	EvalLoopStart uint64
 	EvalLoopEnd   uint64
+	TextStart     uint64
+	TextEnd       uint64
 	ECVMStack     uint16
 	ECVMStackSize uint16
 	ECCFP         uint16
@@ -97,17 +101,51 @@ func (b *rubyBinary) Attach(h interpreter.Host) (interpreter.Process, error) {
 	l := b.layout
 	if err := h.SetConfig(UnwinderProc{
 		TLSIndex: bias + b.TLSIndex, TLSOffset: b.TLSOffset, EvalLoopStart: b.EvalLoop[0], EvalLoopEnd: b.EvalLoop[1],
+		TextStart: bias + b.Text[0], TextEnd: bias + b.Text[1],
 		ECVMStack: uint16(l.ECVMStack), ECVMStackSize: uint16(l.ECVMStackSize), ECCFP: uint16(l.ECCFP),
 		CFPSize: uint16(l.CFPSize), CFPPC: uint16(l.CFPPC), CFPISeq: uint16(l.CFPISeq), CFPEP: uint16(l.CFPEP),
 	}); err != nil {
 		return nil, err
 	}
-	return &process{sym: s}, nil
+	p := &process{sym: s}
+	if _, err := p.Update(h); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // process is an attached CRuby process.
 type process struct {
 	sym *Symbolizer
+	// jit is the JIT code claimed.
+	jit []interpreter.Region
+}
+
+// minJITMapping is the least size of an anonymous executable mapping taken
+// for YJIT's code: YJIT maps its whole code area at start (256 MiB by
+// default in 3.1; 3.2+ reserve 64-128 MiB and map the executable part as
+// it grows, and 3.4 names the mapping "[anon:Ruby:rb_yjit_reserve_addr_space]"),
+// while the small trampolines of libffi and the like stay below it.
+const minJITMapping = 1 << 20
+
+// Update claims YJIT's code (internals.md §8), anonymous executable memory,
+// for the unwinder: a sample in it reports the Ruby frames that the JIT
+// code runs from the thread's control frames.
+func (p *process) Update(h interpreter.Host) (bool, error) {
+	var jit []interpreter.Region
+	for _, m := range h.Mappings() {
+		if m.Anonymous() && (m.End-m.Start >= minJITMapping || strings.Contains(m.Path, "yjit")) {
+			jit = append(jit, interpreter.Region{Start: m.Start, End: m.End, Unwind: true})
+		}
+	}
+	if slices.Equal(jit, p.jit) {
+		return false, nil
+	}
+	if err := h.SetRegions(jit); err != nil {
+		return false, err
+	}
+	p.jit = jit
+	return false, nil
 }
 
 // Symbolize names a Ruby frame: a method entry or an instruction

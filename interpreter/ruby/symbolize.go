@@ -155,6 +155,18 @@ func (s *Symbolizer) Frame(obj, pc uint64) (Frame, error) {
 	}
 	field := func(off uint64) uint64 { return binary.LittleEndian.Uint64(hdr[off:]) }
 	flags := field(0)
+	if flags&typeMask == typeMoved {
+		// Compaction moved the object since the sample; the slot forwards
+		// to it until the next collection.
+		dest := field(movedDestination)
+		if dest == 0 || dest&7 != 0 || dest >= 1<<56 {
+			return Frame{}, fmt.Errorf("%w: %#x moved to %#x", errBadObject, obj, dest)
+		}
+		if _, err := s.mem.ReadAt(hdr[:], int64(dest)); err != nil {
+			return Frame{}, fmt.Errorf("reading %#x: %w", dest, err)
+		}
+		flags = field(0)
+	}
 	if flags&typeMask != typeIMemo {
 		return Frame{}, fmt.Errorf("%w: flags %#x at %#x", errBadObject, flags, obj)
 	}
@@ -305,6 +317,15 @@ func (s *Symbolizer) line(body, pc uint64) (int, error) {
 	}
 	if pc == 0 || pc < encoded || n == 0 {
 		return firstLine, nil
+	}
+	size, err := s.u32(body + s.l.BodyEncoded - 4) // iseq_size, in words
+	if err != nil {
+		return 0, err
+	}
+	if pc > encoded+8*uint64(size) {
+		// Not this sequence's: YJIT leaves a frame's pc unset until its
+		// code saves one (a callee's frame holds its caller's).
+		return 0, nil
 	}
 	if n > maxInsnInfos {
 		return 0, fmt.Errorf("%w: %d line table entries", errBadObject, n)

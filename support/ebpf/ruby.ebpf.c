@@ -52,6 +52,10 @@ struct ruby_proc {
   // code handed over is its caller, vm_exec.
   u64 eval_loop_start;
   u64 eval_loop_end;
+  // libruby's executable segment, [start, end) in process addresses: JIT
+  // code returns into it.
+  u64 text_start;
+  u64 text_end;
   // Byte offsets: rb_execution_context_t's vm_stack, vm_stack_size (in
   // words) and cfp; rb_control_frame_t's size, pc, iseq and ep.
   u16 ec_vm_stack;
@@ -70,6 +74,8 @@ _Static_assert(sizeof(struct ruby_proc) <= RUNTIME_PROC_SIZE, "ruby_proc too lar
 enum ruby_metric {
   // Ruby frames reported.
   METRIC_RUBY_FRAMES,
+  // Frames of YJIT code stepped past (their Ruby frames reported).
+  METRIC_RUBY_JIT_FRAMES,
   // A frame of vm_exec_core in a process user space has not (yet)
   // described: the native frame is reported, and user space is told.
   METRIC_ERR_RUBY_NO_PROC,
@@ -80,6 +86,8 @@ enum ruby_metric {
   // A call of vm_exec_core had no control frame left to report: the
   // native frame is reported.
   METRIC_ERR_RUBY_NO_FRAME,
+  // No return address was found above YJIT code: the unwind stops there.
+  METRIC_ERR_RUBY_JIT_RETURN,
   METRIC_RUBY_COUNT,
 };
 _Static_assert(METRIC_RUBY_COUNT <= RUNTIME_METRICS_MAX, "too many ruby metrics");
@@ -99,9 +107,10 @@ struct ruby_walk {
   u32 call_frames;
   // The thread's execution context was found.
   u8 started;
-  // The frame handed over last was vm_exec_core's, which reported the
-  // frames of its caller's call of vm_exec.
-  u8 core_reported;
+  // A frame handed over before (vm_exec_core's, or JIT code's) reported
+  // the frames of the vm_exec call below: the frames of vm_exec_core and
+  // vm_exec down to it report none.
+  u8 call_reported;
   u8 pad[2];
 };
 
@@ -227,7 +236,7 @@ static __always_inline struct ruby_walk *ruby_walk_of(const struct trace *t)
   if (w && w->sample != t->ktime) {
     w->sample = t->ktime;
     w->started = 0;
-    w->core_reported = 0;
+    w->call_reported = 0;
     w->call_cfa = 0;
     w->call_frames = 0;
   }
@@ -254,14 +263,42 @@ static __always_inline int ruby_unwind_call(struct unwind_state *state, struct t
     w->call_cfa = h->cfa;
     w->call_frames = 0;
     u64 pc = h->addr - (h->flags & FRAME_FLAG_RETURN_ADDRESS ? 1 : 0);
-    int in_core = pc >= proc->eval_loop_start && pc < proc->eval_loop_end;
-    if (!in_core && w->core_reported) {
-      w->core_reported = 0;
+    int jit = !h->file_id,
+        in_core = !jit && pc >= proc->eval_loop_start && pc < proc->eval_loop_end;
+    if (!jit && w->call_reported) {
+      if (!in_core)
+        w->call_reported = 0;
       return runtime_report_native(h, t) ? RUBY_CALL_FULL : RUBY_CALL_DONE;
     }
-    w->core_reported = in_core;
+    w->call_reported = jit || in_core;
   }
   return ruby_walk_call(w, proc, state, t);
+}
+
+// Words above a JIT frame's stack pointer searched for its return address.
+#define RUBY_JIT_RETURN_SLOTS 8
+
+// Steps past YJIT code, handed over at its PC, to the libruby function
+// that called it (vm_exec or vm_sendish): YJIT's code keeps no frame
+// pointer and has no unwind information, but it is entered by a call and
+// pushes three registers (cfp, ec and the VM stack pointer: heap
+// addresses), so its return address is the first word above the stack
+// pointer that points into libruby's code (internals.md §8). Returns 0
+// when found.
+static __always_inline int ruby_step_jit(struct unwind_state *state, const struct ruby_proc *proc)
+{
+  u64 words[RUBY_JIT_RETURN_SLOTS];
+  if (bpf_probe_read_user(words, sizeof(words), (void *)state->sp))
+    return -1;
+  for (int i = 0; i < RUBY_JIT_RETURN_SLOTS; i++) {
+    if (words[i] >= proc->text_start && words[i] < proc->text_end) {
+      state->pc = words[i];
+      state->sp += 8 * (i + 1);
+      state->return_address = 1;
+      return 0;
+    }
+  }
+  return -1;
 }
 
 SEC("perf_event")
@@ -276,6 +313,15 @@ int unwind_ruby(struct bpf_perf_event_data *ctx)
   case RUBY_CALL_FULL:
     increment_metric(METRIC_TRUNCATED_TRACES);
     return tail_call_stop(ctx);
+  }
+  if (!r->state.handoff.file_id && !r->state.handoff.native_done) {
+    // JIT code, reported: the native unwinder goes on from its caller.
+    const struct ruby_proc *proc = runtime_config(r->trace.pid, RUNTIME_RUBY);
+    if (!proc || ruby_step_jit(&r->state, proc)) {
+      increment_runtime_metric(RUNTIME_RUBY, METRIC_ERR_RUBY_JIT_RETURN);
+      return tail_call_stop(ctx);
+    }
+    increment_runtime_metric(RUNTIME_RUBY, METRIC_RUBY_JIT_FRAMES);
   }
   return runtime_return(ctx, r);
 }

@@ -391,8 +391,8 @@ func checkPythonZlib(t *testing.T, samples []sample, script string, hot map[stri
 }
 
 // logRuntimeMetrics logs the BPF counters whose names contain runtime,
-// and those of truncation and tail calls.
-func logRuntimeMetrics(t *testing.T, s *session, runtime string) {
+// and those of truncation and tail calls, and returns all of them.
+func logRuntimeMetrics(t *testing.T, s *session, runtime string) map[string]uint64 {
 	m, err := s.tr.Metrics()
 	if err != nil {
 		t.Fatal(err)
@@ -405,6 +405,7 @@ func logRuntimeMetrics(t *testing.T, s *session, runtime string) {
 	}
 	slices.Sort(out)
 	t.Logf("BPF counters: %s", strings.Join(out, " "))
+	return m
 }
 
 // TestPythonStartedBeforeProfiler: a Python process that was running

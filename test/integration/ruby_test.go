@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"math"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -21,10 +22,11 @@ func rubyWorkload(t *testing.T) (string, map[string]uint32) {
 	return markedWorkload(t, "ruby", "rbworkload.rb")
 }
 
-// runRuby runs the workload in one mode for d.
-func runRuby(t *testing.T, rb, script, mode string, d time.Duration) pythonRun {
+// runRuby runs the workload in one mode for d, with the interpreter's
+// flags.
+func runRuby(t *testing.T, rb, script, mode string, d time.Duration, flags ...string) pythonRun {
 	t.Helper()
-	cmd := exec.Command(rb, script, mode, formatSeconds(d))
+	cmd := exec.Command(rb, append(flags, script, mode, formatSeconds(d))...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s %s: %v\n%s", rb, mode, err, out)
@@ -90,35 +92,75 @@ func TestRubyStacks(t *testing.T) {
 	script, hot := rubyWorkload(t)
 	results := map[string][]float64{}
 	for _, v := range rubyfetch.Versions {
-		t.Run("Ruby "+v, func(t *testing.T) {
-			rb, err := rubyfetch.Ruby(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			s := startSession(t, testHz)
-			run := runRuby(t, rb, script, "chain", 4*time.Second)
-			logRuntimeMetrics(t, s, "ruby")
-			s.stop(t)
-			samples := run.hotSamples(t, s.rec)
-			ok := 0
-			misses := map[string]int{}
-			for _, smp := range samples {
-				if rubyChain(rubyFrames(smp.trace), script, hot, rubyMain(hot)) {
-					ok++
-				} else {
-					misses[rubyStack(smp.trace)]++
+		rb, err := rubyfetch.Ruby(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, jit := range []bool{false, true} {
+			name, flags := "Ruby "+v, []string(nil)
+			if jit {
+				if !hasYJIT(t, rb) {
+					t.Logf("Ruby %s is built without YJIT", v)
+					results[v] = append(results[v], math.NaN())
+					continue
 				}
+				name, flags = name+" --yjit", []string{"--yjit"}
 			}
-			share := share(ok, len(samples))
-			results[v] = []float64{share}
-			t.Logf("%d samples, %.1f%% with the chain at its lines", len(samples), 100*share)
-			logTopStacks(t, misses, 4)
-			if len(samples) < testHz || share < 0.95 {
-				t.Errorf("%d of %d samples show the chain, want >= 95%%", ok, len(samples))
-			}
-		})
+			t.Run(name, func(t *testing.T) {
+				s := startSession(t, testHz)
+				run := runRuby(t, rb, script, "chain", 4*time.Second, flags...)
+				metrics := logRuntimeMetrics(t, s, "ruby")
+				s.stop(t)
+				samples := run.hotSamples(t, s.rec)
+				if flags != nil {
+					// YJIT's code is claimed when a sample in it is reported
+					// (at most every unknown-PC report interval, 200 ms) and
+					// the process's mappings read again.
+					claimed := run.hotFrom.Add(300 * time.Millisecond)
+					first := slices.IndexFunc(samples, func(smp sample) bool { return !smp.meta.Time.Before(claimed) })
+					n := 0
+					for _, smp := range samples[:max(first, 0)] {
+						if rubyChain(rubyFrames(smp.trace), script, hot, rubyMain(hot)) {
+							n++
+						}
+					}
+					t.Logf("%d of the %d samples in the first 300 ms show the chain", n, max(first, 0))
+					samples = samples[max(first, 0):]
+				}
+				ok := 0
+				misses := map[string]int{}
+				for _, smp := range samples {
+					if rubyChain(rubyFrames(smp.trace), script, hot, rubyMain(hot)) {
+						ok++
+					} else {
+						misses[rubyStack(smp.trace)]++
+					}
+				}
+				share := share(ok, len(samples))
+				results[v] = append(results[v], share)
+				t.Logf("%d samples, %.1f%% with the chain at its lines", len(samples), 100*share)
+				logTopStacks(t, misses, 4)
+				if len(samples) < testHz || share < 0.95 {
+					t.Errorf("%d of %d samples show the chain, want >= 95%%", ok, len(samples))
+				}
+				// Under YJIT, leaf and mid run as JIT code most of the time.
+				if jit := metrics["ruby_jit_frames"]; flags != nil && jit < uint64(len(samples))/2 {
+					t.Errorf("%d samples in YJIT code of %d, want at least half", jit, len(samples))
+				}
+			})
+		}
 	}
-	logShareTable(t, "Ruby", rubyfetch.Versions, []string{"chain"}, results)
+	logShareTable(t, "Ruby", rubyfetch.Versions, []string{"chain", "chain --yjit"}, results)
+}
+
+// hasYJIT says whether the Ruby rb runs YJIT when asked (Debian builds
+// 3.3 and 3.4 without it).
+func hasYJIT(t *testing.T, rb string) bool {
+	out, err := exec.Command(rb, "--yjit", "-e", "print(defined?(RubyVM::YJIT.enabled?) && RubyVM::YJIT.enabled?)").Output()
+	if err != nil {
+		t.Fatalf("%s --yjit: %v", rb, err)
+	}
+	return string(out) == "true"
 }
 
 // TestRubyThreads: four Ruby threads, each in its own chain, taking turns
