@@ -20,7 +20,7 @@ import (
 )
 
 // detectFile runs Detect on a file as the process manager would.
-func detectFile(t *testing.T, path string) *Binary {
+func detectFile(t testing.TB, path string) *Binary {
 	t.Helper()
 	f, err := elf.Open(path)
 	if err != nil {
@@ -128,7 +128,7 @@ func TestDetect(t *testing.T) {
 // startSpinning starts ruby with args, which print a line and then spin,
 // and returns its pid once it spins; the process is killed at the test's
 // end.
-func startSpinning(t *testing.T, ruby string, args ...string) int {
+func startSpinning(t testing.TB, ruby string, args ...string) int {
 	t.Helper()
 	cmd := exec.Command(ruby, args...)
 	out, err := cmd.StdoutPipe()
@@ -147,7 +147,7 @@ func startSpinning(t *testing.T, ruby string, args ...string) int {
 }
 
 // mainThreadFSBase stops pid with ptrace long enough to read its fs base.
-func mainThreadFSBase(t *testing.T, pid int) uint64 {
+func mainThreadFSBase(t testing.TB, pid int) uint64 {
 	t.Helper()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -171,7 +171,7 @@ func mainThreadFSBase(t *testing.T, pid int) uint64 {
 
 // mappingBias is where path is loaded in pid: the start of its mapping at
 // file offset 0 (libruby's first segment has virtual address 0).
-func mappingBias(t *testing.T, pid int, path string) uint64 {
+func mappingBias(t testing.TB, pid int, path string) uint64 {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
@@ -194,7 +194,7 @@ func mappingBias(t *testing.T, pid int, path string) uint64 {
 
 // dynamicSymbol is the value of an exported symbol of the file at path, 0
 // if it exports none of that name.
-func dynamicSymbol(t *testing.T, path, name string) uint64 {
+func dynamicSymbol(t testing.TB, path, name string) uint64 {
 	t.Helper()
 	f, err := elf.Open(path)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/utils/rubyfetch"
 )
 
@@ -45,7 +46,7 @@ type liveChain struct {
 	ec                   uint64
 }
 
-func startChain(t *testing.T, v string, filler int) *liveChain {
+func startChain(t testing.TB, v string, filler int) *liveChain {
 	t.Helper()
 	c := &liveChain{}
 	var src string
@@ -74,7 +75,7 @@ func startChain(t *testing.T, v string, filler int) *liveChain {
 	return c
 }
 
-func (c *liveChain) word(t *testing.T, addr uint64) uint64 {
+func (c *liveChain) word(t testing.TB, addr uint64) uint64 {
 	t.Helper()
 	w, err := c.s.word(addr)
 	if err != nil {
@@ -86,7 +87,7 @@ func (c *liveChain) word(t *testing.T, addr uint64) uint64 {
 // frames walks the control frames as the BPF unwinder does and returns
 // what it would report: per frame the object (method entry or instruction
 // sequence) and pc.
-func (c *liveChain) frames(t *testing.T) [][2]uint64 {
+func (c *liveChain) frames(t testing.TB) [][2]uint64 {
 	l := c.s.l
 	end := c.word(t, c.ec+l.ECVMStack) + 8*c.word(t, c.ec+l.ECVMStackSize)
 	var out [][2]uint64
@@ -231,4 +232,31 @@ func TestSymbolizeGarbage(t *testing.T) {
 			s.Frame(seed*16, 1)
 		}
 	}
+}
+
+// BenchmarkSymbolize names the frames of a live 3.4 chain: "cached" from
+// the cache (one read of each object to check it), "uncached" with every
+// object read afresh (a new Symbolizer per pass).
+func BenchmarkSymbolize(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root to trace the interpreter")
+	}
+	c := startChain(b, "3.4", 0)
+	frames := c.frames(b)
+	run := func(b *testing.B, fresh bool) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if fresh {
+				c.s.cache = libpf.NewLRU[uint64, *cachedObject](cacheEntries, cacheBytes)
+			}
+			for _, fr := range frames {
+				if _, err := c.s.Frame(fr[0], fr[1]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(frames)), "ns/frame")
+	}
+	b.Run("cached", func(b *testing.B) { run(b, false) })
+	b.Run("uncached", func(b *testing.B) { run(b, true) })
 }
