@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/libpf"
@@ -49,10 +50,18 @@ type UnwinderProc struct {
 	ECVMStackSize uint16
 	ECCFP         uint16
 	CFPSize       uint16
-	CFPPC         uint16
-	CFPISeq       uint16
-	CFPEP         uint16
-	_             uint16
+}
+
+// unwinderCFP mirrors struct ruby_cfp: the fields of rb_control_frame_t
+// the unwinder reads, where it reads them.
+type unwinderCFP struct{ PC, SP, ISeq, Self, EP uint64 }
+
+// readsLayout says whether the unwinder reads control frames where l has
+// them.
+func readsLayout(l *Layout) bool {
+	var cf unwinderCFP
+	return l.CFPPC == uint64(unsafe.Offsetof(cf.PC)) && l.CFPISeq == uint64(unsafe.Offsetof(cf.ISeq)) &&
+		l.CFPEP == uint64(unsafe.Offsetof(cf.EP)) && l.CFPSize >= uint64(unsafe.Sizeof(cf))
 }
 
 // recognise finds CRuby by the symbols every 3.x exports.
@@ -65,6 +74,9 @@ func recognise(f *interpreter.File) (interpreter.Binary, error) {
 		return nil, err
 	}
 	layout, layoutErr := LayoutFor(b.Version)
+	if layoutErr == nil && !readsLayout(layout) {
+		layoutErr = fmt.Errorf("CRuby %v: control frames laid out as the unwinder does not read them", b.Version)
+	}
 	if runtime.GOARCH != "amd64" {
 		layoutErr = fmt.Errorf("CRuby frames are unwound on x86_64 only, not %s", runtime.GOARCH)
 	}
@@ -103,7 +115,7 @@ func (b *rubyBinary) Attach(h interpreter.Host) (interpreter.Process, error) {
 		TLSIndex: bias + b.TLSIndex, TLSOffset: b.TLSOffset, EvalLoopStart: b.EvalLoop[0], EvalLoopEnd: b.EvalLoop[1],
 		TextStart: bias + b.Text[0], TextEnd: bias + b.Text[1],
 		ECVMStack: uint16(l.ECVMStack), ECVMStackSize: uint16(l.ECVMStackSize), ECCFP: uint16(l.ECCFP),
-		CFPSize: uint16(l.CFPSize), CFPPC: uint16(l.CFPPC), CFPISeq: uint16(l.CFPISeq), CFPEP: uint16(l.CFPEP),
+		CFPSize: uint16(l.CFPSize),
 	}); err != nil {
 		return nil, err
 	}

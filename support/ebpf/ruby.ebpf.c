@@ -36,10 +36,6 @@
 #define RUBY_FRAME_MAGIC_METHOD 0x11110001
 #define RUBY_FRAME_MAGIC_DUMMY  0x79990001
 
-// Where a frame's environment keeps its method entry (or cref), relative
-// to ep: VM_ENV_DATA_INDEX_ME_CREF, -2 words.
-#define RUBY_EP_ME_CREF (-16)
-
 // What the Ruby unwinder needs of a CRuby process (its entry in
 // runtime_procs); user space fills it from package ruby's tables.
 struct ruby_proc {
@@ -57,15 +53,30 @@ struct ruby_proc {
   u64 text_start;
   u64 text_end;
   // Byte offsets: rb_execution_context_t's vm_stack, vm_stack_size (in
-  // words) and cfp; rb_control_frame_t's size, pc, iseq and ep.
+  // words) and cfp; rb_control_frame_t's size.
   u16 ec_vm_stack;
   u16 ec_vm_stack_size;
   u16 ec_cfp;
   u16 cfp_size;
-  u16 cfp_pc;
-  u16 cfp_iseq;
-  u16 cfp_ep;
-  u16 pad;
+};
+
+// The first fields of rb_control_frame_t, alike in every supported
+// version (user space checks its layouts against it).
+struct ruby_cfp {
+  u64 pc;
+  u64 sp;
+  u64 iseq;
+  u64 self;
+  u64 ep;
+};
+
+// The slots of a frame's environment up to ep: its method entry (or
+// cref), VM_ENV_DATA_INDEX_ME_CREF, the previous environment or block
+// handler, and the frame's flags at ep[0].
+struct ruby_env {
+  u64 me_cref;
+  u64 specval;
+  u64 flags;
 };
 _Static_assert(sizeof(struct ruby_proc) <= RUNTIME_PROC_SIZE, "ruby_proc too large");
 
@@ -117,6 +128,7 @@ struct ruby_walk {
 // Never read: puts the structs user space mirrors into the BTF.
 volatile const struct ruby_btf_exports {
   struct ruby_proc ruby_proc;
+  struct ruby_cfp ruby_cfp;
   enum ruby_metric ruby_metric;
 } ruby_btf_exports __attribute__((used));
 
@@ -175,35 +187,34 @@ static __always_inline int ruby_walk_call(struct ruby_walk *w, const struct ruby
 {
   const struct runtime_handoff *h = &state->handoff;
   for (int i = 0; i < RUBY_FRAMES_PER_PROGRAM; i++) {
-    u64 cfp = w->cfp, ep, flags, id, addr;
+    u64 cfp = w->cfp, id, addr;
+    struct ruby_cfp cf;
+    struct ruby_env env;
     if (cfp >= w->end) {
       if (w->call_frames)
         return RUBY_CALL_DONE;
       increment_runtime_metric(RUNTIME_RUBY, METRIC_ERR_RUBY_NO_FRAME);
       return runtime_report_native(h, t) ? RUBY_CALL_FULL : RUBY_CALL_DONE;
     }
-    if (bpf_probe_read_user(&ep, sizeof(ep), (void *)(cfp + proc->cfp_ep)) ||
-        bpf_probe_read_user(&flags, sizeof(flags), (void *)ep))
+    if (bpf_probe_read_user(&cf, sizeof(cf), (void *)cfp) ||
+        bpf_probe_read_user(&env, sizeof(env), (void *)(cf.ep - 16)))
       goto fail;
+    u64 flags = env.flags;
     w->cfp = cfp + proc->cfp_size;
     if ((flags & RUBY_FRAME_MAGIC_MASK) == RUBY_FRAME_MAGIC_DUMMY)
       goto next;
     if (flags & RUBY_FRAME_FLAG_CFRAME) {
-      if (bpf_probe_read_user(&id, sizeof(id), (void *)(ep + RUBY_EP_ME_CREF)))
-        goto fail;
+      id = env.me_cref;
       addr = RUBY_CFUNC_FRAME;
     } else {
-      if (bpf_probe_read_user(&id, sizeof(id), (void *)(cfp + proc->cfp_iseq)) ||
-          bpf_probe_read_user(&addr, sizeof(addr), (void *)(cfp + proc->cfp_pc)))
-        goto fail;
+      id = cf.iseq;
+      addr = cf.pc;
       if (!id)
         goto next;
       // A method's own environment holds its method entry, whose
       // instruction sequence the frame runs.
-      u64 me;
-      if ((flags & RUBY_FRAME_MAGIC_MASK) == RUBY_FRAME_MAGIC_METHOD &&
-          !bpf_probe_read_user(&me, sizeof(me), (void *)(ep + RUBY_EP_ME_CREF)) && me)
-        id = me;
+      if ((flags & RUBY_FRAME_MAGIC_MASK) == RUBY_FRAME_MAGIC_METHOD && env.me_cref)
+        id = env.me_cref;
     }
     w->call_frames++;
     increment_runtime_metric(RUNTIME_RUBY, METRIC_RUBY_FRAMES);

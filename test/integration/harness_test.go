@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"math"
 	"os/exec"
 	"regexp"
 	"slices"
@@ -283,6 +284,10 @@ func logShareTable(t *testing.T, head string, versions, cases []string, results 
 	for _, v := range versions {
 		fmt.Fprintf(&table, "| %s |", v)
 		for _, r := range results[v] {
+			if math.IsNaN(r) { // the case does not apply to the version
+				table.WriteString(" n/a |")
+				continue
+			}
 			fmt.Fprintf(&table, " %.1f%% |", 100*r)
 		}
 		table.WriteString("\n")
