@@ -25,6 +25,7 @@ import (
 	"debug/elf"
 	"errors"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -84,6 +85,24 @@ type Runtime struct {
 	// looks again even though nothing asked it to (code freed and its
 	// addresses reused under another name).
 	UpdateEvery time.Duration
+}
+
+// FunctionAt is the index of the range of functions, File.FunctionRanges's
+// ranges (sorted by start), that holds addr, or -1.
+func FunctionAt(functions [][2]uint64, addr uint64) int {
+	i, found := slices.BinarySearchFunc(functions, addr, func(r [2]uint64, a uint64) int {
+		switch {
+		case r[1] <= a:
+			return -1
+		case r[0] > a:
+			return 1
+		}
+		return 0
+	})
+	if !found {
+		return -1
+	}
+	return i
 }
 
 // File is a mapped file as Recognise sees it.

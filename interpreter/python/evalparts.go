@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/hostprof/ebpf-profiler/interpreter"
 )
 
 // The native frames that Python frames replace are those of
@@ -39,16 +41,8 @@ func evalParts(f *elf.File, in *Interpreter, functions [][2]uint64) ([][2]uint64
 		if target >= in.EvalFrame[0] && target < in.EvalFrame[1] {
 			continue
 		}
-		i, found := slices.BinarySearchFunc(functions, target, func(r [2]uint64, a uint64) int {
-			switch {
-			case r[1] <= a:
-				return -1
-			case r[0] > a:
-				return 1
-			}
-			return 0
-		})
-		if !found {
+		i := interpreter.FunctionAt(functions, target)
+		if i < 0 {
 			continue
 		}
 		fn := functions[i]

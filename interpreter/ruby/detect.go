@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"golang.org/x/arch/x86/x86asm"
 )
 
@@ -67,7 +68,7 @@ const (
 
 // Detect reads a CRuby interpreter's facts from f, whose exported symbols
 // are dynsym and whose functions are functionRanges (nativeunwind's FDE
-// ranges). Other files give ErrNotRuby.
+// ranges, sorted by start). Other files give ErrNotRuby.
 func Detect(f *elf.File, dynsym []elf.Symbol, functionRanges func() ([][2]uint64, error)) (*Binary, error) {
 	syms := map[string]elf.Symbol{}
 	for _, s := range dynsym {
@@ -160,8 +161,7 @@ func findEvalLoop(f *elf.File, insns int, ranges [][2]uint64) ([2]uint64, error)
 	if insns < 64 {
 		return [2]uint64{}, fmt.Errorf("%s has %d instructions, too few for a VM", insnLenSymbol, insns)
 	}
-	ranges = sortedRanges(ranges)
-	rangeOf := func(a uint64) int { return rangeIndex(ranges, a) }
+	rangeOf := func(a uint64) int { return interpreter.FunctionAt(ranges, a) }
 	ptrs, err := codePointers(f)
 	if err != nil {
 		return [2]uint64{}, err
@@ -185,30 +185,6 @@ func findEvalLoop(f *elf.File, insns int, ranges [][2]uint64) ([2]uint64, error)
 	return ranges[bestRange], nil
 }
 
-// sortedRanges returns function ranges sorted by start.
-func sortedRanges(ranges [][2]uint64) [][2]uint64 {
-	ranges = slices.Clone(ranges)
-	slices.SortFunc(ranges, func(a, b [2]uint64) int { return cmp.Compare(a[0], b[0]) })
-	return ranges
-}
-
-// rangeIndex is the index of the range of sorted that holds a, or -1.
-func rangeIndex(sorted [][2]uint64, a uint64) int {
-	i, found := slices.BinarySearchFunc(sorted, a, func(r [2]uint64, a uint64) int {
-		switch {
-		case r[1] <= a:
-			return -1
-		case r[0] > a:
-			return 1
-		}
-		return 0
-	})
-	if !found {
-		return -1
-	}
-	return i
-}
-
 // maxCallers bounds the functions findCallers accepts: vm_exec_core has
 // one caller in every build seen, a compiler's clones would add a few.
 const maxCallers = 4
@@ -217,7 +193,6 @@ const maxCallers = 4
 // "call rel32" (0xe8) byte pattern in the executable segments that lands
 // on target, confirmed by decoding its function from the start up to it.
 func findCallers(f *elf.File, target uint64, ranges [][2]uint64) ([][2]uint64, error) {
-	ranges = sortedRanges(ranges)
 	var out [][2]uint64
 	for _, p := range f.Progs {
 		if p.Type != elf.PT_LOAD || p.Flags&elf.PF_X == 0 {
@@ -235,7 +210,7 @@ func findCallers(f *elf.File, target uint64, ranges [][2]uint64) ([][2]uint64, e
 			if at+5+uint64(int64(int32(binary.LittleEndian.Uint32(code[i+1:])))) != target {
 				continue
 			}
-			r := rangeIndex(ranges, at)
+			r := interpreter.FunctionAt(ranges, at)
 			if r < 0 || slices.Contains(out, ranges[r]) || !callAt(f, ranges[r], at) {
 				continue
 			}
