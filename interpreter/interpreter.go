@@ -105,6 +105,21 @@ func FunctionAt(functions [][2]uint64, addr uint64) int {
 	return i
 }
 
+// CacheStats counts how a runtime's symbolizer cache answered: for its
+// tests and benchmarks.
+type CacheStats struct {
+	// Hits were answered from the cache after one read of the object
+	// confirmed it was still the one cached.
+	Hits uint64
+	// Misses read an object: not cached, or Stale.
+	Misses uint64
+	// Stale counts cached entries found to be for another object (the
+	// cached one was freed and its address reused) and replaced.
+	Stale uint64
+	// Evictions made room for newer entries.
+	Evictions uint64
+}
+
 // File is a mapped file as Recognise sees it.
 type File struct {
 	// Path is the file's path as the process that maps it names it.

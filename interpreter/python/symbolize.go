@@ -16,6 +16,7 @@ import (
 	"math"
 	"sync"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
 	"github.com/hostprof/ebpf-profiler/libpf"
 )
@@ -79,20 +80,6 @@ type Frame struct {
 	FirstLine int
 }
 
-// SymbolizerStats counts how a Symbolizer's lookups went.
-type SymbolizerStats struct {
-	// Hits were answered from the cache after one read confirmed that the
-	// code object was still the one cached.
-	Hits uint64
-	// Misses read a code object: not cached, or Stale.
-	Misses uint64
-	// Stale counts cached entries found to be for another code object (the
-	// cached one was freed and its address reused) and replaced.
-	Stale uint64
-	// Evictions made room for newer entries.
-	Evictions uint64
-}
-
 // Symbolizer symbolizes the Python frames of one process. It is safe for
 // concurrent use. It reads memory through an io.ReaderAt, which is
 // /proc/PID/mem for a live process: the caller opens and closes it.
@@ -131,7 +118,7 @@ type Symbolizer struct {
 	// types holds the address of each static type once its tp_name and
 	// flags checked out, so that later objects need no read for it.
 	types [symNumTypes]uint64
-	stats SymbolizerStats
+	stats interpreter.CacheStats
 }
 
 // NewSymbolizer returns a Symbolizer for a process whose memory mem reads
@@ -193,7 +180,7 @@ func fieldEnd(field, size int) int {
 }
 
 // Stats returns the counts of the lookups so far.
-func (s *Symbolizer) Stats() SymbolizerStats {
+func (s *Symbolizer) Stats() interpreter.CacheStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.stats

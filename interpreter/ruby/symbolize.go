@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/libpf"
 )
 
@@ -44,20 +45,6 @@ type Frame struct {
 	Line     int
 }
 
-// SymbolizerStats counts how a Symbolizer's lookups went.
-type SymbolizerStats struct {
-	// Hits were answered from the cache after one read of the object
-	// confirmed it was still the one cached.
-	Hits uint64
-	// Misses read an object: not cached, or Stale.
-	Misses uint64
-	// Stale counts cached entries found to be for another object (the
-	// cached one was freed and its address reused) and replaced.
-	Stale uint64
-	// Evictions made room for newer entries.
-	Evictions uint64
-}
-
 // Symbolizer names a process's frames from its memory. It is safe for
 // concurrent use.
 //
@@ -77,7 +64,7 @@ type Symbolizer struct {
 
 	mu    sync.Mutex
 	cache *libpf.LRU[uint64, *cachedObject]
-	stats SymbolizerStats
+	stats interpreter.CacheStats
 	// ivarIDs are the IDs of the hidden instance variables found so far,
 	// by name (before 3.3).
 	ivarIDs map[string]uint64
@@ -95,7 +82,7 @@ func NewSymbolizer(mem io.ReaderAt, v Version, symbols uint64) (*Symbolizer, err
 }
 
 // Stats returns the counts of the lookups so far.
-func (s *Symbolizer) Stats() SymbolizerStats {
+func (s *Symbolizer) Stats() interpreter.CacheStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.stats
