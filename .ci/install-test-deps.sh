@@ -11,14 +11,18 @@
 # daemon with the unit's capabilities), qemu for amd64 and arm64 (the kernel
 # matrix boots Debian's kernels in it) and the OpenTelemetry Collector the
 # end-to-end tests export to, OpenJDK 17 and patchelf (fetch-jdk.sh points
-# newer JDKs at their own libc). The CPython releases 3.6-3.13 the Python
-# tests run come with the machine (pyenv).
+# newer JDKs at their own libc), and the libraries build-ruby-yjit.sh builds
+# CRuby 3.4 with YJIT against (plus Debian's rustc if no rustc is on PATH).
+# The CPython releases 3.6-3.13 the Python tests run come with the machine
+# (pyenv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(clang-16 clang-format-16 llvm-16 gcc g++ binutils make bpftool libc6-arm64-cross libgcc-s1-arm64-cross
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross python3 python3-dbg python3.11-dbg libc6-dbg musl-tools systemd util-linux
-  qemu-system-x86 qemu-system-arm openjdk-17-jdk-headless patchelf)
+  qemu-system-x86 qemu-system-arm openjdk-17-jdk-headless patchelf libc6-dev xz-utils libssl-dev libyaml-dev zlib1g-dev
+  libffi-dev)
+command -v rustc >/dev/null || packages+=(rustc)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -41,6 +45,9 @@ for v in 11 21 25; do ./utils/jdkfetch/fetch-jdk.sh "$v" >/dev/null; done
 # CRuby 3.1, 3.3 and 3.4, Debian's builds from bookworm, trixie and
 # experimental, which the Ruby tests run (cached).
 for v in 3.1 3.3 3.4; do ./utils/rubyfetch/fetch-ruby.sh "$v" >/dev/null; done
+# CRuby 3.4 with YJIT, which Debian disables, built from the upstream
+# release Debian carries (about 3 minutes on 2 cores; cached).
+./utils/rubyfetch/build-ruby-yjit.sh 3.4 >/dev/null
 
 # Node.js 18, 22 and 24, official builds from the npm registry, which the V8
 # tests run beside the machine's Node 20 (cached).

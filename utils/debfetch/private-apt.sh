@@ -14,15 +14,21 @@ debian_mirror() {
 # for ARCH with SUITE (one, or several separated by spaces, e.g. "sid
 # experimental") from the system's mirror (and SUITE-security from
 # SECURITY_MIRROR, if given), exported as APT_CONFIG, its lists updated.
+# PRIVATE_APT_TYPES (default "deb") picks the index types: "deb-src" for
+# source packages only (apt-get source), "deb deb-src" for both.
 private_apt() {
-  local dir=$1 arch=$2 suite=$3 security=${4:-} mirror
+  local dir=$1 arch=$2 suite=$3 security=${4:-} mirror t opts
   local key=/usr/share/keyrings/debian-archive-keyring.gpg
   mirror=$(debian_mirror) || return 1
   mkdir -p "$dir/lists/partial" "$dir/cache/archives/partial"
   {
-    for s in $suite; do
-      echo "deb [arch=$arch signed-by=$key] $mirror $s main"
-      [ -z "$security" ] || echo "deb [arch=$arch signed-by=$key] $security $s-security main"
+    for t in ${PRIVATE_APT_TYPES:-deb}; do
+      opts="signed-by=$key"
+      [ "$t" = deb-src ] || opts="arch=$arch $opts"
+      for s in $suite; do
+        echo "$t [$opts] $mirror $s main"
+        [ -z "$security" ] || echo "$t [$opts] $security $s-security main"
+      done
     done
   } >"$dir/sources.list"
   cat >"$dir/apt.conf" <<EOF

@@ -1,8 +1,9 @@
 // Package rubyfetch finds the CRuby builds the Ruby tests run, which
-// fetch-ruby.sh unpacks (make test-deps).
+// fetch-ruby.sh unpacks and build-ruby-yjit.sh builds (make test-deps).
 package rubyfetch
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -39,6 +40,50 @@ func Libruby(version string) (string, error) {
 	libs, _ := filepath.Glob(filepath.Join(dir(version), "root", "usr", "lib", "x86_64-linux-gnu", "libruby-"+version+".so."+version+".*"))
 	if len(libs) != 1 {
 		return "", fmt.Errorf("Ruby %s: %d libruby files unpacked, want 1", version, len(libs))
+	}
+	return libs[0], nil
+}
+
+// ErrNoYJIT is YJIT's error for a version that no tested build runs with
+// YJIT: Debian builds 3.3 and 3.4 with --disable-yjit, and
+// build-ruby-yjit.sh builds only 3.4 from source.
+var ErrNoYJIT = errors.New("no CRuby build with YJIT")
+
+// yjitRoot is the prefix build-ruby-yjit.sh installs version's YJIT build
+// into.
+func yjitRoot(version string) string {
+	return filepath.Join(dir(version+"-yjit"), "root")
+}
+
+// YJIT returns the ruby that runs version with YJIT available (--yjit):
+// Debian's build for 3.1, the source build for 3.4. It returns an error
+// that says how to build it if it is missing, and one wrapping ErrNoYJIT
+// for versions without any YJIT build.
+func YJIT(version string) (string, error) {
+	switch version {
+	case "3.1":
+		return Ruby(version)
+	case "3.4":
+		if _, err := os.Stat(filepath.Join(dir(version+"-yjit"), ".complete")); err != nil {
+			return "", fmt.Errorf("no Ruby %s with YJIT (%w): make test-deps builds it (utils/rubyfetch/build-ruby-yjit.sh %s)", version, err, version)
+		}
+		return filepath.Join(yjitRoot(version), "bin", "ruby"), nil
+	}
+	return "", fmt.Errorf("Ruby %s: %w", version, ErrNoYJIT)
+}
+
+// LibrubyYJIT returns the path of the libruby the ruby of YJIT(version)
+// maps.
+func LibrubyYJIT(version string) (string, error) {
+	if _, err := YJIT(version); err != nil {
+		return "", err
+	}
+	if version == "3.1" {
+		return Libruby(version)
+	}
+	libs, _ := filepath.Glob(filepath.Join(yjitRoot(version), "lib", "libruby-"+version+".so."+version+".*"))
+	if len(libs) != 1 {
+		return "", fmt.Errorf("Ruby %s with YJIT: %d libruby files installed, want 1", version, len(libs))
 	}
 	return libs[0], nil
 }
