@@ -2,9 +2,10 @@ package ruby
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
-	"strings"
 	"time"
 	"unsafe"
 
@@ -133,22 +134,21 @@ type process struct {
 	jit []interpreter.Region
 }
 
-// minJITMapping is the least size of an anonymous executable mapping taken
-// for YJIT's code: YJIT maps its whole code area at start (256 MiB by
-// default in 3.1; 3.2+ reserve 64-128 MiB and map the executable part as
-// it grows, and 3.4 names the mapping "[anon:Ruby:rb_yjit_reserve_addr_space]"),
-// while the small trampolines of libffi and the like stay below it.
-const minJITMapping = 1 << 20
-
-// Update claims YJIT's code (internals.md §8), anonymous executable memory,
-// for the unwinder: a sample in it reports the Ruby frames that the JIT
-// code runs from the thread's control frames.
+// Update claims YJIT's code (internals.md §8) for the unwinder: a sample
+// in it reports the Ruby frames that the JIT code runs from the thread's
+// control frames. The areas are read from the process's maps, which list
+// the inaccessible reserve YJIT's code grows into (Host.Mappings lists
+// executable mappings only).
 func (p *process) Update(h interpreter.Host) (bool, error) {
-	var jit []interpreter.Region
-	for _, m := range h.Mappings() {
-		if m.Anonymous() && (m.End-m.Start >= minJITMapping || strings.Contains(m.Path, "yjit")) {
-			jit = append(jit, interpreter.Region{Start: m.Start, End: m.End, Unwind: true})
-		}
+	// Root is <procfs>/PID/root.
+	f, err := os.Open(filepath.Join(filepath.Dir(h.Root()), "maps"))
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	jit, err := jitAreas(f)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", f.Name(), err)
 	}
 	if slices.Equal(jit, p.jit) {
 		return false, nil

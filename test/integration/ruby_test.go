@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"errors"
 	"math"
 	"os/exec"
 	"slices"
@@ -92,19 +93,19 @@ func TestRubyStacks(t *testing.T) {
 	script, hot := rubyWorkload(t)
 	results := map[string][]float64{}
 	for _, v := range rubyfetch.Versions {
-		rb, err := rubyfetch.Ruby(v)
-		if err != nil {
-			t.Fatal(err)
-		}
 		for _, jit := range []bool{false, true} {
+			rb, err := rubyfetch.Ruby(v)
 			name, flags := "Ruby "+v, []string(nil)
 			if jit {
-				if !hasYJIT(t, rb) {
-					t.Logf("Ruby %s is built without YJIT", v)
+				if rb, err = rubyfetch.YJIT(v); errors.Is(err, rubyfetch.ErrNoYJIT) {
+					t.Logf("no Ruby %s with YJIT", v)
 					results[v] = append(results[v], math.NaN())
 					continue
 				}
 				name, flags = name+" --yjit", []string{"--yjit"}
+			}
+			if err != nil {
+				t.Fatal(err)
 			}
 			t.Run(name, func(t *testing.T) {
 				s := startSession(t, testHz)
@@ -145,22 +146,12 @@ func TestRubyStacks(t *testing.T) {
 				}
 				// Under YJIT, leaf and mid run as JIT code most of the time.
 				if jit := metrics["ruby_jit_frames"]; flags != nil && jit < uint64(len(samples))/2 {
-					t.Errorf("%d samples in YJIT code of %d, want at least half", jit, len(samples))
+					t.Errorf("%d samples in YJIT code of %d, want at least half (is YJIT on? %s)", jit, len(samples), rb)
 				}
 			})
 		}
 	}
 	logShareTable(t, "Ruby", rubyfetch.Versions, []string{"chain", "chain --yjit"}, results)
-}
-
-// hasYJIT says whether the Ruby rb runs YJIT when asked (Debian builds
-// 3.3 and 3.4 without it).
-func hasYJIT(t *testing.T, rb string) bool {
-	out, err := exec.Command(rb, "--yjit", "-e", "print(defined?(RubyVM::YJIT.enabled?) && RubyVM::YJIT.enabled?)").Output()
-	if err != nil {
-		t.Fatalf("%s --yjit: %v", rb, err)
-	}
-	return string(out) == "true"
 }
 
 // TestRubyThreads: four Ruby threads, each in its own chain, taking turns

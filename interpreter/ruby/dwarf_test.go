@@ -1,0 +1,153 @@
+package ruby
+
+import (
+	"debug/dwarf"
+	"debug/elf"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/hostprof/ebpf-profiler/utils/rubyfetch"
+)
+
+// structMember is the byte offset of a member path ("location.label") in
+// a struct of d named name, or of the struct's size for path "sizeof".
+func structMember(d *dwarf.Data, types map[string]dwarf.Offset, name, path string) (uint64, error) {
+	off, ok := types[name]
+	if !ok {
+		return 0, fmt.Errorf("no struct %s", name)
+	}
+	typ, err := d.Type(off)
+	if err != nil {
+		return 0, err
+	}
+	if path == "sizeof" {
+		return uint64(typ.Size()), nil
+	}
+	var at uint64
+	for _, part := range strings.Split(path, ".") {
+		for {
+			td, ok := typ.(*dwarf.TypedefType)
+			if !ok {
+				break
+			}
+			typ = td.Type
+		}
+		st, ok := typ.(*dwarf.StructType)
+		if !ok {
+			return 0, fmt.Errorf("%s.%s: %s is no struct", name, path, typ)
+		}
+		var field *dwarf.StructField
+		for _, f := range st.Field {
+			if f.Name == part {
+				field = f
+			}
+		}
+		if field == nil {
+			return 0, fmt.Errorf("%s has no member %s", st.StructName, part)
+		}
+		at += uint64(field.ByteOffset)
+		typ = field.Type
+	}
+	return at, nil
+}
+
+// structTypes indexes the complete struct and union types of d by name.
+func structTypes(d *dwarf.Data) (map[string]dwarf.Offset, error) {
+	out := map[string]dwarf.Offset{}
+	r := d.Reader()
+	for {
+		e, err := r.Next()
+		if err != nil {
+			return nil, err
+		}
+		if e == nil {
+			return out, nil
+		}
+		if e.Tag != dwarf.TagStructType && e.Tag != dwarf.TagUnionType {
+			continue
+		}
+		name, _ := e.Val(dwarf.AttrName).(string)
+		if decl, _ := e.Val(dwarf.AttrDeclaration).(bool); name != "" && !decl {
+			if _, seen := out[name]; !seen {
+				out[name] = e.Offset
+			}
+		}
+	}
+}
+
+// TestLayoutFromDWARF checks the offset table of 3.4 against the DWARF of
+// a libruby 3.4 built from its release source with debug information
+// (utils/rubyfetch/build-ruby-yjit.sh): Debian's debug packages are not
+// reachable here, and a struct's layout is the release's, not the
+// build's.
+func TestLayoutFromDWARF(t *testing.T) {
+	lib, err := rubyfetch.LibrubyYJIT("3.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := elf.Open(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	d, err := f.DWARF()
+	if err != nil {
+		t.Fatalf("%s: %v", lib, err)
+	}
+	types, err := structTypes(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := LayoutFor(Version{3, 4, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The class and its classext share one slot (RClass_and_rb_classext_t).
+	classext, err := structMember(d, types, "RClass_and_rb_classext_t", "classext")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, path string
+		want       uint64
+	}{
+		{"rb_control_frame_struct", "sizeof", l.CFPSize},
+		{"rb_control_frame_struct", "pc", l.CFPPC},
+		{"rb_control_frame_struct", "iseq", l.CFPISeq},
+		{"rb_control_frame_struct", "ep", l.CFPEP},
+		{"rb_execution_context_struct", "vm_stack", l.ECVMStack},
+		{"rb_execution_context_struct", "vm_stack_size", l.ECVMStackSize},
+		{"rb_execution_context_struct", "cfp", l.ECCFP},
+		{"rb_iseq_struct", "body", l.ISeqBody},
+		{"rb_iseq_constant_body", "iseq_encoded", l.BodyEncoded},
+		{"rb_iseq_constant_body", "iseq_size", l.BodyEncoded - 4},
+		{"rb_iseq_constant_body", "location.pathobj", l.BodyPathObj},
+		{"rb_iseq_constant_body", "location.label", l.BodyLabel},
+		{"rb_iseq_constant_body", "location.first_lineno", l.BodyFirstLine},
+		{"rb_iseq_constant_body", "insns_info", l.BodyInsnsInfo},
+		{"iseq_insn_info_entry", "sizeof", l.InsnInfoSize},
+		{"iseq_insn_info_entry", "line_no", 0},
+		{"RString", "len", l.StrLen},
+		{"RString", "as.heap.ptr", l.StrPtr},
+		{"RString", "as.embed.ary", l.StrEmbedded},
+		{"RArray", "as.heap.len", l.AryLen},
+		{"RArray", "as.heap.ptr", l.AryPtr},
+		{"RArray", "as.ary", l.AryEmbedded},
+		{"rb_method_entry_struct", "def", l.MEDef},
+		{"rb_method_entry_struct", "owner", l.MEOwner},
+		{"rb_method_definition_struct", "body", defBody},
+		{"rb_method_definition_struct", "original_id", l.DefOriginalID},
+		{"rb_classext_struct", "classpath", l.ClassPath - classext},
+		{"rb_classext_struct", "as.singleton_class.attached_object", l.SingletonAttached - classext},
+		{"RMoved", "destination", movedDestination},
+	} {
+		got, err := structMember(d, types, c.name, c.path)
+		switch {
+		case err != nil:
+			t.Errorf("%s.%s: %v", c.name, c.path, err)
+		case got != c.want:
+			t.Errorf("%s.%s is at %d in DWARF, the table says %d", c.name, c.path, got, c.want)
+		}
+	}
+}
