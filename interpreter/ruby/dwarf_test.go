@@ -76,13 +76,19 @@ func structTypes(d *dwarf.Data) (map[string]dwarf.Offset, error) {
 	}
 }
 
-// TestLayoutFromDWARF checks the offset table of 3.4 against the DWARF of
-// a libruby 3.4 built from its release source with debug information
-// (utils/rubyfetch/build-ruby-yjit.sh): Debian's debug packages are not
-// reachable here, and a struct's layout is the release's, not the
-// build's.
+// TestLayoutFromDWARF checks the offset tables of 3.3 and 3.4 against the
+// DWARF of libruby built from their release sources with debug
+// information (utils/rubyfetch/build-ruby-yjit.sh): Debian's debug
+// packages are not reachable here, and a struct's layout is the
+// release's, not the build's.
 func TestLayoutFromDWARF(t *testing.T) {
-	lib, err := rubyfetch.LibrubyYJIT("3.4")
+	for _, v := range []string{"3.3", "3.4"} {
+		t.Run(v, func(t *testing.T) { checkLayoutFromDWARF(t, v) })
+	}
+}
+
+func checkLayoutFromDWARF(t *testing.T, v string) {
+	lib, err := rubyfetch.LibrubyYJIT(v)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +105,9 @@ func TestLayoutFromDWARF(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := LayoutFor(Version{3, 4, 0})
+	var minor int
+	fmt.Sscanf(v, "3.%d", &minor)
+	l, err := LayoutFor(Version{3, minor, 0})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,9 @@
 #!/bin/bash
-# build-ruby-yjit.sh VERSION - a CRuby source build with YJIT (3.4) for the profiler's Ruby tests.
+# build-ruby-yjit.sh VERSION - a CRuby source build with YJIT (3.3, 3.4) for the profiler's Ruby tests.
 #
 # Debian builds ruby3.3 and ruby3.4 with --disable-yjit, so YJIT's code on the stack is only seen
 # under a build of our own. This one builds the upstream release Debian carries: the .orig tarball
-# of the ruby$VERSION source package (3.4: experimental), fetched with apt-get source under a
+# of the ruby$VERSION source package (3.3: trixie, 3.4: experimental), fetched with apt-get source under a
 # private APT_CONFIG (utils/debfetch/private-apt.sh), which checks it against the signed Sources
 # index. If the mirror lacks the newest version's files, the next older listed version is taken.
 # It is configured with --enable-shared --with-soname=ruby-VERSION (libruby-VERSION.so.*, named as
@@ -19,11 +19,12 @@
 set -euo pipefail
 
 die() { echo "build-ruby-yjit: $*" >&2; exit 1; }
-[ $# -eq 1 ] || die "usage: $0 3.4"
+[ $# -eq 1 ] || die "usage: $0 3.3|3.4"
 V=$1
-# The suite whose ruby$V source package is built. 3.3 would be one more line, 3.3) SUITE=trixie ;;
+# The suite whose ruby$V source package is built.
 # (whose source the mirror has), and a case in rubies.go's YJIT.
 case $V in
+  3.3) SUITE=trixie ;;
   3.4) SUITE=experimental ;;
   *) die "no YJIT source build known for Ruby $V" ;;
 esac

@@ -46,7 +46,7 @@ func Libruby(version string) (string, error) {
 
 // ErrNoYJIT is YJIT's error for a version that no tested build runs with
 // YJIT: Debian builds 3.3 and 3.4 with --disable-yjit, and
-// build-ruby-yjit.sh builds only 3.4 from source.
+// build-ruby-yjit.sh builds those two from source.
 var ErrNoYJIT = errors.New("no CRuby build with YJIT")
 
 // yjitRoot is the prefix build-ruby-yjit.sh installs version's YJIT build
@@ -56,14 +56,14 @@ func yjitRoot(version string) string {
 }
 
 // YJIT returns the ruby that runs version with YJIT available (--yjit):
-// Debian's build for 3.1, the source build for 3.4. It returns an error
+// Debian's build for 3.1, the source builds for 3.3 and 3.4. It returns an error
 // that says how to build it if it is missing, and one wrapping ErrNoYJIT
 // for versions without any YJIT build.
 func YJIT(version string) (string, error) {
 	switch version {
 	case "3.1":
 		return Ruby(version)
-	case "3.4":
+	case "3.3", "3.4":
 		if _, err := os.Stat(filepath.Join(dir(version+"-yjit"), ".complete")); err != nil {
 			return "", fmt.Errorf("no Ruby %s with YJIT (%w): make test-deps builds it (utils/rubyfetch/build-ruby-yjit.sh %s)", version, err, version)
 		}
