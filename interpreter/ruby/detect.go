@@ -46,6 +46,9 @@ type Binary struct {
 	// which the library reaches ruby_current_ec, the running thread's
 	// rb_execution_context_t: the dynamic loader writes the module id
 	// there, and TLSOffset is the variable's offset in the module's block.
+	// A ruby executable with the interpreter linked in (local-exec TLS)
+	// has no GOT pair: TLSIndex is 0 and TLSOffset the variable's offset
+	// from the thread pointer (negative, two's complement).
 	TLSIndex  uint64
 	TLSOffset uint64
 	// GlobalSymbols is ruby_global_symbols, the table of IDs' names.
@@ -295,19 +298,38 @@ const maxDecode = 256
 // ruby_current_ec: its code is "lea PAIR(%rip),%rdi; call __tls_get_addr;
 // mov (%rax),%rax" (general-dynamic TLS, internals.md §1.4). The offset
 // word is in the file (a constant the linker resolved) or relocated
-// against the exported TLS symbol (R_X86_64_DTPOFF64).
+// against the exported TLS symbol (R_X86_64_DTPOFF64). In an executable
+// the code reads the variable at a constant offset from the thread
+// pointer instead (local-exec TLS): "mov %fs:OFF,%rax", or "mov $OFF,%rax;
+// mov %fs:(%rax),%rax"; the index is then 0 and the offset OFF.
 func findTLSIndex(f *elf.File, fn elf.Symbol, dynsym []elf.Symbol) (index, offset uint64, err error) {
 	code, err := readAt(f, fn.Value, min(max(fn.Size, 16), 512))
 	if err != nil {
 		return 0, 0, err
 	}
 	var lea uint64
+	imm := map[x86asm.Reg]uint64{} // registers loaded with a constant
 	for pc, n := uint64(0), 0; pc < uint64(len(code)) && n < maxDecode; n++ {
 		in, err := decode(code[pc:])
 		if err != nil {
 			return 0, 0, fmt.Errorf("%s+%#x: %w", fn.Name, pc, err)
 		}
 		next := pc + uint64(in.Len)
+		if m, ok := in.Args[1].(x86asm.Mem); ok && in.Op == x86asm.MOV && m.Segment == x86asm.FS && m.Index == 0 {
+			if m.Base == 0 {
+				return 0, uint64(m.Disp), nil
+			}
+			if v, ok := imm[m.Base]; ok {
+				return 0, v + uint64(m.Disp), nil
+			}
+		}
+		if r, ok := in.Args[0].(x86asm.Reg); ok && in.Op == x86asm.MOV {
+			if v, ok := in.Args[1].(x86asm.Imm); ok {
+				imm[r] = uint64(int64(v))
+			} else {
+				delete(imm, r)
+			}
+		}
 		switch {
 		case in.Op == x86asm.LEA && in.Args[0] == x86asm.RDI:
 			if m, ok := in.Args[1].(x86asm.Mem); ok && m.Base == x86asm.RIP && m.Index == 0 {
@@ -322,7 +344,7 @@ func findTLSIndex(f *elf.File, fn elf.Symbol, dynsym []elf.Symbol) (index, offse
 		pc = next
 	}
 	if index == 0 {
-		return 0, 0, fmt.Errorf("%s does not call __tls_get_addr with a GOT pair", fn.Name)
+		return 0, 0, fmt.Errorf("%s neither calls __tls_get_addr with a GOT pair nor reads at the thread pointer", fn.Name)
 	}
 	if off, ok, err := dtpoff(f, index+8, dynsym); err != nil {
 		return 0, 0, err

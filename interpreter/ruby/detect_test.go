@@ -65,13 +65,25 @@ func TestDetect(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to trace the interpreter")
 	}
+	type build struct{ name, version, lib, ruby string }
+	var builds []build
 	for _, v := range rubyfetch.Versions {
-		t.Run(v, func(t *testing.T) {
-			lib, err := rubyfetch.Libruby(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ruby, _ := rubyfetch.Ruby(v)
+		lib, err := rubyfetch.Libruby(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ruby, _ := rubyfetch.Ruby(v)
+		builds = append(builds, build{v, v, lib, ruby})
+	}
+	// The interpreter linked into the executable: local-exec TLS.
+	static, err := rubyfetch.Static("3.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	builds = append(builds, build{"3.4 static", "3.4", static, static})
+	for _, bd := range builds {
+		v, lib, ruby := bd.version, bd.lib, bd.ruby
+		t.Run(bd.name, func(t *testing.T) {
 			b := detectFile(t, lib)
 			t.Logf("%v: eval loop %#x-%#x, TLS pair %#x offset %#x, symbols %#x", b.Version, b.EvalLoop[0], b.EvalLoop[1],
 				b.TLSIndex, b.TLSOffset, b.GlobalSymbols)
@@ -104,13 +116,17 @@ func TestDetect(t *testing.T) {
 				}
 				return binary.LittleEndian.Uint64(buf[:])
 			}
-			module := word(bias + b.TLSIndex)
-			dtv := word(fsBase + 8) // tcbhead_t.dtv
-			block := word(dtv + 16*module)
+			var module uint64
+			block := fsBase // local-exec: the variable is at its offset from the thread pointer
+			if b.TLSIndex != 0 {
+				module = word(bias + b.TLSIndex)
+				dtv := word(fsBase + 8) // tcbhead_t.dtv
+				block = word(dtv + 16*module)
+			}
 			ec := word(block + b.TLSOffset)
 			stack, size, cfp := word(ec), word(ec+8), word(ec+16)
 			t.Logf("module %d, ec %#x: vm_stack %#x, %d words, cfp %#x", module, ec, stack, size, cfp)
-			if module == 0 || size == 0 || size > 1<<24 || cfp < stack || cfp >= stack+8*size {
+			if (module == 0) != (b.TLSIndex == 0) || size == 0 || size > 1<<24 || cfp < stack || cfp >= stack+8*size {
 				t.Fatalf("no execution context: module %d, vm_stack %#x, %d words, cfp %#x", module, stack, size, cfp)
 			}
 			iseq := word(cfp + 16)

@@ -112,8 +112,12 @@ func (b *rubyBinary) Attach(h interpreter.Host) (interpreter.Process, error) {
 		return nil, err
 	}
 	l := b.layout
+	tlsIndex := uint64(0) // local-exec TLS: none
+	if b.TLSIndex != 0 {
+		tlsIndex = bias + b.TLSIndex
+	}
 	if err := h.SetConfig(UnwinderProc{
-		TLSIndex: bias + b.TLSIndex, TLSOffset: b.TLSOffset, EvalLoopStart: b.EvalLoop[0], EvalLoopEnd: b.EvalLoop[1],
+		TLSIndex: tlsIndex, TLSOffset: b.TLSOffset, EvalLoopStart: b.EvalLoop[0], EvalLoopEnd: b.EvalLoop[1],
 		TextStart: bias + b.Text[0], TextEnd: bias + b.Text[1],
 		ECVMStack: uint16(l.ECVMStack), ECVMStackSize: uint16(l.ECVMStackSize), ECCFP: uint16(l.ECCFP),
 		CFPSize: uint16(l.CFPSize),

@@ -16,7 +16,8 @@
 // TLS): the dynamic loader writes libruby's module id into a GOT pair,
 // and the variable is at an offset in the module's block, which the
 // thread's DTV (the word at the thread pointer + 8, glibc's tcbhead_t)
-// lists at 16 * module id.
+// lists at 16 * module id. A ruby executable with the interpreter linked
+// in keeps it at a constant offset from the thread pointer (local-exec).
 //
 // Its frames: file_id is the method entry (rb_method_entry_t) of a
 // method's frame, which names the method's class, and the instruction
@@ -41,7 +42,9 @@
 struct ruby_proc {
   // The GOT pair (tls_index) libruby reaches ruby_current_ec through:
   // the module id the dynamic loader wrote at tls_index, and the
-  // variable's offset in the module's TLS block.
+  // variable's offset in the module's TLS block; or, for a ruby
+  // executable with the interpreter linked in, 0 and the variable's
+  // offset from the thread pointer.
   u64 tls_index;
   u64 tls_offset;
   // vm_exec_core, [start, end) in libruby's file addresses: the other
@@ -147,14 +150,20 @@ struct {
 // control frame. Returns 0 when found.
 static __always_inline int ruby_start(struct ruby_walk *w, const struct ruby_proc *proc)
 {
-  u64 tp = thread_pointer(), module, dtv, block, ec, stack, size, cfp;
-  if (!tp || bpf_probe_read_user(&module, sizeof(module), (void *)proc->tls_index) || !module ||
-      module > 0xffff)
+  u64 tp = thread_pointer(), module, dtv, block = tp, ec, stack, size, cfp;
+  if (!tp)
     goto fail;
-  if (bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(tp + 8)) || !dtv ||
-      bpf_probe_read_user(&block, sizeof(block), (void *)(dtv + 16 * module)) || !block ||
-      block == (u64)-1)
-    goto fail;
+  // Without a GOT pair (an executable's local-exec TLS), the variable is
+  // at its offset from the thread pointer.
+  if (proc->tls_index) {
+    if (bpf_probe_read_user(&module, sizeof(module), (void *)proc->tls_index) || !module ||
+        module > 0xffff)
+      goto fail;
+    if (bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(tp + 8)) || !dtv ||
+        bpf_probe_read_user(&block, sizeof(block), (void *)(dtv + 16 * module)) || !block ||
+        block == (u64)-1)
+      goto fail;
+  }
   if (bpf_probe_read_user(&ec, sizeof(ec), (void *)(block + proc->tls_offset)) || !ec)
     goto fail;
   if (bpf_probe_read_user(&stack, sizeof(stack), (void *)(ec + proc->ec_vm_stack)) ||

@@ -85,12 +85,12 @@ func rubyChain(fs []libpf.Frame, script string, hot map[string]uint32, outer []r
 	return true
 }
 
-// TestRubyStacks profiles the chain workload under each tested CRuby and
-// checks its Ruby frames (rubyChain; Hash#each_pair is a C function whose
-// native frames lie between the block and it).
+// TestRubyStacks profiles the chain workload under each tested CRuby, and
+// with YJIT where a build has it, and checks its Ruby frames (rubyChain;
+// Hash#each_pair is a C function whose native frames lie between the
+// block and it).
 func TestRubyStacks(t *testing.T) {
 	requireRoot(t)
-	script, hot := rubyWorkload(t)
 	results := map[string][]float64{}
 	for _, v := range rubyfetch.Versions {
 		for _, jit := range []bool{false, true} {
@@ -108,45 +108,11 @@ func TestRubyStacks(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Run(name, func(t *testing.T) {
-				s := startSession(t, testHz)
-				run := runRuby(t, rb, script, "chain", 4*time.Second, flags...)
-				metrics := logRuntimeMetrics(t, s, "ruby")
-				s.stop(t)
-				samples := run.hotSamples(t, s.rec)
-				if flags != nil {
-					// YJIT's code is claimed when a sample in it is reported
-					// (at most every unknown-PC report interval, 200 ms) and
-					// the process's mappings read again.
-					claimed := run.hotFrom.Add(300 * time.Millisecond)
-					first := slices.IndexFunc(samples, func(smp sample) bool { return !smp.meta.Time.Before(claimed) })
-					n := 0
-					for _, smp := range samples[:max(first, 0)] {
-						if rubyChain(rubyFrames(smp.trace), script, hot, rubyMain(hot)) {
-							n++
-						}
-					}
-					t.Logf("%d of the %d samples in the first 300 ms show the chain", n, max(first, 0))
-					samples = samples[max(first, 0):]
-				}
-				ok := 0
-				misses := map[string]int{}
-				for _, smp := range samples {
-					if rubyChain(rubyFrames(smp.trace), script, hot, rubyMain(hot)) {
-						ok++
-					} else {
-						misses[rubyStack(smp.trace)]++
-					}
-				}
-				share := share(ok, len(samples))
+				share, metrics, n := profileRubyChain(t, rb, flags...)
 				results[v] = append(results[v], share)
-				t.Logf("%d samples, %.1f%% with the chain at its lines", len(samples), 100*share)
-				logTopStacks(t, misses, 4)
-				if len(samples) < testHz || share < 0.95 {
-					t.Errorf("%d of %d samples show the chain, want >= 95%%", ok, len(samples))
-				}
 				// Under YJIT, leaf and mid run as JIT code most of the time.
-				if jit := metrics["ruby_jit_frames"]; flags != nil && jit < uint64(len(samples))/2 {
-					t.Errorf("%d samples in YJIT code of %d, want at least half (is YJIT on? %s)", jit, len(samples), rb)
+				if jit := metrics["ruby_jit_frames"]; flags != nil && jit < uint64(n)/2 {
+					t.Errorf("%d samples in YJIT code of %d, want at least half (is YJIT on? %s)", jit, n, rb)
 				}
 			})
 		}
@@ -367,4 +333,67 @@ func TestRubyGC(t *testing.T) {
 			}
 		})
 	}
+}
+
+// profileRubyChain profiles the chain workload under rb with its flags and
+// checks that >= 95% of its samples show the chain; it returns that share,
+// the BPF counters and the samples counted. Under YJIT (--yjit) those of
+// the first 300 ms are left out (logged): YJIT's code is claimed when the
+// daemon reads the process's maps, at attach or once a sample in
+// unclaimed code is reported (at most every unknown-PC report interval,
+// 200 ms).
+func profileRubyChain(t *testing.T, rb string, flags ...string) (float64, map[string]uint64, int) {
+	t.Helper()
+	script, hot := rubyWorkload(t)
+	s := startSession(t, testHz)
+	run := runRuby(t, rb, script, "chain", 4*time.Second, flags...)
+	metrics := logRuntimeMetrics(t, s, "ruby")
+	s.stop(t)
+	samples := run.hotSamples(t, s.rec)
+	chain := func(smp sample) bool { return rubyChain(rubyFrames(smp.trace), script, hot, rubyMain(hot)) }
+	if slices.Contains(flags, "--yjit") {
+		claimed := run.hotFrom.Add(300 * time.Millisecond)
+		first := max(slices.IndexFunc(samples, func(smp sample) bool { return !smp.meta.Time.Before(claimed) }), 0)
+		t.Logf("%d of the %d samples in the first 300 ms show the chain", countFunc(samples[:first], chain), first)
+		samples = samples[first:]
+	}
+	ok := 0
+	misses := map[string]int{}
+	for _, smp := range samples {
+		if chain(smp) {
+			ok++
+		} else {
+			misses[rubyStack(smp.trace)]++
+		}
+	}
+	share := share(ok, len(samples))
+	t.Logf("%d samples, %.1f%% with the chain at its lines", len(samples), 100*share)
+	logTopStacks(t, misses, 4)
+	if len(samples) < testHz || share < 0.95 {
+		t.Errorf("%d of %d samples show the chain, want >= 95%%", ok, len(samples))
+	}
+	return share, metrics, len(samples)
+}
+
+// countFunc counts the elements of s that f holds for.
+func countFunc[T any](s []T, f func(T) bool) int {
+	n := 0
+	for _, e := range s {
+		if f(e) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestRubyStatic: a ruby executable with the interpreter linked in (no
+// libruby), as ruby-build builds it by default, whose execution context
+// is at a constant offset from the thread pointer.
+func TestRubyStatic(t *testing.T) {
+	requireRoot(t)
+	rb, err := rubyfetch.Static("3.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	profileRubyChain(t, rb)
 }

@@ -19,8 +19,8 @@
 set -euo pipefail
 
 die() { echo "build-ruby-yjit: $*" >&2; exit 1; }
-[ $# -eq 1 ] || die "usage: $0 3.3|3.4"
-V=$1
+[ $# -ge 1 ] && [ $# -le 2 ] || die "usage: $0 3.3|3.4 [static]"
+V=$1 KIND=${2:-shared}
 # The suite whose ruby$V source package is built.
 # (whose source the mirror has), and a case in rubies.go's YJIT.
 case $V in
@@ -30,7 +30,14 @@ case $V in
 esac
 [ "$(dpkg --print-architecture)" = amd64 ] || die "only amd64 is built"
 BASE=${XDG_CACHE_HOME:-$HOME/.cache}/ebpf-profiler
-OUT=$BASE/ruby-$V-yjit-amd64 ROOT=$BASE/ruby-$V-yjit-amd64/root
+case $KIND in
+  # A libruby-VERSION.so beside the ruby executable, as Debian and most installers build it.
+  shared) OUT=$BASE/ruby-$V-yjit-amd64 LINK=(--enable-shared --with-soname="ruby-$V") ;;
+  # The interpreter linked into the ruby executable, as ruby-build (rbenv) builds it by default.
+  static) OUT=$BASE/ruby-$V-static-amd64 LINK=(--disable-shared) ;;
+  *) die "build kind $KIND: shared or static" ;;
+esac
+ROOT=$OUT/root
 RUBY=$ROOT/bin/ruby
 yjit_ok() { [ "$("$RUBY" --yjit -e 'p RubyVM::YJIT.enabled?' 2>/dev/null)" = true ]; }
 if [ -f "$OUT/.complete" ] && yjit_ok; then echo "$RUBY"; exit 0; fi
@@ -70,7 +77,7 @@ tar -xf "$TARBALL" -C "$OUT/build" --strip-components=1
 start=$(date +%s)
 (
   cd "$OUT/build"
-  ./configure -q --prefix="$ROOT" --enable-shared --with-soname="ruby-$V" --enable-yjit \
+  ./configure -q --prefix="$ROOT" "${LINK[@]}" --enable-yjit \
     --disable-install-doc --without-baseruby --without-gmp --disable-dtrace
   make -j"$(nproc)"
   make install

@@ -87,3 +87,14 @@ func LibrubyYJIT(version string) (string, error) {
 	}
 	return libs[0], nil
 }
+
+// Static returns the ruby executable with version's interpreter linked in
+// (no libruby), as ruby-build builds it by default: build-ruby-yjit.sh
+// builds 3.4 so.
+func Static(version string) (string, error) {
+	d := dir(version + "-static")
+	if _, err := os.Stat(filepath.Join(d, ".complete")); err != nil {
+		return "", fmt.Errorf("no static Ruby %s (%w): make test-deps builds it (utils/rubyfetch/build-ruby-yjit.sh %s static)", version, err, version)
+	}
+	return filepath.Join(d, "root", "bin", "ruby"), nil
+}
