@@ -47,8 +47,9 @@ for v in 11 21 25; do ./utils/jdkfetch/fetch-jdk.sh "$v" >/dev/null; done
 for v in 3.1 3.3 3.4; do ./utils/rubyfetch/fetch-ruby.sh "$v" >/dev/null; done
 # CRuby 3.4 with YJIT, which Debian disables, built from the upstream
 # release Debian carries (about 3 minutes on 2 cores; cached).
-for v in 3.3 3.4; do ./utils/rubyfetch/build-ruby-yjit.sh "$v" >/dev/null; done
-./utils/rubyfetch/build-ruby-yjit.sh 3.4 static >/dev/null
+# (the kinds rubyfetch.sourceBuilds expects)
+./utils/rubyfetch/build-ruby-yjit.sh 3.3 static >/dev/null
+./utils/rubyfetch/build-ruby-yjit.sh 3.4 >/dev/null
 
 # Node.js 18, 22 and 24, official builds from the npm registry, which the V8
 # tests run beside the machine's Node 20 (cached).

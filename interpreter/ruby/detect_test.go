@@ -76,11 +76,11 @@ func TestDetect(t *testing.T) {
 		builds = append(builds, build{v, v, lib, ruby})
 	}
 	// The interpreter linked into the executable: local-exec TLS.
-	static, err := rubyfetch.Static("3.4")
+	sv, static, err := rubyfetch.Static()
 	if err != nil {
 		t.Fatal(err)
 	}
-	builds = append(builds, build{"3.4 static", "3.4", static, static})
+	builds = append(builds, build{sv + " static", sv, static, static})
 	for _, bd := range builds {
 		v, lib, ruby := bd.version, bd.lib, bd.ruby
 		t.Run(bd.name, func(t *testing.T) {

@@ -391,7 +391,7 @@ func countFunc[T any](s []T, f func(T) bool) int {
 // is at a constant offset from the thread pointer.
 func TestRubyStatic(t *testing.T) {
 	requireRoot(t)
-	rb, err := rubyfetch.Static("3.4")
+	_, rb, err := rubyfetch.Static()
 	if err != nil {
 		t.Fatal(err)
 	}

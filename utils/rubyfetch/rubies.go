@@ -49,52 +49,73 @@ func Libruby(version string) (string, error) {
 // build-ruby-yjit.sh builds those two from source.
 var ErrNoYJIT = errors.New("no CRuby build with YJIT")
 
-// yjitRoot is the prefix build-ruby-yjit.sh installs version's YJIT build
-// into.
-func yjitRoot(version string) string {
-	return filepath.Join(dir(version+"-yjit"), "root")
+// sourceBuilds are the builds with YJIT that make test-deps makes from
+// source (build-ruby-yjit.sh), by version: 3.3's with the interpreter
+// linked into the ruby executable (static), as ruby-build builds it by
+// default, 3.4's with a libruby, as Debian does.
+var sourceBuilds = map[string]string{"3.3": "static", "3.4": "shared"}
+
+// sourceBuild returns the install prefix of version's source build and
+// its kind, or an error that says how to build it.
+func sourceBuild(version string) (root, kind string, err error) {
+	kind, ok := sourceBuilds[version]
+	if !ok {
+		return "", "", fmt.Errorf("Ruby %s: %w", version, ErrNoYJIT)
+	}
+	d := dir(version + "-yjit")
+	if kind == "static" {
+		d = dir(version + "-static")
+	}
+	if _, err := os.Stat(filepath.Join(d, ".complete")); err != nil {
+		return "", "", fmt.Errorf("no Ruby %s built from source (%w): make test-deps builds it (utils/rubyfetch/build-ruby-yjit.sh %s %s)",
+			version, err, version, kind)
+	}
+	return filepath.Join(d, "root"), kind, nil
 }
 
 // YJIT returns the ruby that runs version with YJIT available (--yjit):
-// Debian's build for 3.1, the source builds for 3.3 and 3.4. It returns an error
-// that says how to build it if it is missing, and one wrapping ErrNoYJIT
-// for versions without any YJIT build.
+// Debian's build for 3.1, the source builds for 3.3 and 3.4. It returns an
+// error that says how to build it if it is missing, and one wrapping
+// ErrNoYJIT for versions without any YJIT build.
 func YJIT(version string) (string, error) {
-	switch version {
-	case "3.1":
+	if version == "3.1" {
 		return Ruby(version)
-	case "3.3", "3.4":
-		if _, err := os.Stat(filepath.Join(dir(version+"-yjit"), ".complete")); err != nil {
-			return "", fmt.Errorf("no Ruby %s with YJIT (%w): make test-deps builds it (utils/rubyfetch/build-ruby-yjit.sh %s)", version, err, version)
-		}
-		return filepath.Join(yjitRoot(version), "bin", "ruby"), nil
 	}
-	return "", fmt.Errorf("Ruby %s: %w", version, ErrNoYJIT)
-}
-
-// LibrubyYJIT returns the path of the libruby the ruby of YJIT(version)
-// maps.
-func LibrubyYJIT(version string) (string, error) {
-	if _, err := YJIT(version); err != nil {
+	root, _, err := sourceBuild(version)
+	if err != nil {
 		return "", err
 	}
+	return filepath.Join(root, "bin", "ruby"), nil
+}
+
+// LibrubyYJIT returns the file the interpreter of YJIT(version) is in:
+// its libruby, or the ruby executable of a static build.
+func LibrubyYJIT(version string) (string, error) {
 	if version == "3.1" {
 		return Libruby(version)
 	}
-	libs, _ := filepath.Glob(filepath.Join(yjitRoot(version), "lib", "libruby-"+version+".so."+version+".*"))
+	root, kind, err := sourceBuild(version)
+	if err != nil {
+		return "", err
+	}
+	if kind == "static" {
+		return filepath.Join(root, "bin", "ruby"), nil
+	}
+	libs, _ := filepath.Glob(filepath.Join(root, "lib", "libruby-"+version+".so."+version+".*"))
 	if len(libs) != 1 {
-		return "", fmt.Errorf("Ruby %s with YJIT: %d libruby files installed, want 1", version, len(libs))
+		return "", fmt.Errorf("Ruby %s built from source: %d libruby files installed, want 1", version, len(libs))
 	}
 	return libs[0], nil
 }
 
-// Static returns the ruby executable with version's interpreter linked in
-// (no libruby), as ruby-build builds it by default: build-ruby-yjit.sh
-// builds 3.4 so.
-func Static(version string) (string, error) {
-	d := dir(version + "-static")
-	if _, err := os.Stat(filepath.Join(d, ".complete")); err != nil {
-		return "", fmt.Errorf("no static Ruby %s (%w): make test-deps builds it (utils/rubyfetch/build-ruby-yjit.sh %s static)", version, err, version)
+// Static returns the version of the static source build (3.3) and its
+// ruby executable.
+func Static() (version, ruby string, err error) {
+	for v, kind := range sourceBuilds {
+		if kind == "static" {
+			ruby, err := YJIT(v)
+			return v, ruby, err
+		}
 	}
-	return filepath.Join(d, "root", "bin", "ruby"), nil
+	return "", "", errors.New("no static Ruby build")
 }
