@@ -202,6 +202,10 @@ type Host interface {
 	// Mappings lists the process's executable mappings, anonymous ones
 	// included, sorted by address.
 	Mappings() []Mapping
+	// ReadMappings reads all the process's mappings now, readable,
+	// writable and inaccessible ones too, sorted by address: for code
+	// areas reserved inaccessible and made executable as they fill.
+	ReadMappings() ([]Mapping, error)
 	// Root is the process's root directory as the daemon reaches it
 	// (/proc/PID/root).
 	Root() string
@@ -219,13 +223,16 @@ type Region struct {
 	Unwind bool
 }
 
-// Mapping is one executable mapping of a process.
+// Mapping is one mapping of a process.
 type Mapping struct {
 	Start, End uint64
 	// Offset is where in the file the mapping starts.
 	Offset uint64
 	// Path is empty for anonymous memory.
 	Path string
+	// Executable: code may run there. Inaccessible: mapped with no
+	// access at all (PROT_NONE), as reserves and guard pages are.
+	Executable, Inaccessible bool
 }
 
 // Anonymous says whether the mapping is anonymous memory (JIT code),

@@ -704,7 +704,7 @@ func (m *Manager) loadMaps(p *process) (changed bool, err error) {
 	p.mapsRead = true
 	p.lastMapsRead = m.now()
 	m.counters.mapsReads++
-	entries, err := readMaps(m.procFS, p.pid)
+	entries, err := readMaps(m.procFS, p.pid, false)
 	if err != nil {
 		return false, err
 	}

@@ -62,7 +62,7 @@ func (m *Manager) readAfterExec(p *process) bool {
 	if !p.mapsRead || len(p.mappings) == 0 {
 		return false
 	}
-	entries, err := readMaps(m.procFS, p.pid)
+	entries, err := readMaps(m.procFS, p.pid, false)
 	if err != nil || len(entries) != len(p.mappings) {
 		return false
 	}

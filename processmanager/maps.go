@@ -23,6 +23,9 @@ type mapsEntry struct {
 	path       string
 	deleted    bool
 	executable bool
+	// inaccessible: mapped with no access at all (PROT_NONE), as
+	// reserves and guard pages are.
+	inaccessible bool
 }
 
 const (
@@ -79,6 +82,7 @@ func parseMapsLine(line string) (mapsEntry, error) {
 		return e, fmt.Errorf("maps line %q: bad permissions", line)
 	}
 	e.executable = perms[2] == 'x'
+	e.inaccessible = perms[:3] == "---"
 	if e.offset, err = strconv.ParseUint(offset, 16, 64); err != nil {
 		return e, fmt.Errorf("maps line %q: offset: %w", line, err)
 	}
@@ -103,9 +107,9 @@ func parseMapsLine(line string) (mapsEntry, error) {
 	return e, nil
 }
 
-// parseMaps returns the executable mappings of a maps file, in address
-// order (the kernel lists them sorted).
-func parseMaps(r io.Reader) ([]mapsEntry, error) {
+// parseMaps returns the executable mappings of a maps file, or all of them,
+// in address order (the kernel lists them sorted).
+func parseMaps(r io.Reader, all bool) ([]mapsEntry, error) {
 	var out []mapsEntry
 	s := bufio.NewScanner(r)
 	// A line is at most a PATH_MAX path plus ~100 bytes of fields.
@@ -115,7 +119,7 @@ func parseMaps(r io.Reader) ([]mapsEntry, error) {
 		if err != nil {
 			return nil, err
 		}
-		if e.executable {
+		if all || e.executable {
 			out = append(out, e)
 		}
 	}
@@ -125,15 +129,15 @@ func parseMaps(r io.Reader) ([]mapsEntry, error) {
 	return out, nil
 }
 
-// readMaps reads the executable mappings of a process.
-func readMaps(procFS string, pid uint32) ([]mapsEntry, error) {
+// readMaps reads the executable mappings of a process, or all of them.
+func readMaps(procFS string, pid uint32, all bool) ([]mapsEntry, error) {
 	path := fmt.Sprintf("%s/%d/maps", procFS, pid)
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, procErr(path, err)
 	}
 	defer f.Close()
-	entries, err := parseMaps(f)
+	entries, err := parseMaps(f, all)
 	if err != nil {
 		return nil, procErr(path, err)
 	}

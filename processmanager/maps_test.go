@@ -51,6 +51,11 @@ func TestParseMapsLine(t *testing.T) {
 			line: "7f0000000000-7f0000001000 r-xp 00000000 00:00 0 [anon:x] (deleted)",
 			want: mapsEntry{start: 0x7f0000000000, end: 0x7f0000001000, path: "[anon:x] (deleted)", executable: true},
 		},
+		{
+			name: "inaccessible reserve",
+			line: "7f1000003000-7f1008000000 ---p 00000000 00:00 0 ",
+			want: mapsEntry{start: 0x7f1000003000, end: 0x7f1008000000, inaccessible: true},
+		},
 		{name: "empty", line: "", wantErr: true},
 		{name: "no dash", line: "7f00 r-xp 00000000 00:00 0", wantErr: true},
 		{name: "bad hex", line: "zz-7f00 r-xp 00000000 00:00 0", wantErr: true},
@@ -81,7 +86,7 @@ func TestParseMapsKeepsExecutable(t *testing.T) {
 7ffd3b5f4000-7ffd3b5f6000 r-xp 00000000 00:00 0                          [vdso]
 ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]
 `
-	got, err := parseMaps(strings.NewReader(maps))
+	got, err := parseMaps(strings.NewReader(maps), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,6 +96,9 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
 	}
 	if want := "/usr/bin/cat [vdso] [vsyscall]"; strings.Join(paths, " ") != want {
 		t.Errorf("kept %q, want %q", paths, want)
+	}
+	if all, err := parseMaps(strings.NewReader(maps), true); err != nil || len(all) != 6 {
+		t.Errorf("all mappings: %d, %v; want 6", len(all), err)
 	}
 }
 

@@ -465,9 +465,26 @@ func (h *runtimeHost) unwoundByOther(r interpreter.Region) bool {
 func (h *runtimeHost) Mappings() []interpreter.Mapping {
 	out := make([]interpreter.Mapping, 0, len(h.p.mappings))
 	for _, mp := range h.p.mappings {
-		out = append(out, interpreter.Mapping{Start: mp.entry.start, End: mp.entry.end, Offset: mp.entry.offset, Path: mp.entry.path})
+		out = append(out, hostMapping(&mp.entry))
 	}
 	return out
+}
+
+func (h *runtimeHost) ReadMappings() ([]interpreter.Mapping, error) {
+	entries, err := readMaps(h.m.procFS, h.p.pid, true)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]interpreter.Mapping, 0, len(entries))
+	for i := range entries {
+		out = append(out, hostMapping(&entries[i]))
+	}
+	return out, nil
+}
+
+func hostMapping(e *mapsEntry) interpreter.Mapping {
+	return interpreter.Mapping{Start: e.start, End: e.end, Offset: e.offset, Path: e.path,
+		Executable: e.executable, Inaccessible: e.inaccessible}
 }
 
 func (h *runtimeHost) Root() string { return fmt.Sprintf("%s/%d/root", h.m.procFS, h.p.pid) }

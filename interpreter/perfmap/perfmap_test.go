@@ -36,14 +36,15 @@ type fakeHost struct {
 	setRegionsErr error
 }
 
-func (h *fakeHost) PID() libpf.PID                  { return 4242 }
-func (h *fakeHost) Memory() (io.ReaderAt, error)    { return nil, errors.New("no memory") }
-func (h *fakeHost) Bias() uint64                    { return 0 }
-func (h *fakeHost) Libc() (*libc.TSDLayout, error)  { return nil, errors.New("no libc") }
-func (h *fakeHost) SetConfig(any) error             { return errors.New("no BPF unwinder") }
-func (h *fakeHost) Mappings() []interpreter.Mapping { return h.mappings }
-func (h *fakeHost) Root() string                    { return h.root }
-func (h *fakeHost) NamespacePID() (uint32, error)   { return h.nspid, h.nspidErr }
+func (h *fakeHost) PID() libpf.PID                               { return 4242 }
+func (h *fakeHost) Memory() (io.ReaderAt, error)                 { return nil, errors.New("no memory") }
+func (h *fakeHost) Bias() uint64                                 { return 0 }
+func (h *fakeHost) Libc() (*libc.TSDLayout, error)               { return nil, errors.New("no libc") }
+func (h *fakeHost) SetConfig(any) error                          { return errors.New("no BPF unwinder") }
+func (h *fakeHost) Mappings() []interpreter.Mapping              { return h.mappings }
+func (h *fakeHost) ReadMappings() ([]interpreter.Mapping, error) { return h.mappings, nil }
+func (h *fakeHost) Root() string                                 { return h.root }
+func (h *fakeHost) NamespacePID() (uint32, error)                { return h.nspid, h.nspidErr }
 func (h *fakeHost) SetRegions(rs []interpreter.Region) error {
 	if h.setRegionsErr != nil {
 		return h.setRegionsErr

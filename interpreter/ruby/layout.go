@@ -53,13 +53,12 @@ type Layout struct {
 
 // Values every CRuby 3.x shares (internals.md §4, §6, §7).
 const (
-	// Environment slots relative to ep, in words: flags, method entry.
-	epFlags  = 0
+	// The environment slot of a frame's method entry, relative to ep in
+	// words (VM_ENV_DATA_INDEX_ME_CREF).
 	epMECref = -2
 	// Frame magic (ep[0] & frameMagicMask) and flags.
 	frameMagicMask   = 0x7fff0001
 	frameMagicMethod = 0x11110001
-	frameMagicCFunc  = 0x55550001
 	frameMagicDummy  = 0x79990001
 	frameFlagCFrame  = 0x80
 

@@ -2,8 +2,6 @@ package ruby
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"time"
@@ -140,20 +138,14 @@ type process struct {
 
 // Update claims YJIT's code (internals.md §8) for the unwinder: a sample
 // in it reports the Ruby frames that the JIT code runs from the thread's
-// control frames. The areas are read from the process's maps, which list
-// the inaccessible reserve YJIT's code grows into (Host.Mappings lists
-// executable mappings only).
+// control frames. The areas are read with the inaccessible reserve YJIT's
+// code grows into.
 func (p *process) Update(h interpreter.Host) (bool, error) {
-	// Root is <procfs>/PID/root.
-	f, err := os.Open(filepath.Join(filepath.Dir(h.Root()), "maps"))
+	ms, err := h.ReadMappings()
 	if err != nil {
 		return false, err
 	}
-	defer f.Close()
-	jit, err := jitAreas(f)
-	if err != nil {
-		return false, fmt.Errorf("%s: %w", f.Name(), err)
-	}
+	jit := jitAreas(ms)
 	if slices.Equal(jit, p.jit) {
 		return false, nil
 	}

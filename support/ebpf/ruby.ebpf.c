@@ -263,10 +263,10 @@ static __always_inline struct ruby_walk *ruby_walk_of(const struct trace *t)
   return w;
 }
 
-static __always_inline int ruby_unwind_call(struct unwind_state *state, struct trace *t)
+static __always_inline int ruby_unwind_call(struct unwind_state *state, struct trace *t,
+                                            const struct ruby_proc *proc)
 {
   const struct runtime_handoff *h = &state->handoff;
-  const struct ruby_proc *proc = runtime_config(t->pid, RUNTIME_RUBY);
   if (!proc) {
     runtime_missing(state, t->pid, RUNTIME_RUBY, METRIC_ERR_RUBY_NO_PROC);
     return runtime_report_native(h, t) ? RUBY_CALL_FULL : RUBY_CALL_DONE;
@@ -327,7 +327,8 @@ int unwind_ruby(struct bpf_perf_event_data *ctx)
   struct record *r = get_record();
   if (!r)
     return 0;
-  switch (ruby_unwind_call(&r->state, &r->trace)) {
+  const struct ruby_proc *proc = runtime_config(r->trace.pid, RUNTIME_RUBY);
+  switch (ruby_unwind_call(&r->state, &r->trace, proc)) {
   case RUBY_CALL_MORE:
     return tail_call_next(ctx, r, RUNTIME_RUBY);
   case RUBY_CALL_FULL:
@@ -336,7 +337,6 @@ int unwind_ruby(struct bpf_perf_event_data *ctx)
   }
   if (!r->state.handoff.file_id && !r->state.handoff.native_done) {
     // JIT code, reported: the native unwinder goes on from its caller.
-    const struct ruby_proc *proc = runtime_config(r->trace.pid, RUNTIME_RUBY);
     if (!proc || ruby_step_jit(&r->state, proc)) {
       increment_runtime_metric(RUNTIME_RUBY, METRIC_ERR_RUBY_JIT_RETURN);
       return tail_call_stop(ctx);

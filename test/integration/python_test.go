@@ -163,6 +163,8 @@ func completeStack(tr *libpf.Trace) bool {
 type pythonRun struct {
 	pid     int
 	hotFrom time.Time
+	// output is what the workload printed.
+	output string
 }
 
 // runPython runs the workload in one mode.

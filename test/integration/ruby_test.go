@@ -32,7 +32,7 @@ func runRuby(t *testing.T, rb, script, mode string, d time.Duration, flags ...st
 	if err != nil {
 		t.Fatalf("%s %s: %v\n%s", rb, mode, err, out)
 	}
-	return pythonRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out))}
+	return pythonRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out)), output: string(out)}
 }
 
 // rubyFrames returns a trace's Ruby frames, leaf first.
@@ -289,18 +289,13 @@ func TestRubyGC(t *testing.T) {
 				t.Fatal(err)
 			}
 			s := startSession(t, testHz)
-			cmd := exec.Command(rb, script, "gc", "4")
-			out, err := cmd.CombinedOutput()
-			if err != nil {
-				t.Fatalf("%s gc: %v\n%s", rb, err, out)
-			}
+			run := runRuby(t, rb, script, "gc", 4*time.Second)
 			s.stop(t)
-			i := strings.LastIndex(string(out), "gc count ")
-			gcs, err := strconv.Atoi(strings.TrimSpace(string(out[i+len("gc count "):])))
-			if i < 0 || err != nil {
-				t.Fatalf("the workload printed %q", out)
+			_, count, found := strings.Cut(run.output, "gc count ")
+			gcs, err := strconv.Atoi(strings.TrimSpace(count))
+			if !found || err != nil {
+				t.Fatalf("the workload printed %q", run.output)
 			}
-			run := pythonRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out))}
 			chain := []string{"Leafy#leaf", "Chain#mid", "block in top", "Hash#each_pair", "Chain.top", "<main>"}
 			above := []string{"block in leaf", "Array#initialize", "Class#new", "Array.new", "String#*", "Integer#bit_length"}
 			var n, ok, wrong int
