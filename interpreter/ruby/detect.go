@@ -129,7 +129,7 @@ func Detect(f *elf.File, dynsym []elf.Symbol, functionRanges func() ([][2]uint64
 
 // readVersion parses the NUL-terminated "X.Y.Z" at addr.
 func readVersion(f *elf.File, addr uint64) (Version, error) {
-	b, err := readAt(f, addr, 16)
+	b, err := interpreter.ReadELF(f, addr, 16)
 	if err != nil {
 		return Version{}, fmt.Errorf("reading %s: %w", versionSymbol, err)
 	}
@@ -231,12 +231,12 @@ func findCallers(f *elf.File, target uint64, ranges [][2]uint64) ([][2]uint64, e
 // callAt says whether decoding function fn from its start meets a call
 // instruction at address at.
 func callAt(f *elf.File, fn [2]uint64, at uint64) bool {
-	code, err := readAt(f, fn[0], at+5-fn[0])
+	code, err := interpreter.ReadELF(f, fn[0], at+5-fn[0])
 	if err != nil {
 		return false
 	}
 	for pc := uint64(0); pc < uint64(len(code)); {
-		in, err := decode(code[pc:])
+		in, err := interpreter.DecodeAMD64(code[pc:])
 		if err != nil {
 			return false
 		}
@@ -303,14 +303,14 @@ const maxDecode = 256
 // pointer instead (local-exec TLS): "mov %fs:OFF,%rax", or "mov $OFF,%rax;
 // mov %fs:(%rax),%rax"; the index is then 0 and the offset OFF.
 func findTLSIndex(f *elf.File, fn elf.Symbol, dynsym []elf.Symbol) (index, offset uint64, err error) {
-	code, err := readAt(f, fn.Value, min(max(fn.Size, 16), 512))
+	code, err := interpreter.ReadELF(f, fn.Value, min(max(fn.Size, 16), 512))
 	if err != nil {
 		return 0, 0, err
 	}
 	var lea uint64
 	imm := map[x86asm.Reg]uint64{} // registers loaded with a constant
 	for pc, n := uint64(0), 0; pc < uint64(len(code)) && n < maxDecode; n++ {
-		in, err := decode(code[pc:])
+		in, err := interpreter.DecodeAMD64(code[pc:])
 		if err != nil {
 			return 0, 0, fmt.Errorf("%s+%#x: %w", fn.Name, pc, err)
 		}
@@ -351,7 +351,7 @@ func findTLSIndex(f *elf.File, fn elf.Symbol, dynsym []elf.Symbol) (index, offse
 	} else if ok {
 		return index, off, nil
 	}
-	b, err := readAt(f, index+8, 8)
+	b, err := interpreter.ReadELF(f, index+8, 8)
 	if err != nil {
 		return 0, 0, fmt.Errorf("reading the TLS offset at %#x: %w", index+8, err)
 	}
@@ -403,13 +403,13 @@ func findGlobalSymbols(f *elf.File, fn elf.Symbol, ranges [][2]uint64) (uint64, 
 				size = min(r[1]-start, 4096)
 			}
 		}
-		code, err := readAt(f, start, size)
+		code, err := interpreter.ReadELF(f, start, size)
 		if err != nil {
 			return 0, err
 		}
 		var callee uint64
 		for pc, n := uint64(0), 0; pc < uint64(len(code)) && n < maxDecode; n++ {
-			in, err := decode(code[pc:])
+			in, err := interpreter.DecodeAMD64(code[pc:])
 			if err != nil {
 				return 0, fmt.Errorf("%s+%#x: %w", name, pc, err)
 			}
@@ -432,32 +432,4 @@ func findGlobalSymbols(f *elf.File, fn elf.Symbol, ranges [][2]uint64) (uint64, 
 		start, name = callee, fmt.Sprintf("%s's callee at %#x", fn.Name, callee)
 	}
 	return 0, fmt.Errorf("no comparison with the table's last_id in %s or its callee", fn.Name)
-}
-
-// endbr64 starts functions built with control-flow protection (CET); the
-// decoder does not know it, and it does nothing here.
-var endbr64 = []byte{0xf3, 0x0f, 0x1e, 0xfa}
-
-// decode decodes the x86_64 instruction code starts with.
-func decode(code []byte) (x86asm.Inst, error) {
-	if bytes.HasPrefix(code, endbr64) {
-		return x86asm.Inst{Op: x86asm.NOP, Len: len(endbr64)}, nil
-	}
-	return x86asm.Decode(code, 64)
-}
-
-// readAt reads n bytes at virtual address addr of f's loaded segments.
-func readAt(f *elf.File, addr, n uint64) ([]byte, error) {
-	for _, p := range f.Progs {
-		if p.Type != elf.PT_LOAD || addr < p.Vaddr || addr >= p.Vaddr+p.Filesz {
-			continue
-		}
-		n = min(n, p.Vaddr+p.Filesz-addr)
-		b := make([]byte, n)
-		if _, err := p.ReadAt(b, int64(addr-p.Vaddr)); err != nil && !errors.Is(err, io.EOF) {
-			return nil, err
-		}
-		return b, nil
-	}
-	return nil, fmt.Errorf("address %#x is not in the file", addr)
 }

@@ -427,6 +427,8 @@ struct unwind_state {
   u64 r9;
   u64 r12;
   u64 r13;
+  u64 r14;
+  u64 r15;
   u32 tail_calls;
   // Set once pc is a return address rather than the interrupted pc.
   u32 return_address;

@@ -1,0 +1,41 @@
+package interpreter
+
+import (
+	"bytes"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"io"
+
+	"golang.org/x/arch/x86/x86asm"
+)
+
+// endbr64 starts functions built with control-flow protection; x86asm
+// does not know it.
+var endbr64 = []byte{0xf3, 0x0f, 0x1e, 0xfa}
+
+// DecodeAMD64 decodes the x86_64 instruction code starts with (endbr64 as
+// a NOP), for runtimes that find what they need in a function's code.
+func DecodeAMD64(code []byte) (x86asm.Inst, error) {
+	if bytes.HasPrefix(code, endbr64) {
+		return x86asm.Inst{Op: x86asm.NOP, Len: len(endbr64)}, nil
+	}
+	return x86asm.Decode(code, 64)
+}
+
+// ReadELF reads up to n bytes at virtual address addr of f's loaded
+// segments (fewer where the segment's file contents end).
+func ReadELF(f *elf.File, addr, n uint64) ([]byte, error) {
+	for _, p := range f.Progs {
+		if p.Type != elf.PT_LOAD || addr < p.Vaddr || addr >= p.Vaddr+p.Filesz {
+			continue
+		}
+		n = min(n, p.Vaddr+p.Filesz-addr)
+		b := make([]byte, n)
+		if _, err := p.ReadAt(b, int64(addr-p.Vaddr)); err != nil && !errors.Is(err, io.EOF) {
+			return nil, err
+		}
+		return b, nil
+	}
+	return nil, fmt.Errorf("address %#x is not in the file", addr)
+}

@@ -1,0 +1,160 @@
+// Package php unwinds PHP (Zend Engine 8.0-8.4) stacks: it finds the
+// engine in the CLI, php-fpm or the Apache module, describes each process
+// to the BPF unwinder (support/ebpf/php.ebpf.c) and names its frames
+// Class::method or function with file and line. internals.md says what
+// every offset and rule rests on.
+package php
+
+import (
+	"bytes"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/hostprof/ebpf-profiler/interpreter"
+	"golang.org/x/arch/x86/x86asm"
+)
+
+// ErrNotPHP says a file holds no PHP engine.
+var ErrNotPHP = errors.New("not a PHP engine")
+
+// Version is a PHP release.
+type Version struct{ Major, Minor, Patch int }
+
+func (v Version) String() string { return fmt.Sprintf("%d.%d.%d", v.Major, v.Minor, v.Patch) }
+
+// Binary is what a PHP engine's file says of itself; addresses are the
+// file's virtual addresses.
+type Binary struct {
+	Version Version
+	// ExecutorGlobals is executor_globals, the engine's state (EG).
+	ExecutorGlobals uint64
+	// ExecuteEx is execute_ex, [start, end): the VM loop.
+	ExecuteEx [2]uint64
+	// JITReturn is the address in execute_ex just past its first dispatch
+	// (jmp *(%r15)), where the body's stack frame is set up: OPcache's JIT
+	// code runs in that frame and is unwound as if from here. 0 if not
+	// found.
+	JITReturn uint64
+	// ThreadSafe: a ZTS build, whose globals are per thread (not
+	// supported).
+	ThreadSafe bool
+}
+
+// poweredBy precedes the version in every SAPI's read-only data.
+var poweredBy = []byte("X-Powered-By: PHP/")
+
+// Detect reads a PHP engine's file: one that defines execute_ex and
+// executor_globals (or, built thread-safe, executor_globals_offset).
+func Detect(f *elf.File, dynsym []elf.Symbol) (*Binary, error) {
+	var b Binary
+	var haveLoop, haveGlobals bool
+	for _, s := range dynsym {
+		if s.Section == elf.SHN_UNDEF {
+			continue
+		}
+		switch s.Name {
+		case "execute_ex":
+			b.ExecuteEx = [2]uint64{s.Value, s.Value + s.Size}
+			haveLoop = s.Size > 0 && elf.ST_TYPE(s.Info) == elf.STT_FUNC
+		case "executor_globals":
+			b.ExecutorGlobals = s.Value
+			haveGlobals = true
+		case "executor_globals_offset":
+			b.ThreadSafe = true
+		}
+	}
+	if !haveLoop || !(haveGlobals || b.ThreadSafe) {
+		return nil, ErrNotPHP
+	}
+	v, err := readVersion(f)
+	if err != nil {
+		return nil, err
+	}
+	b.Version = v
+	if f.Machine == elf.EM_X86_64 {
+		if b.JITReturn, err = findDispatch(f, b.ExecuteEx); err != nil {
+			return nil, err
+		}
+	}
+	return &b, nil
+}
+
+// readVersion finds "X-Powered-By: PHP/8.2.36" in the read-only data.
+func readVersion(f *elf.File) (Version, error) {
+	sec := f.Section(".rodata")
+	if sec == nil {
+		return Version{}, errors.New("PHP engine without .rodata: no version")
+	}
+	// A read-only data section of a PHP build is a few MiB.
+	if sec.Size > 64<<20 {
+		return Version{}, fmt.Errorf("PHP engine's .rodata is %d bytes", sec.Size)
+	}
+	data, err := sec.Data()
+	if err != nil {
+		return Version{}, fmt.Errorf("reading .rodata: %w", err)
+	}
+	i := bytes.Index(data, poweredBy)
+	if i < 0 {
+		return Version{}, errors.New("PHP engine without a version string")
+	}
+	rest := data[i+len(poweredBy):]
+	if end := bytes.IndexByte(rest, 0); end >= 0 {
+		rest = rest[:end]
+	}
+	return parseVersion(string(rest))
+}
+
+// parseVersion parses "8.2.36" (a suffix such as "-dev" or "RC1" after the
+// patch number is ignored).
+func parseVersion(s string) (Version, error) {
+	var parts [3]int
+	for i := range parts {
+		n := 0
+		for n < len(s) && s[n] >= '0' && s[n] <= '9' {
+			n++
+		}
+		v, err := strconv.Atoi(s[:n])
+		if err != nil || n > 4 {
+			return Version{}, fmt.Errorf("PHP version %q", s)
+		}
+		parts[i] = v
+		s = s[n:]
+		if i < 2 {
+			if len(s) == 0 || s[0] != '.' {
+				return Version{}, fmt.Errorf("PHP version %q", s)
+			}
+			s = s[1:]
+		}
+	}
+	return Version{parts[0], parts[1], parts[2]}, nil
+}
+
+// dispatchScan bounds the instructions of execute_ex's start searched for
+// its first dispatch (the 8.2 and 8.4 builds have it at the 15th and 20th).
+const dispatchScan = 64
+
+// findDispatch finds the first jmp *(%r15) in the loop (the hybrid VM's
+// dispatch to the first handler) and returns the address after it; 0 when
+// there is none (not the hybrid VM).
+func findDispatch(f *elf.File, fn [2]uint64) (uint64, error) {
+	code, err := interpreter.ReadELF(f, fn[0], min(fn[1]-fn[0], 16*dispatchScan))
+	if err != nil {
+		return 0, fmt.Errorf("reading execute_ex: %w", err)
+	}
+	for off, n := 0, 0; off < len(code) && n < dispatchScan; n++ {
+		inst, err := interpreter.DecodeAMD64(code[off:])
+		if err != nil {
+			return 0, nil
+		}
+		off += inst.Len
+		if inst.Op != x86asm.JMP {
+			continue
+		}
+		if m, ok := inst.Args[0].(x86asm.Mem); ok && m.Base == x86asm.R15 && m.Index == 0 && m.Disp == 0 {
+			return fn[0] + uint64(off), nil
+		}
+	}
+	return 0, nil
+}

@@ -1,0 +1,260 @@
+package php
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+
+	"github.com/hostprof/ebpf-profiler/interpreter"
+	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
+	"github.com/hostprof/ebpf-profiler/libpf"
+)
+
+// Bounds on what is read from a process, which may be hostile or change
+// under the reader, and on what is kept of it.
+const (
+	maxString = 4096 // bytes of a name or path
+	// A Symbolizer's cache: functions, bytes, and oplines whose lines one
+	// entry keeps (the hot ones of a function are few).
+	cacheEntries = 4096
+	cacheBytes   = 2 << 20
+	cachedLines  = 64
+	// entryOverhead approximates an entry's cost beyond its strings: the
+	// entry, its LRU node and map slot; a cached line costs lineCost.
+	entryOverhead = 200
+	lineCost      = 24
+)
+
+// FrameTop marks, in a frame's addr, a frame flagged ZEND_CALL_TOP (the one
+// a call of the VM was entered for): file-level code so flagged is the
+// script's {main}, otherwise an included file's. Oplines are 8-byte
+// aligned, so the bit is free (PHP_FRAME_TOP in php.ebpf.c).
+const FrameTop = 1
+
+// errBadFunction says memory did not hold the zend_function expected there:
+// freed (a request's functions are, at its end, without OPcache), or never
+// one.
+var errBadFunction = errors.New("not the PHP function expected")
+
+// Frame is a PHP frame as symbolized.
+type Frame struct {
+	// Function is "Class::method", "function", "{main}" (the script's
+	// file-level code), "{include}" (an included file's) or "{eval}".
+	Function string
+	File     string
+	// Line is 0 where unknown: a C function, the innermost frame of JIT
+	// code, an opline that does not point into its function.
+	Line int
+}
+
+// Symbolizer names a process's frames from its memory. It is safe for
+// concurrent use.
+//
+// It caches what it read per zend_function, bounded by entries and bytes.
+// Without OPcache a request's functions are freed at its end and the next
+// request's may be allocated at the same addresses, so every hit is checked
+// with the one read a miss starts with anyway, the function's head: an
+// entry counts only if type, name, class, instructions and file are still
+// the ones it was built from.
+type Symbolizer struct {
+	mem *procmem.Reader
+	l   *Layout
+
+	mu    sync.Mutex
+	cache *libpf.LRU[uint64, *cachedFunction]
+	stats interpreter.CacheStats
+}
+
+// NewSymbolizer reads a process of version v through mem.
+func NewSymbolizer(mem io.ReaderAt, v Version) (*Symbolizer, error) {
+	l, err := LayoutFor(v)
+	if err != nil {
+		return nil, err
+	}
+	return &Symbolizer{mem: procmem.New(mem), l: l,
+		cache: libpf.NewLRU[uint64, *cachedFunction](cacheEntries, cacheBytes)}, nil
+}
+
+// Stats returns the counts of the lookups so far.
+func (s *Symbolizer) Stats() interpreter.CacheStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.stats
+	st.Evictions = s.cache.Evictions()
+	return st
+}
+
+// functionID is what identifies a zend_function between lookups.
+type functionID struct {
+	typ                            uint8
+	name, scope, opcodes, filename uint64
+	last                           uint32
+}
+
+// cachedFunction is what a function's frames are named from.
+type cachedFunction struct {
+	id       functionID
+	function string
+	file     string
+	// code: the function's file-level code (no name).
+	code  bool
+	lines map[uint64]int
+}
+
+// cost counts the lines the entry may come to keep.
+func (e *cachedFunction) cost() int {
+	return len(e.function) + len(e.file) + entryOverhead + lineCost*cachedLines
+}
+
+// Frame names the frame of the zend_function fn at opline, as the unwinder
+// reports them (addr: opline, FrameTop set for a ZEND_CALL_TOP frame).
+func (s *Symbolizer) Frame(fn, addr uint64) (Frame, error) {
+	opline, top := addr&^FrameTop, addr&FrameTop != 0
+	head := make([]byte, s.l.functionHead())
+	if err := s.mem.Read(fn, head); err != nil {
+		return Frame{}, err
+	}
+	id := s.functionID(head)
+	s.mu.Lock()
+	e, cached := s.cache.Get(fn)
+	if cached && e.id == id {
+		s.stats.Hits++
+	} else {
+		s.stats.Misses++
+		if cached {
+			s.stats.Stale++
+			s.cache.Remove(fn)
+		}
+	}
+	s.mu.Unlock()
+	if !cached || e.id != id {
+		var err error
+		if e, err = s.load(id); err != nil {
+			return Frame{}, err
+		}
+		s.mu.Lock()
+		s.cache.Add(fn, e, e.cost())
+		s.mu.Unlock()
+	}
+	f := Frame{Function: e.function, File: e.file}
+	if e.code {
+		switch {
+		case id.typ == evalCode:
+			f.Function = "{eval}"
+		case top:
+			f.Function = "{main}"
+		default:
+			f.Function = "{include}"
+		}
+	}
+	if id.typ == internalFunction {
+		return f, nil
+	}
+	line, err := s.line(e, opline)
+	if err != nil {
+		return Frame{}, err
+	}
+	f.Line = line
+	return f, nil
+}
+
+// functionID takes a function's identity from its head.
+func (s *Symbolizer) functionID(head []byte) functionID {
+	le := binary.LittleEndian
+	id := functionID{typ: head[functionType], name: le.Uint64(head[functionName:]), scope: le.Uint64(head[functionScope:])}
+	if id.typ != internalFunction {
+		id.opcodes = le.Uint64(head[s.l.OpArrayOpcodes:])
+		id.filename = le.Uint64(head[s.l.OpArrayFilename:])
+		id.last = le.Uint32(head[s.l.OpArrayLast:])
+	}
+	return id
+}
+
+// load reads what a function is named from.
+func (s *Symbolizer) load(id functionID) (*cachedFunction, error) {
+	if id.typ != internalFunction && id.typ != userFunction && id.typ != evalCode {
+		return nil, fmt.Errorf("%w: type %d", errBadFunction, id.typ)
+	}
+	e := &cachedFunction{id: id}
+	if id.name == 0 {
+		if id.typ == internalFunction {
+			// The bottom frame of a fiber (zend_fiber_function).
+			e.function = "{fiber}"
+		}
+		e.code = id.typ != internalFunction
+	} else {
+		name, err := s.str(id.name)
+		if err != nil {
+			return nil, err
+		}
+		e.function = name
+		if id.scope != 0 {
+			classNameStr, err := s.mem.Ptr(id.scope + className)
+			if err != nil {
+				return nil, err
+			}
+			class, err := s.str(classNameStr)
+			if err != nil {
+				return nil, err
+			}
+			e.function = class + "::" + name
+		}
+	}
+	if id.typ != internalFunction {
+		file, err := s.str(id.filename)
+		if err != nil {
+			return nil, err
+		}
+		e.file = file
+		e.lines = map[uint64]int{}
+	}
+	return e, nil
+}
+
+// line reads the line of the instruction at opline, cached per entry; 0
+// when opline is not one of the function's instructions (the innermost
+// frame's EX(opline) can be stale, or unset under the JIT).
+func (s *Symbolizer) line(e *cachedFunction, opline uint64) (int, error) {
+	if opline < e.id.opcodes || opline >= e.id.opcodes+uint64(e.id.last)*opSize || (opline-e.id.opcodes)%opSize != 0 {
+		return 0, nil
+	}
+	s.mu.Lock()
+	line, ok := e.lines[opline]
+	s.mu.Unlock()
+	if ok {
+		return line, nil
+	}
+	n, err := s.mem.U32(opline + opLineno)
+	if err != nil {
+		return 0, err
+	}
+	line = int(n)
+	s.mu.Lock()
+	if len(e.lines) < cachedLines {
+		e.lines[opline] = line
+	}
+	s.mu.Unlock()
+	return line, nil
+}
+
+// str reads the zend_string at addr.
+func (s *Symbolizer) str(addr uint64) (string, error) {
+	if addr == 0 || addr&7 != 0 {
+		return "", fmt.Errorf("%w: %#x is no string", errBadFunction, addr)
+	}
+	n, err := s.mem.U64(addr + stringLen)
+	if err != nil {
+		return "", err
+	}
+	if n > maxString {
+		return "", fmt.Errorf("%w: string of %d bytes", errBadFunction, n)
+	}
+	b := make([]byte, n)
+	if err := s.mem.Read(addr+stringVal, b); err != nil {
+		return "", err
+	}
+	return strings.ToValidUTF8(string(b), "\uFFFD"), nil
+}

@@ -1,0 +1,153 @@
+package integration
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hostprof/ebpf-profiler/interpreter/php"
+	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/utils/phpfetch"
+)
+
+// phpWorkload returns the path of phpworkload.php and the lines of its
+// "# hot: NAME" marks.
+func phpWorkload(t *testing.T) (string, map[string]uint32) {
+	return markedWorkload(t, "php", "phpworkload.php")
+}
+
+// runPHP runs the workload in one mode for d, with the interpreter's flags.
+func runPHP(t *testing.T, b *phpfetch.Build, script, mode string, d time.Duration, flags ...string) pythonRun {
+	t.Helper()
+	cmd := b.Command(append(flags, script, mode, formatSeconds(d))...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", b.CLI, mode, err, out)
+	}
+	return pythonRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out)), output: string(out)}
+}
+
+// phpFrames returns a trace's PHP frames, leaf first.
+func phpFrames(tr *libpf.Trace) []libpf.Frame {
+	var out []libpf.Frame
+	for _, f := range tr.Frames {
+		if f.Kind == php.Kind {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// phpStack is a trace's frames as the failure messages show them.
+func phpStack(tr *libpf.Trace) string {
+	return strings.Join(stackNames(tr, php.Kind, "php"), " ")
+}
+
+// phpFrame is a PHP frame a test expects: its function and the lines it
+// may be at (0 for a C function, which has no file).
+type phpFrame struct {
+	name  string
+	lines []uint32
+}
+
+// phpChain says whether fs, a sample's PHP frames, are the chain
+// workload's: Shop\Cart::leaf at its loop, Shop\Cart::mid, array_map and
+// Shop\top, then outer, each in the script at its line.
+func phpChain(fs []libpf.Frame, script string, hot map[string]uint32, outer []phpFrame, jit bool) bool {
+	leaf := []uint32{hot["leaf"], hot["leaf loop"]}
+	if jit {
+		// JIT code keeps no opline: its innermost frame has no line.
+		leaf = []uint32{0}
+	}
+	want := append([]phpFrame{{`Shop\Cart::leaf`, leaf},
+		{`Shop\Cart::mid`, []uint32{hot["mid"]}}, {"array_map", []uint32{0}}, {`Shop\top`, []uint32{hot["top"]}}}, outer...)
+	if len(fs) != len(want) {
+		return false
+	}
+	for i, f := range fs {
+		if f.FunctionName != want[i].name || !slices.Contains(want[i].lines, f.SourceLine) ||
+			(want[i].name != "array_map" && f.SourceFile != script) {
+			return false
+		}
+	}
+	return true
+}
+
+// phpMain is the chain workload's {main}, at the chain mode's call.
+func phpMain(hot map[string]uint32) []phpFrame {
+	return []phpFrame{{"{main}", []uint32{hot["main"]}}}
+}
+
+// phpJIT are the interpreter flags of OPcache's tracing JIT on the CLI.
+func phpJIT(b *phpfetch.Build) []string {
+	return []string{"-d", "zend_extension=" + b.OPcache, "-d", "opcache.enable_cli=1", "-d", "opcache.jit=tracing",
+		"-d", "opcache.jit_buffer_size=64M"}
+}
+
+// TestPHPStacks profiles the chain workload under each tested PHP, with
+// and without OPcache's tracing JIT, and checks its PHP frames (phpChain;
+// array_map is a C function that calls back into a second run of the VM).
+func TestPHPStacks(t *testing.T) {
+	requireRoot(t)
+	results := map[string][]float64{}
+	for _, v := range phpfetch.Versions {
+		b, err := phpfetch.PHP(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, jit := range []bool{false, true} {
+			name, flags := "PHP "+v, []string(nil)
+			if jit {
+				name, flags = name+" JIT", phpJIT(b)
+			}
+			t.Run(name, func(t *testing.T) {
+				share, metrics, n := profilePHPChain(t, b, flags...)
+				results[v] = append(results[v], share)
+				if jit := metrics["php_jit_frames"]; flags != nil && jit < uint64(n)/2 {
+					t.Errorf("%d samples in JIT code of %d, want at least half (is the JIT on? %s)", jit, n, b.CLI)
+				}
+			})
+		}
+	}
+	logShareTable(t, "PHP", phpfetch.Versions, []string{"chain", "chain tracing JIT"}, results)
+}
+
+// profilePHPChain runs the chain workload under b with flags and returns
+// the share of its samples that show the chain, the runtime's BPF
+// counters and the number of samples.
+func profilePHPChain(t *testing.T, b *phpfetch.Build, flags ...string) (float64, map[string]uint64, int) {
+	t.Helper()
+	script, hot := phpWorkload(t)
+	s := startSession(t, testHz)
+	run := runPHP(t, b, script, "chain", 4*time.Second, flags...)
+	metrics := logRuntimeMetrics(t, s, "php")
+	s.stop(t)
+	samples := run.hotSamples(t, s.rec)
+	chain := func(smp sample) bool { return phpChain(phpFrames(smp.trace), script, hot, phpMain(hot), flags != nil) }
+	if flags != nil {
+		// The JIT buffer is claimed when the daemon reads the process's
+		// mappings, after its first samples.
+		claimed := run.hotFrom.Add(300 * time.Millisecond)
+		first := max(slices.IndexFunc(samples, func(smp sample) bool { return !smp.meta.Time.Before(claimed) }), 0)
+		t.Logf("%d of the %d samples in the first 300 ms show the chain", countFunc(samples[:first], chain), first)
+		samples = samples[first:]
+	}
+	ok := 0
+	misses := map[string]int{}
+	for _, smp := range samples {
+		if chain(smp) {
+			ok++
+		} else {
+			misses[phpStack(smp.trace)]++
+		}
+	}
+	share := share(ok, len(samples))
+	t.Logf("%d samples, %.1f%% with the chain at its lines", len(samples), 100*share)
+	logTopStacks(t, misses, 4)
+	if len(samples) < testHz || share < 0.95 {
+		t.Errorf("%d of %d samples show the chain, want >= 95%%", ok, len(samples))
+	}
+	return share, metrics, len(samples)
+}
+

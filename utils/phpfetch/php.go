@@ -1,0 +1,72 @@
+// Package phpfetch finds the PHP builds the PHP tests run: Debian 12's 8.2
+// (packages install-test-deps.sh installs) and trixie's 8.4, which
+// fetch-php.sh unpacks beside the system with its own libc.
+package phpfetch
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+)
+
+// Versions are the PHP releases the tests run, oldest first.
+var Versions = []string{"8.2"}
+
+// Build is one PHP release's programs.
+type Build struct {
+	Version string
+	// CLI and FPM are the php and php-fpm executables; Args go before a
+	// script's on their command lines (no php.ini: the tests set what they
+	// use).
+	CLI, FPM string
+	Args     []string
+	// OPcache is the opcache.so zend_extension.
+	OPcache string
+}
+
+// Command is the CLI running args after the build's own.
+func (b *Build) Command(args ...string) *exec.Cmd {
+	return exec.Command(b.CLI, append(append([]string{}, b.Args...), args...)...)
+}
+
+// api is each release's module API number, the name of its extension
+// directory.
+var api = map[string]string{"8.2": "20220829", "8.4": "20240924"}
+
+// PHP returns the build of version v: the system's for 8.2, fetch-php.sh's
+// cache otherwise (run it first: install-test-deps.sh does).
+func PHP(v string) (*Build, error) {
+	if api[v] == "" {
+		return nil, fmt.Errorf("PHP %s is not one of the tested releases %v", v, Versions)
+	}
+	root := "/"
+	if v != "8.2" {
+		root = filepath.Join(cacheDir(v), "root")
+	}
+	b := &Build{Version: v, CLI: filepath.Join(root, "usr/bin/php"+v), FPM: filepath.Join(root, "usr/sbin/php-fpm"+v),
+		OPcache: filepath.Join(root, "usr/lib/php", api[v], "opcache.so"), Args: []string{"-n"}}
+	for _, p := range []string{b.CLI, b.FPM, b.OPcache} {
+		if _, err := os.Stat(p); err != nil {
+			return nil, fmt.Errorf("PHP %s: %w (make test-deps installs it)", v, err)
+		}
+	}
+	return b, nil
+}
+
+// FetchScript is fetch-php.sh's path.
+func FetchScript() string {
+	_, here, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(here), "fetch-php.sh")
+}
+
+func cacheDir(v string) string {
+	base := os.Getenv("XDG_CACHE_HOME")
+	if base == "" {
+		home, _ := os.UserHomeDir()
+		base = filepath.Join(home, ".cache")
+	}
+	return filepath.Join(base, "ebpf-profiler", "php-"+strings.ReplaceAll(v, "/", "")+"-amd64")
+}
