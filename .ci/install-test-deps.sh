@@ -12,7 +12,8 @@
 # matrix boots Debian's kernels in it) and the OpenTelemetry Collector the
 # end-to-end tests export to, OpenJDK 17 and patchelf (fetch-jdk.sh points
 # newer JDKs at their own libc), and the libraries build-ruby-yjit.sh builds
-# CRuby 3.4 with YJIT against (plus Debian's rustc if no rustc is on PATH).
+# CRuby 3.4 with YJIT against (plus Debian's rustc if no rustc is on PATH),
+# and PHP 8.2's CLI, FPM and OPcache (the PHP tests).
 # The CPython releases 3.6-3.13 the Python tests run come with the machine
 # (pyenv).
 set -euo pipefail
@@ -21,7 +22,7 @@ cd "$(dirname "$0")/.."
 packages=(clang-16 clang-format-16 llvm-16 gcc g++ binutils make bpftool libc6-arm64-cross libgcc-s1-arm64-cross
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross python3 python3-dbg python3.11-dbg libc6-dbg musl-tools systemd util-linux
   qemu-system-x86 qemu-system-arm openjdk-17-jdk-headless patchelf libc6-dev xz-utils libssl-dev libyaml-dev zlib1g-dev
-  libffi-dev)
+  libffi-dev php8.2-cli php8.2-fpm php8.2-opcache)
 command -v rustc >/dev/null || packages+=(rustc)
 missing=()
 for p in "${packages[@]}"; do
@@ -50,6 +51,10 @@ for v in 3.1 3.3 3.4; do ./utils/rubyfetch/fetch-ruby.sh "$v" >/dev/null; done
 # (the kinds rubyfetch.sourceBuilds expects)
 ./utils/rubyfetch/build-ruby-yjit.sh 3.3 static >/dev/null
 ./utils/rubyfetch/build-ruby-yjit.sh 3.4 >/dev/null
+
+# PHP 8.4 from Debian trixie, which the PHP tests run beside Debian 12's 8.2
+# (cached).
+./utils/phpfetch/fetch-php.sh 8.4 >/dev/null
 
 # Node.js 18, 22 and 24, official builds from the npm registry, which the V8
 # tests run beside the machine's Node 20 (cached).

@@ -13,7 +13,7 @@ import (
 )
 
 // Versions are the PHP releases the tests run, oldest first.
-var Versions = []string{"8.2"}
+var Versions = []string{"8.2", "8.4"}
 
 // Build is one PHP release's programs.
 type Build struct {

@@ -30,40 +30,10 @@ OUT=$BASE/ruby-$V-amd64 ROOT=$BASE/ruby-$V-amd64/root WRAPPER=$BASE/ruby-$V-amd6
 LIBDIR=$ROOT/usr/lib/x86_64-linux-gnu RUBY=$ROOT/usr/bin/ruby$V
 if [ -f "$OUT/.complete" ] && "$WRAPPER" -e 'exit 0' >/dev/null 2>&1; then echo "$WRAPPER"; exit 0; fi
 
-. "$(dirname "$0")/../debfetch/private-apt.sh"
-mkdir -p "$OUT/debs"
-MIRROR=$(debian_mirror) || die "no Debian mirror"
-security=""
-[ "$SECURITY" = 1 ] && security="${MIRROR%/debian}/debian-security"
-private_apt "$BASE/apt-ruby-${SUITE// /-}-amd64" amd64 "$SUITE" $security || die "no apt lists for $SUITE"
-
-# The interpreter packages (from experimental where that is the suite), plus two levels of their
-# lib* runtime dependencies; the host's own libc serves bookworm's build.
-CORE="ruby$V libruby$V"
-REL=""
-case $SUITE in *experimental*) REL=/experimental ;; esac
-libdeps() {
-  apt-cache depends --no-recommends --no-suggests --no-conflicts --no-breaks --no-replaces --no-enhances "$@" |
-    awk '/Depends:/ && $2 ~ /^lib/ && $2 !~ /-dev$|gconv|^libruby/ {print $2}' | tr -d '<>' | sort -u
-}
-L1=$(libdeps $CORE)
-LIBS=$(printf '%s\n' $L1 $(libdeps $L1) | sort -u)
-[ "$NEW_LIBC" = 1 ] || LIBS=$(printf '%s\n' $LIBS | grep -v '^libc6$' || true)
-(cd "$OUT/debs" && apt-get -q download $(for p in $CORE; do echo "$p$REL"; done) $LIBS >&2) ||
-  die "downloading $CORE $(echo $LIBS) failed"
-
-rm -rf "$OUT/root.new" && mkdir "$OUT/root.new"
-for p in $CORE $LIBS; do dpkg-deb -x "$(ls "$OUT"/debs/"${p}"_*.deb | sort -V | tail -1)" "$OUT/root.new"; done
-rm -rf "$ROOT" && mv "$OUT/root.new" "$ROOT"
+. "$(dirname "$0")/../debfetch/runtime-debs.sh"
+unpack_runtime "$OUT" "$SUITE" "$SECURITY" "$NEW_LIBC" "ruby$V" "libruby$V" || die "unpacking Ruby $V failed"
 [ -x "$RUBY" ] || die "$RUBY missing after unpacking"
-
-command -v patchelf >/dev/null || die "patchelf missing (install-test-deps.sh installs it)"
-if [ "$NEW_LIBC" = 1 ]; then
-  LDSO=$LIBDIR/ld-linux-x86-64.so.2
-  [ -x "$LDSO" ] || die "no dynamic loader in the unpacked libc6"
-  patchelf --set-interpreter "$LDSO" "$RUBY"
-fi
-patchelf --force-rpath --set-rpath "$LIBDIR" "$RUBY"
+point_at_root "$RUBY" "$ROOT" "$NEW_LIBC" || die "patchelf $RUBY failed"
 
 API=$(ls "$ROOT/usr/lib/ruby" | grep -E "^$V\.[0-9]+$" | head -1)
 [ -n "$API" ] || die "no standard library directory for $V under $ROOT/usr/lib/ruby"
