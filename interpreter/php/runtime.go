@@ -46,7 +46,16 @@ type UnwinderProc struct {
 	JITReturn          uint64
 	OpArrayOpcodes     uint16
 	OpArrayLast        uint16
-	_                  [4]uint8
+	OpArrayFilename    uint16
+	_                  [2]uint8
+}
+
+// unwinderFunctionHead mirrors struct php_function_head.
+type unwinderFunctionHead struct {
+	Type         uint8
+	ArgFlags     [3]uint8
+	FnFlags      uint32
+	FunctionName uint64
 }
 
 // unwinderExecuteData mirrors struct php_execute_data: the fields of
@@ -70,8 +79,10 @@ const (
 // them.
 func readsExecuteData() bool {
 	var ed unwinderExecuteData
+	var fn unwinderFunctionHead
 	return unsafe.Offsetof(ed.Opline) == executeDataOpline && unsafe.Offsetof(ed.Func) == executeDataFunc &&
-		unsafe.Offsetof(ed.PrevExecuteData) == executeDataPrev
+		unsafe.Offsetof(ed.PrevExecuteData) == executeDataPrev && unsafe.Offsetof(fn.Type) == functionType &&
+		unsafe.Offsetof(fn.FunctionName) == functionName
 }
 
 // recognise finds a PHP engine by the symbols every PHP 8 exports.
@@ -125,6 +136,7 @@ func (b *phpBinary) Attach(h interpreter.Host) (interpreter.Process, error) {
 		CurrentExecuteData: bias + b.ExecutorGlobals + b.layout.CurrentExecuteData,
 		OpArrayOpcodes:     uint16(b.layout.OpArrayOpcodes),
 		OpArrayLast:        uint16(b.layout.OpArrayLast),
+		OpArrayFilename:    uint16(b.layout.OpArrayFilename),
 	}
 	if b.JITReturn != 0 {
 		cfg.JITReturn = bias + b.JITReturn

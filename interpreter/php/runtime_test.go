@@ -18,7 +18,8 @@ func TestUnwinderStructs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, mirror := range map[string]any{"php_proc": UnwinderProc{}, "php_execute_data": unwinderExecuteData{}} {
+	for name, mirror := range map[string]any{"php_proc": UnwinderProc{}, "php_execute_data": unwinderExecuteData{},
+		"php_function_head": unwinderFunctionHead{}} {
 		if err := shared.CheckMirror(name, mirror); err != nil {
 			t.Error(err)
 		}

@@ -28,11 +28,21 @@ const (
 	lineCost      = 24
 )
 
-// FrameTop marks, in a frame's addr, a frame flagged ZEND_CALL_TOP (the one
-// a call of the VM was entered for): file-level code so flagged is the
-// script's {main}, otherwise an included file's. Oplines are 8-byte
-// aligned, so the bit is free (PHP_FRAME_TOP in php.ebpf.c).
-const FrameTop = 1
+// Flags in the low bits of a frame's addr, which oplines (8-byte aligned)
+// leave free (PHP_FRAME_* in php.ebpf.c).
+const (
+	// FrameTop: the frame is flagged ZEND_CALL_TOP (the one a call of the
+	// VM was entered for): file-level code so flagged is the script's
+	// {main}, otherwise an included file's.
+	FrameTop = 1
+	// FrameCode: file-level code, whose file id is its file name (a
+	// zend_string), not its zend_function: the request's copy of the
+	// script's zend_op_array is freed when it ends.
+	FrameCode = 2
+	// FrameEval: the code is eval'd.
+	FrameEval  = 4
+	frameFlags = FrameTop | FrameCode | FrameEval
+)
 
 // errBadFunction says memory did not hold the zend_function expected there:
 // freed (a request's functions are, at its end, without OPcache), or never
@@ -112,7 +122,10 @@ func (e *cachedFunction) cost() int {
 // Frame names the frame of the zend_function fn at opline, as the unwinder
 // reports them (addr: opline, FrameTop set for a ZEND_CALL_TOP frame).
 func (s *Symbolizer) Frame(fn, addr uint64) (Frame, error) {
-	opline, top := addr&^FrameTop, addr&FrameTop != 0
+	opline, top := addr&^frameFlags, addr&FrameTop != 0
+	if addr&FrameCode != 0 {
+		return s.codeFrame(fn, opline, top, addr&FrameEval != 0)
+	}
 	head := make([]byte, s.l.functionHead())
 	if err := s.mem.Read(fn, head); err != nil {
 		return Frame{}, err
@@ -141,14 +154,7 @@ func (s *Symbolizer) Frame(fn, addr uint64) (Frame, error) {
 	}
 	f := Frame{Function: e.function, File: e.file}
 	if e.code {
-		switch {
-		case id.typ == evalCode:
-			f.Function = "{eval}"
-		case top:
-			f.Function = "{main}"
-		default:
-			f.Function = "{include}"
-		}
+		f.Function = codeName(top, id.typ == evalCode)
 	}
 	if id.typ == internalFunction {
 		return f, nil
@@ -158,6 +164,37 @@ func (s *Symbolizer) Frame(fn, addr uint64) (Frame, error) {
 		return Frame{}, err
 	}
 	f.Line = line
+	return f, nil
+}
+
+// codeName names file-level code.
+func codeName(top, eval bool) string {
+	switch {
+	case eval:
+		return "{eval}"
+	case top:
+		return "{main}"
+	}
+	return "{include}"
+}
+
+// codeFrame names a frame of file-level code from its file name (a
+// zend_string at file) and its opline, which the unwinder checked (0 when
+// unknown): OPcache keeps both in shared memory for as long as the script
+// is cached.
+func (s *Symbolizer) codeFrame(file, opline uint64, top, eval bool) (Frame, error) {
+	name, err := s.str(file)
+	if err != nil {
+		return Frame{}, err
+	}
+	f := Frame{Function: codeName(top, eval), File: name}
+	if opline != 0 {
+		line, err := s.mem.U32(opline + opLineno)
+		if err != nil {
+			return Frame{}, err
+		}
+		f.Line = int(line)
+	}
 	return f, nil
 }
 

@@ -22,9 +22,9 @@
 // body and lets the native unwinder step past that frame, which hands the
 // frames of that call over again (internals.md §7).
 //
-// Its frames: file_id is the frame's zend_function, addr its opline (0 for
-// a C function's frame, whose opline is never written), with PHP_FRAME_TOP
-// set for a frame flagged ZEND_CALL_TOP.
+// Its frames: file_id is the frame's zend_function (for file-level code its
+// file name), addr its opline (0 for a C function's frame, whose opline is
+// never written, and where unknown) with PHP_FRAME_* flags.
 #include "tracemgmt.h"
 
 // zend_function.type of a C function (ZEND_INTERNAL_FUNCTION).
@@ -34,9 +34,15 @@
 #define PHP_CALL_TOP (1 << 17)
 // sizeof(zend_op), alike in 8.0-8.4.
 #define PHP_OP_SIZE 32
-// Set in a frame's addr for a frame flagged ZEND_CALL_TOP: oplines are
-// 8-byte aligned (php.FrameTop).
-#define PHP_FRAME_TOP 1
+// zend_function.type of eval'd code (ZEND_EVAL_CODE).
+#define PHP_EVAL_CODE 4
+// Flags in the low bits of a frame's addr, which oplines (8-byte aligned)
+// leave free (php.FrameTop, FrameCode, FrameEval): the frame is flagged
+// ZEND_CALL_TOP; it is file-level code, whose file_id is its file name (a
+// zend_string); that code is eval'd.
+#define PHP_FRAME_TOP  1
+#define PHP_FRAME_CODE 2
+#define PHP_FRAME_EVAL 4
 
 // What the PHP unwinder needs of a PHP process (its entry in
 // runtime_procs); user space fills it from package php's tables.
@@ -46,10 +52,11 @@ struct php_proc {
   // A process address in execute_ex's body past its prologue, where JIT
   // code is unwound from (0: the binary has no JIT support found).
   u64 jit_return;
-  // zend_op_array's opcodes and last (the number of oplines).
+  // zend_op_array's opcodes, last (the number of oplines) and filename.
   u16 op_array_opcodes;
   u16 op_array_last;
-  u8 pad[4];
+  u16 op_array_filename;
+  u8 pad[2];
 };
 _Static_assert(sizeof(struct php_proc) <= RUNTIME_PROC_SIZE, "php_proc too large");
 
@@ -65,6 +72,15 @@ struct php_execute_data {
   u32 this_type_info;
   u32 this_num_args;
   u64 prev_execute_data;
+};
+
+// The head of zend_function, alike in 8.0-8.4: its type (the common
+// part's), and its name (NULL for file-level code).
+struct php_function_head {
+  u8 type;
+  u8 arg_flags[3];
+  u32 fn_flags;
+  u64 function_name;
 };
 
 // The runtime's counters (runtime_metrics), reported by user space under the
@@ -116,6 +132,7 @@ struct php_walk {
 volatile const struct php_btf_exports {
   struct php_proc php_proc;
   struct php_execute_data php_execute_data;
+  struct php_function_head php_function_head;
   enum php_metric php_metric;
 } php_btf_exports __attribute__((used));
 
@@ -148,7 +165,9 @@ static __always_inline struct php_walk *php_walk_of(const struct trace *t)
 
 // The innermost frame's opline: r15 when the VM's registers hold this frame
 // (r14 is its execute_data) and r15 points into its instructions; else
-// EX(opline), which user space range-checks; none (0) in JIT code.
+// EX(opline) if it does; else none (0). JIT code keeps no opline anywhere:
+// EX(opline) is the last one stored before a call out, a line the frame has
+// moved on from.
 static __always_inline u64 php_innermost_opline(const struct unwind_state *state,
                                                 const struct php_walk *w,
                                                 const struct php_proc *proc, u64 ed,
@@ -156,18 +175,16 @@ static __always_inline u64 php_innermost_opline(const struct unwind_state *state
 {
   u64 opcodes;
   u32 last;
-  // JIT code keeps no opline anywhere: EX(opline) is the last one stored
-  // before a call out, a line the frame has moved on from.
-  if (w->jit)
-    return 0;
-  if (state->r14 != ed || !state->r15 ||
+  if (w->jit ||
       bpf_probe_read_user(&opcodes, sizeof(opcodes), (void *)(ex->func + proc->op_array_opcodes)) ||
       bpf_probe_read_user(&last, sizeof(last), (void *)(ex->func + proc->op_array_last)))
-    return ex->opline;
-  if (state->r15 < opcodes || state->r15 >= opcodes + (u64)last * PHP_OP_SIZE)
-    return ex->opline;
-  increment_runtime_metric(RUNTIME_PHP, METRIC_PHP_REGISTER_OPLINES);
-  return state->r15;
+    return 0;
+  u64 end = opcodes + (u64)last * PHP_OP_SIZE;
+  if (state->r14 == ed && state->r15 >= opcodes && state->r15 < end) {
+    increment_runtime_metric(RUNTIME_PHP, METRIC_PHP_REGISTER_OPLINES);
+    return state->r15;
+  }
+  return ex->opline >= opcodes && ex->opline < end ? ex->opline : 0;
 }
 
 // What a walk of one execute_ex call leaves to do.
@@ -199,16 +216,28 @@ static __always_inline int php_walk_call(struct php_walk *w, const struct php_pr
     // A delegating generator's placeholder frame has no function.
     if (!ex.func)
       continue;
-    if (bpf_probe_read_user(&type, sizeof(type), (void *)ex.func))
+    struct php_function_head fn;
+    if (bpf_probe_read_user(&fn, sizeof(fn), (void *)ex.func))
       goto fail;
-    u64 opline = 0;
+    type = fn.type;
+    u64 id = ex.func, opline = 0;
     if (type != PHP_INTERNAL_FUNCTION)
       opline = w->innermost ? php_innermost_opline(state, w, proc, ed, &ex) : ex.opline;
+    int top = (ex.this_type_info & PHP_CALL_TOP) != 0;
+    u64 flags = top ? PHP_FRAME_TOP : 0;
+    if (type != PHP_INTERNAL_FUNCTION && !fn.function_name) {
+      // File-level code: its zend_op_array is the request's copy (OPcache
+      // keeps the instructions and file name in shared memory), freed when
+      // the script ends, often before user space reads it: the frame
+      // carries the file name instead.
+      if (bpf_probe_read_user(&id, sizeof(id), (void *)(ex.func + proc->op_array_filename)))
+        goto fail;
+      flags |= type == PHP_EVAL_CODE ? PHP_FRAME_CODE | PHP_FRAME_EVAL : PHP_FRAME_CODE;
+    }
     w->innermost = 0;
     w->call_frames++;
     increment_runtime_metric(RUNTIME_PHP, METRIC_PHP_FRAMES);
-    int top = (ex.this_type_info & PHP_CALL_TOP) != 0;
-    if (push_runtime_frame(t, RUNTIME_PHP, ex.func, opline | (top ? PHP_FRAME_TOP : 0)))
+    if (push_runtime_frame(t, RUNTIME_PHP, id, opline | flags))
       return PHP_CALL_FULL;
     // A C function called through zend_call_function is flagged too, but
     // runs without a call of execute_ex of its own.

@@ -1,8 +1,14 @@
 package integration
 
 import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -151,3 +157,150 @@ func profilePHPChain(t *testing.T, b *phpfetch.Build, flags ...string) (float64,
 	return share, metrics, len(samples)
 }
 
+// phpFPM is a php-fpm pool serving the workload on a unix socket.
+type phpFPM struct {
+	sock string
+	cmd  *exec.Cmd
+}
+
+// startFPM starts a pool of workers (pm = static) that are recycled
+// after maxRequests requests each.
+func startFPM(t *testing.T, b *phpfetch.Build, workers, maxRequests int) *phpFPM {
+	t.Helper()
+	dir := t.TempDir()
+	f := &phpFPM{sock: filepath.Join(dir, "fpm.sock")}
+	conf := filepath.Join(dir, "fpm.conf")
+	err := os.WriteFile(conf, []byte(fmt.Sprintf(`[global]
+error_log = %s
+daemonize = no
+[test]
+listen = %s
+pm = static
+pm.max_children = %d
+pm.max_requests = %d
+`, filepath.Join(dir, "fpm.log"), f.sock, workers, maxRequests)), 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// -R: workers may run as root, the tests' user. OPcache on, as
+	// Debian's php-fpm has it: without it a request's code is freed when
+	// it ends, often before the daemon reads it.
+	f.cmd = exec.Command(b.FPM, "-n", "-F", "-R", "-y", conf, "-d", "zend_extension="+b.OPcache, "-d", "opcache.enable=1")
+	if err := f.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = f.cmd.Process.Signal(syscall.SIGQUIT)
+		done := make(chan error, 1)
+		go func() { done <- f.cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = f.cmd.Process.Kill()
+			<-done
+		}
+	})
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(f.sock); err == nil {
+			return f
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(dir, "fpm.log"))
+			t.Fatalf("php-fpm did not listen on %s within 10 s:\n%s", f.sock, log)
+		}
+	}
+}
+
+// load sends requests for the workload's chain, each spinning ms
+// milliseconds, from clients concurrent clients for d, and returns how many
+// each worker (by pid) served.
+func (f *phpFPM) load(t *testing.T, script string, clients int, d time.Duration, ms int) map[int]int {
+	t.Helper()
+	var mu sync.Mutex
+	served := map[int]int{}
+	var errs []error
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(d)
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				out, err := fcgiGet(f.sock, script, fmt.Sprintf("ms=%d", ms), 10*time.Second)
+				var pid int
+				if err == nil {
+					_, err = fmt.Sscanf(out, "%d", &pid)
+				}
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, err)
+				} else {
+					served[pid]++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("%d requests failed, the first: %v", len(errs), errs[0])
+	}
+	return served
+}
+
+// inRequest says whether a sample was taken while php-fpm ran a script:
+// its native frames, which the PHP frames do not replace, show it.
+func inRequest(tr *libpf.Trace) bool {
+	// php_execute_script_ex from 8.3 on.
+	return slices.ContainsFunc(tr.Frames, func(f libpf.Frame) bool { return strings.HasPrefix(f.FunctionName, "php_execute_script") })
+}
+
+// TestPHPFPM: a php-fpm pool of four workers recycled after 50 requests
+// each, under a load loop of four clients: every worker's samples during
+// its requests show the request's chain.
+func TestPHPFPM(t *testing.T) {
+	requireRoot(t)
+	script, hot := phpWorkload(t)
+	outer := []phpFrame{{"{main}", []uint32{hot["request"]}}}
+	for _, v := range phpfetch.Versions {
+		t.Run("PHP "+v, func(t *testing.T) {
+			b, err := phpfetch.PHP(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fpm := startFPM(t, b, 4, 50)
+			s := startSession(t, testHz)
+			served := fpm.load(t, script, 4, 6*time.Second, 20)
+			s.stop(t)
+			var requests, n, ok, thin int
+			misses := map[string]int{}
+			for pid, r := range served {
+				requests += r
+				var wn, wok int
+				for _, smp := range s.rec.ofPID(pid) {
+					if !inRequest(smp.trace) {
+						continue
+					}
+					wn++
+					if phpChain(phpFrames(smp.trace), script, hot, outer, false) {
+						wok++
+					} else {
+						misses[phpStack(smp.trace)]++
+					}
+				}
+				n, ok = n+wn, ok+wok
+				// A worker with a second of requests has some 50 samples.
+				if wn < 10 || share(wok, wn) < 0.8 {
+					thin++
+					t.Logf("worker %d: %d requests, %d samples in them, %d with the chain", pid, r, wn, wok)
+				}
+			}
+			t.Logf("%d workers served %d requests; %d samples in requests, %.1f%% with the chain", len(served), requests, n, 100*share(ok, n))
+			logTopStacks(t, misses, 4)
+			if len(served) < 8 || share(ok, n) < 0.95 || thin > 0 {
+				t.Errorf("%d workers (want >= 8, recycled), %.1f%% of the samples in requests with the chain (want >= 95%%), %d workers with fewer than 10 samples or 80%% with the chain (want 0)",
+					len(served), 100*share(ok, n), thin)
+			}
+		})
+	}
+}
