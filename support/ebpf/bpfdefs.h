@@ -109,6 +109,8 @@ struct task_struct {
   struct signal_struct *signal;
   struct thread_struct thread;
   struct mm_struct *mm;
+  int tgid;
+  struct task_struct *real_parent;
 } __attribute__((preserve_access_index));
 struct vm_area_struct {
   unsigned long vm_start;

@@ -319,12 +319,44 @@ static __always_inline void increment_runtime_metric(u32 runtime, u32 metric)
     *count += 1;
 }
 
+// The process the current task's process was forked from without an exec
+// since (a pre-forking server's worker: php-fpm's, unicorn's), which it
+// shares its address space's layout with; 0 if none. After a fork the
+// child's mm points at the parent's executable file object, an exec opens
+// a new one.
+static __always_inline u32 forked_from(void)
+{
+  struct task_struct *task = (struct task_struct *)bpf_get_current_task(), *parent;
+  struct mm_struct *mm, *parent_mm;
+  struct file *exe, *parent_exe;
+  int tgid;
+  if (CORE_READ_KERNEL(&parent, &task->real_parent) || !parent ||
+      CORE_READ_KERNEL(&tgid, &parent->tgid) || tgid <= 1 || CORE_READ_KERNEL(&mm, &task->mm) ||
+      !mm || CORE_READ_KERNEL(&parent_mm, &parent->mm) || !parent_mm ||
+      CORE_READ_KERNEL(&exe, &mm->exe_file) || !exe ||
+      CORE_READ_KERNEL(&parent_exe, &parent_mm->exe_file) || exe != parent_exe)
+    return 0;
+  return tgid;
+}
+
 // The configuration user space wrote for runtime in process pid, or NULL:
-// a runtime's struct, cast from the generic room.
+// a runtime's struct, cast from the generic room. A process user space has
+// not described yet that was forked from one it has (the addresses in the
+// configuration hold in both) gets its parent's: a new worker of a
+// pre-forking server is unwound from its first sample.
 static __always_inline const void *runtime_config(u32 pid, u32 runtime)
 {
   struct runtime_proc_key key = {.pid = pid, .runtime = runtime};
-  return bpf_map_lookup_elem(&runtime_procs, &key);
+  const void *config = bpf_map_lookup_elem(&runtime_procs, &key);
+  if (config)
+    return config;
+  key.pid = forked_from();
+  if (!key.pid)
+    return 0;
+  config = bpf_map_lookup_elem(&runtime_procs, &key);
+  if (config)
+    increment_metric(METRIC_RUNTIME_CONFIG_OF_PARENT);
+  return config;
 }
 
 // Appends a frame of a runtime (its id is the frame's kind); same result

@@ -301,6 +301,9 @@ enum metric_id {
   // user space keeps no state for: not sent.
   METRIC_EXECS_UNTRACKED,
   METRIC_EXITS_UNTRACKED,
+  // A runtime's unwinder ran on its configuration for the process the
+  // sampled one was forked from: user space had not described the child.
+  METRIC_RUNTIME_CONFIG_OF_PARENT,
   METRIC_COUNT,
 };
 

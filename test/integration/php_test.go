@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 	"github.com/hostprof/ebpf-profiler/interpreter/php"
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/utils/phpfetch"
+	"github.com/hostprof/ebpf-profiler/utils/testenv"
 )
 
 // phpWorkload returns the path of phpworkload.php and the lines of its
@@ -303,4 +305,65 @@ func TestPHPFPM(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPHPFPMDaemonMemory runs the daemon itself for five minutes beside a
+// php-fpm pool whose four workers are recycled every 50 requests (some
+// thousand worker processes come and go) and checks that its resident
+// memory stays flat: the last minute's floor (the Go heap's after a
+// collection; RSS rises to twice it between collections) within 15% of
+// the second minute's (the first is start-up).
+func TestPHPFPMDaemonMemory(t *testing.T) {
+	requireRoot(t)
+	const run, every = 5 * time.Minute, 5 * time.Second
+	script, _ := phpWorkload(t)
+	b, err := phpfetch.PHP(phpfetch.Versions[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemon := buildDaemon(t)
+	skipIfPreparing(t)
+	fpm := startFPM(t, b, 4, 50)
+	d := testenv.StartDaemon(t, nil, daemon, "-output-dir="+t.TempDir(), "-reporter-interval=10s",
+		"-samples-per-second="+strconv.Itoa(testHz))
+	d.WaitForLog(t, "Sampling ", time.Minute)
+	served := make(chan map[int]int, 1)
+	go func() { served <- fpm.load(t, script, 4, run, 20) }()
+	var rss []float64 // MiB, one per interval
+	for start := time.Now(); time.Since(start) < run; {
+		time.Sleep(every)
+		kib, err := residentKiB(d.Cmd.Process.Pid)
+		if err != nil {
+			t.Fatalf("reading the daemon's memory: %v", err)
+		}
+		rss = append(rss, float64(kib)/1024)
+	}
+	workers := <-served
+	d.Stop(t, time.Minute)
+	perMinute := int(time.Minute / every)
+	base, end := slices.Min(rss[perMinute:2*perMinute]), slices.Min(rss[len(rss)-perMinute:])
+	t.Logf("%d workers over %v; daemon RSS every %v (MiB): %.1f", len(workers), run, every, rss)
+	t.Logf("floor: second minute %.1f MiB, last minute %.1f MiB (%+.1f%%)", base, end, 100*(end/base-1))
+	if len(workers) < 100 {
+		t.Errorf("%d workers served requests, want >= 100 (recycled every 50 requests)", len(workers))
+	}
+	if end > 1.15*base {
+		t.Errorf("the daemon's RSS floor grew from %.1f to %.1f MiB, want within 15%%", base, end)
+	}
+}
+
+// residentKiB reads a process's resident set size (VmRSS).
+func residentKiB(pid int) (int, error) {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			var kib int
+			_, err := fmt.Sscanf(strings.TrimSpace(v), "%d kB", &kib)
+			return kib, err
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
 }

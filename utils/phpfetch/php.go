@@ -25,6 +25,8 @@ type Build struct {
 	Args     []string
 	// OPcache is the opcache.so zend_extension.
 	OPcache string
+	// Headers is the directory of its headers (php-config --include-dir).
+	Headers string
 }
 
 // Command is the CLI running args after the build's own.
@@ -47,8 +49,9 @@ func PHP(v string) (*Build, error) {
 		root = filepath.Join(cacheDir(v), "root")
 	}
 	b := &Build{Version: v, CLI: filepath.Join(root, "usr/bin/php"+v), FPM: filepath.Join(root, "usr/sbin/php-fpm"+v),
-		OPcache: filepath.Join(root, "usr/lib/php", api[v], "opcache.so"), Args: []string{"-n"}}
-	for _, p := range []string{b.CLI, b.FPM, b.OPcache} {
+		OPcache: filepath.Join(root, "usr/lib/php", api[v], "opcache.so"), Args: []string{"-n"},
+		Headers: filepath.Join(root, "usr/include/php", api[v])}
+	for _, p := range []string{b.CLI, b.FPM, b.OPcache, b.Headers} {
 		if _, err := os.Stat(p); err != nil {
 			return nil, fmt.Errorf("PHP %s: %w (make test-deps installs it)", v, err)
 		}

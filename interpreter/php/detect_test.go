@@ -1,0 +1,121 @@
+package php
+
+import (
+	"bufio"
+	"debug/elf"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hostprof/ebpf-profiler/interpreter"
+	"github.com/hostprof/ebpf-profiler/nativeunwind"
+	"github.com/hostprof/ebpf-profiler/utils/phpfetch"
+)
+
+// detectFile runs Detect on a file as the process manager would.
+func detectFile(t testing.TB, path string) *Binary {
+	t.Helper()
+	f, err := elf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	dyn, err := nativeunwind.ReadSymbols(f, elf.SHT_DYNSYM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Detect(f, dyn)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return b
+}
+
+// TestDetectNotPHP: other files are not taken for PHP.
+func TestDetectNotPHP(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := elf.Open(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dyn, _ := nativeunwind.ReadSymbols(f, elf.SHT_DYNSYM)
+	if _, err := Detect(f, dyn); err != ErrNotPHP {
+		t.Errorf("test binary: %v, want ErrNotPHP", err)
+	}
+}
+
+// TestDetect reads the CLI and php-fpm of every tested release: the
+// version the interpreter states, a layout for it, and the dispatch in
+// execute_ex where JIT code is unwound from.
+func TestDetect(t *testing.T) {
+	for _, v := range phpfetch.Versions {
+		b, err := phpfetch.PHP(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := b.Command("-r", "echo PHP_VERSION;").Output()
+		if err != nil {
+			t.Fatalf("%s: %v", b.CLI, err)
+		}
+		for _, path := range []string{b.CLI, b.FPM} {
+			d := detectFile(t, path)
+			if d.Version.String() != string(out) || d.ThreadSafe {
+				t.Errorf("%s: version %v (thread-safe %v), want %s, not thread-safe", path, d.Version, d.ThreadSafe, out)
+			}
+			if _, err := LayoutFor(d.Version); err != nil {
+				t.Error(err)
+			}
+			if d.JITReturn <= d.ExecuteEx[0] || d.JITReturn >= d.ExecuteEx[1] {
+				t.Errorf("%s: JIT return %#x outside execute_ex %#x", path, d.JITReturn, d.ExecuteEx)
+				continue
+			}
+			f, _ := elf.Open(path)
+			code, err := interpreter.ReadELF(f, d.JITReturn-3, 3)
+			f.Close()
+			// jmp *(%r15)
+			if err != nil || string(code) != "\x41\xff\x27" {
+				t.Errorf("%s: % x before the JIT return, want 41 ff 27 (jmp *(%%r15)): %v", path, code, err)
+			}
+		}
+	}
+}
+
+// TestParseVersion covers the version strings releases and builds print.
+func TestParseVersion(t *testing.T) {
+	for in, want := range map[string]Version{"8.2.36": {8, 2, 36}, "8.4.0-dev": {8, 4, 0}, "8.3.0RC1": {8, 3, 0}} {
+		if got, err := parseVersion(in); err != nil || got != want {
+			t.Errorf("parseVersion(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "8", "8.2", "x.y.z", "8.2.123456"} {
+		if _, err := parseVersion(in); err == nil {
+			t.Errorf("parseVersion(%q) succeeded", in)
+		}
+	}
+}
+
+// startPHP runs a script under b that prints a line, then spins; it
+// returns the pid once it spins, and is killed at the test's end.
+func startPHP(t testing.TB, b *phpfetch.Build, args ...string) int {
+	t.Helper()
+	cmd := b.Command(args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "hot phase") {
+		t.Fatalf("%s printed %q: %v", b.CLI, line, err)
+	}
+	time.Sleep(100 * time.Millisecond) // into the loop
+	return cmd.Process.Pid
+}
