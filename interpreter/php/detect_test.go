@@ -49,7 +49,8 @@ func TestDetectNotPHP(t *testing.T) {
 	}
 }
 
-// TestDetect reads the CLI and php-fpm of every tested release: the
+// TestDetect reads the CLI, php-fpm and Apache module of every tested
+// release: the
 // version the interpreter states, a layout for it, and the dispatch in
 // execute_ex where JIT code is unwound from.
 func TestDetect(t *testing.T) {
@@ -62,7 +63,10 @@ func TestDetect(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", b.CLI, err)
 		}
-		for _, path := range []string{b.CLI, b.FPM} {
+		for _, path := range []string{b.CLI, b.FPM, b.Apache} {
+			if path == "" {
+				continue
+			}
 			d := detectFile(t, path)
 			if d.Version.String() != string(out) || d.ThreadSafe {
 				t.Errorf("%s: version %v (thread-safe %v), want %s, not thread-safe", path, d.Version, d.ThreadSafe, out)

@@ -1,7 +1,7 @@
 #!/bin/bash
 # fetch-php.sh VERSION - a Debian PHP build (8.4) for the profiler's PHP tests.
 #
-# Downloads php$VERSION's CLI, FPM, OPcache and headers (-dev: the layout test compiles against
+# Downloads php$VERSION's CLI, FPM, OPcache, Apache module and headers (-dev: the layout test compiles against
 # them) from the Debian suite that carries it (8.4: trixie
 # with its security updates) with the libraries they link against, and unpacks them with
 # dpkg-deb -x into
@@ -26,13 +26,14 @@ esac
 BASE=${XDG_CACHE_HOME:-$HOME/.cache}/ebpf-profiler
 OUT=$BASE/php-$V-amd64 ROOT=$BASE/php-$V-amd64/root
 PHP=$ROOT/usr/bin/php$V FPM=$ROOT/usr/sbin/php-fpm$V
-if [ -f "$OUT/.complete" ] && [ -d "$ROOT/usr/include/php" ] && "$PHP" -n -r 'exit(0);' >/dev/null 2>&1; then
+if [ -f "$OUT/.complete" ] && [ -d "$ROOT/usr/include/php" ] && [ -f "$ROOT/usr/lib/apache2/modules/libphp$V.so" ] && "$PHP" -n -r 'exit(0);' >/dev/null 2>&1; then
   echo "$PHP"
   exit 0
 fi
 
 . "$(dirname "$0")/../debfetch/runtime-debs.sh"
-unpack_runtime "$OUT" "$SUITE" "$SECURITY" "$NEW_LIBC" "php$V-cli" "php$V-fpm" "php$V-opcache" "php$V-common" "php$V-dev" ||
+unpack_runtime "$OUT" "$SUITE" "$SECURITY" "$NEW_LIBC" "php$V-cli" "php$V-fpm" "php$V-opcache" "php$V-common" "php$V-dev" \
+  "libapache2-mod-php$V" ||
   die "unpacking PHP $V failed"
 for exe in "$PHP" "$FPM"; do
   [ -x "$exe" ] || die "$exe missing after unpacking"

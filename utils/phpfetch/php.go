@@ -27,6 +27,9 @@ type Build struct {
 	OPcache string
 	// Headers is the directory of its headers (php-config --include-dir).
 	Headers string
+	// Apache is the Apache module (libphp), unpacked for the releases
+	// fetch-php.sh fetches (detection is tested on it; it is not run).
+	Apache string
 }
 
 // Command is the CLI running args after the build's own.
@@ -51,7 +54,12 @@ func PHP(v string) (*Build, error) {
 	b := &Build{Version: v, CLI: filepath.Join(root, "usr/bin/php"+v), FPM: filepath.Join(root, "usr/sbin/php-fpm"+v),
 		OPcache: filepath.Join(root, "usr/lib/php", api[v], "opcache.so"), Args: []string{"-n"},
 		Headers: filepath.Join(root, "usr/include/php", api[v])}
-	for _, p := range []string{b.CLI, b.FPM, b.OPcache, b.Headers} {
+	files := []string{b.CLI, b.FPM, b.OPcache, b.Headers}
+	if v != "8.2" {
+		b.Apache = filepath.Join(root, "usr/lib/apache2/modules/libphp"+v+".so")
+		files = append(files, b.Apache)
+	}
+	for _, p := range files {
 		if _, err := os.Stat(p); err != nil {
 			return nil, fmt.Errorf("PHP %s: %w (make test-deps installs it)", v, err)
 		}
