@@ -50,9 +50,8 @@ func TestDetectNotPHP(t *testing.T) {
 }
 
 // TestDetect reads the CLI, php-fpm and Apache module of every tested
-// release: the
-// version the interpreter states, a layout for it, and the dispatch in
-// execute_ex where JIT code is unwound from.
+// release: the version the interpreter states, a layout for it, and the
+// dispatch in execute_ex where JIT code is unwound from.
 func TestDetect(t *testing.T) {
 	for _, v := range phpfetch.Versions {
 		b, err := phpfetch.PHP(v)
