@@ -18,6 +18,9 @@ const ID interpreter.ID = 8
 // Kind is the frame kind of PHP frames.
 const Kind = libpf.FrameKind(ID)
 
+// TierJIT is the tier of a frame that ran OPcache's JIT code when sampled.
+const TierJIT = "JIT"
+
 // Runtime is PHP as the process manager drives it.
 var Runtime = &interpreter.Runtime{
 	Name:         "php",
@@ -196,6 +199,9 @@ func (p *process) Symbolize(f support.Frame, out []libpf.Frame) ([]libpf.Frame, 
 	fr := libpf.Frame{Kind: Kind, FunctionName: pf.Function, SourceFile: pf.File}
 	if pf.Line > 0 {
 		fr.SourceLine = uint32(pf.Line)
+	}
+	if pf.JIT {
+		fr.Tier = TierJIT
 	}
 	return append(out, fr), nil
 }

@@ -40,8 +40,11 @@ const (
 	// script's zend_op_array is freed when it ends.
 	FrameCode = 2
 	// FrameEval: the code is eval'd.
-	FrameEval  = 4
-	frameFlags = FrameTop | FrameCode | FrameEval
+	FrameEval = 4
+	// FrameJIT, in the top bit (above user-space addresses): the frame ran
+	// OPcache's JIT code when sampled.
+	FrameJIT   = 1 << 63
+	frameFlags = FrameTop | FrameCode | FrameEval | FrameJIT
 )
 
 // errBadFunction says memory did not hold the zend_function expected there:
@@ -58,6 +61,8 @@ type Frame struct {
 	// Line is 0 where unknown: a C function, the innermost frame of JIT
 	// code, an opline that does not point into its function.
 	Line int
+	// JIT: the frame ran OPcache's JIT code when sampled (its tier).
+	JIT bool
 }
 
 // Symbolizer names a process's frames from its memory. It is safe for
@@ -122,6 +127,12 @@ func (e *cachedFunction) cost() int {
 // Frame names the frame of the zend_function fn at opline, as the unwinder
 // reports them (addr: opline, FrameTop set for a ZEND_CALL_TOP frame).
 func (s *Symbolizer) Frame(fn, addr uint64) (Frame, error) {
+	f, err := s.frame(fn, addr)
+	f.JIT = addr&FrameJIT != 0
+	return f, err
+}
+
+func (s *Symbolizer) frame(fn, addr uint64) (Frame, error) {
 	opline, top := addr&^frameFlags, addr&FrameTop != 0
 	if addr&FrameCode != 0 {
 		return s.codeFrame(fn, opline, top, addr&FrameEval != 0)

@@ -114,8 +114,9 @@ func TestSymbolize(t *testing.T) {
 			}
 			defer syscall.Kill(pid, syscall.SIGCONT)
 			frames := liveFrames(t, s.mem, s.l, bias+d.ExecutorGlobals)
-			want := []Frame{{`Shop\Cart::leaf`, script, -1}, {`Shop\Cart::mid`, script, hot["mid"]},
-				{"array_map", "", 0}, {`Shop\top`, script, hot["top"]}, {"{main}", script, hot["main"]}}
+			want := []Frame{{Function: `Shop\Cart::leaf`, File: script, Line: -1},
+				{Function: `Shop\Cart::mid`, File: script, Line: hot["mid"]}, {Function: "array_map"},
+				{Function: `Shop\top`, File: script, Line: hot["top"]}, {Function: "{main}", File: script, Line: hot["main"]}}
 			var got []Frame
 			for _, fr := range frames {
 				sf, err := s.Frame(fr[0], fr[1])
@@ -188,13 +189,13 @@ func TestSymbolizeReusedAddress(t *testing.T) {
 	le.PutUint32(ops[opSize+opLineno:], 42)
 	mem := fakeMemory{fn: head, name1: zendString("first"), name2: zendString("second"), file: zendString("/a.php"), opcodes: ops}
 	s.mem = procmem.New(mem)
-	if f, err := s.Frame(fn, opcodes+opSize); err != nil || f != (Frame{"first", "/a.php", 42}) {
+	if f, err := s.Frame(fn, opcodes+opSize); err != nil || f != (Frame{Function: "first", File: "/a.php", Line: 42}) {
 		t.Fatalf("first: %+v, %v", f, err)
 	}
 	reused := append([]byte(nil), head...)
 	le.PutUint64(reused[functionName:], name2)
 	mem[fn] = reused
-	if f, err := s.Frame(fn, opcodes); err != nil || f != (Frame{"second", "/a.php", 0}) {
+	if f, err := s.Frame(fn, opcodes); err != nil || f != (Frame{Function: "second", File: "/a.php"}) {
 		t.Fatalf("reused: %+v, %v", f, err)
 	}
 	if st := s.Stats(); st.Stale != 1 || st.Misses != 2 {

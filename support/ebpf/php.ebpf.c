@@ -43,6 +43,9 @@
 #define PHP_FRAME_TOP  1
 #define PHP_FRAME_CODE 2
 #define PHP_FRAME_EVAL 4
+// And in its top bit, above user-space addresses (php.FrameJIT): the frame
+// ran JIT code when sampled.
+#define PHP_FRAME_JIT (1ULL << 63)
 
 // What the PHP unwinder needs of a PHP process (its entry in
 // runtime_procs); user space fills it from package php's tables.
@@ -123,9 +126,11 @@ struct php_walk {
   u8 started;
   // JIT code was met: r15 is one of its scratch registers, not an opline.
   u8 jit;
+  // The JIT code's frame, the first PHP (not C) frame since, is yet to be
+  // reported.
+  u8 jit_frame;
   // The innermost frame is yet to be reported.
   u8 innermost;
-  u8 pad;
 };
 
 // Never read: puts the structs user space mirrors into the BTF.
@@ -158,6 +163,7 @@ static __always_inline struct php_walk *php_walk_of(const struct trace *t)
     w->call_frames = 0;
     w->started = 0;
     w->jit = 0;
+    w->jit_frame = 0;
     w->innermost = 1;
   }
   return w;
@@ -234,6 +240,10 @@ static __always_inline int php_walk_call(struct php_walk *w, const struct php_pr
         goto fail;
       flags |= type == PHP_EVAL_CODE ? PHP_FRAME_CODE | PHP_FRAME_EVAL : PHP_FRAME_CODE;
     }
+    if (w->jit_frame && type != PHP_INTERNAL_FUNCTION) {
+      w->jit_frame = 0;
+      flags |= PHP_FRAME_JIT;
+    }
     w->innermost = 0;
     w->call_frames++;
     increment_runtime_metric(RUNTIME_PHP, METRIC_PHP_FRAMES);
@@ -306,6 +316,7 @@ int unwind_php(struct bpf_perf_event_data *ctx)
     }
     increment_runtime_metric(RUNTIME_PHP, METRIC_PHP_JIT_FRAMES);
     w->jit = 1;
+    w->jit_frame = 1;
     state->pc = proc->jit_return;
     state->return_address = 0;
     return runtime_return(ctx, r);

@@ -61,12 +61,18 @@ type phpFrame struct {
 
 // phpChain says whether fs, a sample's PHP frames, are the chain
 // workload's: Shop\Cart::leaf at its loop, Shop\Cart::mid, array_map and
-// Shop\top, then outer, each in the script at its line.
+// Shop\top, then outer, each in the script at its line. Under the JIT
+// leaf runs JIT code, which keeps no opline: it has no line, and the JIT
+// tier; top, waiting in a call from its code, has it where the function
+// JIT compiled it. Without the JIT no frame has a tier.
 func phpChain(fs []libpf.Frame, script string, hot map[string]uint32, outer []phpFrame, jit bool) bool {
-	leaf := []uint32{hot["leaf"], hot["leaf loop"]}
+	leaf, leafTier := []uint32{hot["leaf"], hot["leaf loop"]}, ""
 	if jit {
-		// JIT code keeps no opline: its innermost frame has no line.
-		leaf = []uint32{0}
+		leaf, leafTier = []uint32{0}, php.TierJIT
+	}
+	if len(fs) == 0 || fs[0].Tier != leafTier ||
+		slices.ContainsFunc(fs[1:], func(f libpf.Frame) bool { return f.Tier != "" && !(jit && f.FunctionName == `Shop\top`) }) {
+		return false
 	}
 	want := append([]phpFrame{{`Shop\Cart::leaf`, leaf},
 		{`Shop\Cart::mid`, []uint32{hot["mid"]}}, {"array_map", []uint32{0}}, {`Shop\top`, []uint32{hot["top"]}}}, outer...)
@@ -87,14 +93,15 @@ func phpMain(hot map[string]uint32) []phpFrame {
 	return []phpFrame{{"{main}", []uint32{hot["main"]}}}
 }
 
-// phpJIT are the interpreter flags of OPcache's tracing JIT on the CLI.
-func phpJIT(b *phpfetch.Build) []string {
-	return []string{"-d", "zend_extension=" + b.OPcache, "-d", "opcache.enable_cli=1", "-d", "opcache.jit=tracing",
+// phpJIT are the interpreter flags of OPcache's JIT in a mode (tracing,
+// function) on the CLI.
+func phpJIT(b *phpfetch.Build, mode string) []string {
+	return []string{"-d", "zend_extension=" + b.OPcache, "-d", "opcache.enable_cli=1", "-d", "opcache.jit=" + mode,
 		"-d", "opcache.jit_buffer_size=64M"}
 }
 
 // TestPHPStacks profiles the chain workload under each tested PHP, with
-// and without OPcache's tracing JIT, and checks its PHP frames (phpChain;
+// and without OPcache's JIT (tracing and function), and checks its PHP frames (phpChain;
 // array_map is a C function that calls back into a second run of the VM).
 func TestPHPStacks(t *testing.T) {
 	requireRoot(t)
@@ -104,10 +111,10 @@ func TestPHPStacks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, jit := range []bool{false, true} {
+		for _, jit := range []string{"", "tracing", "function"} {
 			name, flags := "PHP "+v, []string(nil)
-			if jit {
-				name, flags = name+" JIT", phpJIT(b)
+			if jit != "" {
+				name, flags = name+" "+jit+" JIT", phpJIT(b, jit)
 			}
 			t.Run(name, func(t *testing.T) {
 				share, metrics, n := profilePHPChain(t, b, flags...)
@@ -118,7 +125,7 @@ func TestPHPStacks(t *testing.T) {
 			})
 		}
 	}
-	logShareTable(t, "PHP", phpfetch.Versions, []string{"chain", "chain tracing JIT"}, results)
+	logShareTable(t, "PHP", phpfetch.Versions, []string{"chain", "chain tracing JIT", "chain function JIT"}, results)
 }
 
 // profilePHPChain runs the chain workload under b with flags and returns
