@@ -374,3 +374,41 @@ func residentKiB(pid int) (int, error) {
 	}
 	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
 }
+
+// TestPHPEval: the chain called from eval'd code in an included file:
+// {eval} (named by PHP's own "file(line) : eval()'d code") above
+// {include} above {main}.
+func TestPHPEval(t *testing.T) {
+	requireRoot(t)
+	script, hot := phpWorkload(t)
+	included, incHot := markedWorkload(t, "php", "included.php")
+	b, err := phpfetch.PHP(phpfetch.Versions[len(phpfetch.Versions)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startSession(t, testHz)
+	run := runPHP(t, b, script, "eval", 3*time.Second)
+	s.stop(t)
+	evalFile := fmt.Sprintf("%s(%d) : eval()'d code", included, incHot["eval"])
+	ok := 0
+	misses := map[string]int{}
+	samples := run.hotSamples(t, s.rec)
+	for _, smp := range samples {
+		fs := phpFrames(smp.trace)
+		n := len(fs)
+		good := n == 7 && phpChain(fs[:4], script, hot, nil, false) &&
+			fs[4] == libpf.Frame{Kind: php.Kind, FunctionName: "{eval}", SourceFile: evalFile, SourceLine: 1} &&
+			fs[5] == libpf.Frame{Kind: php.Kind, FunctionName: "{include}", SourceFile: included, SourceLine: incHot["eval"]} &&
+			fs[6] == libpf.Frame{Kind: php.Kind, FunctionName: "{main}", SourceFile: script, SourceLine: hot["require"]}
+		if good {
+			ok++
+		} else {
+			misses[phpStack(smp.trace)]++
+		}
+	}
+	t.Logf("%d samples, %.1f%% with the chain under {eval}, {include}, {main}", len(samples), 100*share(ok, len(samples)))
+	logTopStacks(t, misses, 4)
+	if len(samples) < testHz || share(ok, len(samples)) < 0.95 {
+		t.Errorf("%d of %d samples show the chain, want >= 95%%", ok, len(samples))
+	}
+}

@@ -56,7 +56,7 @@ switch ($mode) {
         top($deadline); # hot: main
         break;
     case 'eval':
-        require __DIR__ . '/included.php';
+        require __DIR__ . '/included.php'; # hot: require
         break;
     default:
         \fwrite(\STDERR, "unknown mode $mode\n");
