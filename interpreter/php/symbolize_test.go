@@ -14,6 +14,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/interpreter/libc/libctest"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
+	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/utils/phpfetch"
 )
 
@@ -81,6 +82,38 @@ func liveFrames(t testing.TB, mem *procmem.Reader, l *Layout, eg uint64) [][2]ui
 	return out
 }
 
+// liveChain starts the chain workload under release v, stops it in its
+// loop and returns a Symbolizer of it with its frames as the unwinder
+// reports them.
+func liveChain(t testing.TB, v string) (*Symbolizer, [][2]uint64) {
+	t.Helper()
+	script, _ := workload(t)
+	b, err := phpfetch.PHP(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := detectFile(t, b.CLI)
+	pid := startPHP(t, b, script, "chain", "30")
+	_, bias, err := libctest.Mapped(pid, func(base string) bool { return base == filepath.Base(b.CLI) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	s, err := NewSymbolizer(f, d.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) })
+	return s, liveFrames(t, s.mem, s.l, bias+d.ExecutorGlobals)
+}
+
 // TestSymbolize names the chain of a spinning workload of every tested
 // release from its memory: methods with their class, a C function, a
 // namespaced function, the script's {main}, with files and lines (the
@@ -90,30 +123,7 @@ func TestSymbolize(t *testing.T) {
 	script, hot := workload(t)
 	for _, v := range phpfetch.Versions {
 		t.Run(v, func(t *testing.T) {
-			b, err := phpfetch.PHP(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			d := detectFile(t, b.CLI)
-			pid := startPHP(t, b, script, "chain", "30")
-			_, bias, err := libctest.Mapped(pid, func(base string) bool { return base == filepath.Base(b.CLI) })
-			if err != nil {
-				t.Fatal(err)
-			}
-			f, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			s, err := NewSymbolizer(f, d.Version)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-				t.Fatal(err)
-			}
-			defer syscall.Kill(pid, syscall.SIGCONT)
-			frames := liveFrames(t, s.mem, s.l, bias+d.ExecutorGlobals)
+			s, frames := liveChain(t, v)
 			want := []Frame{{Function: `Shop\Cart::leaf`, File: script, Line: -1},
 				{Function: `Shop\Cart::mid`, File: script, Line: hot["mid"]}, {Function: "array_map"},
 				{Function: `Shop\top`, File: script, Line: hot["top"]}, {Function: "{main}", File: script, Line: hot["main"]}}
@@ -229,4 +239,26 @@ func TestSymbolizeGarbage(t *testing.T) {
 		addr := uint64(i) * 0x1008
 		_, _ = s.Frame(addr, uint64(i)&frameFlags|addr)
 	}
+}
+
+// BenchmarkSymbolize names the chain's five frames of a live 8.4 process,
+// from the cache (one read of each function's head) and afresh.
+func BenchmarkSymbolize(b *testing.B) {
+	s, frames := liveChain(b, phpfetch.Versions[len(phpfetch.Versions)-1])
+	run := func(b *testing.B, fresh bool) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if fresh {
+				s.cache = libpf.NewLRU[uint64, *cachedFunction](cacheEntries, cacheBytes)
+			}
+			for _, fr := range frames {
+				if _, err := s.Frame(fr[0], fr[1]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(frames)), "ns/frame")
+	}
+	b.Run("cached", func(b *testing.B) { run(b, false) })
+	b.Run("uncached", func(b *testing.B) { run(b, true) })
 }
