@@ -320,7 +320,7 @@ static __always_inline void increment_runtime_metric(u32 runtime, u32 metric)
 }
 
 // The process the current task's process was forked from without an exec
-// since (a pre-forking server's worker: php-fpm's, unicorn's), which it
+// since (a pre-forking server's worker), which it
 // shares its address space's layout with; 0 if none. After a fork the
 // child's mm points at the parent's executable file object, an exec opens
 // a new one.
