@@ -15,6 +15,7 @@ enum runtime_id {
   RUNTIME_JVM = 5,
   RUNTIME_V8 = 6,
   RUNTIME_RUBY = 7,
+  RUNTIME_PERL = 9,
   // Ids stay below this: a u32 bit mask holds one bit per runtime.
   RUNTIME_MAX = 32,
 };

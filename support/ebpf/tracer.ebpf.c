@@ -11,5 +11,6 @@
 #include "jvm.ebpf.c"
 #include "v8.ebpf.c"
 #include "ruby.ebpf.c"
+#include "perl.ebpf.c"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
