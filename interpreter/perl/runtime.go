@@ -47,7 +47,7 @@ type UnwinderProc struct {
 	TSDMaxKey          uint32
 	TSDSelfDeref       uint8
 	TSDBlockDeref      uint8
-	Pad                [2]uint8
+	_                  [2]uint8
 	InterpCurcop       uint16
 	InterpCurstackinfo uint16
 }
@@ -64,7 +64,7 @@ type unwinderSI struct {
 type unwinderCX struct {
 	Type, Gimme uint8
 	U16         uint16
-	Pad         uint32
+	_           uint32
 	Oldsp       uint64
 	Oldcop      uint64
 	BlkU        [3]uint64

@@ -77,15 +77,19 @@ if ($mode eq 'threads') { require threads; }
 $| = 1;
 printf "hot phase from %.6f\n", Time::HiRes::time();
 my $deadline = now() + $seconds;
-if ($mode eq 'chain') {
-    top($deadline);    # hot: main
-} elsif ($mode eq 'threads') {
+# One statement per call of a chain: caller() (and so the frames) give a
+# statement in an if/elsif block the line of the if.
+top($deadline) if $mode eq 'chain';       # hot: main
+etop($deadline) if $mode eq 'eval';       # hot: eval main
+sorter($deadline) if $mode eq 'sort';     # hot: sort main
+if ($mode eq 'threads') {
     my @t = map {
         my $i = $_;
         threads->create(sub { thread_name("t$i"); no strict 'refs'; &{"t${i}_top"}($deadline) });
     } 0 .. 3;
     $_->join for @t;
-} elsif ($mode eq 'fork') {
+}
+if ($mode eq 'fork') {
     my @pids;
     for my $i (0 .. 3) {
         my $pid = fork // die "fork: $!";
@@ -98,8 +102,4 @@ if ($mode eq 'chain') {
         push @pids, $pid;
     }
     waitpid $_, 0 for @pids;
-} elsif ($mode eq 'eval') {
-    etop($deadline);    # hot: eval main
-} elsif ($mode eq 'sort') {
-    sorter($deadline);    # hot: sort main
 }
