@@ -70,3 +70,14 @@ func Libperl(version string) (lib, launcher string, err error) {
 	}
 	return libs[0], launcher, nil
 }
+
+// DebugInfo returns the dwz file of a tested version's libperl from
+// Debian's perl-debug (its struct types), which fetch-perl-debug.sh
+// unpacks, or an error that says how to fetch it.
+func DebugInfo(version string) (string, error) {
+	d := dir("debug-" + version)
+	if _, err := os.Stat(filepath.Join(d, ".complete")); err != nil {
+		return "", fmt.Errorf("no perl-debug %s (%w): make test-deps fetches it (utils/perlfetch/fetch-perl-debug.sh %s)", version, err, version)
+	}
+	return filepath.Join(d, "libperl"+version+".debug"), nil
+}
