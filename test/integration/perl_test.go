@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bufio"
 	"fmt"
 	"os/exec"
 	"slices"
@@ -327,5 +328,47 @@ func TestPerlForks(t *testing.T) {
 					children, ok, n, foreign)
 			}
 		})
+	}
+}
+
+// TestPerlStartedBeforeProfiler: a perl process running before the
+// daemon starts is found and unwound as well.
+func TestPerlStartedBeforeProfiler(t *testing.T) {
+	requireRoot(t)
+	script, hot := perlWorkload(t)
+	pl, err := perlfetch.Perl(perlfetch.Versions[len(perlfetch.Versions)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(pl, script, "chain", "6")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	s := startSession(t, testHz)
+	time.Sleep(3 * time.Second)
+	s.stop(t)
+	samples := s.rec.ofPID(cmd.Process.Pid)
+	want := perlChain(script, hot)
+	chain := func(smp sample) bool { return perlMatch(perlFrames(smp.trace), want) }
+	// The process is read at its first sample: the samples before that
+	// are the warm-up.
+	first := slices.IndexFunc(samples, chain)
+	if first < 0 || first > 20 {
+		t.Fatalf("first sample with the chain: %d of %d (want within the first 20)", first, len(samples))
+	}
+	ok := countFunc(samples[first:], chain)
+	rest := len(samples) - first
+	t.Logf("%d samples, the first with the chain is #%d; %.1f%% of it and those after with the chain", len(samples), first, 100*share(ok, rest))
+	if rest < 2*testHz || share(ok, rest) < 0.95 {
+		t.Errorf("%d of %d samples show the chain, want >= 95%%", ok, rest)
 	}
 }
