@@ -372,3 +372,25 @@ func TestPerlStartedBeforeProfiler(t *testing.T) {
 		t.Errorf("%d of %d samples show the chain, want >= 95%%", ok, rest)
 	}
 }
+
+// TestPerlRecursion: 41 frames of one sub, more contexts than one run of
+// the BPF unwinder walks (it tail-calls itself to go on), all reported in
+// order down to main.
+func TestPerlRecursion(t *testing.T) {
+	requireRoot(t)
+	script, hot := perlWorkload(t)
+	want := []perlFrame{{"Leafy::leaf", script, hot["leaf"]}}
+	for range 41 {
+		want = append(want, perlFrame{"main::rec", script, hot["rec"]})
+	}
+	want = append(want, perlFrame{"main", script, hot["recursion main"]})
+	for _, v := range perlfetch.Versions {
+		t.Run("perl "+v, func(t *testing.T) {
+			pl, err := perlfetch.Perl(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			profilePerl(t, pl, "recursion", func(smp sample) bool { return perlMatch(perlFrames(smp.trace), want) })
+		})
+	}
+}

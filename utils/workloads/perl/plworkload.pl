@@ -13,6 +13,8 @@
 # tN_top; each prints "child N PID".
 # eval: the chain through an eval {} and a string eval: eleaf, called from
 # the string eval's code, in emid, in an eval {} in etop.
+# recursion: leaf under main::rec recursing 40 deep (more contexts than
+# one run of the BPF unwinder walks).
 # sort: leaf called from a sort comparator sub (sort runs it in a runops
 # loop of its own, from C): Leafy::leaf <- main::by_leaf <- main::sorter.
 use strict;
@@ -59,6 +61,8 @@ sub eleaf { my $x = 0; while (1) { $x++; last if $x % 100000 == 0 && now() > $_[
 sub emid  { my $d = $_[0]; eval "eleaf(\$d);\n1" or die $@ }                                # hot: emid
 sub etop  { eval { emid($_[0]); 1 } or die $@ }                                              # hot: etop
 
+sub rec { my ($n, $d) = @_; if ($n) { rec($n - 1, $d) } else { 1 while Leafy::leaf($d) } }    # hot: rec
+
 sub by_leaf { Leafy::leaf($main::sort_deadline); $a <=> $b }    # hot: by_leaf
 sub sorter {
     my ($deadline) = @_;
@@ -71,8 +75,8 @@ sub sorter {
 sub thread_name { syscall(157, 15, $_[0]) }
 
 my ($mode, $seconds) = @ARGV;
-die "usage: $0 chain|threads|fork|eval|sort SECONDS\n"
-  unless defined $seconds && $mode =~ /^(chain|threads|fork|eval|sort)$/;
+die "usage: $0 chain|threads|fork|eval|sort|recursion SECONDS\n"
+  unless defined $seconds && $mode =~ /^(chain|threads|fork|eval|sort|recursion)$/;
 if ($mode eq 'threads') { require threads; }
 $| = 1;
 printf "hot phase from %.6f\n", Time::HiRes::time();
@@ -82,6 +86,7 @@ my $deadline = now() + $seconds;
 top($deadline) if $mode eq 'chain';       # hot: main
 etop($deadline) if $mode eq 'eval';       # hot: eval main
 sorter($deadline) if $mode eq 'sort';     # hot: sort main
+rec(40, $deadline) if $mode eq 'recursion';    # hot: recursion main
 if ($mode eq 'threads') {
     my @t = map {
         my $i = $_;
