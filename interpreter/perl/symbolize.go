@@ -17,6 +17,9 @@ import (
 // under the reader, and on what is kept of it.
 const (
 	maxString = 4096 // bytes of a name or file name
+	// maxLine bounds a statement's line: larger ones are not read from a
+	// live statement.
+	maxLine = 1 << 28
 	// The chunk a file name is read in first: most paths fit.
 	fileChunk = 256
 	// A Symbolizer's caches: subs (entries, bytes) and file names.
@@ -146,13 +149,14 @@ func (s *Symbolizer) Frame(id, cop uint64) (Frame, error) {
 			return Frame{}, err
 		}
 	}
-	if f.File, f.Line, err = s.position(cop); err != nil {
-		return Frame{}, fmt.Errorf("%s: statement: %w", f.Function, err)
-	}
+	// A statement is part of its sub's op tree, freed with it, and a
+	// string eval's are freed when it ends, perhaps before the sample is
+	// symbolized: the frame keeps its name without a position then.
+	f.File, f.Line, _ = s.position(cop)
 	return f, nil
 }
 
-// position reads a statement's file and line.
+// position reads a statement's file and line; on an error, neither.
 func (s *Symbolizer) position(cop uint64) (string, int, error) {
 	off := s.l.COPLine
 	var b [24]byte
@@ -166,6 +170,9 @@ func (s *Symbolizer) position(cop uint64) (string, int, error) {
 	file, err := s.fileName(binary.LittleEndian.Uint64(b[s.l.COPFile-off:]))
 	if err != nil {
 		return "", 0, err
+	}
+	if line > maxLine {
+		return "", 0, fmt.Errorf("%w: line %d", errBadObject, line)
 	}
 	return file, int(line), nil
 }
@@ -196,6 +203,9 @@ func (s *Symbolizer) fileName(addr uint64) (string, error) {
 		if n >= maxString {
 			return "", fmt.Errorf("%w: file name at %#x longer than %d bytes", errBadObject, addr, maxString)
 		}
+	}
+	if bytes.ContainsFunc(buf, func(r rune) bool { return r < 0x20 }) {
+		return "", fmt.Errorf("%w: file name at %#x has control characters", errBadObject, addr)
 	}
 	name = strings.ToValidUTF8(string(buf), "\uFFFD")
 	s.mu.Lock()

@@ -273,3 +273,18 @@ func dynamicSymbol(t testing.TB, path, name string) uint64 {
 	t.Fatalf("%s exports no %s", path, name)
 	return 0
 }
+
+// TestSymbolizeFreedStatement: a frame whose statement cannot be read any
+// more (a string eval's, freed when it ended) keeps its sub's name,
+// without a position.
+func TestSymbolizeFreedStatement(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to trace the interpreter")
+	}
+	c := startChain(t, perlFiles(t)[0])
+	leaf := c.frames(t)[0]
+	f, err := c.s.Frame(leaf[0], 8) // the first page is never mapped
+	if err != nil || f != (Frame{Function: "Leafy::leaf"}) {
+		t.Errorf("leaf at an unreadable statement: %+v, %v; want Leafy::leaf without a position", f, err)
+	}
+}
