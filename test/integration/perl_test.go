@@ -323,7 +323,7 @@ func TestPerlForks(t *testing.T) {
 			t.Logf("%d children: %d samples of warm-up; %d samples before their last %v, %.1f%% with the child's chain; %d in it, %.1f%% with the chain; %d with another child's frames",
 				children, warm, n, exitWindow, 100*share(ok, n), last, 100*share(lastOK, last), foreign)
 			logTopStacks(t, misses, 4)
-			if children != 4 || n < 4*testHz || share(ok, n) < 0.95 || foreign > 0 {
+			if children != 4 || n < 2*testHz || share(ok, n) < 0.95 || foreign > 0 {
 				t.Errorf("%d children (want 4), %d of %d samples with the child's chain (want >= 95%%), %d another's frames (want 0)",
 					children, ok, n, foreign)
 			}
