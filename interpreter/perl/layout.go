@@ -53,9 +53,8 @@ const (
 	hekLen = 4
 	hekKey = 8
 	// Context types (cx_type & 0xf) and flags.
-	cxtEval      = 11
-	cxTypeMask   = 0x0f
-	cxpEvalBlock = 0x40
+	cxtEval    = 11
+	cxTypeMask = 0x0f
 	// PERLSI_MAIN.
 	siMain = 1
 )

@@ -162,7 +162,7 @@ struct perl_walk {
   u8 started;
   u8 done;
   u8 entry_seen;
-  u8 pad[5];
+  u8 pad;
 };
 
 // Never read: puts the structs user space mirrors into the BTF.
