@@ -16,6 +16,7 @@ enum runtime_id {
   RUNTIME_V8 = 6,
   RUNTIME_RUBY = 7,
   RUNTIME_PHP = 8,
+  RUNTIME_PERL = 9,
   // Ids stay below this: a u32 bit mask holds one bit per runtime.
   RUNTIME_MAX = 32,
 };

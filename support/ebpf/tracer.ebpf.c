@@ -12,5 +12,6 @@
 #include "v8.ebpf.c"
 #include "ruby.ebpf.c"
 #include "php.ebpf.c"
+#include "perl.ebpf.c"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

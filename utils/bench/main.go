@@ -13,7 +13,7 @@
 // one table; with -rates, the given rates under one -load.
 //
 // Usage (root): go run ./utils/bench -bin ./ebpf-profiler [-duration 60s] [-runs 3]
-// [-rates 20,100,1000 [-load shell|c|python|java|node|ruby|php|apm|apm-off] [-procs N]]
+// [-rates 20,100,1000 [-load shell|c|python|java|node|ruby|php|perl|apm|apm-off] [-procs N]]
 package main
 
 import (
@@ -32,6 +32,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/utils/jdkfetch"
 	"github.com/hostprof/ebpf-profiler/utils/nodefetch"
+	"github.com/hostprof/ebpf-profiler/utils/perlfetch"
 	"github.com/hostprof/ebpf-profiler/utils/phpfetch"
 	"github.com/hostprof/ebpf-profiler/utils/rubyfetch"
 )
@@ -46,7 +47,8 @@ func main() {
 		"30,000 file mappings, 15,000 executable), java (utils/workloads/java "+
 		"JWorkload chain under JDK 17), node (utils/workloads/node/v8work.js chain under Node 20), "+
 		"ruby (utils/workloads/ruby/rbworkload.rb chain under Debian 12's Ruby 3.1), "+
-		"php (utils/workloads/php/phpworkload.php chain under Debian 12's PHP 8.2), apm (utils/testagent's app: "+
+		"php (utils/workloads/php/phpworkload.php chain under Debian 12's PHP 8.2), "+
+		"perl (utils/workloads/perl/plworkload.pl chain under Debian 12's perl 5.36), apm (utils/testagent's app: "+
 		"two threads per process, 80% of the time in APM transactions) or apm-off (the same with the agent "+
 		"library renamed, so that it is not correlated)")
 	procs := flag.Int("procs", runtime.NumCPU(), "busy processes")
@@ -408,6 +410,10 @@ func busyProcesses(kind string, n int) (stop func(), pids []int) {
 		b, err := phpfetch.PHP("8.2")
 		check(err)
 		argv = append([]string{b.CLI}, append(b.Args, "utils/workloads/php/phpworkload.php", "chain", "1000000")...)
+	case "perl":
+		pl, err := perlfetch.Perl("5.36")
+		check(err)
+		argv = []string{pl, "utils/workloads/perl/plworkload.pl", "chain", "1000000"}
 	case "node":
 		// The chain workload with default flags (TurboFan inlines leaf
 		// and mid into top) in the machine's Node 20.

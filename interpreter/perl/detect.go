@@ -1,0 +1,122 @@
+// Package perl unwinds Perl 5 stacks (5.32 to 5.40, threaded builds such
+// as Debian's, x86_64). This part reads what a libperl.so, or a perl
+// executable with the interpreter linked in, says of itself: its version,
+// its runops loops and where the pthread key of the thread's interpreter
+// is. internals.md says what each step rests on.
+package perl
+
+import (
+	"debug/elf"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// ErrNotPerl says a file holds no Perl interpreter.
+var ErrNotPerl = errors.New("not a Perl interpreter")
+
+// Version is a Perl 5 release: 5.36.0 is {5, 36, 0}.
+type Version struct{ Revision, Version, Subversion int }
+
+func (v Version) String() string { return fmt.Sprintf("%d.%d.%d", v.Revision, v.Version, v.Subversion) }
+
+// Binary is what a libperl or perl executable says of itself; addresses
+// are the file's virtual addresses.
+type Binary struct {
+	Version Version
+	// Runops are the runops loops, [start, end): Perl_runops_standard
+	// and Perl_runops_debug (PL_runops is one of them unless an XS module
+	// installs its own, internals.md §7).
+	Runops [][2]uint64
+	// ThrKey is PL_thr_key, the pthread key (a u32) every thread's
+	// interpreter is bound to (§1.4); 0 in a perl built without threads.
+	ThrKey uint64
+	// InterpSize is PL_interp_size, sizeof(struct interpreter) of the
+	// build (§2): a check of the build against the layout.
+	InterpSize uint64
+}
+
+// Symbols every Perl 5 exports (internals.md §1.2, §2): its version bytes,
+// the pthread key, the interpreter's size and the runops loops.
+const (
+	revisionSymbol   = "PL_revision"
+	versionSymbol    = "PL_version"
+	subversionSymbol = "PL_subversion"
+	thrKeySymbol     = "PL_thr_key"
+	interpSizeSymbol = "PL_interp_size"
+	runopsStandard   = "Perl_runops_standard"
+	runopsDebug      = "Perl_runops_debug"
+)
+
+// Detect reads a Perl interpreter's facts from f, whose exported symbols
+// are dynsym. Other files (among them Debian's launcher
+// perl5.36-x86_64-linux-gnu, which imports the interpreter from libperl)
+// give ErrNotPerl.
+func Detect(f *elf.File, dynsym []elf.Symbol) (*Binary, error) {
+	syms := map[string]elf.Symbol{}
+	for _, s := range dynsym {
+		switch s.Name {
+		case revisionSymbol, versionSymbol, subversionSymbol, thrKeySymbol, interpSizeSymbol, runopsStandard, runopsDebug:
+			if s.Section != elf.SHN_UNDEF {
+				syms[s.Name] = s
+			}
+		}
+	}
+	std, ok := syms[runopsStandard]
+	if !ok {
+		return nil, ErrNotPerl
+	}
+	b := &Binary{}
+	var v [3]int
+	for i, name := range []string{revisionSymbol, versionSymbol, subversionSymbol} {
+		s, ok := syms[name]
+		if !ok {
+			return nil, ErrNotPerl
+		}
+		buf, err := readAt(f, s.Value, 1)
+		if err != nil || len(buf) != 1 {
+			return nil, fmt.Errorf("perl: reading %s: %v", name, err)
+		}
+		v[i] = int(buf[0])
+	}
+	b.Version = Version{v[0], v[1], v[2]}
+	if b.Version.Revision != 5 {
+		return nil, fmt.Errorf("perl %v: not Perl 5", b.Version)
+	}
+	for _, s := range []elf.Symbol{std, syms[runopsDebug]} {
+		if s.Value != 0 && s.Size != 0 {
+			b.Runops = append(b.Runops, [2]uint64{s.Value, s.Value + s.Size})
+		}
+	}
+	if len(b.Runops) == 0 {
+		return nil, fmt.Errorf("perl %v: %s has no size", b.Version, runopsStandard)
+	}
+	if s, ok := syms[thrKeySymbol]; ok && s.Size == 4 {
+		b.ThrKey = s.Value
+	}
+	if s, ok := syms[interpSizeSymbol]; ok {
+		buf, err := readAt(f, s.Value, 2)
+		if err != nil || len(buf) != 2 {
+			return nil, fmt.Errorf("perl %v: reading %s: %v", b.Version, interpSizeSymbol, err)
+		}
+		b.InterpSize = uint64(binary.LittleEndian.Uint16(buf))
+	}
+	return b, nil
+}
+
+// readAt reads n bytes at virtual address addr of f's loaded segments.
+func readAt(f *elf.File, addr, n uint64) ([]byte, error) {
+	for _, p := range f.Progs {
+		if p.Type != elf.PT_LOAD || addr < p.Vaddr || addr >= p.Vaddr+p.Filesz {
+			continue
+		}
+		n = min(n, p.Vaddr+p.Filesz-addr)
+		b := make([]byte, n)
+		if _, err := p.ReadAt(b, int64(addr-p.Vaddr)); err != nil && !errors.Is(err, io.EOF) {
+			return nil, err
+		}
+		return b, nil
+	}
+	return nil, fmt.Errorf("address %#x is not in the file", addr)
+}
