@@ -10,7 +10,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
+
+	"github.com/hostprof/ebpf-profiler/interpreter"
 )
 
 // ErrNotPerl says a file holds no Perl interpreter.
@@ -74,7 +75,7 @@ func Detect(f *elf.File, dynsym []elf.Symbol) (*Binary, error) {
 		if !ok {
 			return nil, ErrNotPerl
 		}
-		buf, err := readAt(f, s.Value, 1)
+		buf, err := interpreter.ReadELF(f, s.Value, 1)
 		if err != nil || len(buf) != 1 {
 			return nil, fmt.Errorf("perl: reading %s: %v", name, err)
 		}
@@ -96,27 +97,11 @@ func Detect(f *elf.File, dynsym []elf.Symbol) (*Binary, error) {
 		b.ThrKey = s.Value
 	}
 	if s, ok := syms[interpSizeSymbol]; ok {
-		buf, err := readAt(f, s.Value, 2)
+		buf, err := interpreter.ReadELF(f, s.Value, 2)
 		if err != nil || len(buf) != 2 {
 			return nil, fmt.Errorf("perl %v: reading %s: %v", b.Version, interpSizeSymbol, err)
 		}
 		b.InterpSize = uint64(binary.LittleEndian.Uint16(buf))
 	}
 	return b, nil
-}
-
-// readAt reads n bytes at virtual address addr of f's loaded segments.
-func readAt(f *elf.File, addr, n uint64) ([]byte, error) {
-	for _, p := range f.Progs {
-		if p.Type != elf.PT_LOAD || addr < p.Vaddr || addr >= p.Vaddr+p.Filesz {
-			continue
-		}
-		n = min(n, p.Vaddr+p.Filesz-addr)
-		b := make([]byte, n)
-		if _, err := p.ReadAt(b, int64(addr-p.Vaddr)); err != nil && !errors.Is(err, io.EOF) {
-			return nil, err
-		}
-		return b, nil
-	}
-	return nil, fmt.Errorf("address %#x is not in the file", addr)
 }

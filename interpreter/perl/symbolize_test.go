@@ -4,7 +4,6 @@ import (
 	"debug/elf"
 	"encoding/binary"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/hostprof/ebpf-profiler/interpreter/libc"
+	"github.com/hostprof/ebpf-profiler/interpreter/procmem/memtest"
 	"github.com/hostprof/ebpf-profiler/utils/perlfetch"
 )
 
@@ -176,22 +176,6 @@ func TestSymbolize(t *testing.T) {
 	}
 }
 
-// patchedMemory reads a process's memory with some words replaced.
-type patchedMemory struct {
-	io.ReaderAt
-	words map[uint64]uint64
-}
-
-func (m patchedMemory) ReadAt(b []byte, off int64) (int, error) {
-	n, err := m.ReaderAt.ReadAt(b, off)
-	for addr, w := range m.words {
-		if i := int64(addr) - off; i >= 0 && i+8 <= int64(n) {
-			binary.LittleEndian.PutUint64(b[i:], w)
-		}
-	}
-	return n, err
-}
-
 // TestSymbolizeReusedAddress: a CV freed and its head reused by another
 // sub's CV (here: leaf's head made to point at mid's body) is named after
 // the new sub, not from the cache.
@@ -202,13 +186,13 @@ func TestSymbolizeReusedAddress(t *testing.T) {
 	c := startChain(t, perlFiles(t)[len(perlfetch.Versions)-1])
 	frames := c.frames(t)
 	leaf, mid := frames[0], frames[1]
-	mem := patchedMemory{ReaderAt: c.mem, words: map[uint64]uint64{}}
+	mem := memtest.Patched{ReaderAt: c.mem, Words: map[uint64]uint64{}}
 	c.s.mem = mem
 	f, err := c.s.Frame(leaf[0], leaf[1])
 	if err != nil || f.Function != "Leafy::leaf" {
 		t.Fatalf("leaf: %+v, %v", f, err)
 	}
-	mem.words[leaf[0]+svAny] = c.word(t, mid[0]+svAny)
+	mem.Words[leaf[0]+svAny] = c.word(t, mid[0]+svAny)
 	if f, err = c.s.Frame(leaf[0], mid[1]); err != nil || f.Function != "Chain::mid" || f.Line != 2 {
 		t.Errorf("reused CV: %+v, %v, want Chain::mid at 2", f, err)
 	}
@@ -217,32 +201,12 @@ func TestSymbolizeReusedAddress(t *testing.T) {
 	}
 }
 
-// randomMemory is a process whose every byte is random: whatever the
-// symbolizer reads there, it must end with an error or a frame, never a
-// panic or an unbounded read.
-type randomMemory struct{ seed uint64 }
-
-func (m randomMemory) ReadAt(b []byte, off int64) (int, error) {
-	if len(b) > 1<<16 {
-		return 0, fmt.Errorf("read of %d bytes", len(b))
-	}
-	x := uint64(off) ^ m.seed
-	for i := range b {
-		// splitmix64 of the address: the same bytes on every read.
-		z := x + uint64(i)*0x9e3779b97f4a7c15
-		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-		z = (z ^ z>>27) * 0x94d049bb133111eb
-		b[i] = byte(z ^ z>>31)
-	}
-	return len(b), nil
-}
-
 // TestSymbolizeGarbage: random memory and random addresses give errors or
 // frames, never a panic.
 func TestSymbolizeGarbage(t *testing.T) {
 	for _, v := range []Version{{5, 32, 1}, {5, 36, 0}, {5, 40, 1}} {
 		for seed := uint64(1); seed <= 2000; seed++ {
-			s, err := NewSymbolizer(randomMemory{seed}, v)
+			s, err := NewSymbolizer(memtest.Random{Seed: seed}, v)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/interpreter/libc/libctest"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
+	"github.com/hostprof/ebpf-profiler/interpreter/procmem/memtest"
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/utils/phpfetch"
 )
@@ -217,21 +217,10 @@ func TestSymbolizeReusedAddress(t *testing.T) {
 	}
 }
 
-// randomMemory answers every read with random bytes: what a hostile or
-// reused address could hold.
-type randomMemory struct{ r *rand.Rand }
-
-func (m randomMemory) ReadAt(b []byte, off int64) (int, error) {
-	for i := range b {
-		b[i] = byte(m.r.Uint32())
-	}
-	return len(b), nil
-}
-
 // TestSymbolizeGarbage: frames read from garbage give errors, not panics,
 // hangs or huge allocations.
 func TestSymbolizeGarbage(t *testing.T) {
-	s, err := NewSymbolizer(randomMemory{rand.New(rand.NewPCG(1, 2))}, Version{8, 4, 0})
+	s, err := NewSymbolizer(memtest.Random{Seed: 1}, Version{8, 4, 0})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,15 +1,14 @@
 package ruby
 
 import (
-	"encoding/binary"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/hostprof/ebpf-profiler/interpreter/procmem/memtest"
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/utils/rubyfetch"
 )
@@ -157,22 +156,6 @@ func TestSymbolize(t *testing.T) {
 	}
 }
 
-// patchedMemory reads a process's memory with some words replaced.
-type patchedMemory struct {
-	io.ReaderAt
-	words map[uint64]uint64
-}
-
-func (m patchedMemory) ReadAt(b []byte, off int64) (int, error) {
-	n, err := m.ReaderAt.ReadAt(b, off)
-	for addr, w := range m.words {
-		if i := int64(addr) - off; i >= 0 && i+8 <= int64(n) {
-			binary.LittleEndian.PutUint64(b[i:], w)
-		}
-	}
-	return n, err
-}
-
 // TestSymbolizeReusedAddress: a method entry freed and its slot reused by
 // another method's entry (here: leaf's entry made to look like mid's) is
 // named after the new method, not from the cache.
@@ -183,15 +166,15 @@ func TestSymbolizeReusedAddress(t *testing.T) {
 	c := startChain(t, "3.4", 0)
 	frames := c.frames(t)
 	leaf, mid := frames[0], frames[1]
-	mem := patchedMemory{ReaderAt: c.mem, words: map[uint64]uint64{}}
+	mem := memtest.Patched{ReaderAt: c.mem, Words: map[uint64]uint64{}}
 	c.s.mem = mem
 	f, err := c.s.Frame(leaf[0], leaf[1])
 	if err != nil || f.Function != "Leafy#leaf" {
 		t.Fatalf("leaf: %+v, %v", f, err)
 	}
 	l := c.s.l
-	mem.words[leaf[0]+l.MEDef] = c.word(t, mid[0]+l.MEDef)
-	mem.words[leaf[0]+l.MEOwner] = c.word(t, mid[0]+l.MEOwner)
+	mem.Words[leaf[0]+l.MEDef] = c.word(t, mid[0]+l.MEDef)
+	mem.Words[leaf[0]+l.MEOwner] = c.word(t, mid[0]+l.MEOwner)
 	if f, err = c.s.Frame(leaf[0], mid[1]); err != nil || f.Function != "Chain#mid" || f.Line != c.mid {
 		t.Errorf("reused entry: %+v, %v, want Chain#mid at %d", f, err, c.mid)
 	}
@@ -200,31 +183,11 @@ func TestSymbolizeReusedAddress(t *testing.T) {
 	}
 }
 
-// randomMemory is a process whose every byte is random: whatever the
-// symbolizer reads there, it must end with an error or a frame, never a
-// panic or an unbounded read.
-type randomMemory struct{ seed uint64 }
-
-func (m randomMemory) ReadAt(b []byte, off int64) (int, error) {
-	if len(b) > 1<<16 {
-		return 0, fmt.Errorf("read of %d bytes", len(b))
-	}
-	x := uint64(off) ^ m.seed
-	for i := range b {
-		// splitmix64 of the address: the same bytes on every read.
-		z := x + uint64(i)*0x9e3779b97f4a7c15
-		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-		z = (z ^ z>>27) * 0x94d049bb133111eb
-		b[i] = byte(z ^ z>>31)
-	}
-	return len(b), nil
-}
-
 // TestSymbolizeGarbage: random memory and random addresses give errors.
 func TestSymbolizeGarbage(t *testing.T) {
 	for _, v := range []Version{{3, 1, 2}, {3, 3, 8}, {3, 4, 1}} {
 		for seed := uint64(1); seed <= 2000; seed++ {
-			s, err := NewSymbolizer(randomMemory{seed}, v, seed*4096)
+			s, err := NewSymbolizer(memtest.Random{Seed: seed}, v, seed*4096)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -49,7 +49,7 @@ const javaFile = "JWorkload.java"
 
 // runJava runs the workload in one mode to its end; its hot phase begins
 // when it says so.
-func runJava(t *testing.T, java, classes, mode string, d time.Duration, flags ...string) pythonRun {
+func runJava(t *testing.T, java, classes, mode string, d time.Duration, flags ...string) scriptRun {
 	t.Helper()
 	// quiet: CompileCommand would otherwise print each command first.
 	args := append([]string{"-XX:CompileCommand=quiet"}, flags...)
@@ -58,7 +58,7 @@ func runJava(t *testing.T, java, classes, mode string, d time.Duration, flags ..
 	if err != nil {
 		t.Fatalf("%s %s: %v\n%s", java, mode, err, out)
 	}
-	return pythonRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out))}
+	return scriptRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out))}
 }
 
 // javaFrames returns a trace's Java method frames, leaf first: the JVM's
@@ -379,7 +379,7 @@ func TestJavaStacks(t *testing.T) {
 			// A short run first: the daemon has then read this JDK's
 			// files, as on any host after its first minutes.
 			runJava(t, java, classes, "chain", time.Second)
-			runs := make([]pythonRun, len(javaCases))
+			runs := make([]scriptRun, len(javaCases))
 			for i, c := range javaCases {
 				runs[i] = runJava(t, java, classes, c.mode, run, c.flags...)
 			}
@@ -406,7 +406,7 @@ func TestJavaStacks(t *testing.T) {
 // startJava starts the workload in mode for d, in a pid and mount
 // namespace of its own where namespaced is set (startWorkload), and
 // returns once its hot phase began.
-func startJava(t *testing.T, namespaced bool, java, classes, mode string, d time.Duration, flags ...string) (*workloadRun, pythonRun) {
+func startJava(t *testing.T, namespaced bool, java, classes, mode string, d time.Duration, flags ...string) (*workloadRun, scriptRun) {
 	t.Helper()
 	cp := classes
 	if namespaced {
@@ -415,7 +415,7 @@ func startJava(t *testing.T, namespaced bool, java, classes, mode string, d time
 	args := append([]string{"-XX:CompileCommand=quiet"}, flags...)
 	args = append(args, "-cp", cp, "JWorkload", mode, formatSeconds(d))
 	r, line := startWorkload(t, namespaced, java, args...)
-	return r, pythonRun{pid: r.pid, hotFrom: hotFrom(t, line)}
+	return r, scriptRun{pid: r.pid, hotFrom: hotFrom(t, line)}
 }
 
 // TestJavaProcesses: JVMs the daemon meets other than started alone under
@@ -434,7 +434,7 @@ func TestJavaProcesses(t *testing.T) {
 		return j
 	}
 	excludeMid := "-XX:CompileCommand=exclude,JWorkload::mid"
-	check := func(t *testing.T, s *session, run pythonRun) {
+	check := func(t *testing.T, s *session, run scriptRun) {
 		t.Helper()
 		got, want := checkJavaChain(t, run.hotSamples(t, s.rec), hot)
 		if got < want {

@@ -45,7 +45,7 @@ func nodeWorkload(t *testing.T) (script string, hot map[string]uint32) {
 }
 
 // runNode runs the workload in one mode to its end.
-func runNode(t *testing.T, node, script, mode string, d time.Duration, flags ...string) pythonRun {
+func runNode(t *testing.T, node, script, mode string, d time.Duration, flags ...string) scriptRun {
 	t.Helper()
 	cmd := exec.Command(node, append(flags, script, mode, formatSeconds(d))...)
 	var stderr strings.Builder
@@ -54,7 +54,7 @@ func runNode(t *testing.T, node, script, mode string, d time.Duration, flags ...
 	if err != nil {
 		t.Fatalf("%s %v %s: %v\n%s%s", node, flags, mode, err, out, stderr.String())
 	}
-	return pythonRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out))}
+	return scriptRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out))}
 }
 
 // hotFrom reads the workload's "hot phase from <unix seconds>" line.
@@ -315,7 +315,7 @@ func TestNodeStacks(t *testing.T) {
 			// files, as on any host after its first minutes.
 			runNode(t, node, script, "chain", time.Second)
 			major, _ := strconv.Atoi(v)
-			runs := make([]pythonRun, len(nodeCases))
+			runs := make([]scriptRun, len(nodeCases))
 			for i, c := range nodeCases {
 				if major >= c.from {
 					runs[i] = runNode(t, node, script, c.mode, run, c.flags...)
@@ -348,14 +348,14 @@ func TestNodeStacks(t *testing.T) {
 // startNode starts the workload in mode for d, in a pid and mount
 // namespace of its own where namespaced is set (startWorkload), and
 // returns once it printed when its hot phase begins.
-func startNode(t *testing.T, namespaced bool, node, script, mode string, d time.Duration, flags ...string) (*workloadRun, pythonRun) {
+func startNode(t *testing.T, namespaced bool, node, script, mode string, d time.Duration, flags ...string) (*workloadRun, scriptRun) {
 	t.Helper()
 	if namespaced {
 		script = namespacedPath(script)
 	}
 	args := append(append([]string{}, flags...), script, mode, formatSeconds(d))
 	r, line := startWorkload(t, namespaced, node, args...)
-	return r, pythonRun{pid: r.pid, hotFrom: hotFrom(t, line)}
+	return r, scriptRun{pid: r.pid, hotFrom: hotFrom(t, line)}
 }
 
 // TestNodeProcesses: node processes the daemon meets other than started
@@ -376,7 +376,7 @@ func TestNodeProcesses(t *testing.T) {
 	// check takes the script as the process names it: inside a mount
 	// namespace, the workload's path under /tmp is under /mnt
 	// (startWorkload).
-	check := func(t *testing.T, s *session, run pythonRun, script string) {
+	check := func(t *testing.T, s *session, run scriptRun, script string) {
 		t.Helper()
 		got, want := checkNodeChain(t, run.hotSamples(t, s.rec), script, hot)
 		if got < want {

@@ -23,30 +23,9 @@ func perlWorkload(t *testing.T) (string, map[string]uint32) {
 }
 
 // runPerl runs the workload in one mode for d.
-func runPerl(t *testing.T, pl, script, mode string, d time.Duration) pythonRun {
+func runPerl(t *testing.T, pl, script, mode string, d time.Duration) scriptRun {
 	t.Helper()
-	cmd := exec.Command(pl, script, mode, formatSeconds(d))
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", pl, mode, err, out)
-	}
-	return pythonRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out)), output: string(out)}
-}
-
-// perlFrames returns a trace's Perl frames, leaf first.
-func perlFrames(tr *libpf.Trace) []libpf.Frame {
-	var out []libpf.Frame
-	for _, f := range tr.Frames {
-		if f.Kind == perl.Kind {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
-// perlStack is a trace's frames as the failure messages show them.
-func perlStack(tr *libpf.Trace) string {
-	return strings.Join(stackNames(tr, perl.Kind, "pl"), " ")
+	return runScript(t, exec.Command(pl, script, mode, formatSeconds(d)))
 }
 
 // perlFrame is a Perl frame a test expects: its function, file and line.
@@ -112,7 +91,7 @@ func profilePerl(t *testing.T, pl, mode string, ok func(smp sample) bool) float6
 		if ok(smp) {
 			good++
 		} else {
-			misses[perlStack(smp.trace)]++
+			misses[stackOf(smp.trace, perl.Kind, "pl")]++
 		}
 	}
 	share := share(good, len(samples))
@@ -137,7 +116,7 @@ func TestPerlStacks(t *testing.T) {
 		names = append(names, c.name)
 		t.Run(c.name, func(t *testing.T) {
 			results[c.name] = append(results[c.name], profilePerl(t, c.perl, "chain", func(smp sample) bool {
-				return perlMatch(perlFrames(smp.trace), want)
+				return perlMatch(framesOf(smp.trace, perl.Kind), want)
 			}))
 		})
 	}
@@ -157,7 +136,7 @@ func TestPerlEval(t *testing.T) {
 				t.Fatal(err)
 			}
 			profilePerl(t, pl, "eval", func(smp sample) bool {
-				fs := perlFrames(smp.trace)
+				fs := framesOf(smp.trace, perl.Kind)
 				if len(fs) != 6 || !strings.HasPrefix(fs[1].SourceFile, "(eval ") {
 					return false
 				}
@@ -184,7 +163,7 @@ func TestPerlSort(t *testing.T) {
 			want := []perlFrame{{"Leafy::leaf", script, hot["leaf"]}, {"main::by_leaf", script, hot["by_leaf"]},
 				{"main::sorter", script, hot["sorter"]}, {"main", script, hot["sort main"]}}
 			profilePerl(t, pl, "sort", func(smp sample) bool {
-				if !perlMatch(perlFrames(smp.trace), want) {
+				if !perlMatch(framesOf(smp.trace, perl.Kind), want) {
 					return false
 				}
 				// A native frame between the comparator and sorter.
@@ -239,14 +218,14 @@ func TestPerlThreads(t *testing.T) {
 				}
 				per[name]++
 				n, _ := strconv.Atoi(name[1:])
-				own, other := perlOwnChain(perlFrames(smp.trace), n, script, hot)
+				own, other := perlOwnChain(framesOf(smp.trace, perl.Kind), n, script, hot)
 				if other {
 					foreign++
 				}
 				if own && !other {
 					ok++
 				} else {
-					misses[name+": "+perlStack(smp.trace)]++
+					misses[name+": "+stackOf(smp.trace, perl.Kind, "pl")]++
 				}
 			}
 			n := per["t0"] + per["t1"] + per["t2"] + per["t3"]
@@ -292,7 +271,7 @@ func TestPerlForks(t *testing.T) {
 				}
 				children++
 				samples := s.rec.ofPID(pid)
-				first := slices.IndexFunc(samples, func(smp sample) bool { return len(perlFrames(smp.trace)) > 0 })
+				first := slices.IndexFunc(samples, func(smp sample) bool { return len(framesOf(smp.trace, perl.Kind)) > 0 })
 				if first < 0 || first > 20 {
 					t.Errorf("child %d: %d samples before the first with Perl frames (-1: none of %d), want <= 20", child, first, len(samples))
 					continue
@@ -300,7 +279,7 @@ func TestPerlForks(t *testing.T) {
 				warm += first
 				samples = samples[first:]
 				for _, smp := range samples {
-					own, other := perlOwnChain(perlFrames(smp.trace), child, script, hot)
+					own, other := perlOwnChain(framesOf(smp.trace, perl.Kind), child, script, hot)
 					if other {
 						foreign++
 					}
@@ -316,7 +295,7 @@ func TestPerlForks(t *testing.T) {
 					if good {
 						ok++
 					} else {
-						misses[fmt.Sprintf("child %d: %s", child, perlStack(smp.trace))]++
+						misses[fmt.Sprintf("child %d: %s", child, stackOf(smp.trace, perl.Kind, "pl"))]++
 					}
 				}
 			}
@@ -358,7 +337,7 @@ func TestPerlStartedBeforeProfiler(t *testing.T) {
 	s.stop(t)
 	samples := s.rec.ofPID(cmd.Process.Pid)
 	want := perlChain(script, hot)
-	chain := func(smp sample) bool { return perlMatch(perlFrames(smp.trace), want) }
+	chain := func(smp sample) bool { return perlMatch(framesOf(smp.trace, perl.Kind), want) }
 	// The process is read at its first sample: the samples before that
 	// are the warm-up.
 	first := slices.IndexFunc(samples, chain)
@@ -390,7 +369,7 @@ func TestPerlRecursion(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			profilePerl(t, pl, "recursion", func(smp sample) bool { return perlMatch(perlFrames(smp.trace), want) })
+			profilePerl(t, pl, "recursion", func(smp sample) bool { return perlMatch(framesOf(smp.trace, perl.Kind), want) })
 		})
 	}
 }

@@ -3,7 +3,6 @@ package integration
 import (
 	"bufio"
 	"fmt"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -92,21 +91,10 @@ func markedWorkload(t *testing.T, elem ...string) (string, map[string]uint32) {
 	return path, lines
 }
 
-// pythonFrames returns a trace's Python frames, leaf first.
-func pythonFrames(tr *libpf.Trace) []libpf.Frame {
-	var out []libpf.Frame
-	for _, f := range tr.Frames {
-		if f.Kind == python.Kind {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
 // pythonChain reports whether a trace's Python frames are exactly chain
 // (leaf first), every one in file, with the leaf at line leafLine.
 func pythonChain(tr *libpf.Trace, chain []string, file string, leafLine uint32) bool {
-	py := pythonFrames(tr)
+	py := framesOf(tr, python.Kind)
 	if len(py) != len(chain) {
 		return false
 	}
@@ -157,34 +145,52 @@ func completeStack(tr *libpf.Trace) bool {
 	return inLibc(last) && slices.ContainsFunc(tr.Frames, func(f libpf.Frame) bool { return f.Kind.IsRuntime() })
 }
 
-// pythonRun is one run of the workload: its pid and when its hot phase
-// began (what runs before, the interpreter starting and the imports, is
-// not the workload's hot path).
-type pythonRun struct {
+// scriptRun is one run of a script workload: its pid and when its hot
+// phase began (what runs before, the interpreter starting and the imports,
+// is not the workload's hot path).
+type scriptRun struct {
 	pid     int
 	hotFrom time.Time
 	// output is what the workload printed.
 	output string
 }
 
-// runPython runs the workload in one mode.
-func runPython(t *testing.T, py pythonInterpreter, script, mode string, d time.Duration) pythonRun {
+// runScript runs a script workload to its end; it prints when its hot
+// phase began ("hot phase from <unix time>").
+func runScript(t *testing.T, cmd *exec.Cmd) scriptRun {
 	t.Helper()
-	cmd := exec.Command(py.path, script, mode, formatSeconds(d))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("%s %s %s: %v\n%s", py.path, script, mode, err, out)
+		t.Fatalf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, out)
 	}
-	var from float64
-	if _, err := fmt.Sscanf(string(out), "hot phase from %f", &from); err != nil {
-		t.Fatalf("%s %s %s printed %q: %v", py.path, script, mode, out, err)
+	return scriptRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out)), output: string(out)}
+}
+
+// runPython runs the workload in one mode.
+func runPython(t *testing.T, py pythonInterpreter, script, mode string, d time.Duration) scriptRun {
+	t.Helper()
+	return runScript(t, exec.Command(py.path, script, mode, formatSeconds(d)))
+}
+
+// framesOf returns a trace's frames of one runtime, leaf first.
+func framesOf(tr *libpf.Trace, kind libpf.FrameKind) []libpf.Frame {
+	var out []libpf.Frame
+	for _, f := range tr.Frames {
+		if f.Kind == kind {
+			out = append(out, f)
+		}
 	}
-	sec, frac := math.Modf(from)
-	return pythonRun{pid: cmd.Process.Pid, hotFrom: time.Unix(int64(sec), int64(frac*1e9))}
+	return out
+}
+
+// stackOf is a trace's frames as the failure messages show them: the
+// runtime's frames with their line (tagged), native frames by name.
+func stackOf(tr *libpf.Trace, kind libpf.FrameKind, tag string) string {
+	return strings.Join(stackNames(tr, kind, tag), " ")
 }
 
 // hotSamples returns the samples of the run's hot phase.
-func (r pythonRun) hotSamples(t *testing.T, rec *recorder) []sample {
+func (r scriptRun) hotSamples(t *testing.T, rec *recorder) []sample {
 	all := rec.ofPID(r.pid)
 	var hot []sample
 	for _, s := range all {
@@ -219,7 +225,7 @@ func TestPythonStacks(t *testing.T) {
 			// minutes; the first process after start-up waits for their
 			// unwind tables (counted in the README's note on misses).
 			runPython(t, py, script, "chain", 300*time.Millisecond)
-			runs := map[string]pythonRun{}
+			runs := map[string]scriptRun{}
 			for _, mode := range []string{"chain", "recursion", "threads", "zlib"} {
 				runs[mode] = runPython(t, py, script, mode, run)
 			}
@@ -342,7 +348,7 @@ func checkPythonThreads(t *testing.T, samples []sample, pid int, script string, 
 	chainOf := map[libpf.TID]string{}
 	mixed := 0
 	ok, misses := tally(samples, func(s sample) bool {
-		py := pythonFrames(s.trace)
+		py := framesOf(s.trace, python.Kind)
 		if len(py) == 0 || !strings.HasSuffix(py[0].FunctionName, "_leaf") || int(s.meta.TID) == pid {
 			return false
 		}
@@ -377,7 +383,7 @@ func checkPythonThreads(t *testing.T, samples []sample, pid int, script string, 
 func checkPythonZlib(t *testing.T, samples []sample, script string, hot map[string]uint32) workloadResult {
 	t.Helper()
 	inCompress := func(s sample) bool {
-		py := pythonFrames(s.trace)
+		py := framesOf(s.trace, python.Kind)
 		return len(py) > 0 && py[0].FunctionName == "cf_compress" && py[0].SourceLine == hot["cf_compress"]
 	}
 	n, misses := tally(samples, inCompress)
@@ -459,7 +465,7 @@ func TestPythonDebugBuild(t *testing.T) {
 			t.Fatalf("runtime %q %q, want CPython, in a sample %v into the hot phase: %+v %v",
 				p.RuntimeName, p.RuntimeVersion, smp.meta.Time.Sub(run.hotFrom), *p, functionNames(smp.trace))
 		}
-		if len(pythonFrames(smp.trace)) != 0 {
+		if len(framesOf(smp.trace, python.Kind)) != 0 {
 			t.Fatalf("Python frames in a debug build's sample: %v", functionNames(smp.trace))
 		}
 	}

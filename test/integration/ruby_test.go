@@ -25,31 +25,9 @@ func rubyWorkload(t *testing.T) (string, map[string]uint32) {
 
 // runRuby runs the workload in one mode for d, with the interpreter's
 // flags.
-func runRuby(t *testing.T, rb, script, mode string, d time.Duration, flags ...string) pythonRun {
+func runRuby(t *testing.T, rb, script, mode string, d time.Duration, flags ...string) scriptRun {
 	t.Helper()
-	cmd := exec.Command(rb, append(flags, script, mode, formatSeconds(d))...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", rb, mode, err, out)
-	}
-	return pythonRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out)), output: string(out)}
-}
-
-// rubyFrames returns a trace's Ruby frames, leaf first.
-func rubyFrames(tr *libpf.Trace) []libpf.Frame {
-	var out []libpf.Frame
-	for _, f := range tr.Frames {
-		if f.Kind == ruby.Kind {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
-// rubyStack is a trace's frames as the failure messages show them: Ruby
-// frames with their line, native frames by name.
-func rubyStack(tr *libpf.Trace) string {
-	return strings.Join(stackNames(tr, ruby.Kind, "rb"), " ")
+	return runScript(t, exec.Command(rb, append(flags, script, mode, formatSeconds(d))...))
 }
 
 // rubyFrame is a Ruby frame a test expects: its function and the lines
@@ -143,7 +121,7 @@ func TestRubyThreads(t *testing.T) {
 					continue
 				}
 				n++
-				fs := rubyFrames(smp.trace)
+				fs := framesOf(smp.trace, ruby.Kind)
 				for _, f := range fs {
 					if fn, ok := strings.CutPrefix(f.FunctionName, "Object#t"); ok && len(fn) > 2 && fn[1] == '_' && fn[:1] != name[1:] {
 						foreign++
@@ -157,7 +135,7 @@ func TestRubyThreads(t *testing.T) {
 				if good {
 					ok++
 				} else {
-					misses[name+": "+rubyStack(smp.trace)]++
+					misses[name+": "+stackOf(smp.trace, ruby.Kind, "rb")]++
 				}
 			}
 			t.Logf("%d samples of threads t0-t3, %.1f%% show their thread's chain, %d with another thread's frames",
@@ -196,7 +174,7 @@ func TestRubyStartedBeforeProfiler(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	s.stop(t)
 	samples := s.rec.ofPID(cmd.Process.Pid)
-	chain := func(smp sample) bool { return rubyChain(rubyFrames(smp.trace), script, hot, rubyMain(hot)) }
+	chain := func(smp sample) bool { return rubyChain(framesOf(smp.trace, ruby.Kind), script, hot, rubyMain(hot)) }
 	// The process is read at its first sample: the samples before that
 	// are the warm-up.
 	first := slices.IndexFunc(samples, chain)
@@ -251,7 +229,7 @@ func TestRubyForkingServer(t *testing.T) {
 		workers++
 		samples := s.rec.ofPID(p)
 		for _, smp := range samples {
-			good := rubyChain(rubyFrames(smp.trace), script, hot, outer)
+			good := rubyChain(framesOf(smp.trace, ruby.Kind), script, hot, outer)
 			if smp.meta.Time.After(samples[len(samples)-1].meta.Time.Add(-exitWindow)) {
 				last++
 				if good {
@@ -263,7 +241,7 @@ func TestRubyForkingServer(t *testing.T) {
 			if good {
 				ok++
 			} else {
-				misses[rubyStack(smp.trace)]++
+				misses[stackOf(smp.trace, ruby.Kind, "rb")]++
 			}
 		}
 	}
@@ -302,7 +280,7 @@ func TestRubyGC(t *testing.T) {
 			misses := map[string]int{}
 			for _, smp := range run.hotSamples(t, s.rec) {
 				n++
-				fs := rubyFrames(smp.trace)
+				fs := framesOf(smp.trace, ruby.Kind)
 				leaf := slices.IndexFunc(fs, func(f libpf.Frame) bool { return f.FunctionName == chain[0] })
 				good := leaf >= 0 && rubyChain(fs[leaf:], script, hot, []rubyFrame{{"<main>", []uint32{hot["gc main"]}}})
 				for _, f := range fs[:max(leaf, 0)] {
@@ -312,7 +290,7 @@ func TestRubyGC(t *testing.T) {
 					ok++
 					continue
 				}
-				misses[rubyStack(smp.trace)]++
+				misses[stackOf(smp.trace, ruby.Kind, "rb")]++
 				if slices.ContainsFunc(fs, func(f libpf.Frame) bool {
 					return !strings.HasPrefix(f.FunctionName, "[unknown") && !slices.Contains(above, f.FunctionName) &&
 						!slices.Contains(chain, f.FunctionName)
@@ -345,7 +323,7 @@ func profileRubyChain(t *testing.T, rb string, flags ...string) (float64, map[st
 	metrics := logRuntimeMetrics(t, s, "ruby")
 	s.stop(t)
 	samples := run.hotSamples(t, s.rec)
-	chain := func(smp sample) bool { return rubyChain(rubyFrames(smp.trace), script, hot, rubyMain(hot)) }
+	chain := func(smp sample) bool { return rubyChain(framesOf(smp.trace, ruby.Kind), script, hot, rubyMain(hot)) }
 	if slices.Contains(flags, "--yjit") {
 		claimed := run.hotFrom.Add(300 * time.Millisecond)
 		first := max(slices.IndexFunc(samples, func(smp sample) bool { return !smp.meta.Time.Before(claimed) }), 0)
@@ -358,7 +336,7 @@ func profileRubyChain(t *testing.T, rb string, flags ...string) (float64, map[st
 		if chain(smp) {
 			ok++
 		} else {
-			misses[rubyStack(smp.trace)]++
+			misses[stackOf(smp.trace, ruby.Kind, "rb")]++
 		}
 	}
 	share := share(ok, len(samples))

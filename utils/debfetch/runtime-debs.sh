@@ -1,4 +1,5 @@
-# Sourced by the runtime fetch scripts (utils/rubyfetch, utils/phpfetch):
+# Sourced by the runtime fetch scripts (utils/rubyfetch, utils/phpfetch,
+# utils/perlfetch):
 # a runtime's Debian packages from another suite, unpacked with their
 # libraries beside the system's, without touching /etc/apt or dpkg's state.
 . "$(dirname "${BASH_SOURCE[0]}")/private-apt.sh"
@@ -39,7 +40,7 @@ unpack_runtime() {
 # packages, gconv modules and the runtimes' own libraries left out.
 runtime_libdeps() {
   apt-cache depends --no-recommends --no-suggests --no-conflicts --no-breaks --no-replaces --no-enhances "$@" |
-    awk '/Depends:/ && $2 ~ /^lib/ && $2 !~ /-dev$|gconv|^libruby|^libphp/ {print $2}' | tr -d '<>' | sort -u
+    awk '/Depends:/ && $2 ~ /^lib/ && $2 !~ /-dev$|gconv|^libruby|^libphp|^libperl/ {print $2}' | tr -d '<>' | sort -u
 }
 
 # point_at_root EXECUTABLE ROOT NEW_LIBC: makes EXECUTABLE load its

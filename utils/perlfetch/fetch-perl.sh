@@ -32,36 +32,13 @@ LIBDIR=$ROOT/usr/lib/x86_64-linux-gnu PERL=$ROOT/usr/bin/perl
 check='use threads; use Time::HiRes; exit 0'
 if [ -f "$OUT/.complete" ] && "$WRAPPER" -e "$check" >/dev/null 2>&1; then echo "$WRAPPER"; exit 0; fi
 
-. "$(dirname "$0")/../debfetch/private-apt.sh"
-mkdir -p "$OUT/debs"
-MIRROR=$(debian_mirror) || die "no Debian mirror"
-security=""
-[ "$SECURITY" = 1 ] && security="${MIRROR%/debian}/debian-security"
-private_apt "$BASE/apt-perl-$SUITE-amd64" amd64 "$SUITE" $security || die "no apt lists for $SUITE"
-
 # The interpreter packages plus their lib* runtime dependencies; the host's own libc serves
 # bullseye's build (glibc 2.31's libpthread and libdl are stubs in 2.36).
-CORE="perl-base libperl$V perl-modules-$V"
-libdeps() {
-  apt-cache depends --no-recommends --no-suggests --no-conflicts --no-breaks --no-replaces --no-enhances "$@" |
-    awk '/Depends:/ && $2 ~ /^lib/ && $2 !~ /-dev$|gconv|^libperl/ {print $2}' | tr -d '<>' | sort -u
-}
-LIBS=$(libdeps $CORE)
-[ "$NEW_LIBC" = 1 ] || LIBS=$(printf '%s\n' $LIBS | grep -v '^libc6$' || true)
-(cd "$OUT/debs" && apt-get -q download $CORE $LIBS >&2) || die "downloading $CORE $(echo $LIBS) failed"
-
-rm -rf "$OUT/root.new" && mkdir "$OUT/root.new"
-for p in $CORE $LIBS; do dpkg-deb -x "$(ls "$OUT"/debs/"${p}"_*.deb | sort -V | tail -1)" "$OUT/root.new"; done
-rm -rf "$ROOT" && mv "$OUT/root.new" "$ROOT"
+. "$(dirname "$0")/../debfetch/runtime-debs.sh"
+unpack_runtime "$OUT" "$SUITE" "$SECURITY" "$NEW_LIBC" perl-base "libperl$V" "perl-modules-$V" ||
+  die "unpacking perl $V failed"
 [ -x "$PERL" ] || die "$PERL missing after unpacking"
-
-command -v patchelf >/dev/null || die "patchelf missing (install-test-deps.sh installs it)"
-if [ "$NEW_LIBC" = 1 ]; then
-  LDSO=$LIBDIR/ld-linux-x86-64.so.2
-  [ -x "$LDSO" ] || die "no dynamic loader in the unpacked libc6"
-  patchelf --set-interpreter "$LDSO" "$PERL"
-fi
-patchelf --force-rpath --set-rpath "$LIBDIR" "$PERL"
+point_at_root "$PERL" "$ROOT" "$NEW_LIBC" || die "patchelf $PERL failed"
 
 # Module directories: perl-base's, libperl's (versioned 5.XX or 5.XX.Y) and perl-modules'.
 INC=$LIBDIR/perl-base
