@@ -59,7 +59,7 @@ unit-test:
 # share the CPUs.
 integration-test: build
 	$(SUDO) env EBPF_PROFILER_TEST_INTEGRATION=1 EBPF_PROFILER_TEST_E2E=1 EBPF_PROFILER_TEST_BIN=$(CURDIR)/$(BINARY) \
-		$(GO) test -p 1 -count=1 -v -timeout 20m ./tracer ./test/...
+		$(GO) test -p 1 -count=1 -v -timeout 35m ./tracer ./test/...
 
 # The BPF integration tests on every supported kernel (5.10, 6.1, 6.12, 7.2)
 # for amd64 and arm64, each booted under qemu (utils/kernelmatrix; kernels
