@@ -2,6 +2,7 @@ package processmanager
 
 import (
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -43,7 +44,19 @@ type Handler struct {
 
 	received, hits, misses, errors atomic.Uint64
 	cacheSize                      atomic.Int64
+
+	// exited are the processes that exited since the cache was last swept
+	// of their traces (lastSweep): a trace's hash covers its pid, so they
+	// can never be hit again, and a pre-forking server's workers come and
+	// go by the thousand; left to age out, they would fill the cache.
+	exitMu    sync.Mutex
+	exited    map[uint32]struct{}
+	lastSweep time.Time
 }
+
+// exitSweepInterval paces the sweeps of exited processes' traces: one pass
+// over the cache each.
+const exitSweepInterval = time.Second
 
 type cachedTrace struct {
 	trace *libpf.Trace
@@ -103,6 +116,7 @@ func (h *Handler) wallTime(ktime uint64) time.Time {
 // reports the sample.
 func (h *Handler) HandleTrace(raw *support.Trace) {
 	h.received.Add(1)
+	h.sweepExited()
 	p, gen := h.m.sampled(raw)
 	trace, info, ok := h.lookup(raw, gen)
 	if !ok {
@@ -149,8 +163,44 @@ func (h *Handler) lookup(raw *support.Trace, gen uint64) (*libpf.Trace, *libpf.P
 	return c.trace, c.info, true
 }
 
-// ProcessExited forgets a process; see Manager.ProcessExited.
-func (h *Handler) ProcessExited(pid libpf.PID) { h.m.ProcessExited(pid) }
+// ProcessExited forgets a process; see Manager.ProcessExited. Its cached
+// traces go at the next sweep.
+func (h *Handler) ProcessExited(pid libpf.PID) {
+	h.m.ProcessExited(pid)
+	h.exitMu.Lock()
+	if h.exited == nil {
+		h.exited = map[uint32]struct{}{}
+	}
+	h.exited[uint32(pid)] = struct{}{}
+	h.exitMu.Unlock()
+}
+
+// sweepExited drops the cached traces of the processes that exited, at
+// most once per exitSweepInterval.
+func (h *Handler) sweepExited() {
+	now := h.m.now()
+	if now.Sub(h.lastSweep) < exitSweepInterval {
+		return
+	}
+	h.lastSweep = now
+	h.exitMu.Lock()
+	exited := h.exited
+	h.exited = nil
+	h.exitMu.Unlock()
+	if len(exited) == 0 {
+		return
+	}
+	var gone []uint64
+	for hash, c := range h.cache.All() {
+		if _, ok := exited[c.pid]; ok {
+			gone = append(gone, hash)
+		}
+	}
+	for _, hash := range gone {
+		h.cache.Remove(hash)
+	}
+	h.cacheSize.Store(int64(h.cache.Len()))
+}
 
 // ProcessExeced replaces the state of a process whose image was replaced;
 // see Manager.ProcessExeced.

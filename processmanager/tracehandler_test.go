@@ -580,3 +580,37 @@ func TestNewbornRereads(t *testing.T) {
 		t.Errorf("young: %d maps reads, %d limited; want 3 and 2", s.MapsReads, s.MapsRereadsLimited)
 	}
 }
+
+// TestHandlerDropsExitedTraces: the cached traces of a process that exited
+// are dropped at the next sweep (a pre-forking server's recycled workers
+// would fill the cache), those of live processes kept.
+func TestHandlerDropsExitedTraces(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	mapping, fnAbs := lib.mapAt(0x7f0000000000)
+	fs.setProcess(100, 1, "/bin/app", mapping)
+	fs.setProcess(200, 1, "/bin/app", mapping)
+	h, _ := newTestHandler(t, fs)
+	clock := time.Now()
+	h.m.now = func() time.Time { return clock }
+	raw := func(pid uint32, hash uint64) *support.Trace {
+		return &support.Trace{PID: pid, Comm: "app", Hash: hash, KTime: monotonicNow(t), Frames: []support.Frame{{Addr: fnAbs}}}
+	}
+	for i := range uint64(3) {
+		h.HandleTrace(raw(100, 0x100+i))
+		h.HandleTrace(raw(200, 0x200+i))
+	}
+	h.ProcessExited(100)
+	h.HandleTrace(raw(200, 0x200))
+	if n := h.Stats().TraceCacheSize; n != 6 {
+		t.Errorf("%d traces cached before the next sweep, want 6", n)
+	}
+	clock = clock.Add(exitSweepInterval)
+	h.HandleTrace(raw(200, 0x200))
+	if n := h.Stats().TraceCacheSize; n != 3 {
+		t.Errorf("%d traces cached after the sweep, want 3 (process 200's)", n)
+	}
+	if s := h.Stats(); s.TraceCacheHits != 2 {
+		t.Errorf("%d cache hits, want 2: process 200's traces stay cached", s.TraceCacheHits)
+	}
+}
