@@ -301,8 +301,10 @@ func TestPHPFPM(t *testing.T) {
 // php-fpm pool whose four workers are recycled every 50 requests (some
 // thousand worker processes come and go) and checks that its resident
 // memory stays flat: the last minute's floor (the Go heap's after a
-// collection; RSS rises to twice it between collections) within 15% of
-// the second minute's (the first is start-up).
+// collection; RSS rises to twice it between collections) within 25% of
+// the second minute's (the first is start-up). The traces of exited
+// workers once stayed cached: +51% here; a transient peak can leave the
+// floor a few MiB higher (+15% seen once), which the margin covers.
 func TestPHPFPMDaemonMemory(t *testing.T) {
 	requireRoot(t)
 	const run, every = 5 * time.Minute, 5 * time.Second
@@ -337,8 +339,8 @@ func TestPHPFPMDaemonMemory(t *testing.T) {
 	if len(workers) < 100 {
 		t.Errorf("%d workers served requests, want >= 100 (recycled every 50 requests)", len(workers))
 	}
-	if end > 1.15*base {
-		t.Errorf("the daemon's RSS floor grew from %.1f to %.1f MiB, want within 15%%", base, end)
+	if end > 1.25*base {
+		t.Errorf("the daemon's RSS floor grew from %.1f to %.1f MiB, want within 25%%", base, end)
 	}
 }
 
