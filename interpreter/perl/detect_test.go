@@ -1,17 +1,14 @@
 package perl
 
 import (
-	"bufio"
 	"debug/elf"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -107,27 +104,6 @@ func TestDetect(t *testing.T) {
 			}
 		})
 	}
-}
-
-// startSpinning starts perl with args, which print a line and then spin,
-// and returns its pid once it spins; the process is killed at the test's
-// end.
-func startSpinning(t testing.TB, perl string, args ...string) int {
-	t.Helper()
-	cmd := exec.Command(perl, args...)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(50 * time.Millisecond) // into the loop
-	return cmd.Process.Pid
 }
 
 // stopped stops pid with ptrace until the test's end and returns its main

@@ -5,12 +5,14 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/hostprof/ebpf-profiler/interpreter/libc"
+	"github.com/hostprof/ebpf-profiler/interpreter/libc/libctest"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem/memtest"
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/utils/perlfetch"
@@ -50,7 +52,7 @@ func startChain(t testing.TB, pf perlFile) *liveChain {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := startSpinning(t, pf.perl, c.script)
+	pid, _ := libctest.StartSpinning(t, exec.Command(pf.perl, c.script))
 	fsBase := stopped(t, pid)
 	bias, _ := mapped(t, pid, filepath.Base(pf.file))
 	_, libcPath := mapped(t, pid, "libc.so.6")

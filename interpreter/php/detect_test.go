@@ -1,12 +1,9 @@
 package php
 
 import (
-	"bufio"
 	"debug/elf"
 	"os"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
@@ -100,25 +97,4 @@ func TestParseVersion(t *testing.T) {
 			t.Errorf("parseVersion(%q) succeeded", in)
 		}
 	}
-}
-
-// startPHP runs a script under b that prints a line, then spins; it
-// returns the pid once it spins, and is killed at the test's end.
-func startPHP(t testing.TB, b *phpfetch.Build, args ...string) int {
-	t.Helper()
-	cmd := b.Command(args...)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || !strings.HasPrefix(line, "hot phase") {
-		t.Fatalf("%s printed %q: %v", b.CLI, line, err)
-	}
-	time.Sleep(100 * time.Millisecond) // into the loop
-	return cmd.Process.Pid
 }

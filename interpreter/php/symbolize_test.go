@@ -93,7 +93,10 @@ func liveChain(t testing.TB, v string) (*Symbolizer, [][2]uint64) {
 		t.Fatal(err)
 	}
 	d := detectFile(t, b.CLI)
-	pid := startPHP(t, b, script, "chain", "30")
+	pid, line := libctest.StartSpinning(t, b.Command(script, "chain", "30"))
+	if !strings.HasPrefix(line, "hot phase") {
+		t.Fatalf("%s printed %q", b.CLI, line)
+	}
 	_, bias, err := libctest.Mapped(pid, func(base string) bool { return base == filepath.Base(b.CLI) })
 	if err != nil {
 		t.Fatal(err)

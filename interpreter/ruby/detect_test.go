@@ -1,7 +1,6 @@
 package ruby
 
 import (
-	"bufio"
 	"debug/elf"
 	"encoding/binary"
 	"fmt"
@@ -11,10 +10,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hostprof/ebpf-profiler/interpreter/libc/libctest"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/utils/rubyfetch"
 )
@@ -101,7 +100,7 @@ func TestDetect(t *testing.T) {
 				t.Errorf("the eval loop's caller is at %#x, rb_vm_exec at %#x", b.Exec[0][0], exec)
 			}
 
-			pid := startSpinning(t, ruby, "-e", "STDOUT.puts 1; STDOUT.flush; x = 0; while true; x += 1; end")
+			pid, _ := libctest.StartSpinning(t, exec.Command(ruby, "-e", "STDOUT.puts 1; STDOUT.flush; x = 0; while true; x += 1; end"))
 			fsBase := mainThreadFSBase(t, pid)
 			bias := mappingBias(t, pid, lib)
 			mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
@@ -139,27 +138,6 @@ func TestDetect(t *testing.T) {
 			}
 		})
 	}
-}
-
-// startSpinning starts ruby with args, which print a line and then spin,
-// and returns its pid once it spins; the process is killed at the test's
-// end.
-func startSpinning(t testing.TB, ruby string, args ...string) int {
-	t.Helper()
-	cmd := exec.Command(ruby, args...)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(50 * time.Millisecond) // into the loop
-	return cmd.Process.Pid
 }
 
 // mainThreadFSBase stops pid with ptrace long enough to read its fs base.

@@ -3,11 +3,13 @@ package ruby
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/hostprof/ebpf-profiler/interpreter/libc/libctest"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem/memtest"
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/utils/rubyfetch"
@@ -60,7 +62,7 @@ func startChain(t testing.TB, v string, filler int) *liveChain {
 	}
 	ruby, _ := rubyfetch.Ruby(v)
 	b := detectFile(t, lib)
-	pid := startSpinning(t, ruby, c.script)
+	pid, _ := libctest.StartSpinning(t, exec.Command(ruby, c.script))
 	fsBase := mainThreadFSBase(t, pid)
 	bias := mappingBias(t, pid, lib)
 	if c.mem, err = os.Open(fmt.Sprintf("/proc/%d/mem", pid)); err != nil {
