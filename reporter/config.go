@@ -67,6 +67,9 @@ type Config struct {
 	HostID, HostName string
 	// Version is the instrumentation scope version.
 	Version string
+	// History, when set, receives every interval too (the web view's
+	// store).
+	History *History
 }
 
 // withDefaults validates c and fills in the defaults of zero optional fields.
@@ -96,8 +99,8 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	}
 	errs = append(errs, c.tlsFileErrors()...)
-	if c.CollectionAgent == "" && c.OutputDir == "" && c.TopN == 0 {
-		errs = append(errs, errors.New("no output configured: set a collection agent, an output directory or a top-N summary"))
+	if c.CollectionAgent == "" && c.OutputDir == "" && c.TopN == 0 && c.History == nil {
+		errs = append(errs, errors.New("no output configured: set a collection agent, an output directory, a top-N summary or a history"))
 	}
 	if len(errs) > 0 {
 		return c, fmt.Errorf("invalid reporter config: %w", errors.Join(errs...))

@@ -248,6 +248,9 @@ func (r *Reporter) reportInterval(end time.Time) error {
 		return nil
 	}
 	r.stats.intervals.Add(1)
+	if r.cfg.History != nil {
+		r.cfg.History.add(iv, r.opts.period)
+	}
 	var err error
 	if r.cfg.OutputDir != "" {
 		err = r.writeLocal(iv)

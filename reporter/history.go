@@ -1,0 +1,538 @@
+package reporter
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+)
+
+// Defaults of HistoryConfig's zero fields.
+const (
+	DefaultHistoryAge   = time.Hour
+	DefaultHistoryBytes = 64 << 20
+)
+
+// HistoryConfig bounds what a History keeps.
+type HistoryConfig struct {
+	// MaxAge is how much time the history covers; older intervals are
+	// dropped. Zero means DefaultHistoryAge.
+	MaxAge time.Duration
+	// MaxBytes bounds the history's estimated memory; the oldest intervals
+	// are dropped to stay under it. Zero means DefaultHistoryBytes.
+	MaxBytes int64
+}
+
+// History keeps the reporter's recent intervals in memory, compactly, for
+// the web view: every interval the reporter exports is also added here, so
+// what the page shows and what was exported agree. Stacks, frames and the
+// processes' descriptions are interned in tables shared by all intervals;
+// an interval is a list of (stack, process/thread, second, count) entries.
+// The tables are rebuilt from the intervals still held when dropping
+// intervals has left them mostly unused.
+type History struct {
+	maxAge   time.Duration
+	maxBytes int64
+
+	mu        sync.RWMutex
+	tab       *histTables
+	intervals []*histInterval // oldest first
+	// entryBytes is the size of all intervals' entries.
+	entryBytes int64
+	// compactAt is the table size above which dropping intervals rebuilds
+	// the tables.
+	compactAt int64
+	// droppedIntervals and droppedSamples count what the bounds dropped.
+	droppedIntervals, droppedSamples uint64
+	compactions                      uint64
+	// samplesHeld counts the samples of the intervals held.
+	samplesHeld uint64
+	// period is the reporter's sampling period in nanoseconds, for the
+	// pprof profiles of selections.
+	period atomic.Int64
+}
+
+// NewHistory returns an empty history with the given bounds.
+func NewHistory(cfg HistoryConfig) (*History, error) {
+	if cfg.MaxAge < 0 || cfg.MaxBytes < 0 {
+		return nil, fmt.Errorf("invalid history bounds: age %v, bytes %d", cfg.MaxAge, cfg.MaxBytes)
+	}
+	if cfg.MaxAge == 0 {
+		cfg.MaxAge = DefaultHistoryAge
+	}
+	if cfg.MaxBytes == 0 {
+		cfg.MaxBytes = DefaultHistoryBytes
+	}
+	return &History{
+		maxAge:    cfg.MaxAge,
+		maxBytes:  cfg.MaxBytes,
+		tab:       newHistTables(),
+		compactAt: minCompactBytes,
+	}, nil
+}
+
+// minCompactBytes keeps small tables from being rebuilt at every drop.
+const minCompactBytes = 4 << 20
+
+// histEntry counts the samples of one stack in one process and thread name
+// within one second of an interval.
+type histEntry struct {
+	stack uint32
+	meta  uint32
+	// node is the call-tree node of the stack in the process.
+	node  uint32
+	count uint32
+	// sec is the second from the interval's first second.
+	sec uint16
+}
+
+const histEntrySize = int64(unsafe.Sizeof(histEntry{}))
+
+type histInterval struct {
+	// startSec is the unix second the entries' sec count from; start and
+	// end are the interval's bounds.
+	startSec   int64
+	start, end time.Time
+	entries    []histEntry
+	samples    uint64
+}
+
+// histMeta is what a sample's process and thread are filtered by.
+type histMeta struct {
+	pid       libpf.PID
+	process   string
+	container string
+	thread    string
+}
+
+// histFunc is one node name of the flame graph: frames that share it are
+// merged. kind is the frame type ("native", "python", or one of the kinds
+// below that name no frames).
+type histFunc struct {
+	kind, name, file string
+}
+
+// The kinds of flame graph nodes that are not frames.
+const (
+	KindRoot      = "root"
+	KindProcess   = "process"
+	KindTruncated = "truncated"
+)
+
+// id is the function's stable id: the web view's zoom path names nodes by
+// it, and it survives table rebuilds.
+func (f histFunc) id() uint64 {
+	return xxh3.HashString(f.kind + "\x00" + f.name + "\x00" + f.file)
+}
+
+type histStack struct {
+	// frames are indexes into histTables.frames, leaf first.
+	frames    []uint32
+	truncated bool
+}
+
+// histTables interns what intervals refer to.
+type histTables struct {
+	frames   []libpf.Frame
+	frameFn  []uint32 // frame index -> function index
+	frameIdx map[libpf.Frame]uint32
+	mappings map[libpf.Mapping]*libpf.Mapping
+
+	funcs   []histFunc
+	funcID  []uint64 // function index -> histFunc.id
+	funcIdx map[histFunc]uint32
+
+	stacks   []histStack
+	stackIdx map[[2]uint64]uint32
+	// byTrace finds the stack of a trace seen before without interning its
+	// frames again. Several traces (of processes) have one stack; cleared
+	// when it has 4 times as many entries as there are stacks.
+	byTrace map[libpf.TraceHash]uint32
+
+	metas   []histMeta
+	metaIdx map[histMeta]uint32
+
+	// tree merges the stacks by function into one call tree under one
+	// node per executable: queries count samples per node and add them
+	// up, in time linear in the nodes, with no hashing. Node 0 is the
+	// root; a node comes after its parent.
+	tree []treeNode
+	// nodeOf finds the node of a stack in an executable (its function
+	// index) without walking the tree again.
+	nodeOf map[[2]uint32]uint32
+
+	// bytes estimates the tables' memory.
+	bytes int64
+}
+
+func newHistTables() *histTables {
+	return &histTables{
+		frameIdx: make(map[libpf.Frame]uint32),
+		mappings: make(map[libpf.Mapping]*libpf.Mapping),
+		funcIdx:  make(map[histFunc]uint32),
+		stackIdx: make(map[[2]uint64]uint32),
+		byTrace:  make(map[libpf.TraceHash]uint32),
+		metaIdx:  make(map[histMeta]uint32),
+		tree:     []treeNode{{fn: noFunc}},
+		nodeOf:   make(map[[2]uint32]uint32),
+	}
+}
+
+// treeNode is a node of the call tree. Children are a linked list (child,
+// next; 0 ends it, as the root is nobody's child): a map would cost more
+// than the nodes, and only new stacks walk it.
+type treeNode struct {
+	parent, child, next uint32
+	// fn is the function index; recursive marks a function that is also
+	// an ancestor's, so that a sample counts once in its total.
+	fn uint32
+	// line is the line of the node's frames, mixedLines when they differ.
+	line uint32
+}
+
+const (
+	noFunc     = ^uint32(0)
+	recursive  = 1 << 31
+	mixedLines = ^uint32(0)
+	nodeCost   = int64(unsafe.Sizeof(treeNode{}))
+	nodeOfCost = 40
+)
+
+func (n *treeNode) function() uint32 { return n.fn &^ recursive }
+
+// node returns the call-tree node of stack in the executable whose
+// function is proc, adding the path if new.
+func (t *histTables) node(proc, stack uint32) uint32 {
+	key := [2]uint32{proc, stack}
+	if n, ok := t.nodeOf[key]; ok {
+		return n
+	}
+	cur := t.child(0, proc, 0)
+	s := &t.stacks[stack]
+	if s.truncated {
+		cur = t.child(cur, t.function(histFunc{kind: KindTruncated, name: "[truncated]"}), 0)
+	}
+	for i := len(s.frames) - 1; i >= 0; i-- {
+		f := s.frames[i]
+		cur = t.child(cur, t.frameFn[f], t.frames[f].SourceLine)
+	}
+	t.nodeOf[key] = cur
+	t.bytes += nodeOfCost
+	return cur
+}
+
+func (t *histTables) child(parent, fn, line uint32) uint32 {
+	for c := t.tree[parent].child; c != 0; c = t.tree[c].next {
+		if n := &t.tree[c]; n.function() == fn {
+			if n.line != line {
+				n.line = mixedLines
+			}
+			return c
+		}
+	}
+	n := treeNode{parent: parent, fn: fn, line: line, next: t.tree[parent].child}
+	for a := parent; a != 0; a = t.tree[a].parent {
+		if t.tree[a].function() == fn {
+			n.fn |= recursive
+			break
+		}
+	}
+	i := uint32(len(t.tree))
+	t.tree = append(t.tree, n)
+	t.tree[parent].child = i
+	t.bytes += nodeCost
+	return i
+}
+
+
+// Rough per-entry costs of the tables, map overhead included.
+const (
+	frameCost = int64(unsafe.Sizeof(libpf.Frame{}))*2 + 24
+	funcCost  = int64(unsafe.Sizeof(histFunc{}))*2 + 32
+	stackCost = int64(unsafe.Sizeof(histStack{})) + 48
+	metaCost  = int64(unsafe.Sizeof(histMeta{}))*2 + 24
+	// byTraceCost is a map entry of 16+4 bytes with Go's map overhead.
+	byTraceCost = 40
+)
+
+// frame interns f. A symbolized frame loses its address, so that one
+// function's line is one frame whatever instruction was sampled; the
+// mapping is interned too, as many traces point to copies of one.
+func (t *histTables) frame(f *libpf.Frame) uint32 {
+	c := *f
+	if c.FunctionName != "" {
+		c.Address = 0
+	}
+	if c.Mapping != nil {
+		m, ok := t.mappings[*c.Mapping]
+		if !ok {
+			m = c.Mapping
+			t.mappings[*m] = m
+			t.bytes += 2*int64(unsafe.Sizeof(*m)) + int64(len(m.Path)+len(m.GNUBuildID)+len(m.GoBuildID))
+		}
+		c.Mapping = m
+	}
+	if i, ok := t.frameIdx[c]; ok {
+		return i
+	}
+	i := uint32(len(t.frames))
+	t.frames = append(t.frames, c)
+	t.frameFn = append(t.frameFn, t.function(funcOfFrame(&c)))
+	t.frameIdx[c] = i
+	t.bytes += frameCost + int64(len(c.FunctionName)+len(c.SourceFile)+len(c.SystemName)+len(c.Tier))
+	return i
+}
+
+// funcOfFrame names the flame graph node of a frame: its function in its
+// source file, or for native code without one, in its mapped file.
+func funcOfFrame(f *libpf.Frame) histFunc {
+	fn := histFunc{kind: f.Kind.String(), name: frameName(f), file: f.SourceFile}
+	if fn.file == "" && f.Mapping != nil && f.Kind != libpf.FrameKernel {
+		fn.file = f.Mapping.Path
+	}
+	return fn
+}
+
+func (t *histTables) function(f histFunc) uint32 {
+	if i, ok := t.funcIdx[f]; ok {
+		return i
+	}
+	i := uint32(len(t.funcs))
+	t.funcs = append(t.funcs, f)
+	t.funcID = append(t.funcID, f.id())
+	t.funcIdx[f] = i
+	t.bytes += funcCost + int64(len(f.kind)+len(f.name)+len(f.file))
+	return i
+}
+
+// stack interns a trace's frames.
+func (t *histTables) stack(tr *libpf.Trace) uint32 {
+	if i, ok := t.byTrace[tr.Hash]; ok {
+		return i
+	}
+	frames := make([]uint32, len(tr.Frames))
+	for i := range tr.Frames {
+		frames[i] = t.frame(&tr.Frames[i])
+	}
+	i := t.internStack(histStack{frames: frames, truncated: tr.Truncated})
+	if len(t.byTrace) >= 4*len(t.stacks)+1024 {
+		t.bytes -= int64(len(t.byTrace)) * byTraceCost
+		clear(t.byTrace)
+	}
+	t.byTrace[tr.Hash] = i
+	t.bytes += byTraceCost
+	return i
+}
+
+func (t *histTables) internStack(s histStack) uint32 {
+	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s.frames))), len(s.frames)*4)
+	h := xxh3.Hash128(b)
+	key := [2]uint64{h.Hi, h.Lo}
+	if s.truncated {
+		key[0] ^= 1
+	}
+	if i, ok := t.stackIdx[key]; ok {
+		return i
+	}
+	i := uint32(len(t.stacks))
+	t.stacks = append(t.stacks, s)
+	t.stackIdx[key] = i
+	t.bytes += stackCost + 4*int64(len(s.frames))
+	return i
+}
+
+func (t *histTables) meta(m histMeta) uint32 {
+	if i, ok := t.metaIdx[m]; ok {
+		return i
+	}
+	i := uint32(len(t.metas))
+	t.metas = append(t.metas, m)
+	t.metaIdx[m] = i
+	t.bytes += metaCost + int64(len(m.process)+len(m.container)+len(m.thread))
+	return i
+}
+
+func metaOf(k *sampleKey) histMeta {
+	m := histMeta{pid: k.pid, thread: k.threadName}
+	if p := k.process; p != nil {
+		m.process, m.container = p.ExecutableName, p.ContainerID
+	}
+	if m.process == "" {
+		m.process = "[unknown]"
+	}
+	return m
+}
+
+// add appends an interval reported by the reporter and drops what the
+// bounds no longer allow.
+func (h *History) add(iv *interval, period int64) {
+	h.period.Store(period)
+	if iv.samples == 0 {
+		return
+	}
+	startSec := iv.start.Unix()
+	type entryKey struct {
+		stack, meta, node uint32
+		sec               uint16
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	counts := make(map[entryKey]uint32)
+	for _, g := range iv.groups {
+		stack := h.tab.stack(g.trace)
+		m := metaOf(&g.key)
+		meta := h.tab.meta(m)
+		node := h.tab.node(h.tab.function(histFunc{kind: KindProcess, name: m.process}), stack)
+		for _, ts := range g.timestamps {
+			sec := int64(ts)/int64(time.Second) - startSec
+			counts[entryKey{stack, meta, node, uint16(max(0, min(sec, 1<<16-1)))}]++
+		}
+	}
+	hi := &histInterval{startSec: startSec, start: iv.start, end: iv.end, samples: uint64(iv.samples)}
+	hi.entries = make([]histEntry, 0, len(counts))
+	for k, c := range counts {
+		hi.entries = append(hi.entries, histEntry{stack: k.stack, meta: k.meta, node: k.node, sec: k.sec, count: c})
+	}
+	h.intervals = append(h.intervals, hi)
+	h.entryBytes += int64(len(hi.entries)) * histEntrySize
+	h.samplesHeld += hi.samples
+	h.enforceBounds()
+}
+
+// enforceBounds drops the oldest intervals beyond MaxAge or MaxBytes, and
+// rebuilds the tables when they have grown past compactAt since the last
+// rebuild (the dropped intervals' stacks are still in them). Over MaxBytes
+// it drops down to 90% of it, guessing that the tables shrink with the
+// samples held, so that a full history is not rebuilt at every interval.
+func (h *History) enforceBounds() {
+	newest := h.intervals[len(h.intervals)-1].end
+	for len(h.intervals) > 0 && newest.Sub(h.intervals[0].start) > h.maxAge {
+		h.dropOldest()
+	}
+	if h.bytesLocked() > h.maxBytes {
+		target := h.maxBytes / 10 * 9
+		held := h.samplesLocked()
+		tables := float64(h.tab.bytes)
+		for len(h.intervals) > 0 {
+			guess := h.entryBytes + int64(tables*float64(h.samplesLocked())/float64(max(held, 1)))
+			if guess <= target {
+				break
+			}
+			h.dropOldest()
+		}
+		h.compact()
+		for len(h.intervals) > 0 && h.bytesLocked() > h.maxBytes {
+			h.dropOldest()
+			h.compact()
+		}
+	}
+	if h.tab.bytes > h.compactAt {
+		h.compact()
+	}
+}
+
+func (h *History) dropOldest() {
+	iv := h.intervals[0]
+	h.intervals[0] = nil
+	h.intervals = h.intervals[1:]
+	h.entryBytes -= int64(len(iv.entries)) * histEntrySize
+	h.droppedIntervals++
+	h.droppedSamples += iv.samples
+	h.samplesHeld -= iv.samples
+}
+
+func (h *History) samplesLocked() uint64 { return h.samplesHeld }
+
+func (h *History) bytesLocked() int64 { return h.entryBytes + h.tab.bytes }
+
+// compact rebuilds the tables from the intervals held, renumbering their
+// entries.
+func (h *History) compact() {
+	old, nt := h.tab, newHistTables()
+	stackMap := make(map[uint32]uint32)
+	metaMap := make(map[uint32]uint32)
+	nodeMap := make(map[uint32]uint32)
+	for _, iv := range h.intervals {
+		for i := range iv.entries {
+			e := &iv.entries[i]
+			s, ok := stackMap[e.stack]
+			if !ok {
+				src := old.stacks[e.stack]
+				frames := make([]uint32, len(src.frames))
+				for j, f := range src.frames {
+					frames[j] = nt.frame(&old.frames[f])
+				}
+				s = nt.internStack(histStack{frames: frames, truncated: src.truncated})
+				stackMap[e.stack] = s
+			}
+			m, ok := metaMap[e.meta]
+			if !ok {
+				m = nt.meta(old.metas[e.meta])
+				metaMap[e.meta] = m
+			}
+			n, ok := nodeMap[e.node]
+			if !ok {
+				n = nt.node(nt.function(histFunc{kind: KindProcess, name: nt.metas[m].process}), s)
+				nodeMap[e.node] = n
+			}
+			e.stack, e.meta, e.node = s, m, n
+		}
+	}
+	h.tab = nt
+	h.compactAt = max(2*nt.bytes, minCompactBytes)
+	h.compactions++
+}
+
+// HistoryStats describe what a history holds.
+type HistoryStats struct {
+	// Start and End bound the intervals held; zero when empty.
+	Start, End time.Time
+	Intervals  int
+	Samples    uint64
+	// Bytes is the estimated memory held, MaxBytes its bound, MaxAge the
+	// time bound.
+	Bytes, MaxBytes int64
+	MaxAge          time.Duration
+	// Stacks, Frames and Functions count the distinct ones held.
+	Stacks, Frames, Functions int
+	// DroppedIntervals and DroppedSamples count what the bounds dropped;
+	// Compactions counts table rebuilds.
+	DroppedIntervals, DroppedSamples, Compactions uint64
+	// Kinds are the frame types present, sorted.
+	Kinds []string
+}
+
+// Stats describes the history now.
+func (h *History) Stats() HistoryStats {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	s := HistoryStats{
+		Intervals:        len(h.intervals),
+		Bytes:            h.bytesLocked(),
+		MaxBytes:         h.maxBytes,
+		MaxAge:           h.maxAge,
+		Stacks:           len(h.tab.stacks),
+		Frames:           len(h.tab.frames),
+		Functions:        len(h.tab.funcs),
+		DroppedIntervals: h.droppedIntervals,
+		DroppedSamples:   h.droppedSamples,
+		Compactions:      h.compactions,
+	}
+	if n := len(h.intervals); n > 0 {
+		s.Start, s.End = h.intervals[0].start, h.intervals[n-1].end
+	}
+	s.Samples = h.samplesHeld
+	kinds := make(map[string]bool)
+	for i := range h.tab.funcs {
+		kinds[h.tab.funcs[i].kind] = true
+	}
+	s.Kinds = slices.Sorted(maps.Keys(kinds))
+	return s
+}

@@ -1,0 +1,97 @@
+package reporter
+
+import (
+	"bufio"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+)
+
+// WritePprof writes the selected samples as a gzipped pprof profile, built
+// as the reporter builds its files. The samples keep their process, pid
+// and thread name; tids and CPUs are not kept by the history, and times
+// are whole seconds.
+func (h *History) WritePprof(w io.Writer, sel Selection) error {
+	iv := h.selectionInterval(&sel)
+	return buildPprof(iv, h.period.Load()).Write(w)
+}
+
+func (h *History) selectionInterval(sel *Selection) *interval {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	type key struct{ meta, stack uint32 }
+	traces := make(map[uint32]*libpf.Trace)
+	procs := make(map[uint32]*libpf.ProcessInfo)
+	groups := make(map[key]*sampleGroup)
+	iv := newInterval(time.Time{})
+	h.each(sel, func(e *histEntry, sec int64) {
+		k := key{e.meta, e.stack}
+		g := groups[k]
+		if g == nil {
+			g = &sampleGroup{trace: traces[e.stack]}
+			if g.trace == nil {
+				s := &h.tab.stacks[e.stack]
+				t := &libpf.Trace{Frames: make([]libpf.Frame, len(s.frames)), Truncated: s.truncated}
+				for i, f := range s.frames {
+					t.Frames[i] = h.tab.frames[f]
+				}
+				g.trace, traces[e.stack] = t, t
+			}
+			m := &h.tab.metas[e.meta]
+			p := procs[e.meta]
+			if p == nil {
+				p = &libpf.ProcessInfo{PID: m.pid, ExecutableName: m.process, ContainerID: m.container}
+				procs[e.meta] = p
+			}
+			g.key = sampleKey{pid: m.pid, process: p, threadName: m.thread, hash: libpf.TraceHash{Lo: uint64(e.stack)}}
+			groups[k] = g
+			iv.groups[g.key] = g
+		}
+		for range e.count {
+			g.timestamps = append(g.timestamps, uint64(sec)*uint64(time.Second))
+		}
+		iv.samples += int(e.count)
+		t := time.Unix(sec, 0)
+		if iv.start.IsZero() || t.Before(iv.start) {
+			iv.start = t
+		}
+		if end := t.Add(time.Second); end.After(iv.end) {
+			iv.end = end
+		}
+	})
+	return iv
+}
+
+// WriteCollapsed writes the selected samples as collapsed stacks, one line
+// per call path of functions, "process;outermost;...;leaf count", as
+// flamegraph.pl and speedscope read them. Names lose the separators ';'
+// and newline.
+func (h *History) WriteCollapsed(w io.Writer, sel Selection) error {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	self := h.nodeCounts(&sel)
+	clean := strings.NewReplacer(";", ":", "\n", " ", "\r", " ")
+	bw := bufio.NewWriter(w)
+	var path []string
+	for n, count := range self {
+		if count == 0 || n == 0 {
+			continue
+		}
+		path = path[:0]
+		for a := uint32(n); a != 0; a = h.tab.tree[a].parent {
+			path = append(path, clean.Replace(h.tab.funcs[h.tab.tree[a].function()].name))
+		}
+		slices.Reverse(path)
+		bw.WriteString(strings.Join(path, ";"))
+		bw.WriteByte(' ')
+		bw.WriteString(strconv.FormatUint(count, 10))
+		if _, err := bw.WriteString("\n"); err != nil {
+			return err
+		}
+	}
+	return bw.Flush()
+}

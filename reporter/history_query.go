@@ -1,0 +1,532 @@
+package reporter
+
+import (
+	"cmp"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+)
+
+// Selection says which samples of a history a query counts. Zero fields
+// select everything; the values of one field are alternatives.
+type Selection struct {
+	// From and To bound the samples' time to [From, To), to the second.
+	From, To   time.Time
+	PIDs       []libpf.PID
+	Processes  []string // executable names
+	Containers []string
+	Threads    []string // thread names
+	// Kinds keeps the samples whose stack has a frame of one of the kinds.
+	Kinds []string
+}
+
+// selector is a Selection prepared against the current tables. Its caches
+// are per query: the tables do not change under the read lock.
+type selector struct {
+	tab            *histTables
+	fromSec, toSec int64
+	metaOK         []int8 // 0 unknown, 1 selected, -1 not
+	stackOK        []int8
+	sel            *Selection
+}
+
+func (h *History) selector(sel *Selection) *selector {
+	s := &selector{tab: h.tab, sel: sel, fromSec: -1 << 62, toSec: 1 << 62}
+	if !sel.From.IsZero() {
+		// A second is in the range when it starts in it.
+		s.fromSec = (sel.From.UnixMilli() + 999) / 1000
+	}
+	if !sel.To.IsZero() {
+		s.toSec = (sel.To.UnixMilli() + 999) / 1000
+	}
+	s.metaOK = make([]int8, len(h.tab.metas))
+	if len(sel.Kinds) > 0 {
+		s.stackOK = make([]int8, len(h.tab.stacks))
+	}
+	return s
+}
+
+func (s *selector) meta(i uint32) bool {
+	if v := s.metaOK[i]; v != 0 {
+		return v > 0
+	}
+	m := &s.tab.metas[i]
+	ok := (len(s.sel.PIDs) == 0 || slices.Contains(s.sel.PIDs, m.pid)) &&
+		(len(s.sel.Processes) == 0 || slices.Contains(s.sel.Processes, m.process)) &&
+		(len(s.sel.Containers) == 0 || slices.Contains(s.sel.Containers, m.container)) &&
+		(len(s.sel.Threads) == 0 || slices.Contains(s.sel.Threads, m.thread))
+	s.metaOK[i] = boolInt8(ok)
+	return ok
+}
+
+func (s *selector) stack(i uint32) bool {
+	if s.stackOK == nil {
+		return true
+	}
+	if v := s.stackOK[i]; v != 0 {
+		return v > 0
+	}
+	ok := false
+	for _, f := range s.tab.stacks[i].frames {
+		if slices.Contains(s.sel.Kinds, s.tab.funcs[s.tab.frameFn[f]].kind) {
+			ok = true
+			break
+		}
+	}
+	s.stackOK[i] = boolInt8(ok)
+	return ok
+}
+
+func boolInt8(b bool) int8 {
+	if b {
+		return 1
+	}
+	return -1
+}
+
+// each calls fn for every entry the selection selects, with its unix
+// second.
+func (h *History) each(sel *Selection, fn func(e *histEntry, sec int64)) {
+	s := h.selector(sel)
+	for _, iv := range h.intervals {
+		if iv.startSec+int64(iv.end.Sub(iv.start)/time.Second)+1 < s.fromSec || iv.startSec >= s.toSec {
+			continue
+		}
+		for i := range iv.entries {
+			e := &iv.entries[i]
+			sec := iv.startSec + int64(e.sec)
+			if sec < s.fromSec || sec >= s.toSec || !s.meta(e.meta) || !s.stack(e.stack) {
+				continue
+			}
+			fn(e, sec)
+		}
+	}
+}
+
+// nodeCounts counts the selected samples per call-tree node: the samples
+// whose stack ends there, indexed by node.
+func (h *History) nodeCounts(sel *Selection) []uint64 {
+	counts := make([]uint64, len(h.tab.tree))
+	h.each(sel, func(e *histEntry, _ int64) { counts[e.node] += uint64(e.count) })
+	return counts
+}
+
+// subtreeTotals turns per-node counts into the totals of the subtrees:
+// children come after their parents, so one backward pass adds them up.
+func (h *History) subtreeTotals(self []uint64) []uint64 {
+	total := slices.Clone(self)
+	for n := len(total) - 1; n > 0; n-- {
+		total[h.tab.tree[n].parent] += total[n]
+	}
+	return total
+}
+
+// Timeline counts the selected samples per step from start, in at most
+// maxBuckets buckets of whole seconds over the selection's range (or the
+// history's, where the selection leaves it open).
+func (h *History) Timeline(sel Selection, maxBuckets int) (start time.Time, step time.Duration, counts []uint64) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	if len(h.intervals) == 0 {
+		return time.Time{}, time.Second, nil
+	}
+	from, to := sel.From, sel.To
+	if from.IsZero() {
+		from = h.intervals[0].start.Truncate(time.Second)
+	}
+	if to.IsZero() {
+		to = h.intervals[len(h.intervals)-1].end
+	}
+	secs := max(int64(to.Sub(from)+time.Second-1)/int64(time.Second), 1)
+	stepSecs := max((secs+int64(maxBuckets)-1)/int64(max(maxBuckets, 1)), 1)
+	counts = make([]uint64, (secs+stepSecs-1)/stepSecs)
+	fromSec := (from.UnixMilli() + 999) / 1000
+	start = time.Unix(fromSec, 0)
+	h.each(&sel, func(e *histEntry, sec int64) {
+		if b := (sec - fromSec) / stepSecs; b >= 0 && b < int64(len(counts)) {
+			counts[b] += uint64(e.count)
+		}
+	})
+	return start, time.Duration(stepSecs) * time.Second, counts
+}
+
+// FilterValue is one value a filter can take and how many samples have it.
+type FilterValue struct {
+	Name      string
+	PID       libpf.PID // processes only
+	Container string    // processes only
+	Samples   uint64
+}
+
+// FilterValues are the values the filters offer in a time range.
+type FilterValues struct {
+	Processes, Threads, Containers, Kinds []FilterValue
+}
+
+// Filters lists the processes, thread names, containers and frame types of
+// the samples in the selection's time range (its other fields are
+// ignored), each by samples, at most limit of each.
+func (h *History) Filters(sel Selection, limit int) FilterValues {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	timeOnly := Selection{From: sel.From, To: sel.To}
+	procs := make(map[FilterValue]uint64)
+	threads := make(map[string]uint64)
+	containers := make(map[string]uint64)
+	byStack := make(map[uint32]uint64)
+	h.each(&timeOnly, func(e *histEntry, _ int64) {
+		m := &h.tab.metas[e.meta]
+		procs[FilterValue{Name: m.process, PID: m.pid, Container: m.container}] += uint64(e.count)
+		threads[m.thread] += uint64(e.count)
+		if m.container != "" {
+			containers[m.container] += uint64(e.count)
+		}
+		byStack[e.stack] += uint64(e.count)
+	})
+	kinds := make(map[string]uint64)
+	for stack, n := range byStack {
+		seen := make(map[string]bool, 4)
+		for _, f := range h.tab.stacks[stack].frames {
+			seen[h.tab.funcs[h.tab.frameFn[f]].kind] = true
+		}
+		for k := range seen {
+			kinds[k] += n
+		}
+	}
+	var fv FilterValues
+	for v, n := range procs {
+		v.Samples = n
+		fv.Processes = append(fv.Processes, v)
+	}
+	fv.Threads = namedValues(threads)
+	fv.Containers = namedValues(containers)
+	fv.Kinds = namedValues(kinds)
+	for _, l := range []*[]FilterValue{&fv.Processes, &fv.Threads, &fv.Containers, &fv.Kinds} {
+		slices.SortFunc(*l, func(a, b FilterValue) int {
+			return cmp.Or(cmp.Compare(b.Samples, a.Samples), cmp.Compare(a.Name, b.Name), cmp.Compare(a.PID, b.PID))
+		})
+		*l = (*l)[:min(len(*l), limit)]
+	}
+	return fv
+}
+
+func namedValues(m map[string]uint64) []FilterValue {
+	out := make([]FilterValue, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, FilterValue{Name: k, Samples: m[k]})
+	}
+	return out
+}
+
+// FlameQuery asks for the call tree of a selection.
+type FlameQuery struct {
+	Selection Selection
+	// Baseline, when set, is counted beside the selection (BaseTotal,
+	// BaseSelf) for a differential view.
+	Baseline *Selection
+	// Focus is the path of node ids from below the root to the node the
+	// tree is rooted at; empty for the whole tree.
+	Focus []uint64
+	// MinShare leaves out nodes with a smaller share of the root's samples
+	// (of the selection's or the baseline's, whichever is larger).
+	MinShare float64
+	// MaxNodes bounds the nodes returned; MinShare is raised to stay
+	// under it. Zero means no bound.
+	MaxNodes int
+	// Search marks the nodes whose function or file name contains it,
+	// case-insensitively, and counts the samples with such a frame.
+	Search string
+}
+
+// FlameNode is one node of a call tree.
+type FlameNode struct {
+	// ID names the node's function; a path of them names the node.
+	ID     uint64
+	Parent int32 // index of the parent node, -1 for the root
+	Kind   string
+	Name   string
+	File   string
+	// Line is the line all of the node's frames were on, else 0.
+	Line                uint32
+	Total, Self         uint64
+	BaseTotal, BaseSelf uint64
+	Match               bool
+}
+
+// FlameGraph is a pruned call tree: Nodes in depth-first pre-order,
+// siblings by name, the root first.
+type FlameGraph struct {
+	Nodes []FlameNode
+	// Path is the root's ancestry from "all", for the breadcrumb; the root
+	// itself is the last element.
+	Path []FlameNode
+	// Total and BaseTotal are the root's samples in the selection and the
+	// baseline; Matched counts the selection's samples under the root with
+	// a frame Search matched.
+	Total, BaseTotal, Matched uint64
+	// Pruned counts the subtrees left out below the nodes returned.
+	Pruned int
+}
+
+// flameCounts are one query's counts over the history's call tree.
+type flameCounts struct {
+	tab                            *histTables
+	self, total, baseSelf, baseTot []uint64
+}
+
+// Flame builds the call tree of q's selection.
+func (h *History) Flame(q FlameQuery) FlameGraph {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	fc := &flameCounts{tab: h.tab}
+	fc.self = h.nodeCounts(&q.Selection)
+	fc.total = h.subtreeTotals(fc.self)
+	if q.Baseline != nil {
+		fc.baseSelf = h.nodeCounts(q.Baseline)
+		fc.baseTot = h.subtreeTotals(fc.baseSelf)
+	}
+	var g FlameGraph
+	root, path := fc.find(q.Focus)
+	g.Path = path
+	if root < 0 {
+		return g
+	}
+	g.Total = fc.total[root]
+	if fc.baseTot != nil {
+		g.BaseTotal = fc.baseTot[root]
+	}
+	m := newFuncMatcher(h.tab, q.Search)
+	g.Matched = fc.matched(uint32(root), m)
+	g.Nodes, g.Pruned = fc.prune(uint32(root), q.MinShare, q.MaxNodes, m)
+	return g
+}
+
+// find follows a focus path of function ids down from the root. It returns
+// -1 when the path is not in the tree, and the path's nodes from "all".
+func (fc *flameCounts) find(focus []uint64) (int64, []FlameNode) {
+	path := []FlameNode{{Kind: KindRoot, Name: "all", Parent: -1}}
+	cur := uint32(0)
+	for _, id := range focus {
+		next := uint32(0)
+		for c := fc.tab.tree[cur].child; c != 0; c = fc.tab.tree[c].next {
+			if fc.tab.funcID[fc.tab.tree[c].function()] == id && fc.weight(c) > 0 {
+				next = c
+				break
+			}
+		}
+		if next == 0 {
+			return -1, path
+		}
+		cur = next
+		path = append(path, fc.node(cur, int32(len(path)-1), nil))
+	}
+	return int64(cur), path
+}
+
+// weight is a node's larger share of the selection's and the baseline's
+// samples; zero when neither has any there.
+func (fc *flameCounts) weight(n uint32) float64 {
+	w := 0.0
+	if t := fc.total[0]; t > 0 {
+		w = float64(fc.total[n]) / float64(t)
+	}
+	if fc.baseTot != nil && fc.baseTot[0] > 0 {
+		w = max(w, float64(fc.baseTot[n])/float64(fc.baseTot[0]))
+	}
+	return w
+}
+
+func (fc *flameCounts) node(n uint32, parent int32, m *funcMatcher) FlameNode {
+	out := FlameNode{Kind: KindRoot, Name: "all", Parent: parent, Total: fc.total[n], Self: fc.self[n]}
+	if n != 0 {
+		tn := &fc.tab.tree[n]
+		fi := tn.function()
+		f := &fc.tab.funcs[fi]
+		out.ID, out.Kind, out.Name, out.File, out.Match = fc.tab.funcID[fi], f.kind, f.name, f.file, m.match(fi)
+		if tn.line != mixedLines {
+			out.Line = tn.line
+		}
+	}
+	if fc.baseTot != nil {
+		out.BaseTotal, out.BaseSelf = fc.baseTot[n], fc.baseSelf[n]
+	}
+	return out
+}
+
+// matched counts the samples under root whose path from root has a frame
+// the matcher matches.
+func (fc *flameCounts) matched(root uint32, m *funcMatcher) uint64 {
+	if m.needle == "" {
+		return 0
+	}
+	var sum uint64
+	var walk func(n uint32)
+	walk = func(n uint32) {
+		if n != 0 && m.match(fc.tab.tree[n].function()) {
+			sum += fc.total[n]
+			return
+		}
+		for c := fc.tab.tree[n].child; c != 0; c = fc.tab.tree[c].next {
+			if fc.total[c] > 0 {
+				walk(c)
+			}
+		}
+	}
+	walk(root)
+	return sum
+}
+
+// prune keeps the nodes under root with at least minShare of its samples
+// (in the selection or the baseline), at most maxNodes of them, and orders
+// them depth-first with siblings by name.
+func (fc *flameCounts) prune(root uint32, minShare float64, maxNodes int, m *funcMatcher) ([]FlameNode, int) {
+	// Shares of the response's root, not of "all".
+	rootW := fc.weight(root)
+	keep := func(n uint32, threshold float64) bool {
+		return fc.weight(n) > 0 && (rootW == 0 || fc.weight(n)/rootW >= threshold)
+	}
+	threshold := minShare
+	if maxNodes > 0 {
+		// A child never outweighs its parent, so the nodes over a
+		// threshold are a tree: collect the candidates' weights and
+		// raise the threshold until at most maxNodes remain.
+		var ws []float64
+		var walk func(n uint32)
+		walk = func(n uint32) {
+			ws = append(ws, fc.weight(n))
+			for c := fc.tab.tree[n].child; c != 0; c = fc.tab.tree[c].next {
+				if keep(c, threshold) {
+					walk(c)
+				}
+			}
+		}
+		walk(root)
+		if len(ws) > maxNodes {
+			slices.Sort(ws)
+			threshold = max(threshold, nextAfter(ws[len(ws)-maxNodes])/max(rootW, 1e-300))
+		}
+	}
+	var out []FlameNode
+	pruned := 0
+	var visit func(n uint32, parent int32)
+	visit = func(n uint32, parent int32) {
+		idx := int32(len(out))
+		out = append(out, fc.node(n, parent, m))
+		var kids []uint32
+		for c := fc.tab.tree[n].child; c != 0; c = fc.tab.tree[c].next {
+			switch {
+			case keep(c, threshold):
+				kids = append(kids, c)
+			case fc.weight(c) > 0:
+				pruned++
+			}
+		}
+		slices.SortFunc(kids, func(a, b uint32) int {
+			fa, fb := &fc.tab.funcs[fc.tab.tree[a].function()], &fc.tab.funcs[fc.tab.tree[b].function()]
+			return cmp.Or(cmp.Compare(fa.name, fb.name), cmp.Compare(fa.kind, fb.kind), cmp.Compare(fa.file, fb.file))
+		})
+		for _, c := range kids {
+			visit(c, idx)
+		}
+	}
+	visit(root, -1)
+	return out, pruned
+}
+
+// nextAfter is a weight just above f, so that ties at the cut are left out
+// rather than exceeding the bound.
+func nextAfter(f float64) float64 { return f + f*1e-12 + 1e-300 }
+
+// funcMatcher decides once per function whether Search matches it.
+type funcMatcher struct {
+	tab    *histTables
+	needle string
+	memo   map[uint32]bool
+}
+
+func newFuncMatcher(tab *histTables, search string) *funcMatcher {
+	return &funcMatcher{tab: tab, needle: strings.ToLower(search), memo: make(map[uint32]bool)}
+}
+
+func (m *funcMatcher) match(fn uint32) bool {
+	if m == nil || m.needle == "" {
+		return false
+	}
+	if v, ok := m.memo[fn]; ok {
+		return v
+	}
+	f := &m.tab.funcs[fn]
+	v := strings.Contains(strings.ToLower(f.name), m.needle) || strings.Contains(strings.ToLower(f.file), m.needle)
+	m.memo[fn] = v
+	return v
+}
+
+// TopFunction is one row of the top functions table.
+type TopFunction struct {
+	ID                  uint64
+	Kind, Name, File    string
+	Self, Total         uint64
+	BaseSelf, BaseTotal uint64
+}
+
+// TopFunctions ranks the functions of sel by self samples (the function
+// was the leaf) or, with byTotal, by total samples (anywhere on the stack,
+// once per sample), the first limit of them; base, when set, is counted
+// beside. total and baseTotal are the selections' samples.
+func (h *History) TopFunctions(sel Selection, base *Selection, byTotal bool, limit int) (rows []TopFunction, total, baseTotal uint64) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	nf := len(h.tab.funcs)
+	// Per function: self, total, baseline self, baseline total.
+	acc := make([][4]uint64, nf)
+	count := func(sel *Selection, col int) uint64 {
+		self := h.nodeCounts(sel)
+		tot := h.subtreeTotals(self)
+		for n := 1; n < len(self); n++ {
+			if tot[n] == 0 {
+				continue
+			}
+			tn := &h.tab.tree[n]
+			a := &acc[tn.function()]
+			a[col] += self[n]
+			// Below an ancestor of the same function, its samples are
+			// in that ancestor's total already.
+			if tn.fn&recursive == 0 {
+				a[col+1] += tot[n]
+			}
+		}
+		return tot[0]
+	}
+	total = count(&sel, 0)
+	if base != nil {
+		baseTotal = count(base, 2)
+	}
+	col := 0
+	if byTotal {
+		col = 1
+	}
+	key := func(fi uint32) uint64 { return max(acc[fi][col], acc[fi][col+2]) }
+	var fns []uint32
+	for fi := range acc {
+		kind := h.tab.funcs[fi].kind
+		if (acc[fi][1] > 0 || acc[fi][3] > 0) && kind != KindProcess && kind != KindTruncated {
+			fns = append(fns, uint32(fi))
+		}
+	}
+	slices.SortFunc(fns, func(a, b uint32) int {
+		if c := cmp.Compare(key(b), key(a)); c != 0 {
+			return c
+		}
+		fa, fb := &h.tab.funcs[a], &h.tab.funcs[b]
+		return cmp.Or(cmp.Compare(fa.name, fb.name), cmp.Compare(fa.file, fb.file))
+	})
+	for _, fi := range fns[:min(limit, len(fns))] {
+		f, a := &h.tab.funcs[fi], &acc[fi]
+		rows = append(rows, TopFunction{ID: h.tab.funcID[fi], Kind: f.kind, Name: f.name, File: f.file,
+			Self: a[0], Total: a[1], BaseSelf: a[2], BaseTotal: a[3]})
+	}
+	return rows, total, baseTotal
+}
