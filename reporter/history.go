@@ -251,7 +251,6 @@ func (t *histTables) child(parent, fn, line uint32) uint32 {
 	return i
 }
 
-
 // Rough per-entry costs of the tables, map overhead included.
 const (
 	frameCost = int64(unsafe.Sizeof(libpf.Frame{}))*2 + 24
