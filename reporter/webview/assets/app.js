@@ -97,6 +97,8 @@ function fmtDelta(d) {
   return `${pp > 0 ? '+' : '−'}${Math.abs(pp).toFixed(Math.abs(pp) < 1 ? 2 : 1)} pp`;
 }
 
+// A DOM element: string props become attributes, other values (checked,
+// colSpan) properties, on* props listeners.
 function el(tag, props = {}, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(props)) {
@@ -607,6 +609,7 @@ function prepareFlame(resp, diff) {
   const depth = new Uint16Array(len);
   const delta = diff ? new Float64Array(len) : null;
   const color = new Array(len);
+  if (diff) nd.baseTotal ??= new Array(len).fill(0);
   for (let i = 0; i < len; i++) {
     if (diff) {
       const now = T ? nd.total[i] / T : 0;
@@ -634,6 +637,7 @@ function prepareFlame(resp, diff) {
 
 function renderFlame(hint) {
   const f = state.flame;
+  if (f) hooks.rootName = f.len ? f.resp.strings[f.resp.nodes.name[0]] : f.resp.path?.at(-1)?.name ?? null;
   renderBreadcrumb(f ? f.resp.path || [] : [{ id: '', name: 'all', kind: 'root' }]);
   renderLegend(f);
   renderMatchInfo(f);
@@ -746,7 +750,7 @@ function fitText(ctx, s, maxW, maxCharW) {
   if (s.length * maxCharW <= maxW) return s;
   const full = ctx.measureText(s).width;
   if (full <= maxW) return s;
-  for (let n = Math.floor((s.length * maxW) / full); n > 0; n--) {
+  for (let n = Math.floor((s.length * maxW) / full); n > 1; n--) {  // one letter says nothing
     const t = `${s.slice(0, n)}…`;
     if (ctx.measureText(t).width <= maxW) return t;
   }
