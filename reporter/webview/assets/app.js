@@ -1093,7 +1093,7 @@ function initResize() {
 // {left, top} its corner. It is scrolled into view first.
 hooks.frameRect = (name) => {
   const f = state.flame;
-  if (!f || !f.rows) return null;
+  if (!f || !f.rows || $('flame-panel').hidden || $('flame').hidden) return null;
   const nd = f.resp.nodes;
   let best = -1;
   for (const list of f.hit) {
