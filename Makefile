@@ -1,5 +1,6 @@
 # The two commands the README promises:
-#   make run   build the profiler and run it with the local default (pprof files)
+#   make run   build the profiler and run it with the local default (pprof files
+#              and the web view on http://127.0.0.1:8230/)
 #   make test  install what the tests need, then run the whole suite
 # An absolute path: sudo's secure_path would not find /usr/local/go/bin.
 GO       ?= $(shell command -v go || echo go)
@@ -17,8 +18,11 @@ SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BINARY) ./cmd/ebpf-profiler
 
+# The web view on loopback, as the README says; ARGS may override it.
+WEB_ADDR ?= 127.0.0.1:8230
 run: build
-	$(SUDO) ./$(BINARY) $(ARGS)
+	@echo "Web view: http://$(WEB_ADDR)/ (once the profiler has started)"
+	$(SUDO) ./$(BINARY) -http=$(WEB_ADDR) $(ARGS)
 
 # Rebuild the committed BPF objects with the pinned compiler.
 ebpf:

@@ -376,7 +376,18 @@ func (h *History) add(iv *interval, period int64) {
 	if iv.samples == 0 {
 		return
 	}
-	startSec := iv.start.Unix()
+	// Samples count at their own time, which the pipeline's delays can put
+	// a little outside the interval: its bounds stretch to cover them, up
+	// to an hour, where a clock gone wrong is clamped.
+	lo, hi := iv.start.Add(-time.Hour).UnixNano(), iv.end.Add(time.Hour).UnixNano()
+	first, last := iv.start.UnixNano(), iv.end.UnixNano()
+	for _, g := range iv.groups {
+		for _, ts := range g.timestamps {
+			t := min(max(int64(ts), lo), hi)
+			first, last = min(first, t), max(last, t+1)
+		}
+	}
+	startSec := first / int64(time.Second)
 	type entryKey struct {
 		stack, meta, node uint32
 		sec               uint16
@@ -390,18 +401,18 @@ func (h *History) add(iv *interval, period int64) {
 		meta := h.tab.meta(m)
 		node := h.tab.node(h.tab.function(histFunc{kind: KindProcess, name: m.process}), stack)
 		for _, ts := range g.timestamps {
-			sec := int64(ts)/int64(time.Second) - startSec
+			sec := min(max(int64(ts), lo), hi)/int64(time.Second) - startSec
 			counts[entryKey{stack, meta, node, uint16(max(0, min(sec, 1<<16-1)))}]++
 		}
 	}
-	hi := &histInterval{startSec: startSec, start: iv.start, end: iv.end, samples: uint64(iv.samples)}
-	hi.entries = make([]histEntry, 0, len(counts))
+	hiv := &histInterval{startSec: startSec, start: time.Unix(0, first), end: time.Unix(0, last), samples: uint64(iv.samples)}
+	hiv.entries = make([]histEntry, 0, len(counts))
 	for k, c := range counts {
-		hi.entries = append(hi.entries, histEntry{stack: k.stack, meta: k.meta, node: k.node, sec: k.sec, count: c})
+		hiv.entries = append(hiv.entries, histEntry{stack: k.stack, meta: k.meta, node: k.node, sec: k.sec, count: c})
 	}
-	h.intervals = append(h.intervals, hi)
-	h.entryBytes += int64(len(hi.entries)) * histEntrySize
-	h.samplesHeld += hi.samples
+	h.intervals = append(h.intervals, hiv)
+	h.entryBytes += int64(len(hiv.entries)) * histEntrySize
+	h.samplesHeld += hiv.samples
 	h.enforceBounds()
 }
 
@@ -412,7 +423,7 @@ func (h *History) add(iv *interval, period int64) {
 // samples held, so that a full history is not rebuilt at every interval.
 func (h *History) enforceBounds() {
 	newest := h.intervals[len(h.intervals)-1].end
-	for len(h.intervals) > 0 && newest.Sub(h.intervals[0].start) > h.maxAge {
+	for len(h.intervals) > 0 && newest.Sub(h.intervals[0].end) >= h.maxAge {
 		h.dropOldest()
 	}
 	if h.bytesLocked() > h.maxBytes {

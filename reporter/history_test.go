@@ -105,8 +105,10 @@ func TestHistorySelections(t *testing.T) {
 		{"abort frames", Selection{Kinds: []string{"abort-marker"}}, 2},
 		{"pid and thread", Selection{PIDs: []libpf.PID{100}, Threads: []string{"app-b"}}, 0},
 		{"range after", Selection{From: f.end.Add(time.Second)}, 0},
-		{"range before", Selection{To: f.start}, 0},
-		{"range", Selection{From: f.start, To: f.start.Add(time.Second)}, 13},
+		// One sample arrived late, stamped 100ms before the interval.
+		{"range before", Selection{To: f.start}, 1},
+		{"range", Selection{From: f.start, To: f.start.Add(time.Second)}, 12},
+		{"range with the late sample", Selection{From: f.start.Add(-time.Second), To: f.end}, 13},
 	} {
 		if got := h.Flame(FlameQuery{Selection: tc.sel}).Total; got != tc.want {
 			t.Errorf("%s: %d samples, want %d", tc.name, got, tc.want)

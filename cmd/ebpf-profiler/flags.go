@@ -78,6 +78,8 @@ type config struct {
 	outputDir      string
 	maxOutputFiles int
 	pprofAddr      string
+	// web is the -http web view's configuration; its addr "" turns it off.
+	web webFlags
 	// probabilisticThreshold is the percentage of probabilistic intervals
 	// that sample; 100 samples always.
 	probabilisticThreshold uint
@@ -154,6 +156,7 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 		"Directory for gzipped pprof files, one per reporter interval (default only without -collection-agent; \"\" disables).")
 	fs.IntVar(&c.maxOutputFiles, "max-output-files", 720, "Most pprof files kept in -output-dir; older ones are deleted (0 = keep all).")
 	fs.StringVar(&c.pprofAddr, "pprof", "", "Serve the daemon's own Go pprof data on this address (e.g. localhost:6060).")
+	c.web.register(fs)
 	fs.UintVar(&c.probabilisticThreshold, "probabilistic-threshold", 100,
 		"Probabilistic profiling (1-99): every -probabilistic-interval a number from 0 to 99 is drawn, "+
 			"and the host is sampled for that interval when it is below the threshold. 100 samples always.")
@@ -207,6 +210,7 @@ func (c *config) validate() error {
 			errs = append(errs, fmt.Errorf("-collection-agent: %w", err))
 		}
 	}
+	errs = append(errs, c.web.validate()...)
 	if c.pprofAddr != "" {
 		if _, _, err := net.SplitHostPort(c.pprofAddr); err != nil {
 			errs = append(errs, fmt.Errorf("-pprof=%q: want host:port", c.pprofAddr))
@@ -259,8 +263,8 @@ func (c *config) validate() error {
 	if c.probabilisticInterval < time.Second || c.probabilisticInterval > 24*time.Hour {
 		errs = append(errs, fmt.Errorf("-probabilistic-interval=%v: want 1s to 24h", c.probabilisticInterval))
 	}
-	if c.collectionAgent == "" && c.outputDir == "" {
-		errs = append(errs, errors.New("nothing to report to: set -collection-agent or -output-dir"))
+	if c.collectionAgent == "" && c.outputDir == "" && c.web.addr == "" {
+		errs = append(errs, errors.New("nothing to report to: set -collection-agent, -output-dir or -http"))
 	}
 	return errors.Join(errs...)
 }

@@ -77,6 +77,17 @@ func TestParseFlags(t *testing.T) {
 			wantErr: "need -collection-agent, with TLS"},
 		{name: "client certificate without key", args: []string{"-collection-agent=c:4317", "-tls-cert-file=/c.pem"},
 			wantErr: "-tls-cert-file and -tls-key-file go together"},
+		{name: "web view off by default", check: func(c *config) bool { return c.web.addr == "" }},
+		{name: "web view from the environment", env: []string{"EBPF_PROFILER_HTTP=8230", "EBPF_PROFILER_HTTP_HISTORY=30m"},
+			check: func(c *config) bool { return c.web.addr == "8230" && c.web.history == 30*time.Minute }},
+		{name: "web view address", args: []string{"-http=a:b:c"}, wantErr: "-http: web view address"},
+		{name: "web view history", args: []string{"-http=8230", "-http-history=10s"}, wantErr: "-http-history=10s: want 1m to 24h"},
+		{name: "web view memory", args: []string{"-http=8230", "-http-history-mb=0"}, wantErr: "-http-history-mb=0"},
+		{name: "web view auth without web view", args: []string{"-http-basic-auth-file=/f"}, wantErr: "-http-basic-auth-file needs -http"},
+		{name: "web view client CA without HTTPS", args: []string{"-http=8230", "-http-client-ca-file=/ca"},
+			wantErr: "-http-client-ca-file needs -http-tls-cert-file"},
+		{name: "web view key without certificate", args: []string{"-http=8230", "-http-tls-key-file=/k"},
+			wantErr: "-http-tls-cert-file and -http-tls-key-file go together"},
 		{name: "largest map scale factor", args: []string{"-map-scale-factor=8"},
 			check: func(c *config) bool { return c.mapScaleFactor == 8 }},
 		{name: "collector turns off the default output dir",
@@ -108,6 +119,7 @@ func TestParseFlags(t *testing.T) {
 		{name: "map scale factor too large", args: []string{"-map-scale-factor=9"}, wantErr: "-map-scale-factor=9: want 0 to 8"},
 		{name: "negative map scale factor", args: []string{"-map-scale-factor=-1"}, wantErr: "invalid value"},
 		{name: "nowhere to report", args: []string{"-output-dir="}, wantErr: "nothing to report to"},
+		{name: "only the web view", args: []string{"-output-dir=", "-http=8230"}, check: func(c *config) bool { return c.web.addr == "8230" }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -128,6 +128,10 @@ func profile(ctx context.Context, cfg *config) error {
 	if err != nil {
 		log.Warnf("Host metadata incomplete: %v", err)
 	}
+	hist, err := cfg.web.newHistory()
+	if err != nil {
+		return err
+	}
 	rep, err := reporter.New(reporter.Config{
 		CollectionAgent:  cfg.collectionAgent,
 		DisableTLS:       cfg.disableTLS,
@@ -142,9 +146,17 @@ func profile(ctx context.Context, cfg *config) error {
 		HostID:           hostID,
 		HostName:         hostName,
 		Version:          version,
+		History:          hist,
 	})
 	if err != nil {
 		return err
+	}
+	web, err := cfg.web.start(hist, cfg, hostName)
+	if err != nil {
+		return err
+	}
+	if web != nil {
+		defer web.Close()
 	}
 	// Agents hold ended transactions for samples-delay-ms: announce the
 	// longest a sample's trace waits in BPF's ring buffer, plus two flushes.
