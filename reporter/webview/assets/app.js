@@ -214,12 +214,9 @@ function storeEmpty() {
   return state.summary != null && !state.summary.samples;
 }
 
-// The report interval is not in the summary; the held intervals over the
-// data's span give it once there are some, else the daemon's default.
+// The daemon's reporter interval, from the summary.
 function reportEverySeconds() {
-  const s = state.summary;
-  if (s && s.intervals > 0 && s.end > s.start) return Math.max(1, Math.round((s.end - s.start) / s.intervals / 1000));
-  return 5;
+  return state.summary?.intervalSeconds || 5;
 }
 
 function updateDownloads() {
@@ -693,7 +690,12 @@ function drawFlame() {
   for (let i = 0; i < f.len; i++) {
     if (f.depth[i] >= rows && f.weight[i] * scale >= MIN_W) rows = f.depth[i] + 1;
   }
+  // The graph scrolls inside its box: a flame graph keeps its root, at
+  // the bottom, where it was (in view at first), an icicle its top.
+  const wrap = $('flame-wrap');
+  const fromBottom = wrap.scrollHeight - wrap.scrollTop - wrap.clientHeight;
   const ctx = setupCanvas(canvas, w, rows * ROW);
+  if (!state.icicle) wrap.scrollTop = wrap.scrollHeight - wrap.clientHeight - fromBottom;
   ctx.font = uiFont(12);
   ctx.textBaseline = 'middle';
   const maxCharW = ctx.measureText('W').width;
@@ -1110,6 +1112,11 @@ hooks.frameRect = (name) => {
     const top = r.top + rowY(f.depth[best], f.rows);
     return { x: left + w / 2, y: top + (ROW - 1) / 2, w, h: ROW - 1, left, top };
   };
+  const wrap = $('flame-wrap');
+  const y = rowY(f.depth[best], f.rows);
+  if (y < wrap.scrollTop || y + ROW > wrap.scrollTop + wrap.clientHeight) {
+    wrap.scrollTop = y - wrap.clientHeight / 2;
+  }
   const r = rect();
   if (r.top < 0 || r.top + ROW > innerHeight) {
     window.scrollBy(0, r.top - innerHeight / 2);
