@@ -1,7 +1,9 @@
 package reporter
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 	"maps"
 	"slices"
 	"sync"
@@ -81,16 +83,19 @@ func NewHistory(cfg HistoryConfig) (*History, error) {
 // minCompactBytes keeps small tables from being rebuilt at every drop.
 const minCompactBytes = 4 << 20
 
-// histEntry counts the samples of one stack in one process and thread name
-// within one second of an interval.
+// histEntry counts the samples of one series within one second of an
+// interval. More than 65,535 samples take several entries.
 type histEntry struct {
-	stack uint32
-	meta  uint32
-	// node is the call-tree node of the stack in the process.
-	node  uint32
-	count uint32
+	series uint32
+	count  uint16
 	// sec is the second from the interval's first second.
 	sec uint16
+}
+
+// histSeries is a stack in one process and thread name, and its call-tree
+// node; entries refer to it, so that one is 8 bytes.
+type histSeries struct {
+	stack, meta, node uint32
 }
 
 const histEntrySize = int64(unsafe.Sizeof(histEntry{}))
@@ -140,14 +145,16 @@ type histStack struct {
 
 // histTables interns what intervals refer to.
 type histTables struct {
-	frames   []libpf.Frame
-	frameFn  []uint32 // frame index -> function index
-	frameIdx map[libpf.Frame]uint32
+	frames  []libpf.Frame
+	frameFn []uint32 // frame index -> function index
+	// frameIdx and funcIdx are keyed by hashes: the values' own bytes
+	// would double the tables.
+	frameIdx map[[2]uint64]uint32
 	mappings map[libpf.Mapping]*libpf.Mapping
 
 	funcs   []histFunc
 	funcID  []uint64 // function index -> histFunc.id
-	funcIdx map[histFunc]uint32
+	funcIdx map[uint64]uint32
 
 	stacks   []histStack
 	stackIdx map[[2]uint64]uint32
@@ -164,9 +171,9 @@ type histTables struct {
 	// up, in time linear in the nodes, with no hashing. Node 0 is the
 	// root; a node comes after its parent.
 	tree []treeNode
-	// nodeOf finds the node of a stack in an executable (its function
-	// index) without walking the tree again.
-	nodeOf map[[2]uint32]uint32
+
+	series    []histSeries
+	seriesIdx map[[2]uint32]uint32 // (stack, meta) -> series
 
 	// bytes estimates the tables' memory.
 	bytes int64
@@ -174,14 +181,14 @@ type histTables struct {
 
 func newHistTables() *histTables {
 	return &histTables{
-		frameIdx: make(map[libpf.Frame]uint32),
+		frameIdx: make(map[[2]uint64]uint32),
 		mappings: make(map[libpf.Mapping]*libpf.Mapping),
-		funcIdx:  make(map[histFunc]uint32),
+		funcIdx:  make(map[uint64]uint32),
 		stackIdx: make(map[[2]uint64]uint32),
 		byTrace:  make(map[libpf.TraceHash]uint32),
 		metaIdx:  make(map[histMeta]uint32),
-		tree:     []treeNode{{fn: noFunc}},
-		nodeOf:   make(map[[2]uint32]uint32),
+		tree:      []treeNode{{fn: noFunc}},
+		seriesIdx: make(map[[2]uint32]uint32),
 	}
 }
 
@@ -202,18 +209,28 @@ const (
 	recursive  = 1 << 31
 	mixedLines = ^uint32(0)
 	nodeCost   = int64(unsafe.Sizeof(treeNode{}))
-	nodeOfCost = 40
+	seriesCost = int64(unsafe.Sizeof(histSeries{})) + 32
 )
 
 func (n *treeNode) function() uint32 { return n.fn &^ recursive }
 
+// seriesOf interns a stack in a process and thread.
+func (t *histTables) seriesOf(stack, meta uint32) uint32 {
+	key := [2]uint32{stack, meta}
+	if i, ok := t.seriesIdx[key]; ok {
+		return i
+	}
+	proc := t.function(histFunc{kind: KindProcess, name: t.metas[meta].process})
+	i := uint32(len(t.series))
+	t.series = append(t.series, histSeries{stack: stack, meta: meta, node: t.node(proc, stack)})
+	t.seriesIdx[key] = i
+	t.bytes += seriesCost
+	return i
+}
+
 // node returns the call-tree node of stack in the executable whose
 // function is proc, adding the path if new.
 func (t *histTables) node(proc, stack uint32) uint32 {
-	key := [2]uint32{proc, stack}
-	if n, ok := t.nodeOf[key]; ok {
-		return n
-	}
 	cur := t.child(0, proc, 0)
 	s := &t.stacks[stack]
 	if s.truncated {
@@ -223,8 +240,6 @@ func (t *histTables) node(proc, stack uint32) uint32 {
 		f := s.frames[i]
 		cur = t.child(cur, t.frameFn[f], t.frames[f].SourceLine)
 	}
-	t.nodeOf[key] = cur
-	t.bytes += nodeOfCost
 	return cur
 }
 
@@ -253,8 +268,8 @@ func (t *histTables) child(parent, fn, line uint32) uint32 {
 
 // Rough per-entry costs of the tables, map overhead included.
 const (
-	frameCost = int64(unsafe.Sizeof(libpf.Frame{}))*2 + 24
-	funcCost  = int64(unsafe.Sizeof(histFunc{}))*2 + 32
+	frameCost = int64(unsafe.Sizeof(libpf.Frame{})) + 4 + 40
+	funcCost  = int64(unsafe.Sizeof(histFunc{})) + 8 + 24
 	stackCost = int64(unsafe.Sizeof(histStack{})) + 48
 	metaCost  = int64(unsafe.Sizeof(histMeta{}))*2 + 24
 	// byTraceCost is a map entry of 16+4 bytes with Go's map overhead.
@@ -278,15 +293,36 @@ func (t *histTables) frame(f *libpf.Frame) uint32 {
 		}
 		c.Mapping = m
 	}
-	if i, ok := t.frameIdx[c]; ok {
+	key := frameKey(&c)
+	if i, ok := t.frameIdx[key]; ok {
 		return i
 	}
 	i := uint32(len(t.frames))
 	t.frames = append(t.frames, c)
 	t.frameFn = append(t.frameFn, t.function(funcOfFrame(&c)))
-	t.frameIdx[c] = i
+	t.frameIdx[key] = i
 	t.bytes += frameCost + int64(len(c.FunctionName)+len(c.SourceFile)+len(c.SystemName)+len(c.Tier))
 	return i
+}
+
+// frameKey hashes every field of an interned frame (its mapping is
+// interned, so the pointer stands for it).
+func frameKey(f *libpf.Frame) [2]uint64 {
+	var b []byte
+	b = binary.LittleEndian.AppendUint64(b, f.Address)
+	b = binary.LittleEndian.AppendUint64(b, uint64(uintptr(unsafe.Pointer(f.Mapping))))
+	b = binary.LittleEndian.AppendUint32(b, f.SourceLine)
+	b = binary.LittleEndian.AppendUint32(b, f.SourceColumn)
+	b = append(b, byte(f.Kind))
+	if f.Inlined {
+		b = append(b, 1)
+	}
+	for _, str := range []string{f.FunctionName, f.SourceFile, f.SystemName, f.Tier} {
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(str)))
+		b = append(b, str...)
+	}
+	h := xxh3.Hash128(b)
+	return [2]uint64{h.Hi, h.Lo}
 }
 
 // funcOfFrame names the flame graph node of a frame: its function in its
@@ -300,13 +336,14 @@ func funcOfFrame(f *libpf.Frame) histFunc {
 }
 
 func (t *histTables) function(f histFunc) uint32 {
-	if i, ok := t.funcIdx[f]; ok {
+	id := f.id()
+	if i, ok := t.funcIdx[id]; ok {
 		return i
 	}
 	i := uint32(len(t.funcs))
 	t.funcs = append(t.funcs, f)
-	t.funcID = append(t.funcID, f.id())
-	t.funcIdx[f] = i
+	t.funcID = append(t.funcID, id)
+	t.funcIdx[id] = i
 	t.bytes += funcCost + int64(len(f.kind)+len(f.name)+len(f.file))
 	return i
 }
@@ -389,26 +426,25 @@ func (h *History) add(iv *interval, period int64) {
 	}
 	startSec := first / int64(time.Second)
 	type entryKey struct {
-		stack, meta, node uint32
-		sec               uint16
+		series uint32
+		sec    uint16
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	counts := make(map[entryKey]uint32)
 	for _, g := range iv.groups {
-		stack := h.tab.stack(g.trace)
-		m := metaOf(&g.key)
-		meta := h.tab.meta(m)
-		node := h.tab.node(h.tab.function(histFunc{kind: KindProcess, name: m.process}), stack)
+		series := h.tab.seriesOf(h.tab.stack(g.trace), h.tab.meta(metaOf(&g.key)))
 		for _, ts := range g.timestamps {
 			sec := min(max(int64(ts), lo), hi)/int64(time.Second) - startSec
-			counts[entryKey{stack, meta, node, uint16(max(0, min(sec, 1<<16-1)))}]++
+			counts[entryKey{series, uint16(max(0, min(sec, 1<<16-1)))}]++
 		}
 	}
 	hiv := &histInterval{startSec: startSec, start: time.Unix(0, first), end: time.Unix(0, last), samples: uint64(iv.samples)}
 	hiv.entries = make([]histEntry, 0, len(counts))
 	for k, c := range counts {
-		hiv.entries = append(hiv.entries, histEntry{stack: k.stack, meta: k.meta, node: k.node, sec: k.sec, count: c})
+		for ; c > 0; c -= min(c, math.MaxUint16) {
+			hiv.entries = append(hiv.entries, histEntry{series: k.series, sec: k.sec, count: uint16(min(c, math.MaxUint16))})
+		}
 	}
 	h.intervals = append(h.intervals, hiv)
 	h.entryBytes += int64(len(hiv.entries)) * histEntrySize
@@ -466,33 +502,35 @@ func (h *History) bytesLocked() int64 { return h.entryBytes + h.tab.bytes }
 // entries.
 func (h *History) compact() {
 	old, nt := h.tab, newHistTables()
+	seriesMap := make(map[uint32]uint32)
 	stackMap := make(map[uint32]uint32)
 	metaMap := make(map[uint32]uint32)
-	nodeMap := make(map[uint32]uint32)
 	for _, iv := range h.intervals {
 		for i := range iv.entries {
 			e := &iv.entries[i]
-			s, ok := stackMap[e.stack]
+			if ns, ok := seriesMap[e.series]; ok {
+				e.series = ns
+				continue
+			}
+			sr := &old.series[e.series]
+			st, ok := stackMap[sr.stack]
 			if !ok {
-				src := old.stacks[e.stack]
+				src := old.stacks[sr.stack]
 				frames := make([]uint32, len(src.frames))
 				for j, f := range src.frames {
 					frames[j] = nt.frame(&old.frames[f])
 				}
-				s = nt.internStack(histStack{frames: frames, truncated: src.truncated})
-				stackMap[e.stack] = s
+				st = nt.internStack(histStack{frames: frames, truncated: src.truncated})
+				stackMap[sr.stack] = st
 			}
-			m, ok := metaMap[e.meta]
+			m, ok := metaMap[sr.meta]
 			if !ok {
-				m = nt.meta(old.metas[e.meta])
-				metaMap[e.meta] = m
+				m = nt.meta(old.metas[sr.meta])
+				metaMap[sr.meta] = m
 			}
-			n, ok := nodeMap[e.node]
-			if !ok {
-				n = nt.node(nt.function(histFunc{kind: KindProcess, name: nt.metas[m].process}), s)
-				nodeMap[e.node] = n
-			}
-			e.stack, e.meta, e.node = s, m, n
+			ns := nt.seriesOf(st, m)
+			seriesMap[e.series] = ns
+			e.series = ns
 		}
 	}
 	h.tab = nt

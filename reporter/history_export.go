@@ -28,33 +28,33 @@ func (h *History) selectionInterval(sel *Selection) *interval {
 	procs := make(map[uint32]*libpf.ProcessInfo)
 	groups := make(map[key]*sampleGroup)
 	iv := newInterval(time.Time{})
-	h.each(sel, func(e *histEntry, sec int64) {
-		k := key{e.meta, e.stack}
+	h.each(sel, func(sr *histSeries, count uint64, sec int64) {
+		k := key{sr.meta, sr.stack}
 		g := groups[k]
 		if g == nil {
-			g = &sampleGroup{trace: traces[e.stack]}
+			g = &sampleGroup{trace: traces[sr.stack]}
 			if g.trace == nil {
-				s := &h.tab.stacks[e.stack]
+				s := &h.tab.stacks[sr.stack]
 				t := &libpf.Trace{Frames: make([]libpf.Frame, len(s.frames)), Truncated: s.truncated}
 				for i, f := range s.frames {
 					t.Frames[i] = h.tab.frames[f]
 				}
-				g.trace, traces[e.stack] = t, t
+				g.trace, traces[sr.stack] = t, t
 			}
-			m := &h.tab.metas[e.meta]
-			p := procs[e.meta]
+			m := &h.tab.metas[sr.meta]
+			p := procs[sr.meta]
 			if p == nil {
 				p = &libpf.ProcessInfo{PID: m.pid, ExecutableName: m.process, ContainerID: m.container}
-				procs[e.meta] = p
+				procs[sr.meta] = p
 			}
-			g.key = sampleKey{pid: m.pid, process: p, threadName: m.thread, hash: libpf.TraceHash{Lo: uint64(e.stack)}}
+			g.key = sampleKey{pid: m.pid, process: p, threadName: m.thread, hash: libpf.TraceHash{Lo: uint64(sr.stack)}}
 			groups[k] = g
 			iv.groups[g.key] = g
 		}
-		for range e.count {
+		for range count {
 			g.timestamps = append(g.timestamps, uint64(sec)*uint64(time.Second))
 		}
-		iv.samples += int(e.count)
+		iv.samples += int(count)
 		t := time.Unix(sec, 0)
 		if iv.start.IsZero() || t.Before(iv.start) {
 			iv.start = t

@@ -2,6 +2,7 @@ package reporter
 
 import (
 	"cmp"
+	"container/heap"
 	"maps"
 	"slices"
 	"strings"
@@ -28,9 +29,9 @@ type Selection struct {
 type selector struct {
 	tab            *histTables
 	fromSec, toSec int64
-	metaOK         []int8 // 0 unknown, 1 selected, -1 not
-	stackOK        []int8
-	sel            *Selection
+	// 0 unknown, 1 selected, -1 not
+	seriesOK, metaOK, stackOK []int8
+	sel                       *Selection
 }
 
 func (h *History) selector(sel *Selection) *selector {
@@ -42,11 +43,22 @@ func (h *History) selector(sel *Selection) *selector {
 	if !sel.To.IsZero() {
 		s.toSec = (sel.To.UnixMilli() + 999) / 1000
 	}
+	s.seriesOK = make([]int8, len(h.tab.series))
 	s.metaOK = make([]int8, len(h.tab.metas))
 	if len(sel.Kinds) > 0 {
 		s.stackOK = make([]int8, len(h.tab.stacks))
 	}
 	return s
+}
+
+func (s *selector) series(i uint32) bool {
+	if v := s.seriesOK[i]; v != 0 {
+		return v > 0
+	}
+	sr := &s.tab.series[i]
+	ok := s.meta(sr.meta) && s.stack(sr.stack)
+	s.seriesOK[i] = boolInt8(ok)
+	return ok
 }
 
 func (s *selector) meta(i uint32) bool {
@@ -87,9 +99,9 @@ func boolInt8(b bool) int8 {
 	return -1
 }
 
-// each calls fn for every entry the selection selects, with its unix
-// second.
-func (h *History) each(sel *Selection, fn func(e *histEntry, sec int64)) {
+// each calls fn for every entry the selection selects, with its series
+// and unix second.
+func (h *History) each(sel *Selection, fn func(sr *histSeries, count uint64, sec int64)) {
 	s := h.selector(sel)
 	for _, iv := range h.intervals {
 		if iv.startSec+int64(iv.end.Sub(iv.start)/time.Second)+1 < s.fromSec || iv.startSec >= s.toSec {
@@ -98,10 +110,10 @@ func (h *History) each(sel *Selection, fn func(e *histEntry, sec int64)) {
 		for i := range iv.entries {
 			e := &iv.entries[i]
 			sec := iv.startSec + int64(e.sec)
-			if sec < s.fromSec || sec >= s.toSec || !s.meta(e.meta) || !s.stack(e.stack) {
+			if sec < s.fromSec || sec >= s.toSec || !s.series(e.series) {
 				continue
 			}
-			fn(e, sec)
+			fn(&h.tab.series[e.series], uint64(e.count), sec)
 		}
 	}
 }
@@ -110,7 +122,7 @@ func (h *History) each(sel *Selection, fn func(e *histEntry, sec int64)) {
 // whose stack ends there, indexed by node.
 func (h *History) nodeCounts(sel *Selection) []uint64 {
 	counts := make([]uint64, len(h.tab.tree))
-	h.each(sel, func(e *histEntry, _ int64) { counts[e.node] += uint64(e.count) })
+	h.each(sel, func(sr *histSeries, n uint64, _ int64) { counts[sr.node] += n })
 	return counts
 }
 
@@ -145,9 +157,9 @@ func (h *History) Timeline(sel Selection, maxBuckets int) (start time.Time, step
 	counts = make([]uint64, (secs+stepSecs-1)/stepSecs)
 	fromSec := (from.UnixMilli() + 999) / 1000
 	start = time.Unix(fromSec, 0)
-	h.each(&sel, func(e *histEntry, sec int64) {
+	h.each(&sel, func(_ *histSeries, n uint64, sec int64) {
 		if b := (sec - fromSec) / stepSecs; b >= 0 && b < int64(len(counts)) {
-			counts[b] += uint64(e.count)
+			counts[b] += n
 		}
 	})
 	return start, time.Duration(stepSecs) * time.Second, counts
@@ -177,14 +189,14 @@ func (h *History) Filters(sel Selection, limit int) FilterValues {
 	threads := make(map[string]uint64)
 	containers := make(map[string]uint64)
 	byStack := make(map[uint32]uint64)
-	h.each(&timeOnly, func(e *histEntry, _ int64) {
-		m := &h.tab.metas[e.meta]
-		procs[FilterValue{Name: m.process, PID: m.pid, Container: m.container}] += uint64(e.count)
-		threads[m.thread] += uint64(e.count)
+	h.each(&timeOnly, func(sr *histSeries, n uint64, _ int64) {
+		m := &h.tab.metas[sr.meta]
+		procs[FilterValue{Name: m.process, PID: m.pid, Container: m.container}] += n
+		threads[m.thread] += n
 		if m.container != "" {
-			containers[m.container] += uint64(e.count)
+			containers[m.container] += n
 		}
-		byStack[e.stack] += uint64(e.count)
+		byStack[sr.stack] += n
 	})
 	kinds := make(map[string]uint64)
 	for stack, n := range byStack {
@@ -509,24 +521,52 @@ func (h *History) TopFunctions(sel Selection, base *Selection, byTotal bool, lim
 		col = 1
 	}
 	key := func(fi uint32) uint64 { return max(acc[fi][col], acc[fi][col+2]) }
-	var fns []uint32
-	for fi := range acc {
-		kind := h.tab.funcs[fi].kind
-		if (acc[fi][1] > 0 || acc[fi][3] > 0) && kind != KindProcess && kind != KindTruncated {
-			fns = append(fns, uint32(fi))
-		}
-	}
-	slices.SortFunc(fns, func(a, b uint32) int {
+	// Higher key first, then by name: the order of the table.
+	before := func(a, b uint32) int {
 		if c := cmp.Compare(key(b), key(a)); c != 0 {
 			return c
 		}
 		fa, fb := &h.tab.funcs[a], &h.tab.funcs[b]
 		return cmp.Or(cmp.Compare(fa.name, fb.name), cmp.Compare(fa.file, fb.file))
-	})
-	for _, fi := range fns[:min(limit, len(fns))] {
+	}
+	// The first limit of some 100,000 functions: a heap of the best so
+	// far, its worst on top, costs a comparison for most functions.
+	best := &topHeap{less: func(a, b uint32) bool { return before(a, b) > 0 }}
+	for fi := range acc {
+		kind := h.tab.funcs[fi].kind
+		if acc[fi][1] == 0 && acc[fi][3] == 0 || kind == KindProcess || kind == KindTruncated {
+			continue
+		}
+		switch {
+		case best.Len() < limit:
+			heap.Push(best, uint32(fi))
+		case before(uint32(fi), best.fns[0]) < 0:
+			best.fns[0] = uint32(fi)
+			heap.Fix(best, 0)
+		}
+	}
+	fns := best.fns
+	slices.SortFunc(fns, before)
+	for _, fi := range fns {
 		f, a := &h.tab.funcs[fi], &acc[fi]
 		rows = append(rows, TopFunction{ID: h.tab.funcID[fi], Kind: f.kind, Name: f.name, File: f.file,
 			Self: a[0], Total: a[1], BaseSelf: a[2], BaseTotal: a[3]})
 	}
 	return rows, total, baseTotal
+}
+
+// topHeap is a container/heap of function indexes.
+type topHeap struct {
+	fns  []uint32
+	less func(a, b uint32) bool
+}
+
+func (t *topHeap) Len() int           { return len(t.fns) }
+func (t *topHeap) Less(i, j int) bool { return t.less(t.fns[i], t.fns[j]) }
+func (t *topHeap) Swap(i, j int)      { t.fns[i], t.fns[j] = t.fns[j], t.fns[i] }
+func (t *topHeap) Push(x any)         { t.fns = append(t.fns, x.(uint32)) }
+func (t *topHeap) Pop() any {
+	x := t.fns[len(t.fns)-1]
+	t.fns = t.fns[:len(t.fns)-1]
+	return x
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -456,12 +457,23 @@ func TestHistoryPruning(t *testing.T) {
 var busyHour = SyntheticLoad{Processes: 40, Stacks: 100_000, SamplesPerSecond: 1280,
 	Duration: time.Hour, Interval: 5 * time.Second, Seed: 1}
 
+// heapMiB is the live heap after a collection.
+func heapMiB() float64 {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	return float64(ms.HeapAlloc) / (1 << 20)
+}
+
 func BenchmarkHistory(b *testing.B) {
+	before := heapMiB()
 	h := newTestHistory(b, HistoryConfig{MaxBytes: 1 << 30})
 	FillSynthetic(h, busyHour, time.Unix(1_800_000_000, 0))
+	held := heapMiB() - before
 	s := h.Stats()
-	b.Logf("%d intervals, %d samples, %d stacks, %d frames, %d functions, %.1f MiB estimated",
-		s.Intervals, s.Samples, s.Stacks, s.Frames, s.Functions, float64(s.Bytes)/(1<<20))
+	b.Logf("%d intervals, %d samples, %d stacks, %d frames, %d functions, %d call-tree nodes: %.1f MiB estimated, "+
+		"%.1f MiB of heap", s.Intervals, s.Samples, s.Stacks, s.Frames, s.Functions, len(h.tab.tree),
+		float64(s.Bytes)/(1<<20), held)
 	b.Run("flame", func(b *testing.B) {
 		for b.Loop() {
 			g := h.Flame(FlameQuery{MinShare: 0.0005, MaxNodes: 50_000})
