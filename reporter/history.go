@@ -3,8 +3,8 @@ package reporter
 import (
 	"encoding/binary"
 	"fmt"
-	"math"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -181,12 +181,12 @@ type histTables struct {
 
 func newHistTables() *histTables {
 	return &histTables{
-		frameIdx: make(map[[2]uint64]uint32),
-		mappings: make(map[libpf.Mapping]*libpf.Mapping),
-		funcIdx:  make(map[uint64]uint32),
-		stackIdx: make(map[[2]uint64]uint32),
-		byTrace:  make(map[libpf.TraceHash]uint32),
-		metaIdx:  make(map[histMeta]uint32),
+		frameIdx:  make(map[[2]uint64]uint32),
+		mappings:  make(map[libpf.Mapping]*libpf.Mapping),
+		funcIdx:   make(map[uint64]uint32),
+		stackIdx:  make(map[[2]uint64]uint32),
+		byTrace:   make(map[libpf.TraceHash]uint32),
+		metaIdx:   make(map[histMeta]uint32),
 		tree:      []treeNode{{fn: noFunc}},
 		seriesIdx: make(map[[2]uint32]uint32),
 	}
