@@ -54,6 +54,9 @@ type History struct {
 	// droppedIntervals and droppedSamples count what the bounds dropped.
 	droppedIntervals, droppedSamples uint64
 	compactions                      uint64
+	// droppedSinceCompact says whether the tables hold stacks of dropped
+	// intervals.
+	droppedSinceCompact bool
 	// samplesHeld counts the samples of the intervals held.
 	samplesHeld uint64
 	// period is the reporter's sampling period in nanoseconds, for the
@@ -479,7 +482,8 @@ func (h *History) enforceBounds() {
 			h.compact()
 		}
 	}
-	if h.tab.bytes > h.compactAt {
+	// Without drops since the last rebuild there is nothing to free.
+	if h.droppedSinceCompact && h.tab.bytes > h.compactAt {
 		h.compact()
 	}
 }
@@ -490,6 +494,7 @@ func (h *History) dropOldest() {
 	h.intervals = h.intervals[1:]
 	h.entryBytes -= int64(len(iv.entries)) * histEntrySize
 	h.droppedIntervals++
+	h.droppedSinceCompact = true
 	h.droppedSamples += iv.samples
 	h.samplesHeld -= iv.samples
 }
@@ -534,6 +539,7 @@ func (h *History) compact() {
 		}
 	}
 	h.tab = nt
+	h.droppedSinceCompact = false
 	h.compactAt = max(2*nt.bytes, minCompactBytes)
 	h.compactions++
 }

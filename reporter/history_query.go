@@ -99,12 +99,19 @@ func boolInt8(b bool) int8 {
 	return -1
 }
 
+// endSec is past the last second an interval's entries can have.
+func (iv *histInterval) endSec() int64 { return iv.end.Unix() + 1 }
+
+func (s *selector) overlaps(iv *histInterval) bool {
+	return iv.endSec() >= s.fromSec && iv.startSec < s.toSec
+}
+
 // each calls fn for every entry the selection selects, with its series
 // and unix second.
 func (h *History) each(sel *Selection, fn func(sr *histSeries, count uint64, sec int64)) {
 	s := h.selector(sel)
 	for _, iv := range h.intervals {
-		if iv.startSec+int64(iv.end.Sub(iv.start)/time.Second)+1 < s.fromSec || iv.startSec >= s.toSec {
+		if !s.overlaps(iv) {
 			continue
 		}
 		for i := range iv.entries {
@@ -122,7 +129,39 @@ func (h *History) each(sel *Selection, fn func(sr *histSeries, count uint64, sec
 // whose stack ends there, indexed by node.
 func (h *History) nodeCounts(sel *Selection) []uint64 {
 	counts := make([]uint64, len(h.tab.tree))
-	h.each(sel, func(sr *histSeries, n uint64, _ int64) { counts[sr.node] += n })
+	for i, n := range h.seriesCounts(sel) {
+		if n > 0 {
+			counts[h.tab.series[i].node] += n
+		}
+	}
+	return counts
+}
+
+// seriesCounts counts the selected samples per series: there are some 20
+// times fewer series than entries in an hour, so adding up per series
+// first keeps the entries' pass within the caches.
+func (h *History) seriesCounts(sel *Selection) []uint64 {
+	s := h.selector(sel)
+	counts := make([]uint64, len(h.tab.series))
+	for _, iv := range h.intervals {
+		if !s.overlaps(iv) {
+			continue
+		}
+		whole := iv.startSec >= s.fromSec && iv.endSec() < s.toSec
+		for _, e := range iv.entries {
+			if !whole {
+				if sec := iv.startSec + int64(e.sec); sec < s.fromSec || sec >= s.toSec {
+					continue
+				}
+			}
+			counts[e.series] += uint64(e.count)
+		}
+	}
+	for i, n := range counts {
+		if n > 0 && !s.series(uint32(i)) {
+			counts[i] = 0
+		}
+	}
 	return counts
 }
 
@@ -185,27 +224,61 @@ func (h *History) Filters(sel Selection, limit int) FilterValues {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	timeOnly := Selection{From: sel.From, To: sel.To}
+	byMeta := make([]uint64, len(h.tab.metas))
+	byStack := make([]uint64, len(h.tab.stacks))
+	for i, n := range h.seriesCounts(&timeOnly) {
+		sr := &h.tab.series[i]
+		byMeta[sr.meta] += n
+		byStack[sr.stack] += n
+	}
 	procs := make(map[FilterValue]uint64)
 	threads := make(map[string]uint64)
 	containers := make(map[string]uint64)
-	byStack := make(map[uint32]uint64)
-	h.each(&timeOnly, func(sr *histSeries, n uint64, _ int64) {
-		m := &h.tab.metas[sr.meta]
+	for i, n := range byMeta {
+		if n == 0 {
+			continue
+		}
+		m := &h.tab.metas[i]
 		procs[FilterValue{Name: m.process, PID: m.pid, Container: m.container}] += n
 		threads[m.thread] += n
 		if m.container != "" {
 			containers[m.container] += n
 		}
-		byStack[sr.stack] += n
-	})
-	kinds := make(map[string]uint64)
-	for stack, n := range byStack {
-		seen := make(map[string]bool, 4)
-		for _, f := range h.tab.stacks[stack].frames {
-			seen[h.tab.funcs[h.tab.frameFn[f]].kind] = true
+	}
+	// A stack counts once for each kind of frame it has: kinds are few,
+	// so a bit set per stack.
+	var kindNames []string
+	kindBit := make(map[string]uint64)
+	kindsOfFunc := make([]uint64, len(h.tab.funcs))
+	for i := range h.tab.funcs {
+		k := h.tab.funcs[i].kind
+		bit, ok := kindBit[k]
+		if !ok && len(kindNames) < 64 {
+			bit = 1 << len(kindNames)
+			kindBit[k] = bit
+			kindNames = append(kindNames, k)
 		}
-		for k := range seen {
-			kinds[k] += n
+		kindsOfFunc[i] = bit
+	}
+	kindCounts := make([]uint64, len(kindNames))
+	for stack, n := range byStack {
+		if n == 0 {
+			continue
+		}
+		var set uint64
+		for _, f := range h.tab.stacks[stack].frames {
+			set |= kindsOfFunc[h.tab.frameFn[f]]
+		}
+		for b := range kindNames {
+			if set&(1<<b) != 0 {
+				kindCounts[b] += n
+			}
+		}
+	}
+	kinds := make(map[string]uint64)
+	for b, n := range kindCounts {
+		if n > 0 {
+			kinds[kindNames[b]] = n
 		}
 	}
 	var fv FilterValues
@@ -456,23 +529,27 @@ func nextAfter(f float64) float64 { return f + f*1e-12 + 1e-300 }
 type funcMatcher struct {
 	tab    *histTables
 	needle string
-	memo   map[uint32]bool
+	memo   []int8 // per function: 0 unknown, 1 matches, -1 not
 }
 
 func newFuncMatcher(tab *histTables, search string) *funcMatcher {
-	return &funcMatcher{tab: tab, needle: strings.ToLower(search), memo: make(map[uint32]bool)}
+	m := &funcMatcher{tab: tab, needle: strings.ToLower(search)}
+	if m.needle != "" {
+		m.memo = make([]int8, len(tab.funcs))
+	}
+	return m
 }
 
 func (m *funcMatcher) match(fn uint32) bool {
 	if m == nil || m.needle == "" {
 		return false
 	}
-	if v, ok := m.memo[fn]; ok {
-		return v
+	if v := m.memo[fn]; v != 0 {
+		return v > 0
 	}
 	f := &m.tab.funcs[fn]
 	v := strings.Contains(strings.ToLower(f.name), m.needle) || strings.Contains(strings.ToLower(f.file), m.needle)
-	m.memo[fn] = v
+	m.memo[fn] = boolInt8(v)
 	return v
 }
 

@@ -452,11 +452,6 @@ func TestHistoryPruning(t *testing.T) {
 	}
 }
 
-// busyHour is the "one hour of a busy host": 100,000 distinct
-// stacks, 64 CPUs at 20 Hz, 5 s intervals.
-var busyHour = SyntheticLoad{Processes: 40, Stacks: 100_000, SamplesPerSecond: 1280,
-	Duration: time.Hour, Interval: 5 * time.Second, Seed: 1}
-
 // heapMiB is the live heap after a collection.
 func heapMiB() float64 {
 	var ms runtime.MemStats
@@ -468,7 +463,7 @@ func heapMiB() float64 {
 func BenchmarkHistory(b *testing.B) {
 	before := heapMiB()
 	h := newTestHistory(b, HistoryConfig{MaxBytes: 1 << 30})
-	FillSynthetic(h, busyHour, time.Unix(1_800_000_000, 0))
+	FillSynthetic(h, BusyHour, time.Unix(1_800_000_000, 0))
 	held := heapMiB() - before
 	s := h.Stats()
 	b.Logf("%d intervals, %d samples, %d stacks, %d frames, %d functions, %d call-tree nodes: %.1f MiB estimated, "+
