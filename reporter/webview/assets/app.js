@@ -690,12 +690,18 @@ function drawFlame() {
   for (let i = 0; i < f.len; i++) {
     if (f.depth[i] >= rows && f.weight[i] * scale >= MIN_W) rows = f.depth[i] + 1;
   }
-  // The graph scrolls inside its box: a flame graph keeps its root, at
-  // the bottom, where it was (in view at first), an icicle its top.
+  // The graph scrolls inside its box. A new graph (another view, zoom or
+  // mode) starts at its root: the bottom of a flame graph, the top of an
+  // icicle; a refresh of the same graph stays where the reader scrolled,
+  // counted from the root.
   const wrap = $('flame-wrap');
-  const fromBottom = wrap.scrollHeight - wrap.scrollTop - wrap.clientHeight;
+  const key = [state.view, state.icicle, ...state.focus].join('/');
+  const same = key === state.drawnKey;
+  state.drawnKey = key;
+  const fromBottom = same ? wrap.scrollHeight - wrap.scrollTop - wrap.clientHeight : 0;
+  const fromTop = same ? wrap.scrollTop : 0;
   const ctx = setupCanvas(canvas, w, rows * ROW);
-  if (!state.icicle) wrap.scrollTop = wrap.scrollHeight - wrap.clientHeight - fromBottom;
+  wrap.scrollTop = state.icicle ? fromTop : wrap.scrollHeight - wrap.clientHeight - fromBottom;
   ctx.font = uiFont(12);
   ctx.textBaseline = 'middle';
   const maxCharW = ctx.measureText('W').width;

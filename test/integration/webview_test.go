@@ -1,0 +1,419 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/pprof/profile"
+	"github.com/sirupsen/logrus"
+
+	"github.com/hostprof/ebpf-profiler/reporter"
+	"github.com/hostprof/ebpf-profiler/reporter/webview"
+	"github.com/hostprof/ebpf-profiler/test/webdriver"
+	"github.com/hostprof/ebpf-profiler/utils/testenv"
+)
+
+// artifactDir is where the browser tests leave their screenshots:
+// $EBPF_PROFILER_TEST_ARTIFACTS/name, else out/artifacts/name in the
+// repository.
+func artifactDir(t *testing.T, name string) string {
+	t.Helper()
+	root := os.Getenv("EBPF_PROFILER_TEST_ARTIFACTS")
+	if root == "" {
+		_, here, _, _ := runtime.Caller(0)
+		root = filepath.Join(filepath.Dir(here), "..", "..", "out", "artifacts")
+	}
+	dir, err := filepath.Abs(filepath.Join(root, name))
+	if err == nil {
+		err = os.MkdirAll(dir, 0o755)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func freeLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// page drives the web view in a browser and keeps its screenshots.
+type page struct {
+	t   *testing.T
+	b   *webdriver.Browser
+	url string
+	dir string
+}
+
+func (p *page) shot(name string) {
+	p.t.Helper()
+	path := filepath.Join(p.dir, name+".png")
+	if err := p.b.SaveScreenshot(path); err != nil {
+		p.t.Fatal(err)
+	}
+	p.t.Logf("screenshot %s", path)
+}
+
+func (p *page) wait(expr string, d time.Duration) {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	if err := p.b.WaitUntil(ctx, expr); err != nil {
+		p.shot("failed")
+		p.t.Fatal(err)
+	}
+}
+
+func (p *page) click(testID string) {
+	p.t.Helper()
+	el, err := p.b.Find(`[data-testid="` + testID + `"]`)
+	if err == nil {
+		err = el.Click()
+	}
+	if err != nil {
+		p.t.Fatalf("clicking %s: %v", testID, err)
+	}
+}
+
+func (p *page) text(css string) string {
+	p.t.Helper()
+	el, err := p.b.Find(css)
+	var s string
+	if err == nil {
+		s, err = el.Text()
+	}
+	if err != nil {
+		p.t.Fatalf("text of %s: %v", css, err)
+	}
+	return s
+}
+
+// frameRect is where the page drew the widest frame of a function.
+type frameRect struct{ X, Y, W, H float64 }
+
+func (p *page) frame(name string) frameRect {
+	p.t.Helper()
+	var r *frameRect
+	if err := p.b.ExecInto(&r, "return window.__profiler.frameRect(arguments[0])", name); err != nil {
+		p.t.Fatal(err)
+	}
+	if r == nil {
+		p.shot("failed")
+		p.t.Fatalf("no frame %s drawn", name)
+	}
+	return *r
+}
+
+// consoleClean fails the test on errors in the page's console.
+func (p *page) consoleClean() {
+	p.t.Helper()
+	errs, err := p.b.ConsoleErrors()
+	if err != nil {
+		p.t.Logf("console log unavailable: %v", err)
+		return
+	}
+	for _, e := range errs {
+		p.t.Errorf("console error: %s", e.Message)
+	}
+}
+
+// TestWebView profiles a C and a Python workload with the daemon's web
+// view on, and uses the page in headless Chromium as a person would: the
+// top functions table lists both workloads' hot functions, clicking a
+// frame of the flame graph zooms into it, and the differential view
+// against the C process alone shows the Python frames grown and the C
+// leaf shrunk. The screenshots stay in out/artifacts/webview.
+func TestWebView(t *testing.T) {
+	requireRoot(t)
+	daemon := buildDaemon(t)
+	cbin := buildWorkload(t, "fpchain", framePointers...)
+	script, _ := pythonWorkload(t)
+	skipIfPreparing(t)
+	webdriver.RequireBrowserTests(t)
+
+	addr := freeLoopbackAddr(t)
+	d := testenv.StartDaemon(t, nil, daemon, "-http="+addr, "-output-dir=", "-reporter-interval=1s",
+		"-samples-per-second="+strconv.Itoa(testHz))
+	d.WaitForLog(t, "Sampling ", time.Minute)
+	d.WaitForLog(t, "Web view at http://"+addr+"/", time.Second)
+
+	// The C workload alone, then both together.
+	cpid, _ := runWorkload(t, cbin, 2*time.Second)
+	both := exec.Command(cbin, "4")
+	if err := both.Start(); err != nil {
+		t.Fatal(err)
+	}
+	py := runScript(t, exec.Command("/usr/bin/python3", script, "recursion", "4"))
+	if err := both.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + addr + "/"
+	waitForData(t, base, py.pid)
+
+	p := &page{t: t, b: webdriver.StartTest(t, webdriver.Options{Width: 1400, Height: 1000}), url: base,
+		dir: artifactDir(t, "webview")}
+	if err := p.b.Navigate(base); err != nil {
+		t.Fatal(err)
+	}
+	p.wait("window.__profiler && window.__profiler.ready", 30*time.Second)
+	p.shot("1-flame")
+
+	// The top functions table lists the hot leaves of both workloads.
+	p.click("view-top")
+	p.wait(`document.querySelectorAll('[data-testid="top-table"] tbody tr').length > 5`, 10*time.Second)
+	table := p.text(`[data-testid="top-table"]`)
+	for _, fn := range []string{"cf_leaf", "rec_leaf"} {
+		if !strings.Contains(table, fn) {
+			t.Errorf("the top functions table lacks %s:\n%s", fn, table)
+		}
+	}
+	p.shot("2-top")
+
+	// A click on cf_top zooms into it: the graph's root is cf_top, the
+	// breadcrumb goes all > fpchain > ... > cf_top.
+	p.click("view-flame")
+	p.wait("window.__profiler.frameRect('cf_top') !== null", 10*time.Second)
+	r := p.frame("cf_top")
+	if err := p.b.ClickAt(r.X, r.Y); err != nil {
+		t.Fatal(err)
+	}
+	p.wait("window.__profiler.rootName === 'cf_top'", 10*time.Second)
+	crumbs := p.text(`[data-testid="breadcrumb"]`)
+	if !strings.Contains(crumbs, "all") || !strings.Contains(crumbs, "fpchain") || !strings.Contains(crumbs, "cf_top") {
+		t.Errorf("breadcrumb after zooming into cf_top: %q", crumbs)
+	}
+	if p.frame("cf_leaf").W < 0.5*r.W {
+		t.Errorf("zoomed in, cf_leaf is %.0f px wide, cf_top was %.0f", p.frame("cf_leaf").W, r.W)
+	}
+	p.shot("3-zoomed")
+	// The breadcrumb's first element zooms out again.
+	all, err := p.b.Find(`[data-testid="breadcrumb"] > :first-child`)
+	if err == nil {
+		err = all.Click()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.wait("window.__profiler.rootName === 'all'", 10*time.Second)
+
+	// The whole host against the C process alone.
+	p.click("view-diff")
+	opts, err := p.b.FindAll(`[data-testid="diff-baseline-process"] option`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chosen := false
+	for _, o := range opts {
+		if txt, _ := o.Text(); strings.Contains(txt, strconv.Itoa(cpid)) {
+			if err := o.Click(); err != nil {
+				t.Fatal(err)
+			}
+			chosen = true
+			break
+		}
+	}
+	if !chosen {
+		t.Fatalf("no baseline option for the C workload (pid %d) among %d", cpid, len(opts))
+	}
+	p.wait("window.__profiler.diffColors().some(n => n.name === 'rec_leaf')", 10*time.Second)
+	var diff []struct {
+		Name             string
+		Share, BaseShare float64
+		Delta            float64
+	}
+	if err := p.b.ExecInto(&diff, "return window.__profiler.diffColors()"); err != nil {
+		t.Fatal(err)
+	}
+	// A function's widest node (its main call path) speaks for it.
+	deltas, width := map[string]float64{}, map[string]float64{}
+	for _, n := range diff {
+		if w := n.Share + n.BaseShare; w > width[n.Name] {
+			deltas[n.Name], width[n.Name] = n.Delta, w
+		}
+	}
+	t.Logf("change of share against the C process alone: rec_leaf %+.3f, cf_leaf %+.3f", deltas["rec_leaf"], deltas["cf_leaf"])
+	if deltas["rec_leaf"] <= 0 || deltas["cf_leaf"] >= 0 {
+		t.Errorf("differential view: rec_leaf %+.3f (want grown), cf_leaf %+.3f (want shrunk)", deltas["rec_leaf"], deltas["cf_leaf"])
+	}
+	p.shot("4-diff")
+
+	// The download link gives the page's selection as a pprof profile.
+	var href string
+	if err := p.b.ExecInto(&href, "return document.querySelector('[data-testid=\"download-pprof\"]').href"); err != nil {
+		t.Fatal(err)
+	}
+	checkPprofDownload(t, href, "cf_leaf", "rec_leaf")
+	p.consoleClean()
+}
+
+// waitForData waits until the web view has samples of pid.
+func waitForData(t *testing.T, base string, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var top struct{ Total uint64 }
+		resp, err := http.Get(fmt.Sprintf("%sapi/top?pid=%d&limit=1", base, pid))
+		if err == nil {
+			err = json.NewDecoder(resp.Body).Decode(&top)
+			resp.Body.Close()
+		}
+		if err == nil && top.Total > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the web view has no samples of pid %d after 30 s (%v)", pid, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func checkPprofDownload(t *testing.T, url string, functions ...string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: %d %s", url, resp.StatusCode, body)
+	}
+	prof, err := profile.ParseData(body)
+	if err != nil {
+		t.Fatalf("the pprof download does not parse: %v", err)
+	}
+	seen := map[string]bool{}
+	for _, f := range prof.Function {
+		seen[f.Name] = true
+	}
+	for _, fn := range functions {
+		if !seen[fn] {
+			t.Errorf("the pprof download (%d bytes) lacks %s", len(body), fn)
+		}
+	}
+}
+
+// TestWebViewBusyHour serves one hour of a made-up busy host (100,000
+// distinct stacks, 4.6 million samples) and measures the page in Chromium:
+// the time to its first flame graph, a zoom, and the bytes each view
+// fetches. It prints the figures and asserts only that the page works.
+func TestWebViewBusyHour(t *testing.T) {
+	webdriver.RequireBrowserTests(t)
+	h, err := reporter.NewHistory(reporter.HistoryConfig{MaxBytes: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill := time.Now()
+	reporter.FillSynthetic(h, reporter.BusyHour, time.Now())
+	st := h.Stats()
+	t.Logf("history: %d samples, %d stacks, %.1f MiB estimated, filled in %v",
+		st.Samples, st.Stacks, float64(st.Bytes)/(1<<20), time.Since(fill).Round(time.Millisecond))
+	srv, err := webview.New(webview.Config{Addr: "127.0.0.1:0", History: h, Host: "busy-hour", Version: "synthetic",
+		SamplesPerSecond: 20, Interval: 5 * time.Second}, logrus.NewEntry(logrus.StandardLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	base := srv.URL()
+	logViewBytes(t, base)
+
+	p := &page{t: t, b: webdriver.StartTest(t, webdriver.Options{Width: 1400, Height: 1000}), url: base,
+		dir: artifactDir(t, "webview-busy-hour")}
+	var firstDraw []float64
+	for range 3 {
+		if err := p.b.Navigate(base); err != nil {
+			t.Fatal(err)
+		}
+		p.wait("window.__profiler && window.__profiler.ready", 60*time.Second)
+		var ms float64
+		if err := p.b.ExecInto(&ms, "return window.__profiler.firstDrawMs"); err != nil {
+			t.Fatal(err)
+		}
+		firstDraw = append(firstDraw, ms)
+	}
+	p.shot("1-flame")
+	var nodes int
+	var fetched float64
+	_ = p.b.ExecInto(&nodes, "return window.__profiler.nodesDrawn")
+	_ = p.b.ExecInto(&fetched, "return window.__profiler.lastFetchBytes")
+	t.Logf("first flame graph drawn %.0f ms after navigation (3 loads: %.0f ms), %d frames drawn from a %.0f KiB response",
+		median(firstDraw), firstDraw, nodes, fetched/1024)
+
+	// Zoom into the busiest executable and time the round trip.
+	var fv struct{ Processes []struct{ Name string } }
+	resp, err := http.Get(base + "api/filters")
+	if err == nil {
+		err = json.NewDecoder(resp.Body).Decode(&fv)
+		resp.Body.Close()
+	}
+	if err != nil || len(fv.Processes) == 0 {
+		t.Fatalf("filters: %v %+v", err, fv)
+	}
+	proc := fv.Processes[0].Name
+	r := p.frame(proc)
+	start := time.Now()
+	if err := p.b.ClickAt(r.X, r.Y); err != nil {
+		t.Fatal(err)
+	}
+	p.wait("window.__profiler.rootName === "+strconv.Quote(proc), 30*time.Second)
+	var drawMs float64
+	_ = p.b.ExecInto(&drawMs, "return window.__profiler.lastDrawMs")
+	t.Logf("zoom into %s: %v from click to redrawn (drawing %.1f ms)", proc, time.Since(start).Round(time.Millisecond), drawMs)
+	p.shot("2-zoomed")
+	p.consoleClean()
+}
+
+// logViewBytes logs what each view of the page fetches, plain and gzipped.
+func logViewBytes(t *testing.T, base string) {
+	t.Helper()
+	for _, path := range []string{"", "app.js", "app.css", "api/summary", "api/filters", "api/timeline?buckets=300",
+		"api/flame", "api/top?limit=100", "api/flame?base_pid=1000"} {
+		var sizes [2]int
+		var took [2]time.Duration
+		for i, enc := range []string{"identity", "gzip"} {
+			req, _ := http.NewRequest(http.MethodGet, base+path, nil)
+			req.Header.Set("Accept-Encoding", enc)
+			start := time.Now()
+			resp, err := http.DefaultTransport.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			took[i] = time.Since(start)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("%s: %d %s", path, resp.StatusCode, body)
+			}
+			sizes[i] = len(body)
+		}
+		t.Logf("/%-26s %8d bytes, %7d gzipped, served in %v", path, sizes[0], sizes[1], took[1].Round(time.Millisecond))
+	}
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
