@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -132,6 +133,8 @@ const (
 	KindRoot      = "root"
 	KindProcess   = "process"
 	KindTruncated = "truncated"
+	// KindGo is native code of a Go binary, shown apart from C's.
+	KindGo = "go"
 )
 
 // id is the function's stable id: the web view's zoom path names nodes by
@@ -328,10 +331,21 @@ func frameKey(f *libpf.Frame) [2]uint64 {
 	return [2]uint64{h.Hi, h.Lo}
 }
 
+// isGoFrame tells Go code from the C code that cgo links into the same
+// binary: Go's symbols are qualified by their package ("runtime.goexit",
+// "main.main"), C's are not.
+func isGoFrame(f *libpf.Frame) bool {
+	return f.Kind == libpf.FrameNative && f.Mapping != nil && f.Mapping.GoBuildID != "" &&
+		strings.Contains(f.FunctionName, ".")
+}
+
 // funcOfFrame names the flame graph node of a frame: its function in its
 // source file, or for native code without one, in its mapped file.
 func funcOfFrame(f *libpf.Frame) histFunc {
 	fn := histFunc{kind: f.Kind.String(), name: frameName(f), file: f.SourceFile}
+	if isGoFrame(f) {
+		fn.kind = KindGo
+	}
 	if fn.file == "" && f.Mapping != nil && f.Kind != libpf.FrameKernel {
 		fn.file = f.Mapping.Path
 	}

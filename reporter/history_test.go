@@ -80,7 +80,7 @@ func TestHistoryFlameOfFixture(t *testing.T) {
 		}
 	}
 	for name, kind := range map[string]string{"all": KindRoot, "app-a": KindProcess, "copy_user": "kernel",
-		"write": "native", "[unwinding aborted: error 3]": "abort-marker"} {
+		"write": "native", "[unwinding aborted: error 3]": "abort-marker", "main.main": KindGo, "main": "native"} {
 		if kinds[name] != kind {
 			t.Errorf("%s has kind %q, want %q", name, kinds[name], kind)
 		}

@@ -107,6 +107,30 @@ func (p *page) text(css string) string {
 	return s
 }
 
+// choose picks the option of a select by its text.
+func (p *page) choose(testID, option string) {
+	p.t.Helper()
+	opts, err := p.b.FindAll(`[data-testid="` + testID + `"] option`)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	var texts []string
+	for _, o := range opts {
+		txt, err := o.Text()
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		if txt == option {
+			if err := o.Click(); err != nil {
+				p.t.Fatal(err)
+			}
+			return
+		}
+		texts = append(texts, txt)
+	}
+	p.t.Fatalf("no option %q in %s: %q", option, testID, texts)
+}
+
 // frameRect is where the page drew the widest frame of a function.
 type frameRect struct{ X, Y, W, H float64 }
 
@@ -215,25 +239,33 @@ func TestWebView(t *testing.T) {
 	}
 	p.wait("window.__profiler.rootName === 'all'", 10*time.Second)
 
-	// The whole host against the C process alone.
-	p.click("view-diff")
-	opts, err := p.b.FindAll(`[data-testid="diff-baseline-process"] option`)
+	// The search box marks rec_leaf's frames and gives its samples' share.
+	search, err := p.b.Find(`[data-testid="search-input"]`)
+	if err == nil {
+		err = search.SendKeys("rec_leaf")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	chosen := false
-	for _, o := range opts {
-		if txt, _ := o.Text(); strings.Contains(txt, strconv.Itoa(cpid)) {
-			if err := o.Click(); err != nil {
-				t.Fatal(err)
-			}
-			chosen = true
-			break
-		}
+	p.wait(`document.querySelector('[data-testid="match-info"]').textContent.includes('%')`, 10*time.Second)
+	t.Logf("search rec_leaf: %s", p.text(`[data-testid="match-info"]`))
+	p.click("mode-icicle")
+	p.wait("window.__profiler.frameRect('rec_leaf') !== null", 10*time.Second)
+	p.shot("4-search-icicle")
+	if err := search.Clear(); err != nil {
+		t.Fatal(err)
 	}
-	if !chosen {
-		t.Fatalf("no baseline option for the C workload (pid %d) among %d", cpid, len(opts))
-	}
+	p.click("mode-icicle")
+
+	// Both fpchain processes together, chosen by name.
+	p.choose("process-select", "fpchain (all 2 processes)")
+	p.wait(`window.__profiler.rootName === 'all' && window.__profiler.frameRect('rec_leaf') === null &&
+		window.__profiler.frameRect('cf_leaf') !== null`, 10*time.Second)
+	p.choose("process-select", "All processes")
+
+	// The whole host against the C process alone.
+	p.click("view-diff")
+	p.choose("diff-baseline-process", fmt.Sprintf("fpchain (%d)", cpid))
 	p.wait("window.__profiler.diffColors().some(n => n.name === 'rec_leaf')", 10*time.Second)
 	var diff []struct {
 		Name             string
@@ -254,7 +286,7 @@ func TestWebView(t *testing.T) {
 	if deltas["rec_leaf"] <= 0 || deltas["cf_leaf"] >= 0 {
 		t.Errorf("differential view: rec_leaf %+.3f (want grown), cf_leaf %+.3f (want shrunk)", deltas["rec_leaf"], deltas["cf_leaf"])
 	}
-	p.shot("4-diff")
+	p.shot("5-diff")
 
 	// The download link gives the page's selection as a pprof profile.
 	var href string

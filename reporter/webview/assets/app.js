@@ -24,9 +24,9 @@ const state = {
   range: null,          // [from, to) in ms; null: the whole store
   baseRange: null,      // the baseline's [from, to) in diff mode
   baseMode: 'range',    // 'range' | 'process'
-  basePid: '',
+  baseProc: '',   // 'pid:N' or 'name:EXE', as state.proc
   dragTarget: 'base',   // what a drag on the timeline sets in diff/range mode
-  pid: '', container: '', thread: '', kinds: new Set(),
+  proc: '', container: '', thread: '', kinds: new Set(),   // proc: 'pid:N' or 'name:EXE'
   search: '',
   focus: [],            // ids from below the root to the zoomed node
   sort: 'self',
@@ -157,7 +157,7 @@ function showError(channel, msg) {
 // store so that a range can be picked from it.
 function filterParams() {
   const p = new URLSearchParams();
-  if (state.pid) p.append('pid', state.pid);
+  addProcess(p, '', state.proc);
   if (state.container) p.append('container', state.container);
   if (state.thread) p.append('thread', state.thread);
   for (const k of state.kinds) p.append('kind', k);
@@ -173,12 +173,20 @@ function selectionParams() {
   return p;
 }
 
+// Adds a process choice of the selects: one pid, or every process of an
+// executable.
+function addProcess(p, prefix, choice) {
+  const [kind, value] = [choice.slice(0, choice.indexOf(':')), choice.slice(choice.indexOf(':') + 1)];
+  if (kind === 'pid') p.set(`${prefix}pid`, value);
+  else if (kind === 'name') p.set(`${prefix}process`, value);
+}
+
 // Adds the baseline's base_ parameters; false when none is chosen yet.
 // Absent base_ parameters take the main selection's values (api.md).
 function addBaseline(p) {
   if (state.baseMode === 'process') {
-    if (!state.basePid) return false;
-    p.set('base_pid', state.basePid);
+    if (!state.baseProc) return false;
+    addProcess(p, 'base_', state.baseProc);
     return true;
   }
   if (!state.baseRange) return false;
@@ -232,13 +240,25 @@ async function loadFilters() {
   const r = await getJSON('filters', 'filters', selectionParams());
   if (!r) return;
   const f = r.data;
-  const procs = (f.processes || []).map((p) => [String(p.pid), `${p.name} (${p.pid})`]);
-  fillSelect($('f-process'), 'All processes', procs, state.pid);
-  fillSelect($('base-process'), 'Choose a process…', procs, state.basePid);
+  const procs = processOptions(f.processes || []);
+  fillSelect($('f-process'), 'All processes', procs, state.proc);
+  fillSelect($('base-process'), 'Choose a process…', procs, state.baseProc);
   fillSelect($('f-container'), 'All containers',
     (f.containers || []).map((c) => [c.id, c.id.length > 12 ? c.id.slice(0, 12) : c.id]), state.container);
   fillSelect($('f-thread'), 'All threads', (f.threads || []).map((t) => [t.name, t.name]), state.thread);
   fillKinds((f.kinds || []).map((k) => k.name));
+}
+
+// The process choices: each process by name and pid, and before them each
+// executable that runs as several processes (php-fpm's workers, say) as
+// one choice.
+function processOptions(list) {
+  const pids = new Map();
+  for (const p of list) pids.set(p.name, (pids.get(p.name) || 0) + 1);
+  const opts = [];
+  for (const [name, n] of pids) if (n > 1) opts.push([`name:${name}`, `${name} (all ${n} processes)`]);
+  for (const p of list) opts.push([`pid:${p.pid}`, `${p.name} (${p.pid})`]);
+  return opts;
 }
 
 // Rebuilds a select only when its options changed, so that the live
@@ -268,7 +288,7 @@ function fillKinds(names) {
 }
 
 function onFilterChange() {
-  state.pid = $('f-process').value;
+  state.proc = $('f-process').value;
   state.container = $('f-container').value;
   state.thread = $('f-thread').value;
   state.kinds = new Set([...$('f-kinds').querySelectorAll('input:checked')].map((c) => c.value));
@@ -1059,7 +1079,7 @@ function initControls() {
   }
   // Picking a process means comparing with it, whatever the radio said.
   $('base-process').addEventListener('change', (e) => {
-    state.basePid = e.target.value;
+    state.baseProc = e.target.value;
     setBaseMode('process');
   });
   $('base-clear').addEventListener('click', () => {
