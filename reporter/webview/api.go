@@ -64,14 +64,8 @@ type timelineJSON struct {
 }
 
 func (s *Server) timeline(w http.ResponseWriter, r *http.Request) {
-	p, err := parseParams(r.URL.RawQuery, withSelection(false, "buckets")...)
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	sel, err := p.selection("", nil)
-	if err != nil {
-		fail(w, err)
+	p, sel, _, ok := readRequest(w, r, false, "buckets")
+	if !ok {
 		return
 	}
 	buckets, err := p.int("buckets", defaultBuckets, 1, maxBuckets)
@@ -112,14 +106,8 @@ type filtersJSON struct {
 }
 
 func (s *Server) filters(w http.ResponseWriter, r *http.Request) {
-	p, err := parseParams(r.URL.RawQuery, withSelection(false)...)
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	sel, err := p.selection("", nil)
-	if err != nil {
-		fail(w, err)
+	_, sel, _, ok := readRequest(w, r, false)
+	if !ok {
 		return
 	}
 	fv := s.cfg.History.Filters(sel, maxFilterValues)
@@ -196,20 +184,12 @@ func nodeID(id uint64) string {
 }
 
 func (s *Server) flame(w http.ResponseWriter, r *http.Request) {
-	p, err := parseParams(r.URL.RawQuery, withSelection(true, "focus", "minShare", "search")...)
-	if err != nil {
-		fail(w, err)
+	p, sel, base, ok := readRequest(w, r, true, "focus", "minShare", "search")
+	if !ok {
 		return
 	}
-	q := reporter.FlameQuery{MaxNodes: maxFlameNodes}
-	if q.Selection, err = p.selection("", nil); err != nil {
-		fail(w, err)
-		return
-	}
-	if q.Baseline, err = p.baseline(&q.Selection); err != nil {
-		fail(w, err)
-		return
-	}
+	q := reporter.FlameQuery{Selection: sel, Baseline: base, MaxNodes: maxFlameNodes}
+	var err error
 	if q.Focus, err = p.focus(); err != nil {
 		fail(w, err)
 		return
@@ -283,19 +263,8 @@ type topJSON struct {
 }
 
 func (s *Server) top(w http.ResponseWriter, r *http.Request) {
-	p, err := parseParams(r.URL.RawQuery, withSelection(true, "sort", "limit")...)
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	sel, err := p.selection("", nil)
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	base, err := p.baseline(&sel)
-	if err != nil {
-		fail(w, err)
+	p, sel, base, ok := readRequest(w, r, true, "sort", "limit")
+	if !ok {
 		return
 	}
 	limit, err := p.int("limit", defaultTopRows, 1, maxTopRows)

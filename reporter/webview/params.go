@@ -2,6 +2,7 @@ package webview
 
 import (
 	"fmt"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -231,4 +232,23 @@ func (p *params) focus() ([]uint64, error) {
 		out[i] = id
 	}
 	return out, nil
+}
+
+// readRequest reads a request's parameters: the selection, with diff its
+// baseline (nil without base_ parameters), and the endpoint's own, whose
+// names are own. On a bad parameter it has answered 400 and ok is false.
+func readRequest(w http.ResponseWriter, r *http.Request, diff bool, own ...string) (
+	p *params, sel reporter.Selection, base *reporter.Selection, ok bool) {
+	p, err := parseParams(r.URL.RawQuery, withSelection(diff, own...)...)
+	if err == nil {
+		sel, err = p.selection("", nil)
+	}
+	if err == nil && diff {
+		base, err = p.baseline(&sel)
+	}
+	if err != nil {
+		fail(w, err)
+		return nil, sel, nil, false
+	}
+	return p, sel, base, true
 }

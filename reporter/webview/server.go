@@ -302,14 +302,8 @@ func fail(w http.ResponseWriter, err error) {
 // download streams an export as an attachment named after the selection.
 func (s *Server) download(w http.ResponseWriter, r *http.Request, name, ctype string,
 	export func(io.Writer, reporter.Selection) error) {
-	p, err := parseParams(r.URL.RawQuery, withSelection(false)...)
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	sel, err := p.selection("", nil)
-	if err != nil {
-		fail(w, err)
+	_, sel, _, ok := readRequest(w, r, false)
+	if !ok {
 		return
 	}
 	var buf bytes.Buffer

@@ -52,10 +52,12 @@ func main() {
 		"two threads per process, 80% of the time in APM transactions) or apm-off (the same with the agent "+
 		"library renamed, so that it is not correlated)")
 	procs := flag.Int("procs", runtime.NumCPU(), "busy processes")
+	extra := flag.String("daemon-args", "", "more flags for the daemon, space-separated (e.g. -http=127.0.0.1:8231)")
 	only := flag.String("scenarios", "", "run only the scenarios whose name contains this")
 	startup := flag.Int("startup", 0, "instead: start the daemon at this rate on a host of 18 busy processes "+
 		"(C, Go, Python, Java, Node) and print how soon their stacks are complete")
 	flag.Parse()
+	extraDaemonArgs = strings.Fields(*extra)
 	if os.Geteuid() != 0 {
 		fatalf("run as root")
 	}
@@ -120,6 +122,9 @@ type result struct {
 	accurate time.Duration
 }
 
+// extraDaemonArgs are -daemon-args, given to every daemon started.
+var extraDaemonArgs []string
+
 // startDaemon starts the daemon with args, its log in dir/daemon.log
 // (a file, not a pipe: a pipe nobody drains during a long run would block
 // its logging), killed at exit if still running. readLog returns the
@@ -129,7 +134,7 @@ func startDaemon(bin, dir string, args ...string) (cmd *exec.Cmd, readLog func()
 	logFile, err := os.Create(logPath)
 	check(err)
 	defer logFile.Close() // the daemon keeps its own descriptor
-	cmd = exec.Command(bin, args...)
+	cmd = exec.Command(bin, append(args, extraDaemonArgs...)...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	check(cmd.Start())
 	atExit(func() { cmd.Process.Kill() })
