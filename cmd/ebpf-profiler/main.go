@@ -228,7 +228,7 @@ func profile(ctx context.Context, cfg *config) error {
 			returnIdleHeap(startupCtx, pm.DropMappedDebugInfo)
 		}
 	}()
-	mon := newMonitor(tr, handler, pm, rep, corr, prob)
+	mon := newMonitor(tr, handler, pm, rep, corr, prob, hist)
 	log.Debugf("Start-up took %v", time.Since(start).Round(time.Millisecond))
 	// Loading parsed the kernel's BTF, tens of MiB of garbage by now: hand
 	// it back to the OS rather than wait for the scavenger.

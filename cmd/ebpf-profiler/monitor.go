@@ -27,6 +27,7 @@ type monitor struct {
 	rep     *reporter.Reporter
 	corr    *tracecorr.Correlator
 	prob    *probabilistic
+	hist    *reporter.History // the web view's, nil without -http
 	// last is the snapshot at the previous check.
 	last snapshot
 	// fullMaps are the maps already warned about.
@@ -42,6 +43,7 @@ type snapshot struct {
 	handler   processmanager.Stats
 	rep       reporter.Stats
 	corr      tracecorr.Stats
+	web       reporter.HistoryStats // zero without -http
 }
 
 // ksymsReloadInterval is how often kernel symbols are read again, so that
@@ -53,8 +55,8 @@ const ksymsReloadInterval = 10 * time.Minute
 const mapFullWarning = 0.9
 
 func newMonitor(tr *tracer.Tracer, h *processmanager.Handler, pm *processmanager.Manager,
-	rep *reporter.Reporter, corr *tracecorr.Correlator, prob *probabilistic) *monitor {
-	return &monitor{tr: tr, handler: h, pm: pm, rep: rep, corr: corr, prob: prob,
+	rep *reporter.Reporter, corr *tracecorr.Correlator, prob *probabilistic, hist *reporter.History) *monitor {
+	return &monitor{tr: tr, handler: h, pm: pm, rep: rep, corr: corr, prob: prob, hist: hist,
 		last: snapshot{bpf: map[string]uint64{}}, fullMaps: map[string]bool{}, lastKsymsReload: time.Now()}
 }
 
@@ -69,6 +71,9 @@ func (m *monitor) check() {
 	}
 	cur := snapshot{malformed: m.tr.MalformedEvents(), handler: m.handler.Stats(), rep: m.rep.Stats(),
 		corr: m.corr.Stats()}
+	if m.hist != nil {
+		cur.web = m.hist.Stats()
+	}
 	var err error
 	if cur.bpf, err = m.tr.Metrics(); err != nil {
 		log.Warnf("Reading BPF counters: %v", err)
@@ -170,12 +175,17 @@ func statusFields(prev, cur snapshot, fills []mapFill, sampling string) log.Fiel
 			"undecodable_events":  d(prev.malformed, cur.malformed),
 			"conversion_errors":   d(prev.handler.ConversionErrors, cur.handler.ConversionErrors),
 			"mappings_queue_full": d(prev.handler.DeltaMappingsDropped, cur.handler.DeltaMappingsDropped),
+			"web_history_samples": d(prev.web.DroppedSamples, cur.web.DroppedSamples),
 		}),
 		"maps":    fillSummary(fills),
 		"rss_mib": rssMiB(),
 	}
 	if sampling != "" {
 		f["sampling"] = sampling
+	}
+	if w := cur.web; w.MaxBytes > 0 {
+		f["web_history"] = fmt.Sprintf("%.1f/%d MiB, %v", float64(w.Bytes)/(1<<20), w.MaxBytes>>20,
+			w.End.Sub(w.Start).Round(time.Second))
 	}
 	// Mappings of processes over the per-process bound, handed to the
 	// unwinder only when sampled: not lost, but worth knowing.

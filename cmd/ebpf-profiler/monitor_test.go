@@ -2,6 +2,7 @@ package main
 
 import (
 	"testing"
+	"time"
 
 	log "github.com/sirupsen/logrus"
 
@@ -52,6 +53,13 @@ func TestStatusFields(t *testing.T) {
 	}
 	if len(got) != len(want)+1 {
 		t.Errorf("fields %v, want those of %v and rss_mib", got, want)
+	}
+	// With the web view: its history's size and span, and what it dropped.
+	cur.web = reporter.HistoryStats{Bytes: 3 << 19, MaxBytes: 64 << 20, Start: time.Unix(100, 0), End: time.Unix(400, 0),
+		DroppedSamples: 7}
+	got = statusFields(prev, cur, fills, "")
+	if got["web_history"] != "1.5/64 MiB, 5m0s" || got["drops"] != "conversion_errors=+2,export_requests=+1,web_history_samples=+7" {
+		t.Errorf("web history fields: %v, %v", got["web_history"], got["drops"])
 	}
 	// Nothing happened: every count is zero, and errors and drops say none.
 	quiet := statusFields(cur, cur, nil, "")
