@@ -34,7 +34,14 @@ type sampleGroup struct {
 	trace *libpf.Trace
 	// timestamps are unix nanoseconds, one per sample, in arrival order.
 	timestamps []uint64
+	// summed, when not zero, is the group's samples where they were
+	// counted without their times (the history's exports; timestamps is
+	// then empty), and the group has no thread id and CPU.
+	summed int
 }
+
+// count is the group's number of samples.
+func (g *sampleGroup) count() int { return len(g.timestamps) + g.summed }
 
 // interval is the immutable result of one reporting interval once it has
 // been swapped out of the aggregator.

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+	"weak"
 
 	"github.com/zeebo/xxh3"
 
@@ -165,9 +166,11 @@ type histTables struct {
 	stacks   []histStack
 	stackIdx map[[2]uint64]uint32
 	// byTrace finds the stack of a trace seen before without interning its
-	// frames again. Several traces (of processes) have one stack; cleared
-	// when it has 4 times as many entries as there are stacks.
-	byTrace map[libpf.TraceHash]uint32
+	// frames again. Keyed by the trace itself, weakly: a hash leaves out
+	// the mapping's place in the process and the symbols, which a later
+	// conversion may add. Cleared when it has 4 times as many entries as
+	// there are stacks (keys of collected traces stay until then).
+	byTrace map[weak.Pointer[libpf.Trace]]uint32
 
 	metas   []histMeta
 	metaIdx map[histMeta]uint32
@@ -191,7 +194,7 @@ func newHistTables() *histTables {
 		mappings:  make(map[libpf.Mapping]*libpf.Mapping),
 		funcIdx:   make(map[uint64]uint32),
 		stackIdx:  make(map[[2]uint64]uint32),
-		byTrace:   make(map[libpf.TraceHash]uint32),
+		byTrace:   make(map[weak.Pointer[libpf.Trace]]uint32),
 		metaIdx:   make(map[histMeta]uint32),
 		tree:      []treeNode{{fn: noFunc}},
 		seriesIdx: make(map[[2]uint32]uint32),
@@ -278,8 +281,9 @@ const (
 	funcCost  = int64(unsafe.Sizeof(histFunc{})) + 8 + 24
 	stackCost = int64(unsafe.Sizeof(histStack{})) + 48
 	metaCost  = int64(unsafe.Sizeof(histMeta{}))*2 + 24
-	// byTraceCost is a map entry of 16+4 bytes with Go's map overhead.
-	byTraceCost = 40
+	// byTraceCost is a map entry of 8+4 bytes with Go's map overhead, and
+	// the runtime's record behind a weak pointer.
+	byTraceCost = 64
 )
 
 // frame interns f. A symbolized frame loses its address, so that one
@@ -367,7 +371,8 @@ func (t *histTables) function(f histFunc) uint32 {
 
 // stack interns a trace's frames.
 func (t *histTables) stack(tr *libpf.Trace) uint32 {
-	if i, ok := t.byTrace[tr.Hash]; ok {
+	key := weak.Make(tr)
+	if i, ok := t.byTrace[key]; ok {
 		return i
 	}
 	frames := make([]uint32, len(tr.Frames))
@@ -379,7 +384,7 @@ func (t *histTables) stack(tr *libpf.Trace) uint32 {
 		t.bytes -= int64(len(t.byTrace)) * byTraceCost
 		clear(t.byTrace)
 	}
-	t.byTrace[tr.Hash] = i
+	t.byTrace[key] = i
 	t.bytes += byTraceCost
 	return i
 }
@@ -431,9 +436,11 @@ func (h *History) add(iv *interval, period int64) {
 		return
 	}
 	// Samples count at their own time, which the pipeline's delays can put
-	// a little outside the interval: its bounds stretch to cover them, up
-	// to an hour, where a clock gone wrong is clamped.
-	lo, hi := iv.start.Add(-time.Hour).UnixNano(), iv.end.Add(time.Hour).UnixNano()
+	// a little before the interval: its start stretches to cover them, up
+	// to a minute. A time beyond that, or after the interval, is a clock
+	// gone wrong and clamped: it must not move the history's end, from
+	// which its age is counted.
+	lo, hi := iv.start.Add(-time.Minute).UnixNano(), iv.end.UnixNano()
 	first, last := iv.start.UnixNano(), iv.end.UnixNano()
 	for _, g := range iv.groups {
 		for _, ts := range g.timestamps {
@@ -479,10 +486,17 @@ func (h *History) enforceBounds() {
 	for len(h.intervals) > 0 && newest.Sub(h.intervals[0].end) >= h.maxAge {
 		h.dropOldest()
 	}
-	if h.bytesLocked() > h.maxBytes {
+	// Each round drops what the guess says, then rebuilds the tables and
+	// measures them: when every interval has the same stacks the tables do
+	// not shrink with the samples, and the next round sees that. After 3
+	// rounds whatever is left goes, so the work stays linear.
+	for round := 0; h.bytesLocked() > h.maxBytes && len(h.intervals) > 0; round++ {
 		target := h.maxBytes / 10 * 9
-		held := h.samplesLocked()
-		tables := float64(h.tab.bytes)
+		if round == 3 {
+			target = 0
+		}
+		held, tables := h.samplesLocked(), float64(h.tab.bytes)
+		h.dropOldest()
 		for len(h.intervals) > 0 {
 			guess := h.entryBytes + int64(tables*float64(h.samplesLocked())/float64(max(held, 1)))
 			if guess <= target {
@@ -491,10 +505,6 @@ func (h *History) enforceBounds() {
 			h.dropOldest()
 		}
 		h.compact()
-		for len(h.intervals) > 0 && h.bytesLocked() > h.maxBytes {
-			h.dropOldest()
-			h.compact()
-		}
 	}
 	// Without drops since the last rebuild there is nothing to free.
 	if h.droppedSinceCompact && h.tab.bytes > h.compactAt {
@@ -599,7 +609,9 @@ func (h *History) Stats() HistoryStats {
 	s.Samples = h.samplesHeld
 	kinds := make(map[string]bool)
 	for i := range h.tab.funcs {
-		kinds[h.tab.funcs[i].kind] = true
+		if k := h.tab.funcs[i].kind; k != KindProcess && k != KindTruncated {
+			kinds[k] = true
+		}
 	}
 	s.Kinds = slices.Sorted(maps.Keys(kinds))
 	return s

@@ -11,10 +11,11 @@ import (
 	"github.com/hostprof/ebpf-profiler/libpf"
 )
 
-// WritePprof writes the selected samples as a gzipped pprof profile, built
-// as the reporter builds its files. The samples keep their process, pid
-// and thread name; tids and CPUs are not kept by the history, and times
-// are whole seconds.
+// WritePprof writes the selected samples as a gzipped pprof profile, by the
+// reporter's builder. The samples keep their process, pid and thread name;
+// the history keeps no tids, CPUs or times within the profile, and
+// symbolized frames lose their addresses (their locations have the
+// mapping's start).
 func (h *History) WritePprof(w io.Writer, sel Selection) error {
 	iv := h.selectionInterval(&sel)
 	return buildPprof(iv, h.period.Load()).Write(w)
@@ -51,9 +52,7 @@ func (h *History) selectionInterval(sel *Selection) *interval {
 			groups[k] = g
 			iv.groups[g.key] = g
 		}
-		for range count {
-			g.timestamps = append(g.timestamps, uint64(sec)*uint64(time.Second))
-		}
+		g.summed += int(count)
 		iv.samples += int(count)
 		t := time.Unix(sec, 0)
 		if iv.start.IsZero() || t.Before(iv.start) {

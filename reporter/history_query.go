@@ -179,6 +179,7 @@ func (h *History) subtreeTotals(self []uint64) []uint64 {
 // maxBuckets buckets of whole seconds over the selection's range (or the
 // history's, where the selection leaves it open).
 func (h *History) Timeline(sel Selection, maxBuckets int) (start time.Time, step time.Duration, counts []uint64) {
+	maxBuckets = max(maxBuckets, 1)
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	if len(h.intervals) == 0 {
@@ -221,6 +222,7 @@ type FilterValues struct {
 // the samples in the selection's time range (its other fields are
 // ignored), each by samples, at most limit of each.
 func (h *History) Filters(sel Selection, limit int) FilterValues {
+	limit = max(limit, 0)
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	timeOnly := Selection{From: sel.From, To: sel.To}
@@ -490,8 +492,10 @@ func (fc *flameCounts) prune(root uint32, minShare float64, maxNodes int, m *fun
 		}
 		walk(root)
 		if len(ws) > maxNodes {
+			// Above the weight of the (maxNodes+1)-th heaviest: at most
+			// maxNodes, fewer when nodes tie at the cut.
 			slices.Sort(ws)
-			threshold = max(threshold, nextAfter(ws[len(ws)-maxNodes])/max(rootW, 1e-300))
+			threshold = max(threshold, nextAfter(ws[len(ws)-maxNodes-1])/max(rootW, 1e-300))
 		}
 	}
 	var out []FlameNode
@@ -566,6 +570,7 @@ type TopFunction struct {
 // once per sample), the first limit of them; base, when set, is counted
 // beside. total and baseTotal are the selections' samples.
 func (h *History) TopFunctions(sel Selection, base *Selection, byTotal bool, limit int) (rows []TopFunction, total, baseTotal uint64) {
+	limit = max(limit, 1)
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	nf := len(h.tab.funcs)

@@ -157,6 +157,12 @@ func TestHistoryPprofAgreesWithReporter(t *testing.T) {
 	if got.Period != testPeriod {
 		t.Errorf("period %d, want %d", got.Period, testPeriod)
 	}
+	// The history keeps no thread ids or CPUs: none rather than zeros.
+	for _, smp := range got.Sample {
+		if _, ok := smp.NumLabel["tid"]; ok || len(smp.NumLabel["pid"]) != 1 {
+			t.Fatalf("labels %v", smp.NumLabel)
+		}
+	}
 }
 
 // pprofByStack sums a profile's samples per (process label, function
@@ -424,6 +430,30 @@ func TestHistoryBounds(t *testing.T) {
 		}
 		t.Logf("%d intervals, %d stacks, %d bytes, %d compactions", s.Intervals, s.Stacks, s.Bytes, s.Compactions)
 	})
+}
+
+// When every interval has the same stacks, dropping intervals does not
+// shrink the tables: the bound still holds, in a few rebuilds per interval.
+func TestHistoryBoundWithSameStacks(t *testing.T) {
+	const limit = 3 << 20
+	h := newTestHistory(t, HistoryConfig{MaxBytes: limit})
+	proc := &libpf.ProcessInfo{PID: 3, ExecutableName: "same"}
+	traces := map[*libpf.Trace]int{}
+	for i := range 3000 {
+		traces[chain(uint64(i+1), "main", fmt.Sprintf("f%d", i), fmt.Sprintf("g%d", i))] = 1
+	}
+	start := time.Unix(1_800_000_000, 0)
+	for i := range 150 {
+		h.add(intervalOf(start.Add(time.Duration(i)*time.Second), time.Second, proc, traces), testPeriod)
+		if s := h.Stats(); s.Bytes > limit {
+			t.Fatalf("interval %d: %d bytes of %d", i, s.Bytes, limit)
+		}
+	}
+	s := h.Stats()
+	t.Logf("%d intervals held, %d dropped, %d rebuilds, %d bytes", s.Intervals, s.DroppedIntervals, s.Compactions, s.Bytes)
+	if s.Intervals == 0 || s.DroppedIntervals == 0 || s.Compactions > 4*s.DroppedIntervals {
+		t.Errorf("%d intervals held, %d dropped in %d rebuilds", s.Intervals, s.DroppedIntervals, s.Compactions)
+	}
 }
 
 func TestHistoryPruning(t *testing.T) {

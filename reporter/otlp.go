@@ -407,11 +407,14 @@ func groupsByProcess(iv *interval) [][]*sampleGroup {
 	return out
 }
 
-// firstSeen is the earliest sample time of a process's groups.
+// firstSeen is the earliest sample time of a process's groups (the
+// largest time when they have none: summed groups).
 func firstSeen(gs []*sampleGroup) uint64 {
 	first := ^uint64(0)
 	for _, g := range gs {
-		first = min(first, slices.Min(g.timestamps))
+		if len(g.timestamps) > 0 {
+			first = min(first, slices.Min(g.timestamps))
+		}
 	}
 	return first
 }

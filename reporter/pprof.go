@@ -41,8 +41,8 @@ func buildPprof(iv *interval, period int64) *profile.Profile {
 	}
 	for _, groups := range groupsByProcess(iv) {
 		for _, g := range groups {
-			n := int64(len(g.timestamps))
-			p.Sample = append(p.Sample, &profile.Sample{
+			n := int64(g.count())
+			s := &profile.Sample{
 				Value:    []int64{n, n * period},
 				Location: b.stack(g.trace),
 				Label:    pprofLabels(g),
@@ -56,7 +56,14 @@ func buildPprof(iv *interval, period int64) *profile.Profile {
 				// the idle task; any unit keeps it, and pprof shows unknown
 				// units as plain numbers.
 				NumUnit: map[string][]string{"pid": {"id"}, "tid": {"id"}, "cpu": {"id"}},
-			})
+			}
+			if g.summed > 0 {
+				// Summed samples (the history's) have no thread or CPU.
+				delete(s.NumLabel, "tid")
+				delete(s.NumLabel, "cpu")
+				s.NumUnit = map[string][]string{"pid": {"id"}}
+			}
+			p.Sample = append(p.Sample, s)
 		}
 	}
 	return p

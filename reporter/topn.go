@@ -26,7 +26,7 @@ func topFunctions(iv *interval, n int) []topEntry {
 		if g.key.process != nil && g.key.process.ExecutableName != "" {
 			proc = g.key.process.ExecutableName
 		}
-		counts[[2]string{leafName(g.trace), proc}] += len(g.timestamps)
+		counts[[2]string{leafName(g.trace), proc}] += g.count()
 	}
 	entries := make([]topEntry, 0, len(counts))
 	for k, c := range counts {

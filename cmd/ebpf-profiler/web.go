@@ -92,6 +92,9 @@ func (w *webFlags) start(hist *reporter.History, cfg *config, hostName string) (
 			return nil, fmt.Errorf("-http-basic-auth-file: %w", err)
 		}
 		wc.BasicAuth = strings.TrimSpace(string(b))
+		if wc.BasicAuth == "" {
+			return nil, fmt.Errorf("-http-basic-auth-file %s is empty: want a line user:password", w.authFile)
+		}
 	}
 	if w.certFile != "" {
 		tc, err := webview.TLSConfig(w.certFile, w.keyFile, w.clientCA)

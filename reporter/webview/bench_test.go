@@ -37,7 +37,7 @@ func BenchmarkBusyHour(b *testing.B) {
 		b.Run(view.name, func(b *testing.B) {
 			var n int
 			for b.Loop() {
-				req := httptest.NewRequest(http.MethodGet, view.target, nil)
+				req := localRequest(http.MethodGet, view.target, nil)
 				req.Header.Set("Accept-Encoding", "gzip")
 				rec := httptest.NewRecorder()
 				handler.ServeHTTP(rec, req)

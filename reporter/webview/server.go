@@ -20,6 +20,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"os"
 	"path"
 	"strconv"
 	"strings"
@@ -79,8 +80,8 @@ func New(cfg Config, log *logrus.Entry) (*Server, error) {
 		return nil, err
 	}
 	cfg.Addr = addr
-	if cfg.BasicAuth != "" && !strings.Contains(cfg.BasicAuth, ":") {
-		return nil, errors.New("web view: basic auth credentials must be user:password")
+	if user, pass, ok := strings.Cut(cfg.BasicAuth, ":"); cfg.BasicAuth != "" && (!ok || user == "" || pass == "") {
+		return nil, errors.New("web view: basic auth credentials must be user:password, neither empty")
 	}
 	s := &Server{cfg: cfg, log: log, static: make(map[string]staticFile)}
 	entries, err := assets.ReadDir("assets")
@@ -220,6 +221,14 @@ func (s *Server) guard(next http.Handler) http.Handler {
 			http.Error(w, "the web view is read-only", http.StatusMethodNotAllowed)
 			return
 		}
+		if !s.protected() && !localHost(r.Host) {
+			// A page elsewhere could point its own name at 127.0.0.1 (DNS
+			// rebinding) and read the unprotected view as its own origin;
+			// the browser still sends that name.
+			http.Error(w, fmt.Sprintf("the web view answers to an IP address, localhost or this host's name, "+
+				"not %q (or set -http-basic-auth-file)", r.Host), http.StatusMisdirectedRequest)
+			return
+		}
 		if s.cfg.BasicAuth != "" && !s.authorized(r) {
 			h.Set("WWW-Authenticate", `Basic realm="ebpf-profiler", charset="UTF-8"`)
 			http.Error(w, "authentication required", http.StatusUnauthorized)
@@ -227,6 +236,33 @@ func (s *Server) guard(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// protected says whether clients must authenticate: then a request that
+// names another host carries no credentials of ours.
+func (s *Server) protected() bool {
+	return s.cfg.BasicAuth != "" || s.cfg.TLS != nil && s.cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert
+}
+
+// localHost says whether a request's Host names this machine: an IP
+// address, localhost, or the machine's host name.
+func localHost(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if net.ParseIP(strings.Trim(host, "[]")) != nil || host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	name, err := os.Hostname()
+	if err != nil {
+		return false
+	}
+	name = strings.ToLower(name)
+	short, _, _ := strings.Cut(name, ".")
+	// Exactly: a longer name under it could be anyone's.
+	return host == name || host == short
 }
 
 func (s *Server) authorized(r *http.Request) bool {

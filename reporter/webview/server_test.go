@@ -83,10 +83,17 @@ func newTestServer(t *testing.T, cfg Config) *Server {
 	return s
 }
 
+// localRequest is a request as a browser on this machine sends it.
+func localRequest(method, target string, body io.Reader) *http.Request {
+	req := httptest.NewRequest(method, target, body)
+	req.Host = "127.0.0.1:8230"
+	return req
+}
+
 func get(t *testing.T, h http.Handler, target string) *httptest.ResponseRecorder {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, target, nil))
+	h.ServeHTTP(rec, localRequest(http.MethodGet, target, nil))
 	return rec
 }
 
@@ -259,7 +266,7 @@ func TestReadOnlyAndHeaders(t *testing.T) {
 	h := newTestServer(t, Config{}).Handler()
 	for _, m := range []string{http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodPatch} {
 		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest(m, "/api/flame", strings.NewReader("x")))
+		h.ServeHTTP(rec, localRequest(m, "/api/flame", strings.NewReader("x")))
 		if rec.Code != http.StatusMethodNotAllowed {
 			t.Errorf("%s: %d", m, rec.Code)
 		}
@@ -276,7 +283,7 @@ func TestReadOnlyAndHeaders(t *testing.T) {
 		}
 	}
 	// Large responses are gzipped for clients that take it.
-	req := httptest.NewRequest(http.MethodGet, "/app.js", nil)
+	req := localRequest(http.MethodGet, "/app.js", nil)
 	req.Header.Set("Accept-Encoding", "gzip, deflate")
 	rec = httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
@@ -387,5 +394,41 @@ func TestClientCertificateRequired(t *testing.T) {
 	}
 	if !strings.HasPrefix(s.URL(), "https://127.0.0.1:") {
 		t.Errorf("URL %s", s.URL())
+	}
+}
+
+func TestHostHeader(t *testing.T) {
+	name, _ := os.Hostname()
+	open := newTestServer(t, Config{}).Handler()
+	authed := newTestServer(t, Config{BasicAuth: "a:b"}).Handler()
+	for _, tc := range []struct {
+		host string
+		want int
+	}{
+		{"127.0.0.1:8230", 200}, {"[::1]:8230", 200}, {"localhost:8230", 200}, {"10.1.2.3", 200},
+		{"app.localhost", 200}, {name + ":8230", 200},
+		// A name that may point anywhere: a rebinding page's.
+		{"evil.example:8230", 421}, {name + ".evil.example", 421},
+	} {
+		req := httptest.NewRequest(http.MethodGet, "/api/summary", nil)
+		req.Host = tc.host
+		rec := httptest.NewRecorder()
+		open.ServeHTTP(rec, req)
+		if rec.Code != tc.want {
+			t.Errorf("Host %s: %d %s, want %d", tc.host, rec.Code, rec.Body, tc.want)
+		}
+		// With authentication any name is fine: the browser sends no
+		// credentials to another origin.
+		req.SetBasicAuth("a", "b")
+		rec = httptest.NewRecorder()
+		authed.ServeHTTP(rec, req)
+		if rec.Code != 200 {
+			t.Errorf("Host %s with basic auth: %d", tc.host, rec.Code)
+		}
+	}
+	for _, bad := range []string{":", "user:", ":pass", "nocolon"} {
+		if _, err := New(Config{Addr: "127.0.0.1:0", History: newTestHistory(t), BasicAuth: bad}, nil); err == nil {
+			t.Errorf("basic auth %q accepted", bad)
+		}
 	}
 }
