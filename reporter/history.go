@@ -123,7 +123,7 @@ type histMeta struct {
 }
 
 // histFunc is one node name of the flame graph: frames that share it are
-// merged. kind is the frame type ("native", "python", or one of the kinds
+// merged. kind is the frame type ("native", a runtime's, or one of the kinds
 // below that name no frames).
 type histFunc struct {
 	kind, name, file string
