@@ -58,12 +58,13 @@ UNIT_PACKAGES = $$($(GO) list ./... | grep -v /test/)
 unit-test:
 	$(GO) test -count=1 $(UNIT_PACKAGES)
 
-# BPF integration and end-to-end tests, and the tracer's map-loading tests:
+# BPF integration and end-to-end tests, the tracer's map-loading tests and
+# the web view's busy-hour browser test (reporter/webview):
 # root only, run one package at a time so that their perf events do not
 # share the CPUs.
 integration-test: build
 	$(SUDO) env EBPF_PROFILER_TEST_INTEGRATION=1 EBPF_PROFILER_TEST_E2E=1 EBPF_PROFILER_TEST_BIN=$(CURDIR)/$(BINARY) \
-		$(GO) test -p 1 -count=1 -v -timeout 35m ./tracer ./test/...
+		$(GO) test -p 1 -count=1 -v -timeout 35m ./tracer ./test/... ./reporter/webview
 
 # The BPF integration tests on every supported kernel (5.10, 6.1, 6.12, 7.2)
 # for amd64 and arm64, each booted under qemu (utils/kernelmatrix; kernels
