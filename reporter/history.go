@@ -495,10 +495,10 @@ func (h *History) enforceBounds() {
 		if round == 3 {
 			target = 0
 		}
-		held, tables := h.samplesLocked(), float64(h.tab.bytes)
+		held, tables := h.samplesHeld, float64(h.tab.bytes)
 		h.dropOldest()
 		for len(h.intervals) > 0 {
-			guess := h.entryBytes + int64(tables*float64(h.samplesLocked())/float64(max(held, 1)))
+			guess := h.entryBytes + int64(tables*float64(h.samplesHeld)/float64(max(held, 1)))
 			if guess <= target {
 				break
 			}
@@ -522,8 +522,6 @@ func (h *History) dropOldest() {
 	h.droppedSamples += iv.samples
 	h.samplesHeld -= iv.samples
 }
-
-func (h *History) samplesLocked() uint64 { return h.samplesHeld }
 
 func (h *History) bytesLocked() int64 { return h.entryBytes + h.tab.bytes }
 

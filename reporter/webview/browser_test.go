@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"testing"
@@ -62,7 +60,7 @@ func TestWebViewBusyHour(t *testing.T) {
 	}
 	shot := func(name string) {
 		t.Helper()
-		path := filepath.Join(artifactDir(t), name+".png")
+		path := filepath.Join(webdriver.ArtifactDir(t, "webview-busy-hour"), name+".png")
 		if err := b.SaveScreenshot(path); err != nil {
 			t.Fatal(err)
 		}
@@ -118,26 +116,6 @@ func TestWebViewBusyHour(t *testing.T) {
 			t.Errorf("console error: %s", e.Message)
 		}
 	}
-}
-
-// artifactDir is where the screenshots go, as in test/integration:
-// $EBPF_PROFILER_TEST_ARTIFACTS/webview-busy-hour, else out/artifacts/...
-// in the repository.
-func artifactDir(t *testing.T) string {
-	t.Helper()
-	root := os.Getenv("EBPF_PROFILER_TEST_ARTIFACTS")
-	if root == "" {
-		_, here, _, _ := runtime.Caller(0)
-		root = filepath.Join(filepath.Dir(here), "..", "..", "out", "artifacts")
-	}
-	dir, err := filepath.Abs(filepath.Join(root, "webview-busy-hour"))
-	if err == nil {
-		err = os.MkdirAll(dir, 0o755)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir
 }
 
 // logViewBytes logs what each view of the page fetches, plain and gzipped.

@@ -7,10 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,26 +19,6 @@ import (
 	"github.com/hostprof/ebpf-profiler/test/webdriver"
 	"github.com/hostprof/ebpf-profiler/utils/testenv"
 )
-
-// artifactDir is where the browser tests leave their screenshots:
-// $EBPF_PROFILER_TEST_ARTIFACTS/name, else out/artifacts/name in the
-// repository.
-func artifactDir(t *testing.T, name string) string {
-	t.Helper()
-	root := os.Getenv("EBPF_PROFILER_TEST_ARTIFACTS")
-	if root == "" {
-		_, here, _, _ := runtime.Caller(0)
-		root = filepath.Join(filepath.Dir(here), "..", "..", "out", "artifacts")
-	}
-	dir, err := filepath.Abs(filepath.Join(root, name))
-	if err == nil {
-		err = os.MkdirAll(dir, 0o755)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
 
 func freeLoopbackAddr(t *testing.T) string {
 	t.Helper()
@@ -190,7 +168,7 @@ func TestWebView(t *testing.T) {
 	waitForData(t, base, py.pid)
 
 	p := &page{t: t, b: webdriver.StartTest(t, webdriver.Options{Width: 1400, Height: 1000}), url: base,
-		dir: artifactDir(t, "webview")}
+		dir: webdriver.ArtifactDir(t, "webview")}
 	if err := p.b.Navigate(base); err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,8 @@ package webdriver
 import (
 	"context"
 	"os"
+	"path/filepath"
+	"runtime"
 	"testing"
 )
 
@@ -32,4 +34,24 @@ func RequireBrowserTests(t testing.TB) {
 	if os.Getenv("EBPF_PROFILER_TEST_INTEGRATION") != "1" {
 		t.Skip("browser test: run with EBPF_PROFILER_TEST_INTEGRATION=1 and Debian's chromium and chromium-driver (make test does)")
 	}
+}
+
+// ArtifactDir is where a browser test leaves its screenshots:
+// $EBPF_PROFILER_TEST_ARTIFACTS/name, else out/artifacts/name in the
+// repository.
+func ArtifactDir(t testing.TB, name string) string {
+	t.Helper()
+	root := os.Getenv("EBPF_PROFILER_TEST_ARTIFACTS")
+	if root == "" {
+		_, here, _, _ := runtime.Caller(0)
+		root = filepath.Join(filepath.Dir(here), "..", "..", "out", "artifacts")
+	}
+	dir, err := filepath.Abs(filepath.Join(root, name))
+	if err == nil {
+		err = os.MkdirAll(dir, 0o755)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
