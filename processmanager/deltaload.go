@@ -129,21 +129,37 @@ func newDeltaLoader(maps DeltaMaps, c support.DeltaCapacity) *deltaLoader {
 // loaded reports whether a file's deltas are in BPF.
 func (l *deltaLoader) loaded(fileID uint64) bool { return l.files[fileID] != nil }
 
-// acquire takes a reference on a file's deltas, loading them with extract
-// on the first reference.
-func (l *deltaLoader) acquire(fileID uint64, extract func() (nativeunwind.Deltas, error)) error {
+// acquire takes a reference on a file's deltas and reports true, if they
+// are loaded.
+func (l *deltaLoader) acquire(fileID uint64) bool {
 	l.expireIdle(l.now())
-	if f := l.files[fileID]; f != nil {
-		if f.refs == 0 {
-			l.idleFiles--
-		}
-		f.refs++
-		return nil
+	f := l.files[fileID]
+	if f == nil {
+		return false
 	}
+	if f.refs == 0 {
+		l.idleFiles--
+	}
+	f.refs++
+	return true
+}
+
+// failure is the error of a file whose deltas failed to load lately; it is
+// not tried again before failedFileBackoff.
+func (l *deltaLoader) failure(fileID uint64) error {
 	if f, ok := l.failed.Get(fileID); ok && l.now().Sub(f.at) < failedFileBackoff {
 		return f.err
 	}
-	err := l.load(fileID, extract)
+	return nil
+}
+
+// load writes a file's extracted deltas to BPF, or remembers why there are
+// none (err, unless transient). A loaded file has no reference yet: it is
+// idle until acquired.
+func (l *deltaLoader) load(fileID uint64, deltas nativeunwind.Deltas, err error) error {
+	if err == nil {
+		err = l.write(fileID, deltas)
+	}
 	var transient transientError
 	if err != nil && !errors.As(err, &transient) {
 		l.failed.Add(fileID, failedFile{at: l.now(), err: err}, 0)
@@ -151,11 +167,11 @@ func (l *deltaLoader) acquire(fileID uint64, extract func() (nativeunwind.Deltas
 	return err
 }
 
-// load extracts a file's deltas and writes them to BPF.
-func (l *deltaLoader) load(fileID uint64, extract func() (nativeunwind.Deltas, error)) error {
-	deltas, err := extract()
-	if err != nil {
-		return err
+// write lays a file's deltas out in the pool and its pages.
+func (l *deltaLoader) write(fileID uint64, deltas nativeunwind.Deltas) error {
+	l.expireIdle(l.now())
+	if l.files[fileID] != nil {
+		return nil
 	}
 	runs, err := layoutDeltas(deltas, l.pageBits, l.intern)
 	if err != nil {
@@ -173,7 +189,7 @@ func (l *deltaLoader) load(fileID uint64, extract func() (nativeunwind.Deltas, e
 	if !ok {
 		return fmt.Errorf("%w: %d deltas", ErrDeltaPoolFull, len(all))
 	}
-	f := &loadedFile{refs: 1, span: sp}
+	f := &loadedFile{span: sp}
 	if err := l.maps.SetStackDeltas(sp.start, all); err != nil {
 		l.unload(fileID, f)
 		return fmt.Errorf("writing stack deltas: %w", err)
@@ -189,6 +205,9 @@ func (l *deltaLoader) load(fileID uint64, extract func() (nativeunwind.Deltas, e
 		next += uint32(len(r.deltas))
 	}
 	l.files[fileID] = f
+	f.idleSince = l.now()
+	l.idle = append(l.idle, idleEntry{fileID, f.idleSince})
+	l.idleFiles++
 	return nil
 }
 

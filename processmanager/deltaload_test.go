@@ -101,6 +101,23 @@ func (f *fakeDeltaMaps) bpfLookup(fileID, addr uint64, pageBits uint) (support.U
 	return f.rules[rule], true
 }
 
+// acquireWith takes a reference on a file as unwindSync does: loading it
+// with extract if it is not loaded and did not fail lately.
+func acquireWith(l *deltaLoader, fileID uint64, extract func() (nativeunwind.Deltas, error)) error {
+	if l.acquire(fileID) {
+		return nil
+	}
+	if err := l.failure(fileID); err != nil {
+		return err
+	}
+	d, err := extract()
+	if err := l.load(fileID, d, err); err != nil {
+		return err
+	}
+	l.acquire(fileID)
+	return nil
+}
+
 func TestDeltaLoaderRefcounts(t *testing.T) {
 	maps := newFakeDeltaMaps()
 	l := newDeltaLoader(maps, support.DeltaCapacity{Rules: 16, Deltas: 64, PageBits: 12})
@@ -112,7 +129,7 @@ func TestDeltaLoaderRefcounts(t *testing.T) {
 	extract := func() (nativeunwind.Deltas, error) { extractions++; return deltas, nil }
 
 	for range 2 {
-		if err := l.acquire(7, extract); err != nil {
+		if err := acquireWith(l, 7, extract); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -140,7 +157,7 @@ func TestDeltaLoaderRefcounts(t *testing.T) {
 		t.Fatalf("idle file unloaded at once (%d idle)", l.idleFiles)
 	}
 	// A new user of an idle file takes it back without extracting.
-	if err := l.acquire(7, extract); err != nil || extractions != 1 || l.idleFiles != 0 {
+	if err := acquireWith(l, 7, extract); err != nil || extractions != 1 || l.idleFiles != 0 {
 		t.Fatalf("reacquiring an idle file: %v, %d extractions, %d idle", err, extractions, l.idleFiles)
 	}
 	l.release(7)
@@ -165,14 +182,14 @@ func TestDeltaLoaderEvictsIdleForRoom(t *testing.T) {
 		return nativeunwind.Deltas{{Address: 0x1000, Rule: sp8}, {Address: 0x1010, Rule: nativeunwind.Rule{}}}, nil
 	}
 	for id := uint64(1); id <= 2; id++ {
-		if err := l.acquire(id, two); err != nil {
+		if err := acquireWith(l, id, two); err != nil {
 			t.Fatal(err)
 		}
 		now = now.Add(time.Second)
 	}
 	l.release(1)
 	l.release(2)
-	if err := l.acquire(3, two); err != nil {
+	if err := acquireWith(l, 3, two); err != nil {
 		t.Fatal(err)
 	}
 	if l.loaded(1) || !l.loaded(2) || !l.loaded(3) {
@@ -185,7 +202,7 @@ func TestDeltaLoaderPoolFull(t *testing.T) {
 	deltas := nativeunwind.Deltas{{Address: 0x1000, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8}},
 		{Address: 0x1004, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 16}},
 		{Address: 0x1008, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8}}}
-	err := l.acquire(1, func() (nativeunwind.Deltas, error) { return deltas, nil })
+	err := acquireWith(l, 1, func() (nativeunwind.Deltas, error) { return deltas, nil })
 	if !errors.Is(err, ErrDeltaPoolFull) || l.loaded(1) {
 		t.Errorf("error %v (loaded %v), want ErrDeltaPoolFull", err, l.loaded(1))
 	}
@@ -202,7 +219,7 @@ func TestDeltaLoaderRemembersFailures(t *testing.T) {
 	extractions := 0
 	failing := func() (nativeunwind.Deltas, error) { extractions++; return nil, bad }
 	for range 3 {
-		if err := l.acquire(1, failing); !errors.Is(err, bad) {
+		if err := acquireWith(l, 1, failing); !errors.Is(err, bad) {
 			t.Fatalf("error %v, want %v", err, bad)
 		}
 	}
@@ -210,14 +227,14 @@ func TestDeltaLoaderRemembersFailures(t *testing.T) {
 		t.Errorf("%d extractions of a failing file within the backoff, want 1", extractions)
 	}
 	now = now.Add(failedFileBackoff)
-	if err := l.acquire(1, failing); !errors.Is(err, bad) || extractions != 2 {
+	if err := acquireWith(l, 1, failing); !errors.Is(err, bad) || extractions != 2 {
 		t.Errorf("after the backoff: error %v, %d extractions, want a retry", err, extractions)
 	}
 
 	gone := transientError{ErrProcessExited}
 	opens := 0
 	for range 2 {
-		err := l.acquire(2, func() (nativeunwind.Deltas, error) { opens++; return nil, gone })
+		err := acquireWith(l, 2, func() (nativeunwind.Deltas, error) { opens++; return nil, gone })
 		if !errors.Is(err, ErrProcessExited) {
 			t.Fatalf("error %v, want ErrProcessExited", err)
 		}
@@ -301,7 +318,7 @@ func TestDeltaLoaderKnownFiles(t *testing.T) {
 	}
 	a, b := support.FileKey{Dev: 1, Ino: 10}, support.FileKey{Dev: 1, Ino: 11}
 	for _, id := range []uint64{1, 2} {
-		if err := l.acquire(id, one); err != nil {
+		if err := acquireWith(l, id, one); err != nil {
 			t.Fatal(err)
 		}
 	}

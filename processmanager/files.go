@@ -20,6 +20,8 @@ import (
 // built and shared by every process that maps the file.
 type fileInfo struct {
 	id libpf.FileID
+	// size is the file's size in bytes.
+	size int64
 	// elf is nil for files that are not ELF or failed to parse: their frames
 	// get the file id but no symbols.
 	elf *elfData
@@ -178,7 +180,7 @@ func (c *fileCache) get(key fileKey, r readSeekerAt, name string) (*fileInfo, er
 	if err != nil {
 		return nil, fmt.Errorf("file id of %s: %w", name, err)
 	}
-	fi := &fileInfo{id: id}
+	fi := &fileInfo{id: id, size: key.size}
 	if isELF(r) {
 		// A corrupt ELF file still has a file id; it just cannot be
 		// symbolized locally.

@@ -1,8 +1,10 @@
 package processmanager
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,14 +61,19 @@ const maxPendingAttaches = 4096
 
 // unwindSync mirrors every process's file mappings into the BPF mapping
 // trie and keeps their files' stack deltas loaded. Extraction can take
-// seconds for a large library, so it runs on its own goroutine, never on
-// the trace path: the manager only queues jobs.
+// seconds for a large library, so it never runs on the trace path: the
+// manager queues jobs, one worker goroutine writes the BPF maps in their
+// order, and the extractQueue's goroutines extract the files the worker
+// asks for, smallest first. A mapping whose file is being extracted is
+// parked meanwhile; the jobs after it go on.
 type unwindSync struct {
-	u      Unwinding
-	log    logrus.FieldLogger
-	loader *deltaLoader
+	u       Unwinding
+	log     logrus.FieldLogger
+	loader  *deltaLoader
+	extract *extractQueue
 
-	jobs    chan unwindJob
+	jobs chan unwindJob
+	// pending counts the jobs queued or parked.
 	pending atomic.Int64
 	done    chan struct{}
 	once    sync.Once
@@ -74,6 +81,14 @@ type unwindSync struct {
 	// attached is the worker's record of what it wrote, per pid and
 	// mapping start.
 	attached map[uint32]map[uint64]attachedMapping
+	// parked are the mappings waiting for their file's deltas, per pid
+	// and mapping start; extracting lists them per file being extracted.
+	parked     map[uint32]map[uint64]*unwindJob
+	extracting map[uint64][]*unwindJob
+	// parkSeq numbers parked jobs; barriers wait for those parked before
+	// them.
+	parkSeq  uint64
+	barriers []barrier
 
 	dropped, extractErrors, loadErrors, filesLoaded atomic.Uint64
 	// warnedFull is set once a full map has been logged (worker only).
@@ -138,6 +153,18 @@ type unwindJob struct {
 	runtimeCode []runtimeCode
 	// barrier, when set, is closed once every earlier job is done.
 	barrier chan struct{}
+	// path names the file in log lines; size orders extractions.
+	path string
+	size int64
+	// seq is the job's number while it is parked.
+	seq uint64
+}
+
+// barrier is a wait() whose earlier jobs were parked: it is closed once
+// no job parked before it (seq at most its seq) is left.
+type barrier struct {
+	ch  chan struct{}
+	seq uint64
 }
 
 type attachedMapping struct {
@@ -160,13 +187,16 @@ type runtimeCode struct {
 
 func newUnwindSync(u Unwinding, log logrus.FieldLogger) *unwindSync {
 	s := &unwindSync{
-		u:        u,
-		log:      log,
-		loader:   newDeltaLoader(u.Maps, u.Capacity),
-		jobs:     make(chan unwindJob, maxPendingAttaches),
-		done:     make(chan struct{}),
-		attached: map[uint32]map[uint64]attachedMapping{},
+		u:          u,
+		log:        log,
+		loader:     newDeltaLoader(u.Maps, u.Capacity),
+		jobs:       make(chan unwindJob, maxPendingAttaches),
+		done:       make(chan struct{}),
+		attached:   map[uint32]map[uint64]attachedMapping{},
+		parked:     map[uint32]map[uint64]*unwindJob{},
+		extracting: map[uint64][]*unwindJob{},
 	}
+	s.extract = newExtractQueue(s.extractFile, extractWorkers)
 	go s.run()
 	return s
 }
@@ -188,6 +218,8 @@ func (s *unwindSync) attach(pid uint32, mp *mapping, procFS string) bool {
 		m:    attachedMapping{start: e.start, end: e.end, bias: mp.pf.Bias, fileID: mp.pf.FileID.Low64()},
 		open: func() (mappedImage, error) { return openImage(procFS, pid, &e) },
 		id:   mp.pf.FileID,
+		path: e.path,
+		size: mp.file.size,
 	}
 	if e.isFile() {
 		j.known, j.hasKey = mp.file.elf.knownFile()
@@ -250,6 +282,12 @@ func (s *unwindSync) close() {
 // unload files that stayed idle.
 func (s *unwindSync) run() {
 	defer close(s.done)
+	defer s.extract.close()
+	defer func() {
+		for _, b := range s.barriers {
+			close(b.ch) // nothing more will be done
+		}
+	}()
 	tick := time.NewTicker(idleFileKeep / 4)
 	defer tick.Stop()
 	for {
@@ -258,16 +296,26 @@ func (s *unwindSync) run() {
 			if !ok {
 				return
 			}
-			if j.barrier != nil {
-				s.publish()
-				close(j.barrier)
-			} else if s.handle(j); len(s.jobs) == 0 {
-				s.publish()
+			switch {
+			case j.barrier != nil:
+				s.barriers = append(s.barriers, barrier{ch: j.barrier, seq: s.parkSeq})
+				s.pending.Add(-1)
+			case s.handle(&j):
+				// Parked: done when its file is.
+			default:
+				s.pending.Add(-1)
 			}
-			s.pending.Add(-1)
+		case r := <-s.extract.results:
+			s.extracted(r)
 		case <-tick.C:
 			s.publish()
+			continue
 		}
+		// Stats and barriers see the maps as they are after the job.
+		if len(s.jobs) == 0 || len(s.barriers) > 0 {
+			s.publish()
+		}
+		s.releaseBarriers()
 	}
 }
 
@@ -278,9 +326,33 @@ func (s *unwindSync) wait() {
 	<-b
 }
 
-func (s *unwindSync) handle(j unwindJob) {
+// releaseBarriers closes the barriers whose parked jobs are all done.
+func (s *unwindSync) releaseBarriers() {
+	if len(s.barriers) == 0 {
+		return
+	}
+	oldest := s.parkSeq + 1
+	for _, ms := range s.parked {
+		for _, j := range ms {
+			oldest = min(oldest, j.seq)
+		}
+	}
+	s.barriers = slices.DeleteFunc(s.barriers, func(b barrier) bool {
+		if b.seq < oldest {
+			close(b.ch)
+			return true
+		}
+		return false
+	})
+}
+
+// handle does a job and reports whether it was parked.
+func (s *unwindSync) handle(j *unwindJob) (parked bool) {
 	switch {
 	case j.detachAll:
+		for start := range s.parked[j.pid] {
+			s.unpark(j.pid, start)
+		}
 		for start := range s.attached[j.pid] {
 			s.remove(j.pid, start)
 		}
@@ -288,72 +360,172 @@ func (s *unwindSync) handle(j unwindJob) {
 	case j.detach:
 		// A region starts where its anonymous mapping does, and a file
 		// may be mapped over it: each removes only its own kind.
+		if !j.region {
+			s.unpark(j.pid, j.m.start)
+		}
 		if m, ok := s.attached[j.pid][j.m.start]; ok && (m.fileID == 0) == j.region {
 			s.remove(j.pid, j.m.start)
 		}
 	case j.region:
+		// It replaces a file mapping that waits at its start, as it
+		// replaces one attached there.
+		s.unpark(j.pid, j.m.start)
 		if err := s.addTrie(j.pid, j.m); err != nil {
 			s.log.WithError(err).Debugf("process %d: region at %#x", j.pid, j.m.start)
 		}
 	default:
-		err := s.add(j)
-		switch {
-		case err == nil:
-		case isMapFull(err) && !s.warnedFull:
-			s.warnedFull = true
-			s.log.WithError(err).Warn("A BPF map for stack deltas is full: further files are unwound with frame pointers only " +
-				"(logged once; raise -map-scale-factor)")
-		default:
-			s.log.WithError(err).Debugf("process %d: no stack deltas for mapping at %#x", j.pid, j.m.start)
+		return s.add(j)
+	}
+	return false
+}
+
+// add attaches a mapping whose file's deltas are loaded, or parks it until
+// they are.
+func (s *unwindSync) add(j *unwindJob) (parked bool) {
+	s.unpark(j.pid, j.m.start)
+	if _, ok := s.attached[j.pid][j.m.start]; ok {
+		s.remove(j.pid, j.m.start)
+	}
+	if s.loader.acquire(j.m.fileID) {
+		s.attachLoaded(j)
+		return false
+	}
+	if err := s.loader.failure(j.m.fileID); err != nil {
+		s.failed(j, err)
+		return false
+	}
+	s.parkSeq++
+	j.seq = s.parkSeq
+	if s.parked[j.pid] == nil {
+		s.parked[j.pid] = map[uint64]*unwindJob{}
+	}
+	s.parked[j.pid][j.m.start] = j
+	waiting, queued := s.extracting[j.m.fileID]
+	s.extracting[j.m.fileID] = append(waiting, j)
+	if !queued {
+		s.extract.push(&extraction{id: j.id, fileID: j.m.fileID, size: j.size, job: j})
+	}
+	return true
+}
+
+// unpark drops the parked job of a mapping, if there is one: it is done.
+func (s *unwindSync) unpark(pid uint32, start uint64) {
+	if _, ok := s.parked[pid][start]; !ok {
+		return
+	}
+	delete(s.parked[pid], start)
+	if len(s.parked[pid]) == 0 {
+		delete(s.parked, pid)
+	}
+	s.pending.Add(-1)
+}
+
+// isParked says whether j still waits: a later job may have detached its
+// mapping, or replaced it.
+func (s *unwindSync) isParked(j *unwindJob) bool { return s.parked[j.pid][j.m.start] == j }
+
+// extracted loads an extracted file's deltas and attaches the mappings
+// that wait for them.
+func (s *unwindSync) extracted(r extracted) {
+	fileID := r.x.fileID
+	waiting := slices.DeleteFunc(s.extracting[fileID], func(j *unwindJob) bool { return !s.isParked(j) })
+	delete(s.extracting, fileID)
+	var transient transientError
+	if errors.As(r.err, &transient) {
+		// The process whose mapping was opened went away; another
+		// that maps the file may still be there.
+		if s.isParked(r.x.job) {
+			s.unpark(r.x.job.pid, r.x.job.m.start)
+			s.failed(r.x.job, r.err)
+		}
+		waiting = slices.DeleteFunc(waiting, func(j *unwindJob) bool { return j == r.x.job })
+		if len(waiting) > 0 {
+			s.extracting[fileID] = waiting
+			s.extract.push(&extraction{id: r.x.id, fileID: fileID, size: r.x.size, job: waiting[0]})
+		}
+		return
+	}
+	err := s.loader.load(fileID, r.deltas, r.err)
+	for _, j := range waiting {
+		s.unpark(j.pid, j.m.start)
+		if err != nil {
+			s.failed(j, err)
+		} else if s.loader.acquire(fileID) {
+			s.attachLoaded(j)
 		}
 	}
 }
 
-func (s *unwindSync) add(j unwindJob) error {
-	if _, ok := s.attached[j.pid][j.m.start]; ok {
-		s.remove(j.pid, j.m.start)
-	}
-	err := s.loader.acquire(j.m.fileID, func() (nativeunwind.Deltas, error) {
-		d, err := s.extract(j)
-		if err != nil {
-			return nil, err
-		}
-		s.filesLoaded.Add(1)
-		for _, c := range j.runtimeCode {
-			d = d.MarkRuntime(c.start, c.end, c.runtime)
-		}
-		return d, nil
-	})
-	if err != nil {
-		s.loadErrors.Add(1)
-		return err
-	}
+// attachLoaded writes a mapping whose file's deltas are loaded (and
+// acquired) to the trie.
+func (s *unwindSync) attachLoaded(j *unwindJob) {
 	if j.hasKey {
 		if err := s.loader.knownAs(j.key, j.known); err != nil {
 			s.log.WithError(err).Debugf("process %d: mapping at %#x", j.pid, j.m.start)
 		}
 	}
-	return s.addTrie(j.pid, j.m)
+	if err := s.addTrie(j.pid, j.m); err != nil {
+		s.logFailure(j, err) // counted by addTrie
+	}
 }
 
-// extract returns a job's file's deltas: from the cache, or extracted from
-// the file (and cached).
-func (s *unwindSync) extract(j unwindJob) (nativeunwind.Deltas, error) {
+// failed counts a mapping left without deltas: it unwinds with frame
+// pointers.
+func (s *unwindSync) failed(j *unwindJob, err error) {
+	s.loadErrors.Add(1)
+	s.logFailure(j, err)
+}
+
+// logFailure says why a mapping has no deltas: a full map once as a
+// warning, the rest at debug level.
+func (s *unwindSync) logFailure(j *unwindJob, err error) {
+	if isMapFull(err) && !s.warnedFull {
+		s.warnedFull = true
+		s.log.WithError(err).Warn("A BPF map for stack deltas is full: further files are unwound with frame pointers only " +
+			"(logged once; raise -map-scale-factor)")
+		return
+	}
+	s.log.WithError(err).Debugf("process %d: no stack deltas for mapping at %#x", j.pid, j.m.start)
+}
+
+// extractFile returns a file's deltas with its runtimes' code marked; it
+// runs on the extractQueue's goroutines.
+func (s *unwindSync) extractFile(x *extraction) (nativeunwind.Deltas, error) {
+	start := time.Now()
+	d, cached, err := s.extractJob(x.job)
+	if err != nil {
+		return nil, err
+	}
+	s.filesLoaded.Add(1)
+	for _, c := range x.job.runtimeCode {
+		d = d.MarkRuntime(c.start, c.end, c.runtime)
+	}
+	from := "extracted"
+	if cached {
+		from = "read from the cache"
+	}
+	s.log.Debugf("%d stack deltas of %s %s in %v", len(d), x.job.path, from, time.Since(start).Round(time.Millisecond))
+	return d, nil
+}
+
+// extractJob returns a job's file's deltas: from the cache, or extracted
+// from the file (and cached).
+func (s *unwindSync) extractJob(j *unwindJob) (d nativeunwind.Deltas, cached bool, err error) {
 	if d, ok := s.u.Cache.load(j.id); ok {
-		return d, nil
+		return d, true, nil
 	}
 	f, err := j.open()
 	if err != nil {
-		return nil, transientError{err}
+		return nil, false, transientError{err}
 	}
 	defer f.Close()
-	d, err := s.u.Extract(f)
+	d, err = s.u.Extract(f)
 	if err != nil {
 		s.extractErrors.Add(1)
-		return nil, fmt.Errorf("extracting stack deltas: %w", err)
+		return nil, false, fmt.Errorf("extracting stack deltas: %w", err)
 	}
 	s.u.Cache.store(j.id, d)
-	return d, nil
+	return d, false, nil
 }
 
 // addTrie writes a mapping (or region) to the mapping trie.

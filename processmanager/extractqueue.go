@@ -1,0 +1,143 @@
+package processmanager
+
+import (
+	"sync"
+	"time"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/nativeunwind"
+)
+
+// Stack deltas are extracted on goroutines of their own, smallest file
+// first, while one goroutine (unwindSync's worker) writes the BPF maps. On
+// a cold start libLLVM's million deltas take over a second to extract, and
+// a process that only needs a 16 KiB program's deltas would otherwise be
+// unwound no further than its leaf until they are done.
+
+// extractWorkers is how many files are extracted at once: two let small
+// files pass a large one, and cost at most two files' worth of memory.
+const extractWorkers = 2
+
+// maxExtractWait is how long a file may wait before it goes next whatever
+// its size, so that a stream of small files cannot hold a large one back.
+const maxExtractWait = time.Second
+
+// extraction is one file whose deltas are to be extracted.
+type extraction struct {
+	// id is the file's whole id (the on-disk cache's key), fileID its
+	// 64-bit truncation (BPF's and the loader's).
+	id     libpf.FileID
+	fileID uint64
+	// size is the file's size in bytes, which orders the queue.
+	size   int64
+	queued time.Time
+	// job is the mapping whose open reads the file.
+	job *unwindJob
+}
+
+// extracted is an extraction's outcome.
+type extracted struct {
+	x      *extraction
+	deltas nativeunwind.Deltas
+	err    error
+}
+
+// extractQueue runs extractions on extractWorkers goroutines and sends
+// each outcome to results.
+type extractQueue struct {
+	extract func(*extraction) (nativeunwind.Deltas, error)
+	results chan extracted
+	now     func() time.Time
+
+	mu      sync.Mutex
+	ready   *sync.Cond
+	waiting []*extraction
+	stopped bool
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+func newExtractQueue(extract func(*extraction) (nativeunwind.Deltas, error), workers int) *extractQueue {
+	q := &extractQueue{
+		extract: extract,
+		results: make(chan extracted),
+		now:     time.Now,
+		stop:    make(chan struct{}),
+	}
+	q.ready = sync.NewCond(&q.mu)
+	q.wg.Add(workers)
+	for range workers {
+		go q.work()
+	}
+	return q
+}
+
+// push queues an extraction.
+func (q *extractQueue) push(x *extraction) {
+	q.mu.Lock()
+	x.queued = q.now()
+	q.waiting = append(q.waiting, x)
+	q.mu.Unlock()
+	q.ready.Signal()
+}
+
+// close stops the workers once their extractions in flight are done; their
+// outcomes are not sent.
+func (q *extractQueue) close() {
+	q.mu.Lock()
+	q.stopped = true
+	q.mu.Unlock()
+	close(q.stop)
+	q.ready.Broadcast()
+	q.wg.Wait()
+}
+
+func (q *extractQueue) work() {
+	defer q.wg.Done()
+	for {
+		x := q.next()
+		if x == nil {
+			return
+		}
+		d, err := q.extract(x)
+		select {
+		case q.results <- extracted{x: x, deltas: d, err: err}:
+		case <-q.stop:
+			return
+		}
+	}
+}
+
+// next waits for an extraction and takes it off the queue; nil once the
+// queue is closed.
+func (q *extractQueue) next() *extraction {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for len(q.waiting) == 0 && !q.stopped {
+		q.ready.Wait()
+	}
+	if q.stopped {
+		return nil
+	}
+	i := pickExtraction(q.waiting, q.now())
+	x := q.waiting[i]
+	q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
+	return x
+}
+
+// pickExtraction is the index of the extraction to run next: the one
+// waiting longest if it waited maxExtractWait, else the smallest file
+// (the first queued of equal ones).
+func pickExtraction(waiting []*extraction, now time.Time) int {
+	// Queued in order: the first waited longest.
+	if now.Sub(waiting[0].queued) >= maxExtractWait {
+		return 0
+	}
+	best := 0
+	for i, x := range waiting {
+		if x.size < waiting[best].size {
+			best = i
+		}
+	}
+	return best
+}
