@@ -24,9 +24,12 @@ type Daemon struct {
 }
 
 // StartDaemon starts bin with args, through wrapper (a command and its
-// options, such as setpriv's) if not empty.
+// options, such as setpriv's) if not empty. Unless args name them, the
+// daemon's on-disk caches are new and empty, as on a fresh machine: a
+// cache that earlier runs warmed would hide a slow cold start.
 func StartDaemon(t testing.TB, wrapper []string, bin string, args ...string) *Daemon {
 	t.Helper()
+	args = withEmptyCaches(t, args)
 	d := &Daemon{LogPath: filepath.Join(t.TempDir(), "ebpf-profiler.log"), exited: make(chan error, 1)}
 	logFile, err := os.Create(d.LogPath)
 	if err != nil {
@@ -52,6 +55,25 @@ func StartDaemon(t testing.TB, wrapper []string, bin string, args ...string) *Da
 		}
 	})
 	return d
+}
+
+// cacheFlags are the daemon's flags naming its on-disk caches.
+var cacheFlags = []string{"delta-cache", "debuginfo-inflate-dir"}
+
+// withEmptyCaches adds a new empty directory for each cache flag args do
+// not set.
+func withEmptyCaches(t testing.TB, args []string) []string {
+	out := slices.Clone(args)
+	for _, name := range cacheFlags {
+		set := slices.ContainsFunc(args, func(a string) bool {
+			a = strings.TrimLeft(a, "-")
+			return a == name || strings.HasPrefix(a, name+"=")
+		})
+		if !set {
+			out = append(out, "-"+name+"="+t.TempDir())
+		}
+	}
+	return out
 }
 
 // Alive waits for d, failing the test if the daemon exits meanwhile.
