@@ -122,6 +122,9 @@ type procStat struct {
 	// startTime is when the process started, in clock ticks after boot; with
 	// the pid it identifies a process across pid reuse.
 	startTime uint64
+	// cpuTicks is the CPU time its threads used, user and system, in
+	// clock ticks.
+	cpuTicks uint64
 }
 
 // parseProcStat parses /proc/PID/stat: "pid (comm) state ppid ... ", where
@@ -143,6 +146,14 @@ func parseProcStat(b []byte) (procStat, error) {
 	var err error
 	if st.startTime, err = strconv.ParseUint(fields[startTimeField], 10, 64); err != nil {
 		return st, fmt.Errorf("stat: starttime: %w", err)
+	}
+	// utime and stime, fields 14 and 15.
+	for _, f := range fields[14-3 : 15-3+1] {
+		ticks, err := strconv.ParseUint(f, 10, 64)
+		if err != nil {
+			return st, fmt.Errorf("stat: CPU time: %w", err)
+		}
+		st.cpuTicks += ticks
 	}
 	return st, nil
 }

@@ -46,8 +46,8 @@ func TestParseProcStat(t *testing.T) {
 	}{
 		{
 			name: "plain",
-			stat: "1234 (cat) R 1 1234 1 34816 1234 4194304 96 0 0 0 0 0 0 0 20 0 1 0 5567 5713920 256 18446744073709551615\n",
-			want: procStat{state: 'R', startTime: 5567},
+			stat: "1234 (cat) R 1 1234 1 34816 1234 4194304 96 0 0 0 7 5 0 0 20 0 1 0 5567 5713920 256 18446744073709551615\n",
+			want: procStat{state: 'R', startTime: 5567, cpuTicks: 12},
 		},
 		{
 			name: "comm with spaces and parens",

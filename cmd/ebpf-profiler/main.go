@@ -107,6 +107,9 @@ func profile(ctx context.Context, cfg *config) error {
 		return err
 	}
 
+	// The processes busy while the BPF programs load are set up before
+	// sampling starts (processmanager.PrepareBusy).
+	cpuBefore := processmanager.ReadCPUTimes("")
 	runtimes, err := interpreter.Select(cfg.tracers)
 	if err != nil {
 		return err
@@ -202,6 +205,7 @@ func profile(ctx context.Context, cfg *config) error {
 		defer stopProb()
 		go prob.run(probCtx, probTicker.C)
 	}
+	prepareBusy(ctx, pm, cpuBefore)
 	if err := tr.Attach(); err != nil {
 		rep.Close()
 		return err
@@ -267,6 +271,23 @@ loop:
 		return fmt.Errorf("reading BPF events: %w", pumpErr)
 	}
 	return nil
+}
+
+// maxStartupPreparation bounds the set-up of the busy processes before
+// sampling starts: those left are set up at their first samples.
+const maxStartupPreparation = 10 * time.Second
+
+// prepareBusy sets up the processes busy since cpuBefore, so that their
+// stacks are complete from the first sample.
+func prepareBusy(ctx context.Context, pm *processmanager.Manager, cpuBefore processmanager.CPUTimes) {
+	prepCtx, cancel := context.WithTimeout(ctx, maxStartupPreparation)
+	defer cancel()
+	p := pm.PrepareBusy(prepCtx, cpuBefore)
+	msg := "Set up %d of %d busy processes in %v before sampling"
+	if !p.Complete {
+		msg += " (stack deltas still loading)"
+	}
+	log.Infof(msg, p.Prepared, p.Busy, p.Took.Round(time.Millisecond))
 }
 
 // checkKernel refuses a kernel older than we support, unless the operator

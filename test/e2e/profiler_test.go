@@ -22,7 +22,6 @@ const (
 	envProfilerBin = "EBPF_PROFILER_TEST_BIN"
 	profilerPkg    = "./cmd/ebpf-profiler"
 
-	profilerStartGrace   = 2 * time.Second // let the daemon load its eBPF programs
 	workloadDuration     = 6 * time.Second
 	profilerDrainWait    = 1500 * time.Millisecond // > one reporter interval
 	profilerStopTimeout  = 30 * time.Second
@@ -116,8 +115,9 @@ func startWorkload(t *testing.T, d time.Duration) *exec.Cmd {
 	return cmd
 }
 
-// startDaemon starts the daemon with args and waits profilerStartGrace for
-// it to load; the test fails if it exits meanwhile.
+// startDaemon starts the daemon with args and waits until it samples (it
+// loads its programs and sets up the busy processes first); the test fails
+// if it exits meanwhile.
 func startDaemon(t *testing.T, args ...string) *testenv.Daemon {
 	t.Helper()
 	return startDaemonVia(t, nil, profilerBinary(t), args...)
@@ -128,7 +128,7 @@ func startDaemon(t *testing.T, args ...string) *testenv.Daemon {
 func startDaemonVia(t *testing.T, wrapper []string, bin string, args ...string) *testenv.Daemon {
 	t.Helper()
 	d := testenv.StartDaemon(t, wrapper, bin, args...)
-	d.Alive(t, profilerStartGrace)
+	d.WaitForLog(t, "Sampling ", time.Minute)
 	return d
 }
 

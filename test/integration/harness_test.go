@@ -139,6 +139,7 @@ func startSessionWith(t *testing.T, hz int, configure func(*processmanager.Confi
 	t.Helper()
 	skipIfPreparing(t)
 	runtimes := interpreter.All()
+	cpuBefore := processmanager.ReadCPUTimes("")
 	tr, err := tracer.New(tracer.Config{SamplesPerSecond: hz, Runtimes: runtimes})
 	if err != nil {
 		t.Fatal(err)
@@ -161,6 +162,11 @@ func startSessionWith(t *testing.T, hz int, configure func(*processmanager.Confi
 		tr.Close()
 		t.Fatal(err)
 	}
+	// As the daemon does: the processes busy while the programs loaded
+	// (this one) are set up before sampling starts.
+	prepCtx, cancelPrep := context.WithTimeout(context.Background(), 10*time.Second)
+	pm.PrepareBusy(prepCtx, cpuBefore)
+	cancelPrep()
 	if err := tr.Attach(); err != nil {
 		tr.Close()
 		t.Fatal(err)

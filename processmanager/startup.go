@@ -1,0 +1,143 @@
+package processmanager
+
+import (
+	"cmp"
+	"context"
+	"os"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+)
+
+// A daemon that starts on a busy host would otherwise read each process
+// when its first sample arrives, and BPF, which unwinds at sample time,
+// would meanwhile stop at the first frame whose file's deltas are not
+// loaded: seconds of incomplete stacks for every process that was already
+// running. So the processes that use the CPU while the BPF programs load
+// are set up before sampling starts (PrepareBusy). The daemon is one of
+// them: its own samples would otherwise have its large binary read on the
+// trace path just as sampling starts.
+
+// CPUTimes is the CPU time each process had used at one moment, for
+// PrepareBusy to tell which processes were busy since.
+type CPUTimes struct {
+	at    time.Time
+	procs map[uint32]procCPU
+}
+
+type procCPU struct{ startTime, ticks uint64 }
+
+// ReadCPUTimes reads the CPU time of every process in procFS ("/proc"
+// when empty). Processes that cannot be read are left out.
+func ReadCPUTimes(procFS string) CPUTimes {
+	procFS = cmp.Or(procFS, "/proc")
+	t := CPUTimes{at: time.Now(), procs: map[uint32]procCPU{}}
+	entries, err := os.ReadDir(procFS)
+	if err != nil {
+		return t
+	}
+	for _, e := range entries {
+		pid, err := strconv.ParseUint(e.Name(), 10, 32)
+		if err != nil || pid == 0 {
+			continue
+		}
+		if st, err := readProcStat(procFS, uint32(pid)); err == nil {
+			t.procs[uint32(pid)] = procCPU{st.startTime, st.cpuTicks}
+		}
+	}
+	return t
+}
+
+// minBusyWindow is the least time over which processes are found busy: a
+// clock tick is 10 ms, and a process must use a few to count.
+const minBusyWindow = 250 * time.Millisecond
+
+// busySince returns the processes that used CPU time since before, the
+// busiest first.
+func busySince(before, now CPUTimes) []uint32 {
+	type busy struct {
+		pid   uint32
+		ticks uint64
+	}
+	var out []busy
+	for pid, c := range now.procs {
+		b, ok := before.procs[pid]
+		switch {
+		case !ok || b.startTime != c.startTime:
+			// Started since: its whole CPU time is recent.
+			if c.ticks > 0 {
+				out = append(out, busy{pid, c.ticks})
+			}
+		case c.ticks > b.ticks:
+			out = append(out, busy{pid, c.ticks - b.ticks})
+		}
+	}
+	slices.SortFunc(out, func(a, b busy) int {
+		return cmp.Or(cmp.Compare(b.ticks, a.ticks), cmp.Compare(a.pid, b.pid))
+	})
+	pids := make([]uint32, len(out))
+	for i, b := range out {
+		pids[i] = b.pid
+	}
+	return pids
+}
+
+// StartupPreparation says what PrepareBusy did.
+type StartupPreparation struct {
+	// Busy processes were found, Prepared of them were set up (not the
+	// rest: ctx ended first, or they exited).
+	Busy, Prepared int
+	// Complete says whether all their files' deltas were loaded before
+	// ctx ended.
+	Complete bool
+	Took     time.Duration
+}
+
+// PrepareBusy sets up the processes that used CPU time since before, the
+// busiest first: reads their mappings and files, attaches their runtimes
+// and APM agents, and loads their files' stack deltas. It returns once all
+// of that is done or ctx ends; call it before sampling starts.
+func (m *Manager) PrepareBusy(ctx context.Context, before CPUTimes) StartupPreparation {
+	start := time.Now()
+	if wait := minBusyWindow - time.Since(before.at); wait > 0 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+	busy := busySince(before, ReadCPUTimes(m.procFS))
+	res := StartupPreparation{Busy: len(busy)}
+	for _, pid := range busy {
+		if ctx.Err() != nil {
+			break
+		}
+		m.RefreshMappings(libpf.PID(pid))
+		if m.Tracks(libpf.PID(pid)) {
+			res.Prepared++
+		}
+	}
+	res.Complete = m.waitUnwind(ctx)
+	res.Took = time.Since(start)
+	return res
+}
+
+// waitUnwind waits until the delta loader has done every job queued so far,
+// or ctx ends; it reports whether it was done.
+func (m *Manager) waitUnwind(ctx context.Context) bool {
+	if m.unwind == nil {
+		return true
+	}
+	done := make(chan struct{})
+	go func() {
+		m.unwind.wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
