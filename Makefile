@@ -104,5 +104,9 @@ test: test-deps lint
 bench: build
 	$(SUDO) $(GO) run ./utils/bench -bin ./$(BINARY) $(BENCH_ARGS)
 
+# Every build output in the tree (.gitignore lists them): the daemon, a
+# command under utils/ built in the top directory, the browser tests'
+# artifacts, the Rust workload's target.
 clean:
-	rm -f $(BINARY)
+	rm -rf $(BINARY) bench cgochain gochain goinline kernelmatrix pyoffsets stackdeltas vminit out \
+		utils/workloads/rustchain/target
