@@ -21,7 +21,7 @@ type usefulCapability struct {
 }
 
 // usefulCapabilities are what a daemon with fewer privileges than root
-// loses, as documented in the README and granted by the systemd unit.
+// loses, as documented in docs/install.md and granted by the systemd unit.
 var usefulCapabilities = []usefulCapability{
 	{anyOf: []libpf.Capability{libpf.CapSysPtrace},
 		lost: "user frames cannot be attributed to files, nor runtime frames read (/proc/PID/maps, /proc/PID/mem)"},

@@ -223,7 +223,7 @@ func TestPythonStacks(t *testing.T) {
 			// A short run first: the daemon has then seen this
 			// interpreter's files, as it has on any host after its first
 			// minutes; the first process after start-up waits for their
-			// unwind tables (counted in the README's note on misses).
+			// unwind tables (counted in docs/testing.md's note on misses).
 			runPython(t, py, script, "chain", 300*time.Millisecond)
 			runs := map[string]scriptRun{}
 			for _, mode := range []string{"chain", "recursion", "threads", "zlib"} {
