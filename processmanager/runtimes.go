@@ -166,6 +166,9 @@ func (m *Manager) attachRuntime(p *process, st *runtimeState) {
 		st.proc = proc
 		m.counters.runtimeAttached[st.rt.Name]++
 		m.log.Debugf("process %d: attached %s", p.pid, st.rt.Name)
+		// Conversions cached so far left its frames unnamed (a perf map
+		// written after the process was first read).
+		p.gen = m.newGeneration()
 		return
 	}
 	// A failed attempt may have written some of its entries.

@@ -116,6 +116,9 @@ type jitRuntime struct {
 	detects, updates, detaches int
 	// refuse, when set, is the reason Detect refuses every process.
 	refuse string
+	// notYet is how many more detections find nothing, as before a
+	// process has written its perf map.
+	notYet int
 }
 
 func newJITRuntime() *jitRuntime {
@@ -128,7 +131,8 @@ func newJITRuntime() *jitRuntime {
 				return nil, interpreter.Refuse(j.refuse, errors.New("a hostile symbol file"))
 			}
 			rs := anonymousRegions(h.Mappings())
-			if len(rs) == 0 {
+			if len(rs) == 0 || j.notYet > 0 {
+				j.notYet--
 				return nil, nil
 			}
 			if err := h.SetRegions(rs); err != nil {
@@ -931,5 +935,34 @@ func TestRuntimeCodeAtPC(t *testing.T) {
 	f.settle()
 	if configs, trie, _ := f.entries(100); configs != 0 || trie != 0 {
 		t.Errorf("%d configurations and %d trie entries after the exit, want none", configs, trie)
+	}
+}
+
+// TestRuntimeAttachedLater: a trace converted before its process's runtime
+// attached (the process was read before it wrote its perf map) is
+// converted again once the runtime attaches, not served from the cache
+// with its JIT frame unnamed.
+func TestRuntimeAttachedLater(t *testing.T) {
+	const pid = 100
+	j := newJITRuntime()
+	j.notYet = 1
+	f := newRuntimeFixture(t, j.rt)
+	rec := &recordingReporter{}
+	h, _ := NewHandler(f.m, rec, 0)
+	lib, pc := f.lib.mapAt(0x7f0000000000)
+	jit := fakeMapping{start: 0x50000000, end: 0x50001000}
+	f.fs.setProcess(pid, 1, "/bin/app", lib, jit)
+	raw := &support.Trace{PID: pid, Hash: 1, Frames: []support.Frame{{Addr: jit.start + 0x10}, {Addr: pc}}}
+	h.HandleTrace(raw)
+	if name := rec.last(t).trace.Frames[0].FunctionName; name == "jit@0x50000010" {
+		t.Fatalf("JIT frame named %q before the runtime attached", name)
+	}
+	f.now = f.now.Add(j.rt.RetryMax) // the next detection is due
+	h.HandleTrace(raw)
+	if j.detects != 2 {
+		t.Fatalf("%d detections, want 2", j.detects)
+	}
+	if name := rec.last(t).trace.Frames[0].FunctionName; name != "jit@0x50000010" {
+		t.Errorf("JIT frame named %q once the runtime attached, want jit@0x50000010", name)
 	}
 }
