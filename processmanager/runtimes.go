@@ -166,8 +166,8 @@ func (m *Manager) attachRuntime(p *process, st *runtimeState) {
 		st.proc = proc
 		m.counters.runtimeAttached[st.rt.Name]++
 		m.log.Debugf("process %d: attached %s", p.pid, st.rt.Name)
-		// Conversions cached so far left its frames unnamed (a perf map
-		// written after the process was first read).
+		// Conversions cached so far left its frames unnamed (it found
+		// what it needs only after the process was first read).
 		p.gen = m.newGeneration()
 		return
 	}
