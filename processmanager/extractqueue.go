@@ -1,6 +1,7 @@
 package processmanager
 
 import (
+	"math"
 	"sync"
 	"time"
 
@@ -14,9 +15,12 @@ import (
 // a process that only needs a 16 KiB program's deltas would otherwise be
 // unwound no further than its leaf until they are done.
 
-// extractWorkers is how many files are extracted at once: two let small
-// files pass a large one, and cost at most two files' worth of memory.
-const extractWorkers = 2
+// Two lanes extract: one takes any file, the other only files smaller than
+// smallFileSize. Small files pass a large one, and large ones are never
+// extracted two at a time: on a busy 2-core host two at once took CPU
+// from the profiled processes and the event pump (a JVM's code was claimed
+// later at its start, more of its first samples unnamed).
+const smallFileSize = 4 << 20
 
 // maxExtractWait is how long a file may wait before it goes next whatever
 // its size, so that a stream of small files cannot hold a large one back.
@@ -42,7 +46,7 @@ type extracted struct {
 	err    error
 }
 
-// extractQueue runs extractions on extractWorkers goroutines and sends
+// extractQueue runs extractions on its two lanes' goroutines and sends
 // each outcome to results.
 type extractQueue struct {
 	extract func(*extraction) (nativeunwind.Deltas, error)
@@ -57,7 +61,7 @@ type extractQueue struct {
 	wg      sync.WaitGroup
 }
 
-func newExtractQueue(extract func(*extraction) (nativeunwind.Deltas, error), workers int) *extractQueue {
+func newExtractQueue(extract func(*extraction) (nativeunwind.Deltas, error)) *extractQueue {
 	q := &extractQueue{
 		extract: extract,
 		results: make(chan extracted),
@@ -65,10 +69,9 @@ func newExtractQueue(extract func(*extraction) (nativeunwind.Deltas, error), wor
 		stop:    make(chan struct{}),
 	}
 	q.ready = sync.NewCond(&q.mu)
-	q.wg.Add(workers)
-	for range workers {
-		go q.work()
-	}
+	q.wg.Add(2)
+	go q.work(math.MaxInt64)
+	go q.work(smallFileSize)
 	return q
 }
 
@@ -78,7 +81,7 @@ func (q *extractQueue) push(x *extraction) {
 	x.queued = q.now()
 	q.waiting = append(q.waiting, x)
 	q.mu.Unlock()
-	q.ready.Signal()
+	q.ready.Broadcast() // a lane that cannot take it waits on
 }
 
 // close stops the workers once their extractions in flight are done; their
@@ -92,10 +95,11 @@ func (q *extractQueue) close() {
 	q.wg.Wait()
 }
 
-func (q *extractQueue) work() {
+// work extracts files smaller than maxSize until the queue is closed.
+func (q *extractQueue) work(maxSize int64) {
 	defer q.wg.Done()
 	for {
-		x := q.next()
+		x := q.next(maxSize)
 		if x == nil {
 			return
 		}
@@ -108,34 +112,40 @@ func (q *extractQueue) work() {
 	}
 }
 
-// next waits for an extraction and takes it off the queue; nil once the
-// queue is closed.
-func (q *extractQueue) next() *extraction {
+// next waits for an extraction of a file smaller than maxSize and takes
+// it off the queue; nil once the queue is closed.
+func (q *extractQueue) next(maxSize int64) *extraction {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for len(q.waiting) == 0 && !q.stopped {
+	for {
+		if q.stopped {
+			return nil
+		}
+		if i := pickExtraction(q.waiting, q.now(), maxSize); i >= 0 {
+			x := q.waiting[i]
+			q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
+			return x
+		}
 		q.ready.Wait()
 	}
-	if q.stopped {
-		return nil
-	}
-	i := pickExtraction(q.waiting, q.now())
-	x := q.waiting[i]
-	q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
-	return x
 }
 
-// pickExtraction is the index of the extraction to run next: the one
-// waiting longest if it waited maxExtractWait, else the smallest file
-// (the first queued of equal ones).
-func pickExtraction(waiting []*extraction, now time.Time) int {
-	// Queued in order: the first waited longest.
-	if now.Sub(waiting[0].queued) >= maxExtractWait {
-		return 0
-	}
-	best := 0
+// pickExtraction is the index of the extraction of a file smaller than
+// maxSize to run next, -1 if there is none: the one waiting longest if it
+// waited maxExtractWait, else the smallest file (the first queued of equal
+// ones).
+func pickExtraction(waiting []*extraction, now time.Time, maxSize int64) int {
+	best := -1
 	for i, x := range waiting {
-		if x.size < waiting[best].size {
+		if x.size >= maxSize {
+			continue
+		}
+		// Queued in order: the first that waited long enough waited
+		// longest.
+		if now.Sub(x.queued) >= maxExtractWait {
+			return i
+		}
+		if best < 0 || x.size < waiting[best].size {
 			best = i
 		}
 	}

@@ -3,6 +3,7 @@ package processmanager
 import (
 	"bytes"
 	"io"
+	"math"
 	"testing"
 	"time"
 
@@ -19,16 +20,20 @@ func TestPickExtraction(t *testing.T) {
 	tests := []struct {
 		name    string
 		waiting []*extraction
+		maxSize int64
 		want    int
 	}{
-		{"smallest first", []*extraction{x(100<<20, 0), x(16<<10, 0), x(2<<20, 0)}, 1},
-		{"first queued of equal sizes", []*extraction{x(5, 0), x(5, 0)}, 0},
-		{"one that waited long enough goes first", []*extraction{x(100<<20, maxExtractWait), x(16<<10, 0)}, 0},
-		{"not before", []*extraction{x(100<<20, maxExtractWait-time.Millisecond), x(16<<10, 0)}, 1},
+		{"smallest first", []*extraction{x(100<<20, 0), x(16<<10, 0), x(2<<20, 0)}, math.MaxInt64, 1},
+		{"first queued of equal sizes", []*extraction{x(5, 0), x(5, 0)}, math.MaxInt64, 0},
+		{"one that waited long enough goes first", []*extraction{x(100<<20, maxExtractWait), x(16<<10, 0)}, math.MaxInt64, 0},
+		{"not before", []*extraction{x(100<<20, maxExtractWait-time.Millisecond), x(16<<10, 0)}, math.MaxInt64, 1},
+		{"the small lane passes a large file that waited", []*extraction{x(100<<20, 2*maxExtractWait), x(2<<20, 0)}, smallFileSize, 1},
+		{"nothing for the small lane", []*extraction{x(100<<20, 0)}, smallFileSize, -1},
+		{"nothing at all", nil, math.MaxInt64, -1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := pickExtraction(tt.waiting, now); got != tt.want {
+			if got := pickExtraction(tt.waiting, now, tt.maxSize); got != tt.want {
 				t.Errorf("picked %d, want %d", got, tt.want)
 			}
 		})

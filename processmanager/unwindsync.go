@@ -196,7 +196,7 @@ func newUnwindSync(u Unwinding, log logrus.FieldLogger) *unwindSync {
 		parked:     map[uint32]map[uint64]*unwindJob{},
 		extracting: map[uint64][]*unwindJob{},
 	}
-	s.extract = newExtractQueue(s.extractFile, extractWorkers)
+	s.extract = newExtractQueue(s.extractFile)
 	go s.run()
 	return s
 }
