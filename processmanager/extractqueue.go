@@ -18,8 +18,8 @@ import (
 // Two lanes extract: one takes any file, the other only files smaller than
 // smallFileSize. Small files pass a large one, and large ones are never
 // extracted two at a time: on a busy 2-core host two at once took CPU
-// from the profiled processes and the event pump (a JVM's code was claimed
-// later at its start, more of its first samples unnamed).
+// from the profiled processes and the event pump (a runtime's JIT code was
+// claimed later at its start, more of its first samples unnamed).
 const smallFileSize = 4 << 20
 
 // maxExtractWait is how long a file may wait before it goes next whatever
