@@ -166,9 +166,17 @@ func (m *Manager) attachRuntime(p *process, st *runtimeState) {
 		st.proc = proc
 		m.counters.runtimeAttached[st.rt.Name]++
 		m.log.Debugf("process %d: attached %s", p.pid, st.rt.Name)
-		// Conversions cached so far left its frames unnamed (it found
-		// what it needs only after the process was first read).
-		p.gen = m.newGeneration()
+		if st.rt.ID == 0 {
+			// A runtime without a BPF unwinder names its frames at
+			// conversion only: those cached before it attached (it
+			// found what it needs after the process was first read)
+			// are converted again. Not the others': BPF did not unwind
+			// their frames then, and converting a JIT runtime's traces
+			// again later, against code that has moved, named fewer
+			// (a JIT runtime test's first process: 94.7-97.7% instead
+			// of 99%).
+			p.gen = m.newGeneration()
+		}
 		return
 	}
 	// A failed attempt may have written some of its entries.
