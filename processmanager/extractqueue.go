@@ -5,7 +5,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 )
 
@@ -28,15 +27,11 @@ const maxExtractWait = time.Second
 
 // extraction is one file whose deltas are to be extracted.
 type extraction struct {
-	// id is the file's whole id (the on-disk cache's key), fileID its
-	// 64-bit truncation (BPF's and the loader's).
-	id     libpf.FileID
-	fileID uint64
+	// job is a mapping of the file: its open reads the file.
+	job *unwindJob
 	// size is the file's size in bytes, which orders the queue.
 	size   int64
 	queued time.Time
-	// job is the mapping whose open reads the file.
-	job *unwindJob
 }
 
 // extracted is an extraction's outcome.

@@ -403,7 +403,7 @@ func (s *unwindSync) add(j *unwindJob) (parked bool) {
 	waiting, queued := s.extracting[j.m.fileID]
 	s.extracting[j.m.fileID] = append(waiting, j)
 	if !queued {
-		s.extract.push(&extraction{id: j.id, fileID: j.m.fileID, size: j.size, job: j})
+		s.extract.push(&extraction{job: j, size: j.size})
 	}
 	return true
 }
@@ -427,7 +427,7 @@ func (s *unwindSync) isParked(j *unwindJob) bool { return s.parked[j.pid][j.m.st
 // extracted loads an extracted file's deltas and attaches the mappings
 // that wait for them.
 func (s *unwindSync) extracted(r extracted) {
-	fileID := r.x.fileID
+	fileID := r.x.job.m.fileID
 	waiting := slices.DeleteFunc(s.extracting[fileID], func(j *unwindJob) bool { return !s.isParked(j) })
 	delete(s.extracting, fileID)
 	var transient transientError
@@ -441,7 +441,7 @@ func (s *unwindSync) extracted(r extracted) {
 		waiting = slices.DeleteFunc(waiting, func(j *unwindJob) bool { return j == r.x.job })
 		if len(waiting) > 0 {
 			s.extracting[fileID] = waiting
-			s.extract.push(&extraction{id: r.x.id, fileID: fileID, size: r.x.size, job: waiting[0]})
+			s.extract.push(&extraction{job: waiting[0], size: waiting[0].size})
 		}
 		return
 	}
