@@ -399,6 +399,31 @@ func (s *Shared) DecodeEvent(raw []byte, trace *Trace) (Event, error) {
 	return Event{Kind: EventTrace, Trace: trace}, nil
 }
 
+// RecordIsTrace says, without decoding it, whether a record is a trace.
+func (s *Shared) RecordIsTrace(raw []byte) bool {
+	return len(raw) >= s.trace.typ+4 && binary.LittleEndian.Uint32(raw[s.trace.typ:]) == s.trace.eventTrace
+}
+
+// RecordWakesEarly says, without decoding it, whether a record is a trace
+// that WakesEarly: the events reader polls sooner while they come.
+func (s *Shared) RecordWakesEarly(raw []byte) bool {
+	l := &s.trace
+	le := binary.LittleEndian
+	if len(raw) < l.frames || le.Uint32(raw[l.typ:]) != l.eventTrace {
+		return false
+	}
+	if raw[l.flags]&l.flagAPM != 0 {
+		return true
+	}
+	n := min(int(le.Uint32(raw[l.numFrames:])), (len(raw)-l.frames)/l.frameSize)
+	for i := int(le.Uint32(raw[l.numKernelFrames:])); i < n; i++ {
+		if libpf.FrameKind(raw[l.frames+i*l.frameSize+l.frameKind]).IsRuntime() {
+			return true
+		}
+	}
+	return false
+}
+
 func cString(b []byte) string {
 	if i := bytes.IndexByte(b, 0); i >= 0 {
 		b = b[:i]

@@ -193,3 +193,41 @@ func TestDecodeEvent(t *testing.T) {
 		}
 	}
 }
+
+// RecordWakesEarly answers from the raw record what WakesEarly answers
+// from the decoded trace.
+func TestRecordWakesEarly(t *testing.T) {
+	spec, err := LoadSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ReadShared(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	native := Frame{Kind: libpf.FrameNative, Addr: 0x401000}
+	runtime := Frame{Kind: libpf.FirstRuntimeKind, Addr: 0x10}
+	withAPM := encodeTrace(&s.trace, 1, nil, []Frame{native}, false)
+	withAPM[s.trace.flags] |= s.trace.flagAPM
+	exit := make([]byte, s.trace.processEventAddr+8)
+	binary.LittleEndian.PutUint32(exit, s.trace.eventProcessExit)
+	for name, c := range map[string]struct {
+		raw  []byte
+		want bool
+	}{
+		"native":      {encodeTrace(&s.trace, 1, []uint64{0xffffffff81000000}, []Frame{native}, false), false},
+		"runtime":     {encodeTrace(&s.trace, 1, []uint64{0xffffffff81000000}, []Frame{native, runtime}, false), true},
+		"APM":         {withAPM, true},
+		"exit":        {exit, false},
+		"cut":         {encodeTrace(&s.trace, 1, nil, []Frame{native, runtime}, false)[:s.trace.frames+s.trace.frameSize], false},
+		"header only": {encodeTrace(&s.trace, 1, nil, nil, false)[:s.trace.frames-1], false},
+	} {
+		if got := s.RecordWakesEarly(c.raw); got != c.want {
+			t.Errorf("%s: %v, want %v", name, got, c.want)
+		}
+		var tr Trace
+		if ev, err := s.DecodeEvent(c.raw, &tr); err == nil && ev.Kind == EventTrace && tr.WakesEarly() != c.want {
+			t.Errorf("%s: WakesEarly %v, want %v", name, tr.WakesEarly(), c.want)
+		}
+	}
+}

@@ -16,8 +16,8 @@ import (
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
-// Handler receives what BPF reports. Its methods are called from the one
-// goroutine running Run, in the order BPF emitted the events.
+// Handler receives what BPF reports. Its methods are called from one
+// goroutine, in the order BPF emitted the events.
 type Handler interface {
 	// HandleTrace is given a trace that is only valid during the call.
 	HandleTrace(trace *support.Trace)
@@ -46,16 +46,37 @@ const pollInterval = time.Second
 // may stay unnamed; APM agents wait for their correlation messages.
 const TraceWakeupLatency = 200 * time.Millisecond
 
-// Run pumps events to h until ctx is done, then reads what is left in the
-// ring buffer and returns. Detach before cancelling ctx to lose no sample.
+// Run pumps events to h until ctx is done, then hands h what is left in
+// the ring buffer and returns. Detach before cancelling ctx to lose no
+// sample. One goroutine reads the ring buffer into the event queue, this
+// one hands the queued events to h.
+func (t *Tracer) Run(ctx context.Context, h Handler) error {
+	t.queue.open()
+	read := make(chan error, 1)
+	go func() {
+		read <- t.read(ctx)
+		t.queue.close()
+	}()
+	var trace support.Trace
+	for {
+		raw, ok := t.queue.pop()
+		if !ok {
+			return <-read
+		}
+		t.dispatch(raw, &trace, h)
+		t.queue.release(raw)
+	}
+}
+
+// read copies the ring buffer's records into the event queue until ctx is
+// done, then what is left.
 //
 // BPF wakes the reader for a trace that WakesEarly at most once per
 // TraceWakeupLatency, so such traces that follow a wake-up within that time
 // wake no one: while they come, the reader polls every TraceWakeupLatency
 // itself, and otherwise every pollInterval.
-func (t *Tracer) Run(ctx context.Context, h Handler) error {
+func (t *Tracer) read(ctx context.Context) error {
 	var rec ringbuf.Record
-	var trace support.Trace
 	early, earlySincePoll := false, false
 	stop := context.AfterFunc(ctx, t.wake.interrupt)
 	defer stop()
@@ -74,9 +95,11 @@ func (t *Tracer) Run(ctx context.Context, h Handler) error {
 			if err != nil {
 				return err
 			}
-			if t.dispatch(rec.RawSample, &trace, h) {
+			isTrace := t.shared.RecordIsTrace(rec.RawSample)
+			if isTrace && t.shared.RecordWakesEarly(rec.RawSample) {
 				earlySincePoll = true
 			}
+			t.queue.push(rec.RawSample, isTrace)
 		}
 		if ctx.Err() != nil {
 			return nil
@@ -95,18 +118,16 @@ func (t *Tracer) Run(ctx context.Context, h Handler) error {
 	}
 }
 
-// dispatch decodes one record and hands it to h; it reports whether it
-// was a trace that WakesEarly.
-func (t *Tracer) dispatch(raw []byte, trace *support.Trace, h Handler) (early bool) {
+// dispatch decodes one record and hands it to h.
+func (t *Tracer) dispatch(raw []byte, trace *support.Trace, h Handler) {
 	ev, err := t.shared.DecodeEvent(raw, trace)
 	if err != nil {
 		t.malformed.Add(1)
 		log.Debugf("Dropping BPF event: %v", err)
-		return false
+		return
 	}
 	switch ev.Kind {
 	case support.EventTrace:
-		early = ev.Trace.WakesEarly()
 		h.HandleTrace(ev.Trace)
 	case support.EventProcessExec:
 		h.ProcessExeced(ev.PID, ev.Program)
@@ -117,7 +138,6 @@ func (t *Tracer) dispatch(raw []byte, trace *support.Trace, h Handler) (early bo
 	case support.EventExecMapped:
 		h.ExecMapped(ev.PID, ev.Mapping)
 	}
-	return early
 }
 
 // ringWaiter parks the pump in Go's network poller until BPF wakes the

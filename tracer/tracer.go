@@ -59,6 +59,8 @@ type Tracer struct {
 	coll   *ebpf.Collection
 	reader *ringbuf.Reader
 	wake   *ringWaiter
+	// queue holds the records read and not yet handled (eventqueue.go).
+	queue *eventQueue
 	// mu guards perfEvents and samplingOff: SetSampling may come from
 	// another goroutine than Attach and Detach.
 	mu         sync.Mutex
@@ -187,6 +189,7 @@ func New(cfg Config) (*Tracer, error) {
 		t.Close()
 		return nil, err
 	}
+	t.queue = newEventQueue(eventQueueBytes(len(cpus), cfg.SamplesPerSecond))
 	log.Debugf("Instructions the verifier processed per program: %v", t.VerifiedInstructions())
 	log.Debugf("Loaded BPF programs for %d CPUs (events buffer %d KiB, bpf_task_pt_regs %v, bpf_find_vma %v, "+
 		"stack delta pool %d entries, map scale factor %d)",

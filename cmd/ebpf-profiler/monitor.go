@@ -40,6 +40,7 @@ type monitor struct {
 type snapshot struct {
 	bpf       map[string]uint64
 	malformed uint64
+	queue     tracer.QueueStats
 	handler   processmanager.Stats
 	rep       reporter.Stats
 	corr      tracecorr.Stats
@@ -69,7 +70,7 @@ func (m *monitor) check() {
 		m.pm.ReloadKernelSymbols()
 		m.lastKsymsReload = time.Now()
 	}
-	cur := snapshot{malformed: m.tr.MalformedEvents(), handler: m.handler.Stats(), rep: m.rep.Stats(),
+	cur := snapshot{malformed: m.tr.MalformedEvents(), queue: m.tr.QueueStats(), handler: m.handler.Stats(), rep: m.rep.Stats(),
 		corr: m.corr.Stats()}
 	if m.hist != nil {
 		cur.web = m.hist.Stats()
@@ -86,6 +87,9 @@ func (m *monitor) check() {
 		if d := cur.bpf[name] - m.last.bpf[name]; d > 0 {
 			log.Warnf("BPF counter %s grew by %d: samples are being lost", name, d)
 		}
+	}
+	if n := cur.queue.TracesDropped + cur.queue.EventsDropped - m.last.queue.TracesDropped - m.last.queue.EventsDropped; n > 0 {
+		log.Warnf("The event queue was full: %d traces and process events dropped (the daemon is behind)", n)
 	}
 	fills := m.mapFills(cur.handler)
 	m.warnFullMaps(fills)
@@ -173,6 +177,8 @@ func statusFields(prev, cur snapshot, fills []mapFill, sampling string) log.Fiel
 			"export_requests":     d(prev.rep.RequestsDropped, cur.rep.RequestsDropped),
 			"correlation_samples": d(prev.corr.SamplesDropped, cur.corr.SamplesDropped),
 			"undecodable_events":  d(prev.malformed, cur.malformed),
+			"queue_full_traces":   d(prev.queue.TracesDropped, cur.queue.TracesDropped),
+			"queue_full_events":   d(prev.queue.EventsDropped, cur.queue.EventsDropped),
 			"conversion_errors":   d(prev.handler.ConversionErrors, cur.handler.ConversionErrors),
 			"mappings_queue_full": d(prev.handler.DeltaMappingsDropped, cur.handler.DeltaMappingsDropped),
 			"web_history_samples": d(prev.web.DroppedSamples, cur.web.DroppedSamples),
@@ -278,20 +284,23 @@ func rssMiB() float64 {
 func (m *monitor) summary() {
 	hs, rs := m.last.handler, m.last.rep
 	log.WithFields(log.Fields{
-		"bpf_samples":             m.last.bpf["samples"],
-		"bpf_idle_samples":        m.last.bpf["idle_samples"],
-		"bpf_traces_sent":         m.last.bpf["traces_sent"],
-		"bpf_traces_lost":         m.last.bpf["err_trace_dropped"],
-		"bpf_process_events_lost": m.last.bpf["err_process_event_dropped"],
-		"delta_mappings_dropped":  hs.DeltaMappingsDropped,
-		"traces_received":         hs.TracesReceived,
-		"samples_exported":        rs.SamplesExported,
-		"processes":               hs.ProcessesSeen,
-		"delta_files":             hs.DeltasResident.Files,
-		"deltas":                  hs.DeltasResident.Deltas,
-		"delta_mappings":          hs.DeltasResident.Mappings,
-		"requests_dropped":        rs.RequestsDropped,
-		"delta_cache_hits":        hs.DeltaCache.Hits,
+		"bpf_samples":               m.last.bpf["samples"],
+		"bpf_idle_samples":          m.last.bpf["idle_samples"],
+		"bpf_traces_sent":           m.last.bpf["traces_sent"],
+		"bpf_traces_lost":           m.last.bpf["err_trace_dropped"],
+		"bpf_process_events_lost":   m.last.bpf["err_process_event_dropped"],
+		"queue_traces_lost":         m.last.queue.TracesDropped,
+		"queue_process_events_lost": m.last.queue.EventsDropped,
+		"event_queue_peak_kib":      m.last.queue.PeakBytes >> 10,
+		"delta_mappings_dropped":    hs.DeltaMappingsDropped,
+		"traces_received":           hs.TracesReceived,
+		"samples_exported":          rs.SamplesExported,
+		"processes":                 hs.ProcessesSeen,
+		"delta_files":               hs.DeltasResident.Files,
+		"deltas":                    hs.DeltasResident.Deltas,
+		"delta_mappings":            hs.DeltasResident.Mappings,
+		"requests_dropped":          rs.RequestsDropped,
+		"delta_cache_hits":          hs.DeltaCache.Hits,
 	}).Info("Stopped")
 	if cs := m.last.corr; cs.Registrations > 0 || cs.SamplesDropped > 0 || refusals(cs) > 0 {
 		log.WithFields(log.Fields{

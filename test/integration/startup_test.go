@@ -148,7 +148,7 @@ func TestStartupAccuracy(t *testing.T) {
 
 	log := readFile(t, d.LogPath)
 	lost := map[string]int{}
-	for _, field := range []string{"bpf_traces_lost", "bpf_process_events_lost", "delta_mappings_dropped"} {
+	for _, field := range []string{"bpf_traces_lost", "bpf_process_events_lost", "queue_traces_lost", "queue_process_events_lost", "delta_mappings_dropped"} {
 		lost[field] = stoppedField(t, log, field)
 	}
 	t.Logf("%d samples of the busy processes, %d (%.1f%%) complete; lost: %v", samples, complete,
