@@ -156,8 +156,9 @@ func startupRun(bin string, hz int, pids []int, cache string) startupResult {
 	if err != nil {
 		fatalf("daemon: %v\n%s", err, strings.Join(log, "\n"))
 	}
-	r.tracesLost = field(log, "bpf_traces_lost")
-	r.eventsLost = field(log, "bpf_process_events_lost")
+	// Lost in BPF (ring buffer full) or in the daemon (event queue full).
+	r.tracesLost = field(log, "bpf_traces_lost") + field(log, "queue_traces_lost")
+	r.eventsLost = field(log, "bpf_process_events_lost") + field(log, "queue_process_events_lost")
 	r.mappingsDropped = field(log, "delta_mappings_dropped")
 
 	samples := sk.samples()
