@@ -7,10 +7,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"sync"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
-	"github.com/hostprof/ebpf-profiler/libpf"
 )
 
 // Bounds on what is read from a process, which may be hostile or change
@@ -59,13 +57,10 @@ type Frame struct {
 // the same GV (or name) and the same kind of name. A cached file name
 // counts if the bytes at its address still spell it.
 type Symbolizer struct {
-	mem io.ReaderAt
-	l   *Layout
-
-	mu    sync.Mutex
-	subs  *libpf.LRU[uint64, *cachedSub]
-	files *libpf.LRU[uint64, string]
-	stats interpreter.CacheStats
+	mem   io.ReaderAt
+	l     *Layout
+	subs  *interpreter.SymbolCache[uint64, *cachedSub]
+	files *interpreter.SymbolCache[uint64, string]
 }
 
 // cachedSub is what a sub's frames are named from, and what identifies
@@ -82,18 +77,21 @@ func NewSymbolizer(mem io.ReaderAt, v Version) (*Symbolizer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Symbolizer{mem: mem, l: l, subs: libpf.NewLRU[uint64, *cachedSub](cacheEntries, cacheBytes),
-		files: libpf.NewLRU[uint64, string](fileEntries, fileBytes)}, nil
+	return &Symbolizer{mem: mem, l: l, subs: newSubCache(), files: newFileCache()}, nil
+}
+
+func newSubCache() *interpreter.SymbolCache[uint64, *cachedSub] {
+	return interpreter.NewSymbolCache[uint64](cacheEntries, cacheBytes,
+		func(e *cachedSub) int { return len(e.function) + entryOverhead })
+}
+
+func newFileCache() *interpreter.SymbolCache[uint64, string] {
+	return interpreter.NewSymbolCache[uint64](fileEntries, fileBytes,
+		func(name string) int { return len(name) + entryOverhead })
 }
 
 // Stats returns the counts of the sub lookups so far.
-func (s *Symbolizer) Stats() interpreter.CacheStats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.stats
-	st.Evictions = s.subs.Evictions()
-	return st
-}
+func (s *Symbolizer) Stats() interpreter.CacheStats { return s.subs.Stats() }
 
 func (s *Symbolizer) read(addr uint64, b []byte) error {
 	if addr == 0 || addr >= 1<<56 {
@@ -181,15 +179,14 @@ func (s *Symbolizer) position(cop uint64) (string, int, error) {
 // through the cache: a hit is checked by reading the name's bytes and its
 // NUL again.
 func (s *Symbolizer) fileName(addr uint64) (string, error) {
-	s.mu.Lock()
-	name, cached := s.files.Get(addr)
-	s.mu.Unlock()
-	if cached {
+	return s.files.Get(addr, func(name string) bool {
 		b := make([]byte, len(name)+1)
-		if err := s.read(addr, b); err == nil && b[len(name)] == 0 && string(b[:len(name)]) == name {
-			return name, nil
-		}
-	}
+		return s.read(addr, b) == nil && b[len(name)] == 0 && string(b[:len(name)]) == name
+	}, func() (string, error) { return s.readFileName(addr) })
+}
+
+// readFileName reads the NUL-terminated file name at addr.
+func (s *Symbolizer) readFileName(addr uint64) (string, error) {
 	var buf []byte
 	for n := uint64(fileChunk); ; n *= 2 {
 		buf = make([]byte, n)
@@ -207,11 +204,7 @@ func (s *Symbolizer) fileName(addr uint64) (string, error) {
 	if bytes.ContainsFunc(buf, func(r rune) bool { return r < 0x20 }) {
 		return "", fmt.Errorf("%w: file name at %#x has control characters", errBadObject, addr)
 	}
-	name = strings.ToValidUTF8(string(buf), "\uFFFD")
-	s.mu.Lock()
-	s.files.Add(addr, name, len(name)+entryOverhead)
-	s.mu.Unlock()
-	return name, nil
+	return strings.ToValidUTF8(string(buf), "\uFFFD"), nil
 }
 
 // subName names the sub of a CV, through the cache.
@@ -234,25 +227,20 @@ func (s *Symbolizer) subName(cv uint64) (string, error) {
 	}
 	stash := binary.LittleEndian.Uint64(b[s.l.CVStash:])
 
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, cached := s.subs.Get(cv)
-	if cached && e.body == id.body && e.gv == id.gv && e.named == id.named {
-		s.stats.Hits++
-		return e.function, nil
-	}
-	s.stats.Misses++
-	if cached {
-		s.stats.Stale++
-		s.subs.Remove(cv)
-	}
-	name, err := s.name(id, stash)
+	e, err := s.subs.Get(cv, func(e *cachedSub) bool { return e.body == id.body && e.gv == id.gv && e.named == id.named },
+		func() (*cachedSub, error) {
+			name, err := s.name(id, stash)
+			if err != nil {
+				return nil, err
+			}
+			e := id
+			e.function = name
+			return &e, nil
+		})
 	if err != nil {
 		return "", err
 	}
-	id.function = name
-	s.subs.Add(cv, &id, len(name)+entryOverhead)
-	return name, nil
+	return e.function, nil
 }
 
 // name reads a sub's name with its package, as Perl_cv_name does

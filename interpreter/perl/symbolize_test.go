@@ -14,7 +14,6 @@ import (
 	"github.com/hostprof/ebpf-profiler/interpreter/libc"
 	"github.com/hostprof/ebpf-profiler/interpreter/libc/libctest"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem/memtest"
-	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/utils/perlfetch"
 )
 
@@ -273,8 +272,7 @@ func BenchmarkSymbolize(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			if fresh {
-				c.s.subs = libpf.NewLRU[uint64, *cachedSub](cacheEntries, cacheBytes)
-				c.s.files = libpf.NewLRU[uint64, string](fileEntries, fileBytes)
+				c.s.subs, c.s.files = newSubCache(), newFileCache()
 			}
 			for _, fr := range frames {
 				if _, err := c.s.Frame(fr[0], fr[1]); err != nil {

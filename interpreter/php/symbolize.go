@@ -10,7 +10,6 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
-	"github.com/hostprof/ebpf-profiler/libpf"
 )
 
 // Bounds on what is read from a process, which may be hostile or change
@@ -75,12 +74,12 @@ type Frame struct {
 // entry counts only if type, name, class, instructions and file are still
 // the ones it was built from.
 type Symbolizer struct {
-	mem *procmem.Reader
-	l   *Layout
+	mem   *procmem.Reader
+	l     *Layout
+	cache *interpreter.SymbolCache[uint64, *cachedFunction]
 
-	mu    sync.Mutex
-	cache *libpf.LRU[uint64, *cachedFunction]
-	stats interpreter.CacheStats
+	// linesMu guards the lines of the cached functions.
+	linesMu sync.Mutex
 }
 
 // NewSymbolizer reads a process of version v through mem.
@@ -89,18 +88,15 @@ func NewSymbolizer(mem io.ReaderAt, v Version) (*Symbolizer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Symbolizer{mem: procmem.New(mem), l: l,
-		cache: libpf.NewLRU[uint64, *cachedFunction](cacheEntries, cacheBytes)}, nil
+	return &Symbolizer{mem: procmem.New(mem), l: l, cache: newCache()}, nil
+}
+
+func newCache() *interpreter.SymbolCache[uint64, *cachedFunction] {
+	return interpreter.NewSymbolCache[uint64](cacheEntries, cacheBytes, (*cachedFunction).cost)
 }
 
 // Stats returns the counts of the lookups so far.
-func (s *Symbolizer) Stats() interpreter.CacheStats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.stats
-	st.Evictions = s.cache.Evictions()
-	return st
-}
+func (s *Symbolizer) Stats() interpreter.CacheStats { return s.cache.Stats() }
 
 // functionID is what identifies a zend_function between lookups.
 type functionID struct {
@@ -142,26 +138,10 @@ func (s *Symbolizer) frame(fn, addr uint64) (Frame, error) {
 		return Frame{}, err
 	}
 	id := s.functionID(head)
-	s.mu.Lock()
-	e, cached := s.cache.Get(fn)
-	if cached && e.id == id {
-		s.stats.Hits++
-	} else {
-		s.stats.Misses++
-		if cached {
-			s.stats.Stale++
-			s.cache.Remove(fn)
-		}
-	}
-	s.mu.Unlock()
-	if !cached || e.id != id {
-		var err error
-		if e, err = s.load(id); err != nil {
-			return Frame{}, err
-		}
-		s.mu.Lock()
-		s.cache.Add(fn, e, e.cost())
-		s.mu.Unlock()
+	e, err := s.cache.Get(fn, func(e *cachedFunction) bool { return e.id == id },
+		func() (*cachedFunction, error) { return s.load(id) })
+	if err != nil {
+		return Frame{}, err
 	}
 	f := Frame{Function: e.function, File: e.file}
 	if e.code {
@@ -269,9 +249,9 @@ func (s *Symbolizer) line(e *cachedFunction, opline uint64) (int, error) {
 	if opline < e.id.opcodes || opline >= e.id.opcodes+uint64(e.id.last)*opSize || (opline-e.id.opcodes)%opSize != 0 {
 		return 0, nil
 	}
-	s.mu.Lock()
+	s.linesMu.Lock()
 	line, ok := e.lines[opline]
-	s.mu.Unlock()
+	s.linesMu.Unlock()
 	if ok {
 		return line, nil
 	}
@@ -280,11 +260,11 @@ func (s *Symbolizer) line(e *cachedFunction, opline uint64) (int, error) {
 		return 0, err
 	}
 	line = int(n)
-	s.mu.Lock()
+	s.linesMu.Lock()
 	if len(e.lines) < cachedLines {
 		e.lines[opline] = line
 	}
-	s.mu.Unlock()
+	s.linesMu.Unlock()
 	return line, nil
 }
 

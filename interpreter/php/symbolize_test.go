@@ -14,7 +14,6 @@ import (
 	"github.com/hostprof/ebpf-profiler/interpreter/libc/libctest"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem/memtest"
-	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/utils/phpfetch"
 )
 
@@ -241,7 +240,7 @@ func BenchmarkSymbolize(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			if fresh {
-				s.cache = libpf.NewLRU[uint64, *cachedFunction](cacheEntries, cacheBytes)
+				s.cache = newCache()
 			}
 			for _, fr := range frames {
 				if _, err := s.Frame(fr[0], fr[1]); err != nil {

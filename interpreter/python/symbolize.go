@@ -18,7 +18,6 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
-	"github.com/hostprof/ebpf-profiler/libpf"
 )
 
 var (
@@ -113,12 +112,12 @@ type Symbolizer struct {
 	// or co_linetable.
 	tableField int
 
-	mu    sync.Mutex
-	cache *libpf.LRU[uint64, *symEntry]
+	cache *interpreter.SymbolCache[uint64, *symEntry]
+
+	mu sync.Mutex
 	// types holds the address of each static type once its tp_name and
 	// flags checked out, so that later objects need no read for it.
 	types [symNumTypes]uint64
-	stats interpreter.CacheStats
 }
 
 // NewSymbolizer returns a Symbolizer for a process whose memory mem reads
@@ -132,7 +131,7 @@ func newSymbolizer(mem io.ReaderAt, off *Offsets, entries, bytes int) (*Symboliz
 	if err != nil {
 		return nil, err
 	}
-	s := &Symbolizer{mem: procmem.New(mem), off: off, format: format, cache: libpf.NewLRU[uint64, *symEntry](entries, bytes)}
+	s := &Symbolizer{mem: procmem.New(mem), off: off, format: format, cache: interpreter.NewSymbolCache[uint64](entries, bytes, (*symEntry).cacheCost)}
 	s.tableField = off.Code.Linetable
 	if format == LineTableLnotab {
 		s.tableField = off.Code.Lnotab
@@ -180,13 +179,7 @@ func fieldEnd(field, size int) int {
 }
 
 // Stats returns the counts of the lookups so far.
-func (s *Symbolizer) Stats() interpreter.CacheStats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.stats
-	st.Evictions = s.cache.Evictions()
-	return st
-}
+func (s *Symbolizer) Stats() interpreter.CacheStats { return s.cache.Stats() }
 
 // Frame symbolizes the frame running the code object at codeAddr at
 // offset, which is in bytes from the code's first instruction, the unit
@@ -209,40 +202,13 @@ func (s *Symbolizer) Frame(codeAddr uint64, offset uint32) (Frame, error) {
 	if err := s.read(codeAddr, hdr); err != nil {
 		return Frame{}, fmt.Errorf("code object at %#x: %w", codeAddr, err)
 	}
-	e, err := s.entry(codeAddr, s.codeID(hdr))
+	id := s.codeID(hdr)
+	e, err := s.cache.Get(codeAddr, func(e *symEntry) bool { return e.id == id },
+		func() (*symEntry, error) { return s.load(codeAddr, id) })
 	if err != nil {
 		return Frame{}, err
 	}
 	return e.frame(s.format, offset)
-}
-
-// entry returns the cache entry of the code object at addr, whose header
-// holds id, loading it unless the entry cached is for the same object.
-func (s *Symbolizer) entry(addr uint64, id symCodeID) (*symEntry, error) {
-	s.mu.Lock()
-	e, cached := s.cache.Get(addr)
-	hit := cached && e.id == id
-	if hit {
-		s.stats.Hits++
-	} else {
-		s.stats.Misses++
-		if cached {
-			s.stats.Stale++
-		}
-	}
-	s.mu.Unlock()
-	if hit {
-		return e, nil
-	}
-	e, err := s.load(addr, id)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err != nil {
-		s.cache.Remove(addr)
-		return nil, err
-	}
-	s.cache.Add(addr, e, e.cacheCost())
-	return e, nil
 }
 
 // symCodeID is what identifies a code object: the fields of its header

@@ -566,9 +566,14 @@ func TestSymbolizerCacheBounds(t *testing.T) {
 		if s.cache.Len() != tt.wantCachedAfter {
 			t.Errorf("%s: %d entries cached, want %d", tt.name, s.cache.Len(), tt.wantCachedAfter)
 		}
-		// The newest entries stay.
+		// The newest entries stay: looking them up again hits (and a hit
+		// evicts nothing).
 		for _, c := range codes[len(codes)-tt.wantCachedAfter:] {
-			if _, ok := s.cache.Get(c.addr); !ok {
+			hits := s.Stats().Hits
+			if _, err := s.Frame(c.addr, 0); err != nil {
+				t.Fatal(err)
+			}
+			if s.Stats().Hits != hits+1 {
 				t.Errorf("%s: %s evicted", tt.name, c.name)
 			}
 		}

@@ -10,7 +10,6 @@ import (
 	"sync"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
-	"github.com/hostprof/ebpf-profiler/libpf"
 )
 
 // Bounds on what is read from a process, which may be hostile or change
@@ -62,9 +61,10 @@ type Symbolizer struct {
 	// symbols is the process address of ruby_global_symbols.
 	symbols uint64
 
-	mu    sync.Mutex
-	cache *libpf.LRU[uint64, *cachedObject]
-	stats interpreter.CacheStats
+	cache *interpreter.SymbolCache[uint64, *cachedObject]
+
+	// mu guards the lines of the cached objects and ivarIDs.
+	mu sync.Mutex
 	// ivarIDs are the IDs of the hidden instance variables found so far,
 	// by name (before 3.3).
 	ivarIDs map[string]uint64
@@ -77,18 +77,17 @@ func NewSymbolizer(mem io.ReaderAt, v Version, symbols uint64) (*Symbolizer, err
 	if err != nil {
 		return nil, err
 	}
-	return &Symbolizer{mem: mem, l: l, symbols: symbols, cache: libpf.NewLRU[uint64, *cachedObject](cacheEntries, cacheBytes),
-		ivarIDs: map[string]uint64{}}, nil
+	return &Symbolizer{mem: mem, l: l, symbols: symbols, cache: newCache(), ivarIDs: map[string]uint64{}}, nil
+}
+
+// newCache counts an entry at what it holds when added; Frame counts the
+// lines it adds later.
+func newCache() *interpreter.SymbolCache[uint64, *cachedObject] {
+	return interpreter.NewSymbolCache[uint64](cacheEntries, cacheBytes, (*cachedObject).cost)
 }
 
 // Stats returns the counts of the lookups so far.
-func (s *Symbolizer) Stats() interpreter.CacheStats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.stats
-	st.Evictions = s.cache.Evictions()
-	return st
-}
+func (s *Symbolizer) Stats() interpreter.CacheStats { return s.cache.Stats() }
 
 func (s *Symbolizer) word(addr uint64) (uint64, error) {
 	var b [8]byte
@@ -167,40 +166,45 @@ func (s *Symbolizer) Frame(obj, pc uint64) (Frame, error) {
 		return Frame{}, fmt.Errorf("%w: imemo type %d at %#x", errBadObject, id.typ, obj)
 	}
 
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, cached := s.cache.Get(obj)
-	if cached && e.id == id {
-		s.stats.Hits++
-	} else {
-		s.stats.Misses++
-		if cached {
-			s.stats.Stale++
-			s.cache.Remove(obj)
-		}
-		var err error
-		if e, err = s.load(id); err != nil {
-			return Frame{}, err
-		}
-		s.cache.Add(obj, e, e.cost())
+	e, err := s.cache.Get(obj, func(e *cachedObject) bool { return e.id == id },
+		func() (*cachedObject, error) { return s.load(id) })
+	if err != nil {
+		return Frame{}, err
 	}
 	f := Frame{Function: e.function, File: e.file}
 	if e.body == 0 {
 		return f, nil
 	}
-	line, ok := e.lines[pc]
-	if !ok {
-		var err error
-		if line, err = s.line(e.body, pc); err != nil {
-			return Frame{}, fmt.Errorf("line: %w", err)
-		}
-		if len(e.lines) < cachedLines {
-			e.lines[pc] = line
-			s.cache.Add(obj, e, e.cost())
-		}
+	if f.Line, err = s.cachedLine(obj, e, pc); err != nil {
+		return Frame{}, fmt.Errorf("line: %w", err)
 	}
-	f.Line = line
 	return f, nil
+}
+
+// cachedLine is the line of pc in the cached object e, kept in e while it
+// holds few.
+func (s *Symbolizer) cachedLine(obj uint64, e *cachedObject, pc uint64) (int, error) {
+	s.mu.Lock()
+	line, ok := e.lines[pc]
+	s.mu.Unlock()
+	if ok {
+		return line, nil
+	}
+	line, err := s.line(e.body, pc)
+	if err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	grew := len(e.lines) < cachedLines
+	if grew {
+		e.lines[pc] = line
+	}
+	cost := e.cost()
+	s.mu.Unlock()
+	if grew {
+		s.cache.SetCost(obj, e, cost)
+	}
+	return line, nil
 }
 
 // load reads what the frames of the object id describes are named from.
@@ -606,7 +610,9 @@ func (s *Symbolizer) ivar(class uint64, name string) (uint64, error) {
 	if _, err := s.mem.ReadAt(buf, int64(entries+stEntrySize*start)); err != nil {
 		return 0, fmt.Errorf("instance variables of %#x: %w", class, err)
 	}
+	s.mu.Lock()
 	want, known := s.ivarIDs[name]
+	s.mu.Unlock()
 	for e := buf; len(e) >= stEntrySize; e = e[stEntrySize:] {
 		hash, key := binary.LittleEndian.Uint64(e), binary.LittleEndian.Uint64(e[8:])
 		if hash == stDeleted {
@@ -616,7 +622,9 @@ func (s *Symbolizer) ivar(class uint64, name string) (uint64, error) {
 			if n, err := s.idName(key); err != nil || n != name {
 				continue
 			}
+			s.mu.Lock()
 			s.ivarIDs[name] = key
+			s.mu.Unlock()
 		} else if key != want {
 			continue
 		}

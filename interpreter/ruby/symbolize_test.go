@@ -11,7 +11,6 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/interpreter/libc/libctest"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem/memtest"
-	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/utils/rubyfetch"
 )
 
@@ -212,7 +211,7 @@ func BenchmarkSymbolize(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			if fresh {
-				c.s.cache = libpf.NewLRU[uint64, *cachedObject](cacheEntries, cacheBytes)
+				c.s.cache = newCache()
 			}
 			for _, fr := range frames {
 				if _, err := c.s.Frame(fr[0], fr[1]); err != nil {
