@@ -17,15 +17,12 @@ import (
 // ErrNotPerl says a file holds no Perl interpreter.
 var ErrNotPerl = errors.New("not a Perl interpreter")
 
-// Version is a Perl 5 release: 5.36.0 is {5, 36, 0}.
-type Version struct{ Revision, Version, Subversion int }
-
-func (v Version) String() string { return fmt.Sprintf("%d.%d.%d", v.Revision, v.Version, v.Subversion) }
-
 // Binary is what a libperl or perl executable says of itself; addresses
 // are the file's virtual addresses.
 type Binary struct {
-	Version Version
+	// Version: PL_revision, PL_version and PL_subversion are its Major,
+	// Minor and Patch.
+	Version interpreter.Version
 	// Runops are the runops loops, [start, end): Perl_runops_standard
 	// and Perl_runops_debug (PL_runops is one of them unless an XS module
 	// installs its own, internals.md §7).
@@ -81,8 +78,8 @@ func Detect(f *elf.File, dynsym []elf.Symbol) (*Binary, error) {
 		}
 		v[i] = int(buf[0])
 	}
-	b.Version = Version{v[0], v[1], v[2]}
-	if b.Version.Revision != 5 {
+	b.Version = interpreter.Version{Major: v[0], Minor: v[1], Patch: v[2]}
+	if b.Version.Major != 5 {
 		return nil, fmt.Errorf("perl %v: not Perl 5", b.Version)
 	}
 	for _, s := range []elf.Symbol{std, syms[runopsDebug]} {

@@ -85,7 +85,7 @@ func TestDetect(t *testing.T) {
 				t.Fatalf("%s: %v", pf.file, err)
 			}
 			t.Logf("%v: runops %#x, PL_thr_key %#x, interpreter of %d bytes", b.Version, b.Runops, b.ThrKey, b.InterpSize)
-			if got := fmt.Sprintf("%d.%d", b.Version.Revision, b.Version.Version); got != pf.version {
+			if got := b.Version.MajorMinor(); got != pf.version {
 				t.Errorf("version %v, want %s", b.Version, pf.version)
 			}
 			if len(b.Runops) != 2 {

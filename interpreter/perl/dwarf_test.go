@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/utils/perlfetch"
 )
 
@@ -106,7 +107,7 @@ func checkLayoutFromDWARF(t *testing.T, v string) {
 	}
 	var minor int
 	fmt.Sscanf(v, "5.%d", &minor)
-	l, err := LayoutFor(Version{5, minor, 0})
+	l, err := LayoutFor(interpreter.Version{Major: 5, Minor: minor})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,10 @@
 package perl
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/hostprof/ebpf-profiler/interpreter"
+)
 
 // Layout is where a Perl version keeps what the unwinder and the
 // symbolizer read: byte offsets into its structs, x86_64 with ithreads.
@@ -91,8 +95,8 @@ func init() {
 }
 
 // LayoutFor returns the layout of a version, or an error for one without.
-func LayoutFor(v Version) (*Layout, error) {
-	if l, ok := layouts[v.Version]; ok && v.Revision == 5 {
+func LayoutFor(v interpreter.Version) (*Layout, error) {
+	if l, ok := layouts[v.Minor]; ok && v.Major == 5 {
 		return l, nil
 	}
 	return nil, fmt.Errorf("perl %v: no struct layout (5.32 to 5.40 have one)", v)

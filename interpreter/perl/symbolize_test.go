@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/libc"
 	"github.com/hostprof/ebpf-profiler/interpreter/libc/libctest"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem/memtest"
@@ -206,7 +207,7 @@ func TestSymbolizeReusedAddress(t *testing.T) {
 // TestSymbolizeGarbage: random memory and random addresses give errors or
 // frames, never a panic.
 func TestSymbolizeGarbage(t *testing.T) {
-	for _, v := range []Version{{5, 32, 1}, {5, 36, 0}, {5, 40, 1}} {
+	for _, v := range []interpreter.Version{{Major: 5, Minor: 32, Patch: 1}, {Major: 5, Minor: 36}, {Major: 5, Minor: 40, Patch: 1}} {
 		for seed := uint64(1); seed <= 2000; seed++ {
 			s, err := NewSymbolizer(memtest.Random{Seed: seed}, v)
 			if err != nil {

@@ -19,15 +19,10 @@ import (
 // ErrNotPHP says a file holds no PHP engine.
 var ErrNotPHP = errors.New("not a PHP engine")
 
-// Version is a PHP release.
-type Version struct{ Major, Minor, Patch int }
-
-func (v Version) String() string { return fmt.Sprintf("%d.%d.%d", v.Major, v.Minor, v.Patch) }
-
 // Binary is what a PHP engine's file says of itself; addresses are the
 // file's virtual addresses.
 type Binary struct {
-	Version Version
+	Version interpreter.Version
 	// ExecutorGlobals is executor_globals, the engine's state (EG).
 	ExecutorGlobals uint64
 	// ExecuteEx is execute_ex, [start, end): the VM loop.
@@ -82,22 +77,22 @@ func Detect(f *elf.File, dynsym []elf.Symbol) (*Binary, error) {
 }
 
 // readVersion finds "X-Powered-By: PHP/8.2.36" in the read-only data.
-func readVersion(f *elf.File) (Version, error) {
+func readVersion(f *elf.File) (interpreter.Version, error) {
 	sec := f.Section(".rodata")
 	if sec == nil {
-		return Version{}, errors.New("PHP engine without .rodata: no version")
+		return interpreter.Version{}, errors.New("PHP engine without .rodata: no version")
 	}
 	// A read-only data section of a PHP build is a few MiB.
 	if sec.Size > 64<<20 {
-		return Version{}, fmt.Errorf("PHP engine's .rodata is %d bytes", sec.Size)
+		return interpreter.Version{}, fmt.Errorf("PHP engine's .rodata is %d bytes", sec.Size)
 	}
 	data, err := sec.Data()
 	if err != nil {
-		return Version{}, fmt.Errorf("reading .rodata: %w", err)
+		return interpreter.Version{}, fmt.Errorf("reading .rodata: %w", err)
 	}
 	i := bytes.Index(data, poweredBy)
 	if i < 0 {
-		return Version{}, errors.New("PHP engine without a version string")
+		return interpreter.Version{}, errors.New("PHP engine without a version string")
 	}
 	rest := data[i+len(poweredBy):]
 	if end := bytes.IndexByte(rest, 0); end >= 0 {
@@ -108,7 +103,7 @@ func readVersion(f *elf.File) (Version, error) {
 
 // parseVersion parses "8.2.36" (a suffix such as "-dev" or "RC1" after the
 // patch number is ignored).
-func parseVersion(s string) (Version, error) {
+func parseVersion(s string) (interpreter.Version, error) {
 	var parts [3]int
 	for i := range parts {
 		n := 0
@@ -117,18 +112,18 @@ func parseVersion(s string) (Version, error) {
 		}
 		v, err := strconv.Atoi(s[:n])
 		if err != nil || n > 4 {
-			return Version{}, fmt.Errorf("PHP version %q", s)
+			return interpreter.Version{}, fmt.Errorf("PHP version %q", s)
 		}
 		parts[i] = v
 		s = s[n:]
 		if i < 2 {
 			if len(s) == 0 || s[0] != '.' {
-				return Version{}, fmt.Errorf("PHP version %q", s)
+				return interpreter.Version{}, fmt.Errorf("PHP version %q", s)
 			}
 			s = s[1:]
 		}
 	}
-	return Version{parts[0], parts[1], parts[2]}, nil
+	return interpreter.Version{Major: parts[0], Minor: parts[1], Patch: parts[2]}, nil
 }
 
 // dispatchScan bounds the instructions of execute_ex's start searched for

@@ -87,7 +87,9 @@ func TestDetect(t *testing.T) {
 
 // TestParseVersion covers the version strings releases and builds print.
 func TestParseVersion(t *testing.T) {
-	for in, want := range map[string]Version{"8.2.36": {8, 2, 36}, "8.4.0-dev": {8, 4, 0}, "8.3.0RC1": {8, 3, 0}} {
+	for in, want := range map[string]interpreter.Version{
+		"8.2.36": {Major: 8, Minor: 2, Patch: 36}, "8.4.0-dev": {Major: 8, Minor: 4}, "8.3.0RC1": {Major: 8, Minor: 3},
+	} {
 		if got, err := parseVersion(in); err != nil || got != want {
 			t.Errorf("parseVersion(%q) = %v, %v; want %v", in, got, err, want)
 		}

@@ -1,6 +1,10 @@
 package php
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/hostprof/ebpf-profiler/interpreter"
+)
 
 // Layout is where a PHP release keeps what the unwinder and symbolizer
 // read, in bytes (x86_64). internals.md §3 has the table and its sources;
@@ -46,7 +50,7 @@ var layouts = map[int]Layout{
 }
 
 // LayoutFor returns the layout of a release.
-func LayoutFor(v Version) (*Layout, error) {
+func LayoutFor(v interpreter.Version) (*Layout, error) {
 	if l, ok := layouts[v.Minor]; ok && v.Major == 8 {
 		return &l, nil
 	}

@@ -83,7 +83,7 @@ type Symbolizer struct {
 }
 
 // NewSymbolizer reads a process of version v through mem.
-func NewSymbolizer(mem io.ReaderAt, v Version) (*Symbolizer, error) {
+func NewSymbolizer(mem io.ReaderAt, v interpreter.Version) (*Symbolizer, error) {
 	l, err := LayoutFor(v)
 	if err != nil {
 		return nil, err

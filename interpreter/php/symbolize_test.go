@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/libc/libctest"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem/memtest"
@@ -185,7 +186,7 @@ func zendString(s string) []byte {
 // another allocated at its address (PHP without OPcache) is read anew,
 // not named from the cache.
 func TestSymbolizeReusedAddress(t *testing.T) {
-	s, err := NewSymbolizer(nil, Version{8, 2, 0})
+	s, err := NewSymbolizer(nil, interpreter.Version{Major: 8, Minor: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +223,7 @@ func TestSymbolizeReusedAddress(t *testing.T) {
 // TestSymbolizeGarbage: frames read from garbage give errors, not panics,
 // hangs or huge allocations.
 func TestSymbolizeGarbage(t *testing.T) {
-	s, err := NewSymbolizer(memtest.Random{Seed: 1}, Version{8, 4, 0})
+	s, err := NewSymbolizer(memtest.Random{Seed: 1}, interpreter.Version{Major: 8, Minor: 4})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -103,7 +103,7 @@ func detect(f *elf.File, dyn, symtab []elf.Symbol) (*Interpreter, error) {
 		in.Micro = rodataMicro(f, in.Version)
 	}
 	if in.Version.Major != 3 {
-		return nil, fmt.Errorf("CPython %v: only Python 3 is supported", in.Version)
+		return nil, fmt.Errorf("CPython %v: only Python 3 is supported", in.Version.MajorMinor())
 	}
 	return in, nil
 }

@@ -51,7 +51,7 @@ func TestDetect(t *testing.T) {
 			t.Fatalf("%s said %q: %v", c.python, out, err)
 		}
 		if in.Version != want || (in.Micro != micro && in.Micro != -1) {
-			t.Errorf("%s: detected %v micro %d, the interpreter says %v.%d", c.file, in.Version, in.Micro, want, micro)
+			t.Errorf("%s: detected %v micro %d, the interpreter says %v.%d", c.file, in.Version.MajorMinor(), in.Micro, want.MajorMinor(), micro)
 		}
 		if in.EvalFrame[1] <= in.EvalFrame[0] {
 			t.Errorf("%s: _PyEval_EvalFrameDefault range %#x", c.file, in.EvalFrame)
@@ -60,9 +60,9 @@ func TestDetect(t *testing.T) {
 			t.Errorf("%s: taken for a debug build", c.file)
 		}
 		if (want.Minor >= 7) != (in.Runtime != 0) || (want.Minor == 6) != (in.ThreadStateCurrent != 0) {
-			t.Errorf("%s (%v): _PyRuntime %#x, _PyThreadState_Current %#x", c.file, want, in.Runtime, in.ThreadStateCurrent)
+			t.Errorf("%s (%v): _PyRuntime %#x, _PyThreadState_Current %#x", c.file, want.MajorMinor(), in.Runtime, in.ThreadStateCurrent)
 		}
-		t.Logf("%s: %v.%d", c.file, in.Version, in.Micro)
+		t.Logf("%s: %v.%d", c.file, in.Version.MajorMinor(), in.Micro)
 	}
 }
 
@@ -114,7 +114,7 @@ func TestDetectOthers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if in, err := Detect(f); err != nil || in.Version != (Version{3, 9}) || in.Micro != -1 {
+	if in, err := Detect(f); err != nil || in.Version != (Version{Major: 3, Minor: 9}) || in.Micro != -1 {
 		t.Errorf("without its version string: %+v, %v", in, err)
 	}
 	for _, n := range []int{64, 4096, len(data) / 2} {

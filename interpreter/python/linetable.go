@@ -64,7 +64,7 @@ func LineTableFormatFor(v Version) (LineTableFormat, error) {
 			return LineTableLocations, nil
 		}
 	}
-	return 0, fmt.Errorf("python %v (3.6 to 3.14 are known): %w", v, ErrLineTableVersion)
+	return 0, fmt.Errorf("python %v (3.6 to 3.14 are known): %w", v.MajorMinor(), ErrLineTableVersion)
 }
 
 // LineForOffset returns the source line of the instruction offset bytes

@@ -95,7 +95,7 @@ func ltCheckAgainst(t *testing.T, python string, minor int) {
 	if !strings.HasPrefix(dump.Version, fmt.Sprintf("3.%d.", minor)) {
 		t.Fatalf("%s is %s", python, dump.Version)
 	}
-	format, err := LineTableFormatFor(Version{3, minor})
+	format, err := LineTableFormatFor(Version{Major: 3, Minor: minor})
 	if err != nil {
 		t.Fatal(err)
 	}

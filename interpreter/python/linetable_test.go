@@ -173,7 +173,7 @@ func TestLineTableFormatFor(t *testing.T) {
 		{3, 15, 0}, {4, 0, 0},
 	}
 	for _, tt := range tests {
-		got, err := LineTableFormatFor(Version{tt.major, tt.minor})
+		got, err := LineTableFormatFor(Version{Major: tt.major, Minor: tt.minor})
 		if got != tt.want || (tt.want == 0) != errors.Is(err, ErrLineTableVersion) {
 			t.Errorf("%d.%d: got %v, %v, want %v", tt.major, tt.minor, got, err, tt.want)
 		}

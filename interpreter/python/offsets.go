@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+
+	"github.com/hostprof/ebpf-profiler/interpreter"
 )
 
 // The table in offsets_table.go is compiled from the CPython headers that
@@ -11,13 +13,14 @@ import (
 // which utils/pyfetch fetches; see utils/pyoffsets.
 //go:generate go run ../../utils/pyoffsets -fetched 3.14 -out offsets_table.go
 
-// Version is a CPython minor release line. The table is keyed by it: it
-// assumes that patch releases keep the layouts of their minor version, as
-// CPython does in practice (TestOffsetsMatchDWARF checks that wherever an
-// interpreter of another patch release is installed, such as Debian's).
-type Version struct{ Major, Minor int }
-
-func (v Version) String() string { return fmt.Sprintf("%d.%d", v.Major, v.Minor) }
+// Version is a CPython minor release line: Patch is always 0 (the micro
+// release is Interpreter.Micro), and it is printed with MajorMinor. The
+// table is keyed by it: it assumes that patch releases keep the layouts of
+// their minor version, as CPython does in practice (TestOffsetsMatchDWARF
+// checks that wherever an interpreter of another patch release is
+// installed, such as Debian's). It is an alias because utils/pyoffsets
+// generates Version literals.
+type Version = interpreter.Version
 
 // NoField marks a field, struct or enumerator the version does not have.
 const NoField = -1
@@ -333,7 +336,7 @@ func offsetsFor(arch string, v Version) (*Offsets, error) {
 		o.ThreadStateFrom, o.LastiUnit = versionSemantics(v)
 		return &o, nil
 	}
-	return nil, fmt.Errorf("CPython %s on %s: %w", v, arch, ErrNoOffsets)
+	return nil, fmt.Errorf("CPython %s on %s: %w", v.MajorMinor(), arch, ErrNoOffsets)
 }
 
 // versionSemantics holds what the compiler cannot tell: how fields are

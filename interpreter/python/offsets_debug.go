@@ -46,21 +46,21 @@ func decodeDebugOffsets(arch string, raw []byte) (*Offsets, error) {
 	}
 	d := o.Debug
 	if d.Size == NoField || d.Version != debugVersionOffset {
-		return nil, fmt.Errorf("CPython %s: the table has no _Py_DebugOffsets layout: %w", v, ErrNoOffsets)
+		return nil, fmt.Errorf("CPython %s: the table has no _Py_DebugOffsets layout: %w", v.MajorMinor(), ErrNoOffsets)
 	}
 	if len(raw) < d.Size {
-		return nil, fmt.Errorf("CPython %s: _Py_DebugOffsets is %d bytes, got %d", v, d.Size, len(raw))
+		return nil, fmt.Errorf("CPython %s: _Py_DebugOffsets is %d bytes, got %d", v.MajorMinor(), d.Size, len(raw))
 	}
 	if binary.NativeEndian.Uint64(raw[d.FreeThreaded:]) != 0 {
-		return nil, fmt.Errorf("CPython %s free-threaded build: %w", v, ErrNoOffsets)
+		return nil, fmt.Errorf("CPython %s free-threaded build: %w", v.MajorMinor(), ErrNoOffsets)
 	}
 	for _, t := range o.debugTargets() {
 		if t.at < 0 || t.at+8 > d.Size {
-			return nil, fmt.Errorf("CPython %s: the table's _Py_DebugOffsets layout is broken", v)
+			return nil, fmt.Errorf("CPython %s: the table's _Py_DebugOffsets layout is broken", v.MajorMinor())
 		}
 		val := binary.NativeEndian.Uint64(raw[t.at:])
 		if val >= maxDebugValue {
-			return nil, fmt.Errorf("CPython %s: _Py_DebugOffsets value %#x at %d is implausible", v, val, t.at)
+			return nil, fmt.Errorf("CPython %s: _Py_DebugOffsets value %#x at %d is implausible", v.MajorMinor(), val, t.at)
 		}
 		*t.field = int(val)
 	}

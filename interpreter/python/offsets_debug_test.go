@@ -40,7 +40,7 @@ func TestDecodeDebugOffsets(t *testing.T) {
 		if table.Debug.Size == NoField {
 			continue
 		}
-		t.Run(v.String(), func(t *testing.T) { offTestDecodeDebug(t, table) })
+		t.Run(v.MajorMinor(), func(t *testing.T) { offTestDecodeDebug(t, table) })
 	}
 }
 
@@ -110,14 +110,14 @@ func TestDebugOffsetsLive(t *testing.T) {
 		version Version
 		python  func(t *testing.T) string
 	}{
-		{"pyenv-3.13.0", Version{3, 13}, func(t *testing.T) string {
+		{"pyenv-3.13.0", Version{Major: 3, Minor: 13}, func(t *testing.T) string {
 			python := filepath.Join(offPyenvVersions(), "3.13.0", "bin", "python3.13")
 			if offPyenvVersions() == "" || !offHaveFile(python) {
 				t.Skip("CPython 3.13.0 is not installed by pyenv")
 			}
 			return python
 		}},
-		{"debian-3.14", Version{3, 14}, func(t *testing.T) string {
+		{"debian-3.14", Version{Major: 3, Minor: 14}, func(t *testing.T) string {
 			_, wrapper := offFetchPython(t, "3.14", runtime.GOARCH)
 			return wrapper
 		}},
@@ -163,7 +163,7 @@ func offCheckLiveDebug(t *testing.T, python string, v Version) {
 	}
 	hex := binary.NativeEndian.Uint64(raw[table.Debug.Version:])
 	if got := (Version{Major: int(hex >> 24 & 0xff), Minor: int(hex >> 16 & 0xff)}); got != v {
-		t.Fatalf("PY_VERSION_HEX = %#x, want %s", hex, v)
+		t.Fatalf("PY_VERSION_HEX = %#x, want %s", hex, v.MajorMinor())
 	}
 	live, err := DecodeDebugOffsets(raw)
 	if err != nil {

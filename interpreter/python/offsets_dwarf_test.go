@@ -38,7 +38,7 @@ func TestOffsetsMatchDWARF(t *testing.T) {
 	for _, tg := range targets {
 		t.Run(tg.name, func(t *testing.T) {
 			if tg.debug == "" {
-				t.Skipf("no DWARF for CPython %s: install %s", tg.version, tg.pkg)
+				t.Skipf("no DWARF for CPython %s: install %s", tg.version.MajorMinor(), tg.pkg)
 			}
 			o, err := offsetsFor(runtime.GOARCH, tg.version)
 			if err != nil {
@@ -46,7 +46,7 @@ func TestOffsetsMatchDWARF(t *testing.T) {
 			}
 			sources, ok := generatedSources[tg.version]
 			if !ok {
-				t.Fatalf("the table has %s but no sources for it: run go generate", tg.version)
+				t.Fatalf("the table has %s but no sources for it: run go generate", tg.version.MajorMinor())
 			}
 			idx, err := offIndexDWARF(tg.debug, sources)
 			if err != nil {
@@ -83,7 +83,7 @@ func offDWARFTargets() []offDWARFTarget {
 		fmt.Sscan(m[1], &minor)
 		ts = append(ts, offDWARFTarget{
 			name:    "system-" + filepath.Base(bin),
-			version: Version{3, minor},
+			version: Version{Major: 3, Minor: minor},
 			debug:   offDebugFile(bin),
 			pkg:     filepath.Base(bin) + "-dbg",
 		})

@@ -20,33 +20,33 @@ func TestOffsetsFor(t *testing.T) {
 		from      ThreadStateSource
 		lastiUnit int
 	}{
-		{Version{3, 6}, ThreadStateFromGlobal, 1},
-		{Version{3, 7}, ThreadStateFromRuntime, 1},
-		{Version{3, 9}, ThreadStateFromRuntime, 1},
-		{Version{3, 10}, ThreadStateFromRuntime, 2},
-		{Version{3, 11}, ThreadStateFromRuntime, 0},
-		{Version{3, 12}, ThreadStateFromTLS, 0},
-		{Version{3, 13}, ThreadStateFromTLS, 0},
-		{Version{3, 14}, ThreadStateFromTLS, 0},
+		{Version{Major: 3, Minor: 6}, ThreadStateFromGlobal, 1},
+		{Version{Major: 3, Minor: 7}, ThreadStateFromRuntime, 1},
+		{Version{Major: 3, Minor: 9}, ThreadStateFromRuntime, 1},
+		{Version{Major: 3, Minor: 10}, ThreadStateFromRuntime, 2},
+		{Version{Major: 3, Minor: 11}, ThreadStateFromRuntime, 0},
+		{Version{Major: 3, Minor: 12}, ThreadStateFromTLS, 0},
+		{Version{Major: 3, Minor: 13}, ThreadStateFromTLS, 0},
+		{Version{Major: 3, Minor: 14}, ThreadStateFromTLS, 0},
 	}
 	for _, tt := range tests {
 		o, err := OffsetsFor(tt.v)
 		if err != nil {
-			t.Errorf("OffsetsFor(%s): %v", tt.v, err)
+			t.Errorf("OffsetsFor(%s): %v", tt.v.MajorMinor(), err)
 			continue
 		}
 		if o.Version != tt.v || o.Arch != runtime.GOARCH || o.ThreadStateFrom != tt.from || o.LastiUnit != tt.lastiUnit {
 			t.Errorf("OffsetsFor(%s) = version %s arch %s from %d lasti unit %d, want %s %s %d %d",
-				tt.v, o.Version, o.Arch, o.ThreadStateFrom, o.LastiUnit, tt.v, runtime.GOARCH, tt.from, tt.lastiUnit)
+				tt.v.MajorMinor(), o.Version.MajorMinor(), o.Arch, o.ThreadStateFrom, o.LastiUnit, tt.v.MajorMinor(), runtime.GOARCH, tt.from, tt.lastiUnit)
 		}
 	}
-	for _, v := range []Version{{2, 7}, {3, 5}, {3, 15}, {4, 0}} {
+	for _, v := range []Version{{Major: 2, Minor: 7}, {Major: 3, Minor: 5}, {Major: 3, Minor: 15}, {Major: 4, Minor: 0}} {
 		_, err := OffsetsFor(v)
-		if !errors.Is(err, ErrNoOffsets) || !strings.Contains(err.Error(), v.String()) {
-			t.Errorf("OffsetsFor(%s) error = %v, want ErrNoOffsets naming %s", v, err, v)
+		if !errors.Is(err, ErrNoOffsets) || !strings.Contains(err.Error(), v.MajorMinor()) {
+			t.Errorf("OffsetsFor(%s) error = %v, want ErrNoOffsets naming %s", v.MajorMinor(), err, v.MajorMinor())
 		}
 	}
-	if _, err := offsetsFor("riscv64", Version{3, 11}); !errors.Is(err, ErrNoOffsets) {
+	if _, err := offsetsFor("riscv64", Version{Major: 3, Minor: 11}); !errors.Is(err, ErrNoOffsets) {
 		t.Errorf("offsetsFor(riscv64, 3.11) error = %v, want ErrNoOffsets", err)
 	}
 }
@@ -63,7 +63,7 @@ func TestOffsetsConsistent(t *testing.T) {
 				continue
 			}
 			for _, p := range offProblems(o) {
-				t.Errorf("%s %s: %s", o.Version, arch, p)
+				t.Errorf("%s %s: %s", o.Version.MajorMinor(), arch, p)
 			}
 		}
 	}
@@ -84,7 +84,7 @@ func TestOffsetsArchitectures(t *testing.T) {
 		la, lb := offLeaves(amd), offLeaves(arm)
 		for k, val := range la {
 			if lb[k] != val && !strings.HasPrefix(k, "Runtime.") {
-				t.Errorf("%s %s: amd64 %d, arm64 %d", v, k, val, lb[k])
+				t.Errorf("%s %s: amd64 %d, arm64 %d", v.MajorMinor(), k, val, lb[k])
 			}
 		}
 	}
@@ -273,7 +273,7 @@ func TestOffsetsMatchHeaders(t *testing.T) {
 			t.Errorf("%s %s: the headers give no %s", c.Release, c.Arch, k)
 		}
 		if !t.Failed() {
-			t.Logf("%s %s: %d values match CPython %s, %s", v, c.Arch, len(c.Entries), c.Release, c.Origin)
+			t.Logf("%s %s: %d values match CPython %s, %s", v.MajorMinor(), c.Arch, len(c.Entries), c.Release, c.Origin)
 		}
 		checked++
 	}
@@ -282,7 +282,7 @@ func TestOffsetsMatchHeaders(t *testing.T) {
 	}
 	for _, o := range generatedOffsets {
 		if !offCompiledHas(compiled, o.Version, o.Arch) {
-			t.Logf("%s %s: skipped, not installed (or not compiled) here", o.Version, o.Arch)
+			t.Logf("%s %s: skipped, not installed (or not compiled) here", o.Version.MajorMinor(), o.Arch)
 		}
 	}
 }
@@ -311,7 +311,7 @@ func offRunGenerator(t *testing.T, versions, cache string, arches []string) []of
 
 func offCompiledHas(cs []offCompiled, v Version, arch string) bool {
 	for _, c := range cs {
-		if c.Version == v.String() && c.Arch == arch {
+		if c.Version == v.MajorMinor() && c.Arch == arch {
 			return true
 		}
 	}

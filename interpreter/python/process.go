@@ -47,7 +47,7 @@ func newBinary(f *elf.File, in *Interpreter, functions func() ([][2]uint64, erro
 		b.EvalRanges, _ = evalParts(f, in, fns)
 	}
 	if in.Debug {
-		b.Err = fmt.Errorf("CPython %v is a debug build (Py_DEBUG): the offsets table describes release builds", in.Version)
+		b.Err = fmt.Errorf("CPython %v is a debug build (Py_DEBUG): the offsets table describes release builds", in.Version.MajorMinor())
 		return b
 	}
 	if b.Offsets, b.Err = OffsetsFor(in.Version); b.Err != nil {
@@ -132,7 +132,7 @@ func (o *Offsets) frameLayout() (FrameLayout, error) {
 		// bits, which the unwinder clears for every version.
 		return Frames313, nil
 	}
-	return 0, fmt.Errorf("CPython %v: no frame layout for the unwinder", o.Version)
+	return 0, fmt.Errorf("CPython %v: no frame layout for the unwinder", o.Version.MajorMinor())
 }
 
 // unwinderProc is the version's part of the unwinder's entry: which fields
@@ -185,18 +185,18 @@ func (o *Offsets) unwinderProc() (UnwinderProc, error) {
 			entry = min(entry, f.OwnedByInterpreter)
 		}
 		if entry < 0 || entry > 0xff {
-			return UnwinderProc{}, fmt.Errorf("CPython %v: entry frame owner %d", o.Version, entry)
+			return UnwinderProc{}, fmt.Errorf("CPython %v: entry frame owner %d", o.Version.MajorMinor(), entry)
 		}
 		u.EntryFrameOwner = uint8(entry)
 	}
 	for _, fl := range fields {
 		if fl.value < 0 || fl.value > 0xffff {
-			return UnwinderProc{}, fmt.Errorf("CPython %v: %s at %d", o.Version, fl.name, fl.value)
+			return UnwinderProc{}, fmt.Errorf("CPython %v: %s at %d", o.Version.MajorMinor(), fl.name, fl.value)
 		}
 		*fl.dst = uint16(fl.value)
 	}
 	if layout == FramesObjects && u.LastiUnit == 0 {
-		return UnwinderProc{}, fmt.Errorf("CPython %v: f_lasti without a unit", o.Version)
+		return UnwinderProc{}, fmt.Errorf("CPython %v: f_lasti without a unit", o.Version.MajorMinor())
 	}
 	return u, nil
 }

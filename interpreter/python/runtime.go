@@ -50,9 +50,9 @@ type runtimeBinary struct{ *Binary }
 
 func (b runtimeBinary) Version() string {
 	if b.Micro < 0 {
-		return b.Interpreter.Version.String()
+		return b.Interpreter.Version.MajorMinor()
 	}
-	return fmt.Sprintf("%v.%d", b.Interpreter.Version, b.Micro)
+	return fmt.Sprintf("%v.%d", b.Interpreter.Version.MajorMinor(), b.Micro)
 }
 
 func (b runtimeBinary) Unsupported() error      { return b.Err }

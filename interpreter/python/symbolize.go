@@ -157,7 +157,7 @@ func newSymbolizer(mem io.ReaderAt, off *Offsets, entries, bytes int) (*Symboliz
 	for _, r := range required {
 		// The headers read are a few hundred bytes at most.
 		if r.offset < 0 || r.offset > 1024 {
-			return nil, fmt.Errorf("CPython %v offsets: %s at %d", off.Version, r.name, r.offset)
+			return nil, fmt.Errorf("CPython %v offsets: %s at %d", off.Version.MajorMinor(), r.name, r.offset)
 		}
 	}
 	ptr := func(field int) int { return fieldEnd(field, 8) }

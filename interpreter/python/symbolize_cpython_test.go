@@ -111,8 +111,8 @@ func symStart(t testing.TB, python, script string) (symTargets, int) {
 func symCheckAgainst(t *testing.T, python, script string) {
 	targets, pid := symStart(t, python, script)
 	in, lib := symDetect(t, pid)
-	if !strings.HasPrefix(targets.Version, in.Version.String()+".") {
-		t.Fatalf("%s detected as %v in %s, but it is %s", python, in.Version, lib, targets.Version)
+	if !strings.HasPrefix(targets.Version, in.Version.MajorMinor()+".") {
+		t.Fatalf("%s detected as %v in %s, but it is %s", python, in.Version.MajorMinor(), lib, targets.Version)
 	}
 	off, err := OffsetsFor(in.Version)
 	if err != nil {

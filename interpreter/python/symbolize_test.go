@@ -240,7 +240,7 @@ func symAllOffsets(t testing.TB) []*Offsets {
 	return all
 }
 
-func symName(off *Offsets) string { return fmt.Sprintf("%v-%s", off.Version, off.Arch) }
+func symName(off *Offsets) string { return fmt.Sprintf("%v-%s", off.Version.MajorMinor(), off.Arch) }
 
 func symNewCode(m *symImage, format LineTableFormat) *symCode {
 	c := &symCode{name: "method", qualname: "Klass.method", file: "/srv/app/mod.py", first: 10, table: symTestTable[format]}
@@ -525,7 +525,7 @@ func TestSymbolizerCacheRevalidates(t *testing.T) {
 }
 
 func TestSymbolizerCacheBounds(t *testing.T) {
-	off, err := OffsetsFor(Version{3, 12})
+	off, err := OffsetsFor(Version{Major: 3, Minor: 12})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -584,7 +584,7 @@ func TestSymbolizerCacheBounds(t *testing.T) {
 // once, some of them for code objects the cache must evict: run it with
 // -race.
 func TestSymbolizerConcurrent(t *testing.T) {
-	off, err := OffsetsFor(Version{3, 13})
+	off, err := OffsetsFor(Version{Major: 3, Minor: 13})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -619,7 +619,7 @@ func TestSymbolizerConcurrent(t *testing.T) {
 }
 
 func TestNewSymbolizerRejectsOffsets(t *testing.T) {
-	off, err := OffsetsFor(Version{3, 11})
+	off, err := OffsetsFor(Version{Major: 3, Minor: 11})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -629,7 +629,7 @@ func TestNewSymbolizerRejectsOffsets(t *testing.T) {
 		t.Error("offsets without co_filename accepted")
 	}
 	bad = *off
-	bad.Version = Version{2, 7}
+	bad.Version = Version{Major: 2, Minor: 7}
 	if _, err := NewSymbolizer(&symMem{}, &bad); !errors.Is(err, ErrLineTableVersion) {
 		t.Errorf("python 2.7: %v", err)
 	}

@@ -36,7 +36,7 @@ func FindThreadStateKey(f *elf.File, in *Interpreter, off *Offsets) (ThreadState
 		syms, err := f.Symbols()
 		if err != nil {
 			return ThreadStateKeyLocation{}, fmt.Errorf("CPython %v keeps its thread state key in %s, a static variable: %w",
-				off.Version, TLSKeySymbol, err)
+				off.Version.MajorMinor(), TLSKeySymbol, err)
 		}
 		for _, s := range syms {
 			if s.Name == TLSKeySymbol && s.Section != elf.SHN_UNDEF && elf.ST_TYPE(s.Info) == elf.STT_OBJECT {
@@ -46,16 +46,16 @@ func FindThreadStateKey(f *elf.File, in *Interpreter, off *Offsets) (ThreadState
 				return ThreadStateKeyLocation{Key: s.Value, KeySize: 4}, nil
 			}
 		}
-		return ThreadStateKeyLocation{}, fmt.Errorf("CPython %v: no %s in .symtab (stripped?)", off.Version, TLSKeySymbol)
+		return ThreadStateKeyLocation{}, fmt.Errorf("CPython %v: no %s in .symtab (stripped?)", off.Version.MajorMinor(), TLSKeySymbol)
 	}
 	switch {
 	case in.Runtime == 0:
-		return ThreadStateKeyLocation{}, fmt.Errorf("CPython %v without %s", off.Version, RuntimeSymbol)
+		return ThreadStateKeyLocation{}, fmt.Errorf("CPython %v without %s", off.Version.MajorMinor(), RuntimeSymbol)
 	case off.Runtime.AutoTSSKey == NoField || off.TSS.Key == NoField || off.TSS.IsInitialized == NoField:
-		return ThreadStateKeyLocation{}, fmt.Errorf("CPython %v: no Py_tss_t autoTSSkey offsets", off.Version)
+		return ThreadStateKeyLocation{}, fmt.Errorf("CPython %v: no Py_tss_t autoTSSkey offsets", off.Version.MajorMinor())
 	case off.TSS.KeySize != 4:
 		return ThreadStateKeyLocation{}, fmt.Errorf("CPython %v: Py_tss_t._key has %d bytes, want a 4-byte pthread_key_t",
-			off.Version, off.TSS.KeySize)
+			off.Version.MajorMinor(), off.TSS.KeySize)
 	}
 	tss := in.Runtime + uint64(off.Runtime.AutoTSSKey)
 	return ThreadStateKeyLocation{

@@ -13,11 +13,11 @@ import (
 
 func TestThreadStateKey(t *testing.T) {
 	const runtime, bias = 0x500000, 0x7f0000000000
-	off37, err := offsetsFor("amd64", Version{3, 7})
+	off37, err := offsetsFor("amd64", Version{Major: 3, Minor: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
-	in := &Interpreter{Version: Version{3, 7}, Runtime: runtime}
+	in := &Interpreter{Version: Version{Major: 3, Minor: 7}, Runtime: runtime}
 	loc, err := FindThreadStateKey(nil, in, off37)
 	if err != nil {
 		t.Fatal(err)

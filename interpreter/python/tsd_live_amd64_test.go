@@ -91,7 +91,7 @@ func tsdCheckProcess(t *testing.T, python string) {
 		t.Fatalf("%s (bias %#x): %v", libpython, pyBias, err)
 	}
 	libcPath, layout := libctest.ProcessLayout(t, pid)
-	t.Logf("CPython %v (%s): key %d; %s: %+v", in.Version, libpython, key, libcPath, layout)
+	t.Logf("CPython %v (%s): key %d; %s: %+v", in.Version.MajorMinor(), libpython, key, libcPath, layout)
 
 	for _, th := range threads {
 		tp, err := libctest.FSBase(th.tid)

@@ -26,15 +26,10 @@ import (
 // ErrNotRuby says a file holds no CRuby interpreter.
 var ErrNotRuby = errors.New("not a CRuby interpreter")
 
-// Version is a CRuby release.
-type Version struct{ Major, Minor, Patch int }
-
-func (v Version) String() string { return fmt.Sprintf("%d.%d.%d", v.Major, v.Minor, v.Patch) }
-
 // Binary is what a libruby says of itself; addresses are the file's
 // virtual addresses.
 type Binary struct {
-	Version Version
+	Version interpreter.Version
 	// EvalLoop is vm_exec_core, [start, end): the function that runs the
 	// instructions of Ruby methods and blocks.
 	EvalLoop [2]uint64
@@ -128,10 +123,10 @@ func Detect(f *elf.File, dynsym []elf.Symbol, functionRanges func() ([][2]uint64
 }
 
 // readVersion parses the NUL-terminated "X.Y.Z" at addr.
-func readVersion(f *elf.File, addr uint64) (Version, error) {
+func readVersion(f *elf.File, addr uint64) (interpreter.Version, error) {
 	b, err := interpreter.ReadELF(f, addr, 16)
 	if err != nil {
-		return Version{}, fmt.Errorf("reading %s: %w", versionSymbol, err)
+		return interpreter.Version{}, fmt.Errorf("reading %s: %w", versionSymbol, err)
 	}
 	if i := bytes.IndexByte(b, 0); i >= 0 {
 		b = b[:i]
@@ -149,9 +144,9 @@ func readVersion(f *elf.File, addr uint64) (Version, error) {
 		}
 	}
 	if len(parts) != 3 || err != nil {
-		return Version{}, fmt.Errorf("%s is %q, not a version", versionSymbol, b)
+		return interpreter.Version{}, fmt.Errorf("%s is %q, not a version", versionSymbol, b)
 	}
-	return Version{v[0], v[1], v[2]}, nil
+	return interpreter.Version{Major: v[0], Minor: v[1], Patch: v[2]}, nil
 }
 
 // findEvalLoop finds vm_exec_core through its table of instruction

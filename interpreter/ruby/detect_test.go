@@ -86,7 +86,7 @@ func TestDetect(t *testing.T) {
 			b := detectFile(t, lib)
 			t.Logf("%v: eval loop %#x-%#x, TLS pair %#x offset %#x, symbols %#x", b.Version, b.EvalLoop[0], b.EvalLoop[1],
 				b.TLSIndex, b.TLSOffset, b.GlobalSymbols)
-			if got := fmt.Sprintf("%d.%d", b.Version.Major, b.Version.Minor); got != v {
+			if got := b.Version.MajorMinor(); got != v {
 				t.Errorf("version %v, want %s", b.Version, v)
 			}
 			if n := b.EvalLoop[1] - b.EvalLoop[0]; n < 8<<10 || n > 256<<10 {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/utils/rubyfetch"
 )
 
@@ -107,7 +108,7 @@ func checkLayoutFromDWARF(t *testing.T, v string) {
 	}
 	var minor int
 	fmt.Sscanf(v, "3.%d", &minor)
-	l, err := LayoutFor(Version{3, minor, 0})
+	l, err := LayoutFor(interpreter.Version{Major: 3, Minor: minor})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,10 @@
 package ruby
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/hostprof/ebpf-profiler/interpreter"
+)
 
 // Layout is where a CRuby version keeps what the unwinder and the
 // symbolizer read: byte offsets into its structs and the values of its
@@ -126,9 +130,9 @@ func init() {
 }
 
 // LayoutFor returns the layout of a version, or an error for one without.
-func LayoutFor(v Version) (*Layout, error) {
+func LayoutFor(v interpreter.Version) (*Layout, error) {
 	if l, ok := layouts[[2]int{v.Major, v.Minor}]; ok {
 		return l, nil
 	}
-	return nil, fmt.Errorf("CRuby %v: no struct layout for %d.%d (3.1, 3.3 and 3.4 have one)", v, v.Major, v.Minor)
+	return nil, fmt.Errorf("CRuby %v: no struct layout for %s (3.1, 3.3 and 3.4 have one)", v, v.MajorMinor())
 }

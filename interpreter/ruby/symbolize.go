@@ -72,7 +72,7 @@ type Symbolizer struct {
 
 // NewSymbolizer reads a process of version v through mem; symbols is the
 // process address of ruby_global_symbols.
-func NewSymbolizer(mem io.ReaderAt, v Version, symbols uint64) (*Symbolizer, error) {
+func NewSymbolizer(mem io.ReaderAt, v interpreter.Version, symbols uint64) (*Symbolizer, error) {
 	l, err := LayoutFor(v)
 	if err != nil {
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/libc/libctest"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem/memtest"
 	"github.com/hostprof/ebpf-profiler/utils/rubyfetch"
@@ -186,7 +187,7 @@ func TestSymbolizeReusedAddress(t *testing.T) {
 
 // TestSymbolizeGarbage: random memory and random addresses give errors.
 func TestSymbolizeGarbage(t *testing.T) {
-	for _, v := range []Version{{3, 1, 2}, {3, 3, 8}, {3, 4, 1}} {
+	for _, v := range []interpreter.Version{{Major: 3, Minor: 1, Patch: 2}, {Major: 3, Minor: 3, Patch: 8}, {Major: 3, Minor: 4, Patch: 1}} {
 		for seed := uint64(1); seed <= 2000; seed++ {
 			s, err := NewSymbolizer(memtest.Random{Seed: seed}, v, seed*4096)
 			if err != nil {
