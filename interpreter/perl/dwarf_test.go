@@ -1,81 +1,14 @@
 package perl
 
 import (
-	"debug/dwarf"
 	"debug/elf"
 	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
+	"github.com/hostprof/ebpf-profiler/interpreter/internal/dwarftest"
 	"github.com/hostprof/ebpf-profiler/utils/perlfetch"
 )
-
-// structTypes indexes the complete struct and union types of d by name.
-func structTypes(d *dwarf.Data) (map[string]dwarf.Offset, error) {
-	out := map[string]dwarf.Offset{}
-	r := d.Reader()
-	for {
-		e, err := r.Next()
-		if err != nil {
-			return nil, err
-		}
-		if e == nil {
-			return out, nil
-		}
-		if e.Tag != dwarf.TagStructType && e.Tag != dwarf.TagUnionType {
-			continue
-		}
-		name, _ := e.Val(dwarf.AttrName).(string)
-		if decl, _ := e.Val(dwarf.AttrDeclaration).(bool); name != "" && !decl {
-			if _, seen := out[name]; !seen {
-				out[name] = e.Offset
-			}
-		}
-	}
-}
-
-// member is the byte offset of a member path ("blk_u.blku_sub") in the
-// struct of d named name, or the struct's size for path "sizeof".
-func member(d *dwarf.Data, types map[string]dwarf.Offset, name, path string) (uint64, error) {
-	off, ok := types[name]
-	if !ok {
-		return 0, fmt.Errorf("no struct %s", name)
-	}
-	typ, err := d.Type(off)
-	if err != nil {
-		return 0, err
-	}
-	if path == "sizeof" {
-		return uint64(typ.Size()), nil
-	}
-	var at uint64
-	for _, part := range strings.Split(path, ".") {
-		for {
-			td, ok := typ.(*dwarf.TypedefType)
-			if !ok {
-				break
-			}
-			typ = td.Type
-		}
-		st, ok := typ.(*dwarf.StructType)
-		if !ok {
-			return 0, fmt.Errorf("%s.%s: %s is no struct", name, path, typ)
-		}
-		var field *dwarf.StructField
-		for _, f := range st.Field {
-			if f.Name == part {
-				field = f
-			}
-		}
-		if field == nil {
-			return 0, fmt.Errorf("%s has no member %s", st.StructName, part)
-		}
-		at += uint64(field.ByteOffset)
-		typ = field.Type
-	}
-	return at, nil
-}
 
 // TestLayoutFromDWARF checks the offset tables of 5.32, 5.36 and 5.40
 // against the DWARF of Debian's builds (perl-debug's dwz file of libperl,
@@ -101,7 +34,7 @@ func checkLayoutFromDWARF(t *testing.T, v string) {
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
-	types, err := structTypes(d)
+	types, err := dwarftest.StructTypes(d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +44,7 @@ func checkLayoutFromDWARF(t *testing.T, v string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := member(d, types, "block", "blk_u")
+	sub, err := dwarftest.Offset(d, types, "block", "blk_u")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +93,7 @@ func checkLayoutFromDWARF(t *testing.T, v string) {
 		t.Logf("%s: struct xpvhv_aux is not in the dwz file: its offsets are checked live only", v)
 	}
 	for _, c := range checks {
-		got, err := member(d, types, c.name, c.path)
+		got, err := dwarftest.Offset(d, types, c.name, c.path)
 		switch {
 		case err != nil:
 			t.Errorf("%s.%s: %v", c.name, c.path, err)

@@ -8,8 +8,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"strings"
 	"testing"
+
+	"github.com/hostprof/ebpf-profiler/interpreter/internal/dwarftest"
 )
 
 // fieldSource is the C member behind one value of the table (generated
@@ -204,25 +205,12 @@ func (x *offDWARFIndex) lookup(ctype string) (dwarf.Type, error) {
 		if err != nil {
 			return nil, err
 		}
-		if st, ok := offUnwrap(t).(*dwarf.StructType); ok && st.Incomplete {
+		if st, ok := dwarftest.Unwrap(t).(*dwarf.StructType); ok && st.Incomplete {
 			continue
 		}
 		return t, nil
 	}
 	return nil, fmt.Errorf("no definition of %s", ctype)
-}
-
-func offUnwrap(t dwarf.Type) dwarf.Type {
-	for {
-		switch u := t.(type) {
-		case *dwarf.TypedefType:
-			t = u.Type
-		case *dwarf.QualType:
-			t = u.Type
-		default:
-			return t
-		}
-	}
 }
 
 // value is what the DWARF says the value behind s is.
@@ -237,7 +225,7 @@ func (x *offDWARFIndex) value(s fieldSource) (int, error) {
 	case "e":
 		return offEnumerator(t, s.Member)
 	}
-	f, at, err := offMember(t, s.Member)
+	f, at, err := dwarftest.Member(t, s.Member)
 	if err != nil {
 		return 0, err
 	}
@@ -260,46 +248,8 @@ func (x *offDWARFIndex) value(s fieldSource) (int, error) {
 	return 0, fmt.Errorf("unknown kind %q", s.Kind)
 }
 
-// offMember follows a dotted member path from t, through anonymous structs
-// and unions, and returns the last member and its byte offset in t. A
-// bit-field's offsets stay relative to the struct that holds it.
-func offMember(t dwarf.Type, path string) (*dwarf.StructField, int64, error) {
-	var at int64
-	var f *dwarf.StructField
-	for _, name := range strings.Split(path, ".") {
-		st, ok := offUnwrap(t).(*dwarf.StructType)
-		if !ok {
-			return nil, 0, fmt.Errorf("%s: %s is not a struct", path, t)
-		}
-		var off int64
-		f, off = offField(st, name)
-		if f == nil {
-			return nil, 0, fmt.Errorf("%s: no member %s in %s", path, name, st)
-		}
-		at += off
-		t = f.Type
-	}
-	return f, at, nil
-}
-
-func offField(st *dwarf.StructType, name string) (*dwarf.StructField, int64) {
-	for _, f := range st.Field {
-		if f.Name == name {
-			return f, f.ByteOffset
-		}
-	}
-	for _, f := range st.Field {
-		if inner, ok := offUnwrap(f.Type).(*dwarf.StructType); ok && f.Name == "" {
-			if g, off := offField(inner, name); g != nil {
-				return g, f.ByteOffset + off
-			}
-		}
-	}
-	return nil, 0
-}
-
 func offEnumerator(t dwarf.Type, name string) (int, error) {
-	et, ok := offUnwrap(t).(*dwarf.EnumType)
+	et, ok := dwarftest.Unwrap(t).(*dwarf.EnumType)
 	if !ok {
 		return 0, fmt.Errorf("%s is not an enum", t)
 	}

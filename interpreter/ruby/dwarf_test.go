@@ -1,81 +1,14 @@
 package ruby
 
 import (
-	"debug/dwarf"
 	"debug/elf"
 	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
+	"github.com/hostprof/ebpf-profiler/interpreter/internal/dwarftest"
 	"github.com/hostprof/ebpf-profiler/utils/rubyfetch"
 )
-
-// structMember is the byte offset of a member path ("location.label") in
-// a struct of d named name, or of the struct's size for path "sizeof".
-func structMember(d *dwarf.Data, types map[string]dwarf.Offset, name, path string) (uint64, error) {
-	off, ok := types[name]
-	if !ok {
-		return 0, fmt.Errorf("no struct %s", name)
-	}
-	typ, err := d.Type(off)
-	if err != nil {
-		return 0, err
-	}
-	if path == "sizeof" {
-		return uint64(typ.Size()), nil
-	}
-	var at uint64
-	for _, part := range strings.Split(path, ".") {
-		for {
-			td, ok := typ.(*dwarf.TypedefType)
-			if !ok {
-				break
-			}
-			typ = td.Type
-		}
-		st, ok := typ.(*dwarf.StructType)
-		if !ok {
-			return 0, fmt.Errorf("%s.%s: %s is no struct", name, path, typ)
-		}
-		var field *dwarf.StructField
-		for _, f := range st.Field {
-			if f.Name == part {
-				field = f
-			}
-		}
-		if field == nil {
-			return 0, fmt.Errorf("%s has no member %s", st.StructName, part)
-		}
-		at += uint64(field.ByteOffset)
-		typ = field.Type
-	}
-	return at, nil
-}
-
-// structTypes indexes the complete struct and union types of d by name.
-func structTypes(d *dwarf.Data) (map[string]dwarf.Offset, error) {
-	out := map[string]dwarf.Offset{}
-	r := d.Reader()
-	for {
-		e, err := r.Next()
-		if err != nil {
-			return nil, err
-		}
-		if e == nil {
-			return out, nil
-		}
-		if e.Tag != dwarf.TagStructType && e.Tag != dwarf.TagUnionType {
-			continue
-		}
-		name, _ := e.Val(dwarf.AttrName).(string)
-		if decl, _ := e.Val(dwarf.AttrDeclaration).(bool); name != "" && !decl {
-			if _, seen := out[name]; !seen {
-				out[name] = e.Offset
-			}
-		}
-	}
-}
 
 // TestLayoutFromDWARF checks the offset tables of 3.3 and 3.4 against the
 // DWARF of libruby built from their release sources with debug
@@ -102,7 +35,7 @@ func checkLayoutFromDWARF(t *testing.T, v string) {
 	if err != nil {
 		t.Fatalf("%s: %v", lib, err)
 	}
-	types, err := structTypes(d)
+	types, err := dwarftest.StructTypes(d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +46,7 @@ func checkLayoutFromDWARF(t *testing.T, v string) {
 		t.Fatal(err)
 	}
 	// The class and its classext share one slot (RClass_and_rb_classext_t).
-	classext, err := structMember(d, types, "RClass_and_rb_classext_t", "classext")
+	classext, err := dwarftest.Offset(d, types, "RClass_and_rb_classext_t", "classext")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +84,7 @@ func checkLayoutFromDWARF(t *testing.T, v string) {
 		{"rb_classext_struct", "as.singleton_class.attached_object", l.SingletonAttached - classext},
 		{"RMoved", "destination", movedDestination},
 	} {
-		got, err := structMember(d, types, c.name, c.path)
+		got, err := dwarftest.Offset(d, types, c.name, c.path)
 		switch {
 		case err != nil:
 			t.Errorf("%s.%s: %v", c.name, c.path, err)
