@@ -1,7 +1,6 @@
 package perl
 
 import (
-	"debug/elf"
 	"fmt"
 	"testing"
 
@@ -25,16 +24,7 @@ func checkLayoutFromDWARF(t *testing.T, v string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := elf.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	d, err := f.DWARF()
-	if err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-	types, err := dwarftest.StructTypes(d)
+	structs, err := dwarftest.Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +34,7 @@ func checkLayoutFromDWARF(t *testing.T, v string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := dwarftest.Offset(d, types, "block", "blk_u")
+	sub, err := structs.Offset("block", "blk_u")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +75,7 @@ func checkLayoutFromDWARF(t *testing.T, v string) {
 	if l.HvAuxBody != 0 {
 		checks = append(checks, check{"xpvhv_with_aux", "xhv_aux", l.HvAuxBody},
 			check{"xpvhv_aux", "xhv_name_u", l.AuxName}, check{"xpvhv_aux", "xhv_name_count", l.AuxNameCount})
-	} else if _, ok := types["xpvhv_with_aux"]; ok {
+	} else if structs.Has("xpvhv_with_aux") {
 		t.Errorf("%s has struct xpvhv_with_aux: the layout keeps HvAUX after the buckets", v)
 	} else {
 		// 5.32's dwz file lacks struct xpvhv_aux (no two objects share
@@ -93,7 +83,7 @@ func checkLayoutFromDWARF(t *testing.T, v string) {
 		t.Logf("%s: struct xpvhv_aux is not in the dwz file: its offsets are checked live only", v)
 	}
 	for _, c := range checks {
-		got, err := dwarftest.Offset(d, types, c.name, c.path)
+		got, err := structs.Offset(c.name, c.path)
 		switch {
 		case err != nil:
 			t.Errorf("%s.%s: %v", c.name, c.path, err)

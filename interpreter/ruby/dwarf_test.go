@@ -1,7 +1,6 @@
 package ruby
 
 import (
-	"debug/elf"
 	"fmt"
 	"testing"
 
@@ -26,16 +25,7 @@ func checkLayoutFromDWARF(t *testing.T, v string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := elf.Open(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	d, err := f.DWARF()
-	if err != nil {
-		t.Fatalf("%s: %v", lib, err)
-	}
-	types, err := dwarftest.StructTypes(d)
+	structs, err := dwarftest.Load(lib)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +36,7 @@ func checkLayoutFromDWARF(t *testing.T, v string) {
 		t.Fatal(err)
 	}
 	// The class and its classext share one slot (RClass_and_rb_classext_t).
-	classext, err := dwarftest.Offset(d, types, "RClass_and_rb_classext_t", "classext")
+	classext, err := structs.Offset("RClass_and_rb_classext_t", "classext")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +74,7 @@ func checkLayoutFromDWARF(t *testing.T, v string) {
 		{"rb_classext_struct", "as.singleton_class.attached_object", l.SingletonAttached - classext},
 		{"RMoved", "destination", movedDestination},
 	} {
-		got, err := dwarftest.Offset(d, types, c.name, c.path)
+		got, err := structs.Offset(c.name, c.path)
 		switch {
 		case err != nil:
 			t.Errorf("%s.%s: %v", c.name, c.path, err)

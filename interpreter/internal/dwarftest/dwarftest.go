@@ -5,44 +5,65 @@ package dwarftest
 
 import (
 	"debug/dwarf"
+	"debug/elf"
 	"fmt"
 	"strings"
 )
 
-// StructTypes indexes the complete struct and union types of d by name,
-// the first definition of each name.
-func StructTypes(d *dwarf.Data) (map[string]dwarf.Offset, error) {
-	out := map[string]dwarf.Offset{}
+// Structs are the complete struct and union types of a binary's DWARF,
+// by name: the first definition of each name.
+type Structs struct {
+	d      *dwarf.Data
+	byName map[string]dwarf.Offset
+}
+
+// Load indexes the structs of the DWARF of the ELF file at path.
+func Load(path string) (*Structs, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	d, err := f.DWARF()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	s := &Structs{d: d, byName: map[string]dwarf.Offset{}}
 	r := d.Reader()
 	for {
 		e, err := r.Next()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%s: %w", path, err)
 		}
 		if e == nil {
-			return out, nil
+			return s, nil
 		}
 		if e.Tag != dwarf.TagStructType && e.Tag != dwarf.TagUnionType {
 			continue
 		}
 		name, _ := e.Val(dwarf.AttrName).(string)
 		if decl, _ := e.Val(dwarf.AttrDeclaration).(bool); name != "" && !decl {
-			if _, seen := out[name]; !seen {
-				out[name] = e.Offset
+			if _, seen := s.byName[name]; !seen {
+				s.byName[name] = e.Offset
 			}
 		}
 	}
 }
 
+// Has says whether there is a struct or union named name.
+func (s *Structs) Has(name string) bool {
+	_, ok := s.byName[name]
+	return ok
+}
+
 // Offset is the byte offset of a member path ("location.label") in the
-// struct of d named name (indexed by StructTypes), or the struct's size
-// for path "sizeof".
-func Offset(d *dwarf.Data, types map[string]dwarf.Offset, name, path string) (uint64, error) {
-	off, ok := types[name]
+// struct named name, or the struct's size for path "sizeof".
+func (s *Structs) Offset(name, path string) (uint64, error) {
+	off, ok := s.byName[name]
 	if !ok {
 		return 0, fmt.Errorf("no struct %s", name)
 	}
-	typ, err := d.Type(off)
+	typ, err := s.d.Type(off)
 	if err != nil {
 		return 0, err
 	}

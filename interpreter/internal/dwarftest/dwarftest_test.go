@@ -1,7 +1,6 @@
 package dwarftest
 
 import (
-	"debug/elf"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,18 +29,12 @@ func TestOffset(t *testing.T) {
 	if out, err := exec.Command("gcc", "-g", "-c", "-o", obj, src).CombinedOutput(); err != nil {
 		t.Skipf("gcc: %v: %s", err, out)
 	}
-	f, err := elf.Open(obj)
+	structs, err := Load(obj)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	d, err := f.DWARF()
-	if err != nil {
-		t.Fatal(err)
-	}
-	types, err := StructTypes(d)
-	if err != nil {
-		t.Fatal(err)
+	if !structs.Has("inner") || structs.Has("inner_t") {
+		t.Error("Has: want the struct, not its typedef")
 	}
 	for _, tt := range []struct {
 		name, path string
@@ -57,7 +50,7 @@ func TestOffset(t *testing.T) {
 		{"outer", "head.x", 0, true},
 		{"missing", "x", 0, true},
 	} {
-		got, err := Offset(d, types, tt.name, tt.path)
+		got, err := structs.Offset(tt.name, tt.path)
 		if (err != nil) != tt.wantErr || got != tt.want {
 			t.Errorf("Offset(%s, %s) = %d, %v; want %d, error %v", tt.name, tt.path, got, err, tt.want, tt.wantErr)
 		}
