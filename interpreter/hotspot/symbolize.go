@@ -94,9 +94,15 @@ func (s *symbolizer) symbolize(f support.Frame, out []libpf.Frame) ([]libpf.Fram
 		bci := int64(-1)
 		if f.Addr != 0 {
 			bci = int64(f.Addr) - int64(m.constMethod+uint64(s.l.Method.ConstMethodSize))
-			if bci < 0 || bci >= int64(m.codeSize) {
-				return out, fmt.Errorf("%w: bytecode pointer %#x outside %s", ErrStale, f.Addr, m.name)
-			}
+		}
+		if m.codeSize == 0 && bci <= 0 {
+			// A native method called through the interpreter's native
+			// entry: no bytecodes, the frame's bcp is where they would
+			// start (or 0).
+			return append(out, m.frame(-1, TierNative, false)), nil
+		}
+		if bci != -1 && (bci < 0 || bci >= int64(m.codeSize)) {
+			return out, fmt.Errorf("%w: bytecode pointer %#x outside %s", ErrStale, f.Addr, m.name)
 		}
 		return append(out, m.frame(bci, TierInterpreted, false)), nil
 	case frameCompiled:

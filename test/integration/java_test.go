@@ -331,8 +331,11 @@ func checkJavaZlib(t *testing.T, samples []sample, hot map[string]uint32) (float
 	})
 	t.Logf("%d samples of the main thread, %.1f%% in Deflater's native method, %.1f%% of those with libz beneath and complete",
 		len(main), 100*share(n, len(main)), 100*share(withLib, n))
-	if share(n, len(main)) < 0.8 {
-		t.Errorf("zlib: %d of %d samples in Deflater's native method, want >= 80%%", n, len(main))
+	// 98.3-99.4% since a native method called through the interpreter's
+	// native entry is named (77-84% before: its frame's bytecode pointer
+	// was taken for a stale one).
+	if share(n, len(main)) < 0.95 {
+		t.Errorf("zlib: %d of %d samples in Deflater's native method, want >= 95%%", n, len(main))
 		logJavaExamples(t, "not in deflate", misses)
 	}
 	logJavaExamples(t, "no libz frame", libMisses)
