@@ -157,14 +157,9 @@ type offDWARFIndex struct {
 // reading only the top level of each compile unit, where C's file-scope
 // types are.
 func offIndexDWARF(path string, sources []fieldSource) (*offDWARFIndex, error) {
-	f, err := elf.Open(path)
+	d, err := dwarftest.Read(path)
 	if err != nil {
 		return nil, err
-	}
-	defer f.Close()
-	d, err := f.DWARF()
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	wanted := map[string]bool{}
 	for _, s := range sources {

@@ -17,8 +17,8 @@ type Structs struct {
 	byName map[string]dwarf.Offset
 }
 
-// Load indexes the structs of the DWARF of the ELF file at path.
-func Load(path string) (*Structs, error) {
+// Read reads the DWARF of the ELF file at path.
+func Read(path string) (*dwarf.Data, error) {
 	f, err := elf.Open(path)
 	if err != nil {
 		return nil, err
@@ -27,6 +27,15 @@ func Load(path string) (*Structs, error) {
 	d, err := f.DWARF()
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return d, nil
+}
+
+// Load indexes the structs of the DWARF of the ELF file at path.
+func Load(path string) (*Structs, error) {
+	d, err := Read(path)
+	if err != nil {
+		return nil, err
 	}
 	s := &Structs{d: d, byName: map[string]dwarf.Offset{}}
 	r := d.Reader()
