@@ -23,8 +23,8 @@ import (
 // laid out.
 func (t *Tracer) DeltaCapacity() support.DeltaCapacity {
 	return support.DeltaCapacity{
-		Rules:           t.coll.Maps["unwind_rules"].MaxEntries(),
-		Deltas:          t.coll.Maps["stack_deltas"].MaxEntries() * uint32(len(support.DeltaSlot{})),
+		Rules:           t.objs.UnwindRules.MaxEntries(),
+		Deltas:          t.objs.StackDeltas.MaxEntries() * uint32(len(support.DeltaSlot{})),
 		DeltasPerSlot:   uint32(len(support.DeltaSlot{})),
 		PageBits:        t.shared.DeltaPageBits,
 		FlagRASigned:    t.shared.RuleFlagRASigned,
@@ -34,7 +34,7 @@ func (t *Tracer) DeltaCapacity() support.DeltaCapacity {
 
 // SetUnwindRule writes rule id.
 func (t *Tracer) SetUnwindRule(id uint16, r support.UnwindRule) error {
-	return t.coll.Maps["unwind_rules"].Put(uint32(id), r)
+	return t.objs.UnwindRules.Put(uint32(id), r)
 }
 
 // SetStackDeltas writes deltas to the pool from delta index first on, which
@@ -45,7 +45,7 @@ func (t *Tracer) SetStackDeltas(first uint32, deltas []support.StackDelta) error
 		return fmt.Errorf("stack deltas at %d do not start a slot of %d", first, perSlot)
 	}
 	if t.deltasMappable {
-		return writeDeltas(t.coll.Maps["stack_deltas"], first, deltas)
+		return writeDeltas(t.objs.StackDeltas, first, deltas)
 	}
 	slots := make([]support.DeltaSlot, (uint32(len(deltas))+perSlot-1)/perSlot)
 	keys := make([]uint32, len(slots))
@@ -53,7 +53,7 @@ func (t *Tracer) SetStackDeltas(first uint32, deltas []support.StackDelta) error
 		keys[i] = first/perSlot + uint32(i)
 		copy(slots[i][:], deltas[uint32(i)*perSlot:])
 	}
-	m := t.coll.Maps["stack_deltas"]
+	m := t.objs.StackDeltas
 	_, err := m.BatchUpdate(keys, slots, nil)
 	if !errors.Is(err, ebpf.ErrNotSupported) {
 		return err
@@ -99,17 +99,17 @@ func writeDeltas(pool *ebpf.Map, first uint32, deltas []support.StackDelta) erro
 
 // SetDeltaPage writes the location of a page's deltas.
 func (t *Tracer) SetDeltaPage(k support.DeltaPageKey, v support.DeltaPage) error {
-	return t.coll.Maps["delta_pages"].Put(k, v)
+	return t.objs.DeltaPages.Put(k, v)
 }
 
 // DeleteDeltaPage removes a page; a missing one is not an error.
 func (t *Tracer) DeleteDeltaPage(k support.DeltaPageKey) error {
-	return ignoreMissing(t.coll.Maps["delta_pages"].Delete(k))
+	return ignoreMissing(t.objs.DeltaPages.Delete(k))
 }
 
 // SetKnownFile says which loaded file the kernel's file key names.
 func (t *Tracer) SetKnownFile(k support.FileKey, v support.KnownFile) error {
-	return t.coll.Maps["known_files"].Put(k, v)
+	return t.objs.KnownFiles.Put(k, v)
 }
 
 // SetRuntimeConfig writes what runtime id's unwinder needs of process pid:
@@ -128,13 +128,13 @@ func (t *Tracer) SetRuntimeConfig(pid uint32, id interpreter.ID, v any) error {
 	}
 	var value support.RuntimeProc
 	copy(value[:], buf.Bytes())
-	return t.coll.Maps["runtime_procs"].Put(support.RuntimeProcKey{PID: pid, Runtime: uint32(id)}, value)
+	return t.objs.RuntimeProcs.Put(support.RuntimeProcKey{PID: pid, Runtime: uint32(id)}, value)
 }
 
 // DeleteRuntimeConfig forgets a process's runtime configuration; a missing
 // one is not an error.
 func (t *Tracer) DeleteRuntimeConfig(pid uint32, id interpreter.ID) error {
-	return ignoreMissing(t.coll.Maps["runtime_procs"].Delete(support.RuntimeProcKey{PID: pid, Runtime: uint32(id)}))
+	return ignoreMissing(t.objs.RuntimeProcs.Delete(support.RuntimeProcKey{PID: pid, Runtime: uint32(id)}))
 }
 
 // RuntimeConfigs counts the runtime configuration map's entries per pid,
@@ -143,7 +143,7 @@ func (t *Tracer) RuntimeConfigs() (map[uint32]int, error) {
 	counts := map[uint32]int{}
 	var k support.RuntimeProcKey
 	var v support.RuntimeProc
-	it := t.coll.Maps["runtime_procs"].Iterate()
+	it := t.objs.RuntimeProcs.Iterate()
 	for it.Next(&k, &v) {
 		counts[k.PID]++
 	}
@@ -153,28 +153,28 @@ func (t *Tracer) RuntimeConfigs() (map[uint32]int, error) {
 // SetAPMProc says where the APM agent of process pid keeps its threads'
 // trace context.
 func (t *Tracer) SetAPMProc(pid uint32, p support.APMProc) error {
-	return t.coll.Maps["apm_procs"].Put(pid, p)
+	return t.objs.APMProcs.Put(pid, p)
 }
 
 // DeleteAPMProc forgets a process's APM agent; a missing one is not an
 // error.
 func (t *Tracer) DeleteAPMProc(pid uint32) error {
-	return ignoreMissing(t.coll.Maps["apm_procs"].Delete(pid))
+	return ignoreMissing(t.objs.APMProcs.Delete(pid))
 }
 
 // DeleteKnownFile forgets a file key; a missing one is not an error.
 func (t *Tracer) DeleteKnownFile(k support.FileKey) error {
-	return ignoreMissing(t.coll.Maps["known_files"].Delete(k))
+	return ignoreMissing(t.objs.KnownFiles.Delete(k))
 }
 
 // SetPidMapping writes one prefix of a process's mapping.
 func (t *Tracer) SetPidMapping(k support.PidMappingKey, v support.PidMapping) error {
-	return t.coll.Maps["pid_mappings"].Put(k, v)
+	return t.objs.PidMappings.Put(k, v)
 }
 
 // DeletePidMapping removes one prefix; a missing one is not an error.
 func (t *Tracer) DeletePidMapping(k support.PidMappingKey) error {
-	return ignoreMissing(t.coll.Maps["pid_mappings"].Delete(k))
+	return ignoreMissing(t.objs.PidMappings.Delete(k))
 }
 
 func ignoreMissing(err error) error {
@@ -190,7 +190,7 @@ func (t *Tracer) PidMappingPIDs() (map[uint32]int, error) {
 	counts := map[uint32]int{}
 	var k support.PidMappingKey
 	var v support.PidMapping
-	it := t.coll.Maps["pid_mappings"].Iterate()
+	it := t.objs.PidMappings.Iterate()
 	for it.Next(&k, &v) {
 		counts[k.PID]++
 	}

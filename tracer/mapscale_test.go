@@ -86,7 +86,7 @@ func TestMapScaleFactorLoads(t *testing.T) {
 		t.Fatalf("writing the last stack deltas at factor 2: %v", err)
 	}
 	var last support.DeltaSlot
-	if err := scaled.coll.Maps["stack_deltas"].Lookup(sc.Deltas/2-1, &last); err != nil {
+	if err := scaled.objs.StackDeltas.Lookup(sc.Deltas/2-1, &last); err != nil {
 		t.Fatal(err)
 	}
 	if last != (support.DeltaSlot{deltas[2], {}}) {
@@ -106,7 +106,7 @@ func TestMapScaleFactorLoads(t *testing.T) {
 	err := scaled.SetStackDeltas(0, deltas[:2])
 	scaled.deltasMappable = true
 	var first support.DeltaSlot
-	if err != nil || scaled.coll.Maps["stack_deltas"].Lookup(uint32(0), &first) != nil ||
+	if err != nil || scaled.objs.StackDeltas.Lookup(uint32(0), &first) != nil ||
 		first != (support.DeltaSlot{deltas[0], deltas[1]}) {
 		t.Errorf("deltas written as map updates: %v, first slot %v", err, first)
 	}
@@ -176,13 +176,13 @@ func TestMapMemory(t *testing.T) {
 	// What filling the maps adds: the array is allocated whole, the hash
 	// and the trie grow by entry.
 	tr := newTestTracer(t, 0)
-	deltas := tr.coll.Maps["stack_deltas"]
+	deltas := tr.objs.StackDeltas
 	perDelta := float64(mapMemlock(t, deltas)) / float64(tr.DeltaCapacity().Deltas)
 	const n = 1 << 15
-	perPage := growth(t, tr.coll.Maps["delta_pages"], n, func(i uint64) error {
+	perPage := growth(t, tr.objs.DeltaPages, n, func(i uint64) error {
 		return tr.SetDeltaPage(support.DeltaPageKey{FileID: 1, Page: i}, support.DeltaPage{})
 	})
-	perPrefix := growth(t, tr.coll.Maps["pid_mappings"], n, func(i uint64) error {
+	perPrefix := growth(t, tr.objs.PidMappings, n, func(i uint64) error {
 		return tr.SetPidMapping(support.NewPidMappingKey(1, i<<12, 52), support.PidMapping{})
 	})
 	t.Logf("per entry: stack delta %.2f B, delta page %.1f B, mapping prefix %.1f B", perDelta, perPage, perPrefix)

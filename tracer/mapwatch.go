@@ -15,10 +15,7 @@ import (
 // or a kprobe on perf_event_mmap, which needs CONFIG_KPROBES. The fexit
 // program names its target at load time, so it is loaded on its own after
 // the collection and a kernel without it still loads everything else.
-const (
-	MapWatchFexit  = "exec_mapped_fexit"
-	mapWatchKprobe = "exec_mapped_kprobe"
-)
+const MapWatchFexit = "exec_mapped_fexit"
 
 // splitMapWatch removes the fexit program from spec and returns it.
 func splitMapWatch(spec *ebpf.CollectionSpec) *ebpf.ProgramSpec {
@@ -64,7 +61,7 @@ func (t *Tracer) attachMapWatch() {
 	} else {
 		errs = append(errs, fmt.Errorf("fexit on mmap_region: %w", rootCause(t.mapWatchErr)))
 	}
-	l, err := link.Kprobe("perf_event_mmap", t.coll.Programs[mapWatchKprobe], nil)
+	l, err := link.Kprobe("perf_event_mmap", t.objs.MapWatchKprobe, nil)
 	if err == nil {
 		t.procLinks = append(t.procLinks, l)
 		t.mapWatchMode = "kprobe on perf_event_mmap"

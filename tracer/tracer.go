@@ -9,14 +9,12 @@ import (
 	"fmt"
 	"maps"
 	"math/bits"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -56,7 +54,10 @@ const (
 type Tracer struct {
 	cfg    Config
 	shared *support.Shared
+	// coll owns every loaded map and program; objs are typed handles on
+	// the ones the tracer uses.
 	coll   *ebpf.Collection
+	objs   objects
 	reader *ringbuf.Reader
 	wake   *ringWaiter
 	// queue holds the records read and not yet handled (eventqueue.go).
@@ -86,6 +87,9 @@ type Tracer struct {
 	// memory: a file's deltas are written through a mapping of their
 	// span, not as map updates.
 	deltasMappable bool
+	// resolvesUnread says ResolveVMA is loaded: the kernel has
+	// bpf_find_vma.
+	resolvesUnread bool
 }
 
 // New checks privileges and kernel features, then loads and verifies the
@@ -119,42 +123,10 @@ func New(cfg Config) (*Tracer, error) {
 	if err != nil {
 		return nil, err
 	}
-	shared, err := support.ReadShared(spec)
+	ls, err := prepareSpec(spec, cfg, feats, len(cpus))
 	if err != nil {
 		return nil, err
 	}
-	bufBytes := eventBufferBytes(len(cpus), cfg.SamplesPerSecond)
-	spec.Maps["events"].MaxEntries = bufBytes
-	if err := scaleMaps(spec, cfg.MapScaleFactor); err != nil {
-		return nil, err
-	}
-	if !feats.onDemandHash {
-		preallocateHashMaps(spec)
-	}
-	if err := setConstants(spec, map[string]any{
-		"have_task_pt_regs":   boolToU32(feats.taskPtRegs),
-		"page_shift":          uint32(bits.TrailingZeros(uint(os.Getpagesize()))),
-		"events_wakeup_bytes": uint64(bufBytes / 2),
-		// Five times as often as the process manager re-reads a process's
-		// maps (once a second): with equal periods the two limits alias,
-		// and a library dlopen()ed just after a read waited up to two
-		// seconds to be noticed instead of one.
-		"unknown_pc_report_interval": uint64(200 * time.Millisecond),
-		// Runtime frames are symbolized from the process's memory: a
-		// process's last samples must be read before it exits.
-		"trace_wakeup_latency": uint64(TraceWakeupLatency),
-	}); err != nil {
-		return nil, err
-	}
-
-	if !feats.findVMA {
-		delete(spec.Programs, ResolveVMA)
-	}
-	runtimes, err := selectRuntimes(spec, shared, cfg.Runtimes)
-	if err != nil {
-		return nil, err
-	}
-	mapWatchSpec := splitMapWatch(spec)
 	scaled, err := createScaledMaps(spec, cfg.MapScaleFactor)
 	if err != nil {
 		return nil, err
@@ -169,9 +141,14 @@ func New(cfg Config) (*Tracer, error) {
 	if err != nil {
 		return nil, loadError(err)
 	}
-	t := &Tracer{cfg: cfg, shared: shared, coll: coll, cpus: cpus, runtimes: runtimes}
-	t.mapWatch, t.mapWatchErr = loadMapWatch(spec, mapWatchSpec, coll)
-	t.deltasMappable = coll.Maps["stack_deltas"].Flags()&unix.BPF_F_MMAPABLE != 0
+	t := &Tracer{cfg: cfg, shared: ls.shared, coll: coll, cpus: cpus, runtimes: ls.runtimes,
+		resolvesUnread: feats.findVMA}
+	if err := assignObjects(coll, &t.objs); err != nil {
+		t.Close()
+		return nil, err
+	}
+	t.mapWatch, t.mapWatchErr = loadMapWatch(spec, ls.mapWatch, coll)
+	t.deltasMappable = t.objs.StackDeltas.Flags()&unix.BPF_F_MMAPABLE != 0
 	if cfg.BPFLogLevel != 0 {
 		for name, p := range coll.Programs {
 			log.Debugf("Verifier log of %s:\n%s", name, p.VerifierLog)
@@ -181,11 +158,11 @@ func New(cfg Config) (*Tracer, error) {
 		t.Close()
 		return nil, err
 	}
-	if t.reader, err = ringbuf.NewReader(coll.Maps["events"]); err != nil {
+	if t.reader, err = ringbuf.NewReader(t.objs.Events); err != nil {
 		t.Close()
 		return nil, fmt.Errorf("opening the events ring buffer: %w", err)
 	}
-	if t.wake, err = newRingWaiter(coll.Maps["events"].FD()); err != nil {
+	if t.wake, err = newRingWaiter(t.objs.Events.FD()); err != nil {
 		t.Close()
 		return nil, err
 	}
@@ -193,14 +170,14 @@ func New(cfg Config) (*Tracer, error) {
 	log.Debugf("Instructions the verifier processed per program: %v", t.VerifiedInstructions())
 	log.Debugf("Loaded BPF programs for %d CPUs (events buffer %d KiB, bpf_task_pt_regs %v, bpf_find_vma %v, "+
 		"stack delta pool %d entries, map scale factor %d)",
-		len(cpus), bufBytes>>10, feats.taskPtRegs, feats.findVMA, spec.Maps["stack_deltas"].MaxEntries, cfg.MapScaleFactor)
+		len(cpus), ls.eventsBytes>>10, feats.taskPtRegs, feats.findVMA, t.objs.StackDeltas.MaxEntries(), cfg.MapScaleFactor)
 	return t, nil
 }
 
 // ResolvesUnread says whether BPF unwinds a process's first samples before
 // user space has read its mappings: its program's code from the task's mm,
 // and one library per sample from the task's VMAs (resolve_vma, 5.17).
-func (t *Tracer) ResolvesUnread() bool { return t.coll.Programs[ResolveVMA] != nil }
+func (t *Tracer) ResolvesUnread() bool { return t.resolvesUnread }
 
 // ResolveVMA is the program that looks PCs up in the task's VMAs with
 // bpf_find_vma (native_stack.ebpf.c): loaded only where the kernel supports
@@ -290,21 +267,22 @@ func selectRuntimes(spec *ebpf.CollectionSpec, shared *support.Shared, want []*i
 	return loaded, nil
 }
 
+// fillProgArray registers the tail-call targets: the core's by the names
+// of enum prog_id, the runtimes' by the names the registry gives.
 func (t *Tracer) fillProgArray() error {
-	progs := t.coll.Maps["progs"]
 	slots := maps.Clone(t.shared.Programs)
+	if !t.resolvesUnread {
+		delete(slots, ResolveVMA)
+	}
 	for id, rt := range t.runtimes {
 		slots[support.RuntimeProgram(rt.Name)] = uint32(id)
 	}
 	for name, idx := range slots {
 		p, ok := t.coll.Programs[name]
-		if !ok && name == ResolveVMA {
-			continue
-		}
 		if !ok {
 			return fmt.Errorf("BPF object lacks program %s for tail-call slot %d", name, idx)
 		}
-		if err := progs.Put(idx, p); err != nil {
+		if err := t.objs.Progs.Put(idx, p); err != nil {
 			return fmt.Errorf("registering tail-call target %s: %w", name, err)
 		}
 	}
@@ -324,11 +302,11 @@ func (t *Tracer) Runtimes() []string {
 // Attach starts sampling every online CPU and watching process exits and
 // execs.
 func (t *Tracer) Attach() error {
-	for tp, prog := range map[string]string{
-		"sched_process_exit": "process_exit",
-		"sched_process_exec": "process_exec",
+	for tp, prog := range map[string]*ebpf.Program{
+		"sched_process_exit": t.objs.ProcessExit,
+		"sched_process_exec": t.objs.ProcessExec,
 	} {
-		l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: tp, Program: t.coll.Programs[prog]})
+		l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: tp, Program: prog})
 		if err != nil {
 			t.Detach()
 			return fmt.Errorf("attaching to the %s tracepoint: %w", tp, err)
@@ -351,9 +329,8 @@ func (t *Tracer) Attach() error {
 func (t *Tracer) openPerfEvents() (attachMode string, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	entry := t.coll.Programs["sample_entry"]
 	for _, cpu := range t.cpus {
-		pe, err := openPerfEvent(cpu, t.cfg.SamplesPerSecond, entry, !t.samplingOff)
+		pe, err := openPerfEvent(cpu, t.cfg.SamplesPerSecond, t.objs.SampleEntry, !t.samplingOff)
 		if err != nil {
 			return "", err
 		}
@@ -445,7 +422,7 @@ func (t *Tracer) Attachment() (perfEvents, mapWatch string) {
 }
 
 // MapMaxEntries is the capacity of a loaded map, 0 for a map that does not
-// exist.
+// exist: for reports that name the maps they show.
 func (t *Tracer) MapMaxEntries(name string) uint32 {
 	if m, ok := t.coll.Maps[name]; ok {
 		return m.MaxEntries()
@@ -455,7 +432,6 @@ func (t *Tracer) MapMaxEntries(name string) uint32 {
 
 // Metrics returns the BPF counters summed over CPUs, by name.
 func (t *Tracer) Metrics() (map[string]uint64, error) {
-	m := t.coll.Maps["metrics"]
 	out := make(map[string]uint64, len(t.shared.Metrics))
 	var perCPU []uint64
 	read := func(m *ebpf.Map, idx uint32, name string) error {
@@ -470,16 +446,15 @@ func (t *Tracer) Metrics() (map[string]uint64, error) {
 		return nil
 	}
 	for id, name := range t.shared.Metrics {
-		if err := read(m, uint32(id), name); err != nil {
+		if err := read(t.objs.Metrics, uint32(id), name); err != nil {
 			return nil, err
 		}
 	}
-	rm := t.coll.Maps["runtime_metrics"]
 	for idx, name := range t.shared.RuntimeMetrics {
 		if _, loaded := t.runtimes[interpreter.ID(idx/support.RuntimeMetricsPerRuntime)]; !loaded {
 			continue
 		}
-		if err := read(rm, idx, name); err != nil {
+		if err := read(t.objs.RuntimeMetrics, idx, name); err != nil {
 			return nil, err
 		}
 	}

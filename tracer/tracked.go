@@ -14,7 +14,7 @@ const trackedSwitch = uint32(0)
 // first process, and only where processes are read at their first sample
 // (ResolvesUnread and a process manager that defers exec'd processes).
 func (t *Tracer) FilterProcessEvents() error {
-	return t.coll.Maps["tracked_pids"].Put(trackedSwitch, uint8(0))
+	return t.objs.TrackedPIDs.Put(trackedSwitch, uint8(0))
 }
 
 // TrackProcess says user space keeps state for pid from now on; call it
@@ -25,7 +25,7 @@ func (t *Tracer) TrackProcess(pid uint32) {
 	if pid == trackedSwitch {
 		return
 	}
-	m := t.coll.Maps["tracked_pids"]
+	m := t.objs.TrackedPIDs
 	if err := m.Put(pid, uint8(1)); err != nil {
 		// Updating the existing switch entry needs no room.
 		if err := m.Put(trackedSwitch, uint8(1)); err != nil {
@@ -43,7 +43,7 @@ func (t *Tracer) UntrackProcess(pid uint32) {
 	if pid == trackedSwitch {
 		return
 	}
-	if err := ignoreMissing(t.coll.Maps["tracked_pids"].Delete(pid)); err != nil {
+	if err := ignoreMissing(t.objs.TrackedPIDs.Delete(pid)); err != nil {
 		log.Debugf("Process events: untracking %d: %v", pid, err)
 	}
 }
