@@ -162,7 +162,7 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 			"and the host is sampled for that interval when it is below the threshold. 100 samples always.")
 	fs.DurationVar(&c.probabilisticInterval, "probabilistic-interval", time.Minute,
 		"How long each probabilistic decision holds (1s-24h).")
-	fs.IntVar(&c.startupNice, "startup-nice", -5,
+	fs.IntVar(&c.startupNice, "startup-nice", -20,
 		"Scheduling priority (nice value, -20 to 0) the daemon starts at, when started at the default priority, "+
 			"until its first profile is out and the stack deltas of the processes it found are loaded: on a saturated "+
 			"host its start-up then takes seconds, not tens of seconds. 0 turns this off; needs root or CAP_SYS_NICE.")
