@@ -13,6 +13,7 @@ import (
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/libc"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
+	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
 	"github.com/hostprof/ebpf-profiler/support"
 	"github.com/hostprof/ebpf-profiler/tracecorr"
 )
@@ -73,7 +74,7 @@ type runtimeMatch struct {
 // files yield an error, never a panic: debug/elf is hardened and fuzzed,
 // and a recover turns any panic it still has into an error because these
 // bytes come from arbitrary files on the host.
-func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime) (d *elfData, err error) {
+func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime, debugDirs []string) (d *elfData, err error) {
 	if !isELF(r) {
 		return nil, errNotELF
 	}
@@ -110,7 +111,15 @@ func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime) (d *elfDat
 			return nil, fmt.Errorf("reading ELF symbols: %w", err)
 		}
 	}
-	cands := elfSymbolCandidates(f, syms)
+	named := syms
+	if len(symtab) == 0 && len(debugDirs) > 0 {
+		// Only for names: the runtimes and the TSD layout read the
+		// file's own tables.
+		if dsyms, err := debugFileSymbols(f, debugDirs); err == nil && len(dsyms) > 0 {
+			named = dsyms
+		}
+	}
+	cands := elfSymbolCandidates(f, named)
 	// Go binaries are often stripped; their .gopclntab still names every
 	// Go function. A damaged table costs the names it could not give.
 	if goSyms, err := nativeunwind.ReadGoSymbols(f); err == nil {
@@ -130,6 +139,24 @@ func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime) (d *elfDat
 		}
 	}
 	return d, nil
+}
+
+// debugFileSymbols reads the .symtab of a stripped file's separate debug
+// file, found by build id: a distribution's libraries keep only their
+// exported symbols, and their internal functions (libc's start_thread,
+// where every thread's stack begins) would otherwise stay unnamed until
+// the debug file is opened for source lines, seconds later on a busy host.
+func debugFileSymbols(f *elf.File, dirs []string) ([]elf.Symbol, error) {
+	df, err := debuginfo.OpenByBuildID(f, dirs)
+	if err != nil {
+		return nil, err
+	}
+	defer df.Close()
+	ef, err := elf.NewFile(df)
+	if err != nil {
+		return nil, err
+	}
+	return nativeunwind.ReadSymbols(ef, elf.SHT_SYMTAB)
 }
 
 // recogniseRuntimes asks each runtime whether the file holds it. A runtime

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -197,7 +200,7 @@ func ownVDSO(t testing.TB) []byte {
 }
 
 func TestParseELFVDSO(t *testing.T) {
-	d, err := parseELF(bytes.NewReader(ownVDSO(t)), "", nil)
+	d, err := parseELF(bytes.NewReader(ownVDSO(t)), "", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +224,7 @@ func TestParseELFTruncated(t *testing.T) {
 			if n > len(image) {
 				continue
 			}
-			_, err := parseELF(bytes.NewReader(image[:n]), "", nil)
+			_, err := parseELF(bytes.NewReader(image[:n]), "", nil, nil)
 			if n < 64 && err == nil {
 				t.Errorf("%d bytes: header cut short but no error", n)
 			}
@@ -233,10 +236,10 @@ func TestParseELFTruncated(t *testing.T) {
 			for i := off; i < off+2 && i < len(bad); i++ {
 				bad[i] = 0xff
 			}
-			_, _ = parseELF(bytes.NewReader(bad), "", nil)
+			_, _ = parseELF(bytes.NewReader(bad), "", nil, nil)
 		}
 	}
-	if _, err := parseELF(bytes.NewReader([]byte("#!/bin/sh\necho hi\n")), "", nil); err != errNotELF {
+	if _, err := parseELF(bytes.NewReader([]byte("#!/bin/sh\necho hi\n")), "", nil, nil); err != errNotELF {
 		t.Errorf("script: err = %v, want errNotELF", err)
 	}
 }
@@ -246,7 +249,7 @@ func TestParseELFTruncated(t *testing.T) {
 func FuzzParseELF(f *testing.F) {
 	f.Add(ownVDSO(f))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		d, err := parseELF(bytes.NewReader(data), "fuzz", interpreter.All())
+		d, err := parseELF(bytes.NewReader(data), "fuzz", interpreter.All(), nil)
 		if err == nil && d.symbols != nil {
 			for _, e := range d.symbols.entries {
 				d.symbols.lookup(e.start)
@@ -263,4 +266,74 @@ func FuzzNotes(f *testing.F) {
 		for range elfNotes(data, 8, binary.BigEndian) {
 		}
 	})
+}
+
+// A stripped file's internal functions are named from the .symtab of its
+// debug file, found by build id.
+func TestSymbolsFromDebugFile(t *testing.T) {
+	for _, tool := range []string{"gcc", "objcopy", "nm"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s: %v", tool, err)
+		}
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "inner.c")
+	code := "__attribute__((noinline)) static int inner_work(int x) { return x * 3 + 1; }\n" +
+		"int main(int argc, char **argv) { return inner_work(argc); }\n"
+	if err := os.WriteFile(src, []byte(code), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "inner")
+	run := func(name string, args ...string) string {
+		out, err := exec.Command(name, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+		}
+		return string(out)
+	}
+	run("gcc", "-O1", "-Wl,--build-id", "-o", bin, src)
+	var addr uint64
+	for _, line := range strings.Split(run("nm", bin), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[2] == "inner_work" {
+			addr, _ = strconv.ParseUint(f[0], 16, 64)
+		}
+	}
+	if addr == 0 {
+		t.Fatal("nm: no inner_work")
+	}
+	parse := func(dirs []string) *elfData {
+		f, err := os.Open(bin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		d, err := parseELF(f, bin, nil, dirs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	debugDir := filepath.Join(dir, "debug")
+	d := parse(nil)
+	id := d.gnuBuildID
+	debugFile := filepath.Join(debugDir, ".build-id", id[:2], id[2:]+".debug")
+	if err := os.MkdirAll(filepath.Dir(debugFile), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run("objcopy", "--only-keep-debug", bin, debugFile)
+	run("objcopy", "--strip-all", bin)
+
+	if name, _ := parse(nil).symbols.lookup(addr); name == "inner_work" {
+		t.Fatal("stripped file still names inner_work")
+	}
+	if name, _ := parse([]string{debugDir}).symbols.lookup(addr); name != "inner_work" {
+		t.Errorf("with its debug file: %#x named %q, want inner_work", addr, name)
+	}
+	// Another build's debug file under the same id is refused.
+	if err := os.WriteFile(debugFile, []byte("not ELF"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if name, _ := parse([]string{debugDir}).symbols.lookup(addr); name == "inner_work" {
+		t.Error("named from a file that is not its debug file")
+	}
 }

@@ -87,7 +87,9 @@ type fileCache struct {
 	lru *libpf.LRU[fileKey, *fileInfo]
 	log logrus.FieldLogger
 	// runtimes are looked for in every file.
-	runtimes     []*interpreter.Runtime
+	runtimes []*interpreter.Runtime
+	// debugDirs are searched for the symbols of stripped files.
+	debugDirs    []string
 	hits, misses uint64
 	elfErrors    uint64
 	// runtimeErrors counts files a runtime found its own but could not
@@ -184,7 +186,7 @@ func (c *fileCache) get(key fileKey, r readSeekerAt, name string) (*fileInfo, er
 	if isELF(r) {
 		// A corrupt ELF file still has a file id; it just cannot be
 		// symbolized locally.
-		if fi.elf, err = parseELF(r, name, c.runtimes); err != nil {
+		if fi.elf, err = parseELF(r, name, c.runtimes, c.debugDirs); err != nil {
 			c.elfErrors++
 			c.log.WithError(err).Debugf("not symbolizing %s", name)
 		}

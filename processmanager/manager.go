@@ -224,11 +224,11 @@ func New(cfg Config) (*Manager, error) {
 		counters:       counters{runtimeAttached: map[string]uint64{}, runtimeRefusals: map[string]uint64{}},
 		demangler:      newDemangler(cfg.Demangle),
 	}
+	dirs := cfg.DebugDirs
+	if dirs == nil {
+		dirs = DefaultDebugDirs
+	}
 	if cfg.DebugInfoBytes >= 0 {
-		dirs := cfg.DebugDirs
-		if dirs == nil {
-			dirs = DefaultDebugDirs
-		}
 		m.lines = newLineSymbolizer(debuginfo.Options{DebugDirs: dirs, InflateDir: cfg.DebugInfoInflateDir},
 			cmp.Or(cfg.DebugInfoBytes, DefaultDebugInfoBytes), cfg.Debuginfod, func() time.Time { return m.now() })
 		m.lines.recheck = cmp.Or(cfg.DebuginfodRecheck, defaultDebuginfodRecheck)
@@ -240,9 +240,10 @@ func New(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("procfs not usable at %s (mount it or set Config.ProcFS): %w", m.procFS, err)
 	}
 	m.files = fileCache{
-		lru:      libpf.NewLRU[fileKey, *fileInfo](cmp.Or(cfg.FileCacheSize, defaultFileCacheSize), 0),
-		log:      m.log,
-		runtimes: cfg.Runtimes,
+		lru:       libpf.NewLRU[fileKey, *fileInfo](cmp.Or(cfg.FileCacheSize, defaultFileCacheSize), 0),
+		log:       m.log,
+		runtimes:  cfg.Runtimes,
+		debugDirs: dirs,
 	}
 	m.byFileID = libpf.NewLRU[uint64, *mapping](cmp.Or(cfg.FileCacheSize, defaultFileCacheSize), 0)
 	m.exited = libpf.NewLRU[uint32, exitedProcess](maxExitedProcesses, 0)

@@ -367,7 +367,7 @@ func TestStrippedGoNamedFromPclntab(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	d, err := parseELF(f, "", nil)
+	d, err := parseELF(f, "", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

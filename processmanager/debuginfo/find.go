@@ -227,16 +227,10 @@ func hasDWARF(f *elf.File) bool {
 // directory and under each debug directory. A candidate must match the
 // executable: by build id where both have one, else by the link's CRC.
 func findDebugFile(ef *elf.File, exe Executable, opts Options) (*os.File, string, error) {
-	buildID := gnuBuildID(ef)
-	if len(buildID) >= 2 {
-		hexID := fmt.Sprintf("%x", buildID)
-		for _, dir := range opts.DebugDirs {
-			p := filepath.Join(dir, ".build-id", hexID[:2], hexID[2:]+".debug")
-			if f, ok := openCandidate(p, buildID, nil); ok {
-				return f, "build-id", nil
-			}
-		}
+	if f, err := OpenByBuildID(ef, opts.DebugDirs); err == nil {
+		return f, "build-id", nil
 	}
+	buildID := gnuBuildID(ef)
 	link, crc, ok := debugLink(ef)
 	if !ok {
 		return nil, "", fmt.Errorf("%w: none in the file, none by build id, no debug link", ErrNoDebugInfo)
@@ -258,6 +252,23 @@ func findDebugFile(ef *elf.File, exe Executable, opts Options) (*os.File, string
 		}
 	}
 	return nil, "", fmt.Errorf("%w: none in the file, none by build id, debug link %q not found", ErrNoDebugInfo, link)
+}
+
+// OpenByBuildID opens the separate debug file of ef found by its GNU build
+// id in dirs (DIR/.build-id/xx/yyyy.debug), checked to carry the same id;
+// ErrNoDebugInfo when ef has no build id or no dir has its file.
+func OpenByBuildID(ef *elf.File, dirs []string) (*os.File, error) {
+	buildID := gnuBuildID(ef)
+	if len(buildID) < 2 {
+		return nil, fmt.Errorf("%w: no build id", ErrNoDebugInfo)
+	}
+	hexID := fmt.Sprintf("%x", buildID)
+	for _, dir := range dirs {
+		if f, ok := openCandidate(filepath.Join(dir, ".build-id", hexID[:2], hexID[2:]+".debug"), buildID, nil); ok {
+			return f, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: no debug file for build id %s", ErrNoDebugInfo, hexID)
 }
 
 // openCandidate opens a possible debug file and checks that it belongs to
