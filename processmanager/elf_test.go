@@ -2,6 +2,7 @@ package processmanager
 
 import (
 	"bytes"
+	"debug/elf"
 	"encoding/binary"
 	"os"
 	"os/exec"
@@ -335,5 +336,21 @@ func TestSymbolsFromDebugFile(t *testing.T) {
 	}
 	if name, _ := parse([]string{debugDir}).symbols.lookup(addr); name == "inner_work" {
 		t.Error("named from a file that is not its debug file")
+	}
+}
+
+// Of a function's names in a debug file's .symtab, glibc's internal
+// alias is the last choice.
+func TestSymbolRankGlibcAlias(t *testing.T) {
+	local := elf.ST_INFO(elf.STB_LOCAL, elf.STT_FUNC)
+	var cands []symbolCandidate
+	for _, s := range []elf.Symbol{
+		{Name: "__GI___clone3", Info: local, Value: 0x1000, Size: 0x40},
+		{Name: "__clone3", Info: local, Value: 0x1000, Size: 0x40},
+	} {
+		cands = append(cands, symbolCandidate{start: s.Value, size: s.Size, name: s.Name, rank: symbolRank(s)})
+	}
+	if name, _ := buildSymbolTable(cands).lookup(0x1010); name != "__clone3" {
+		t.Errorf("named %q, want __clone3", name)
 	}
 }

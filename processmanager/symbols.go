@@ -90,6 +90,11 @@ func symbolRank(s elf.Symbol) int {
 	default:
 		rank += 2
 	}
+	if strings.HasPrefix(s.Name, "__GI_") {
+		// glibc's alias for its own calls of a function (a debug
+		// file's .symtab has both): the function's name is the other.
+		rank += 3
+	}
 	return rank
 }
 

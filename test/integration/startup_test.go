@@ -26,9 +26,12 @@ import (
 // threadRoots are the outermost functions of complete stacks: where the
 // kernel starts a program's main thread, another thread, or where Go starts
 // a goroutine or a thread of its own (named with or without their ABI
-// suffix, from symbols or from .gopclntab).
+// suffix, from symbols or from .gopclntab), or Go's scheduler and signal
+// handler begin on their own stacks (mcall switches to the thread's g0
+// stack, the kernel enters sigtramp on the signal stack: Go's own
+// traceback ends there too).
 var threadRoots = []string{"_start", "start_thread", "__clone", "__clone3", "runtime.goexit",
-	"runtime.mstart", "runtime.rt0_go"}
+	"runtime.mstart", "runtime.rt0_go", "runtime.mcall", "runtime.sigtramp", "runtime.cgoSigtramp"}
 
 // isThreadRoot says whether name is one of threadRoots.
 func isThreadRoot(name string) bool {
@@ -251,6 +254,11 @@ func measureStartup(t *testing.T, name, daemon string, busy map[int64]string, ca
 	logTopStacks(t, incomplete, 8)
 
 	log := readFile(t, d.LogPath)
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, "busy processes in") || strings.Contains(line, "msg=\"Sampling ") {
+			t.Logf("%s: daemon: %s", name, line)
+		}
+	}
 	lost := map[string]int{}
 	for _, field := range []string{"bpf_traces_lost", "bpf_process_events_lost", "queue_traces_lost",
 		"queue_process_events_lost", "delta_mappings_dropped"} {
