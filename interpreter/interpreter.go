@@ -34,9 +34,10 @@ import (
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
-// ID is a runtime's BPF id (enum runtime_id in support/ebpf/runtimes.h):
-// at once the frame kind of its frames, the tail-call slot of its BPF
-// unwinder and its half of the key of its per-process configuration.
+// ID is a runtime's BPF id (enum runtime_id in support/ebpf/runtimes.h,
+// from which go generate writes each runtime package's constant): at once
+// the frame kind of its frames, the tail-call slot of its BPF unwinder and
+// its half of the key of its per-process configuration.
 type ID uint8
 
 // Kind is the frame kind of the runtime's frames.

@@ -9,12 +9,9 @@ import (
 	"github.com/hostprof/ebpf-profiler/libpf"
 )
 
-// firstID is the lowest runtime id: below it are the core's frame kinds
-// (RUNTIME_FIRST in support/ebpf/runtimes.h).
-const firstID = 4
-
-// maxID bounds runtime ids (RUNTIME_MAX): a u32 mask has a bit per id.
-const maxID = 32
+// firstID and maxID, in id_gen.go, are RUNTIME_FIRST and RUNTIME_MAX of
+// support/ebpf/runtimes.h, as each runtime package's ID is its RUNTIME_<NAME>.
+//go:generate go run ./internal/runtimeids/generate
 
 // registry holds the runtimes registered by their packages' init
 // functions; it does not change once main runs.

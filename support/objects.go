@@ -19,6 +19,16 @@ func LoadSpec() (*ebpf.CollectionSpec, error) {
 	return spec, nil
 }
 
+// LoadShared reads the shared definitions of the embedded BPF object, for
+// what needs them without loading it (tests, code generators).
+func LoadShared() (*Shared, error) {
+	spec, err := LoadSpec()
+	if err != nil {
+		return nil, err
+	}
+	return ReadShared(spec)
+}
+
 // ObjectHash is the SHA-256 of the embedded BPF object, hex-encoded: what
 // `sha256sum support/ebpf/` + ObjectName prints for the object this binary
 // runs.

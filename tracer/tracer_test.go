@@ -1,6 +1,14 @@
 package tracer
 
-import "testing"
+import (
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/hostprof/ebpf-profiler/interpreter"
+	"github.com/hostprof/ebpf-profiler/support"
+)
 
 func TestProcessedInsns(t *testing.T) {
 	tests := []struct {
@@ -23,5 +31,43 @@ func TestProcessedInsns(t *testing.T) {
 		if got != tt.want || ok != tt.ok {
 			t.Errorf("processedInsns(%q) = %d, %v; want %d, %v", tt.log, got, ok, tt.want, tt.ok)
 		}
+	}
+}
+
+// A runtime whose id is not the object's fails loading, and only the chosen
+// runtimes' unwinders are loaded.
+func TestSelectRuntimes(t *testing.T) {
+	shared, err := support.LoadShared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(shared.Runtimes) < 2 {
+		t.Fatalf("the BPF object has %d runtimes, the test needs two", len(shared.Runtimes))
+	}
+	prepare := func(rt *interpreter.Runtime) (*ebpf.CollectionSpec, error) {
+		spec, err := support.LoadSpec()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = prepareSpec(spec, Config{SamplesPerSecond: 20, Runtimes: []*interpreter.Runtime{rt}}, kernelFeatures{}, 1)
+		return spec, err
+	}
+	for name, id := range shared.Runtimes {
+		if _, err := prepare(&interpreter.Runtime{Name: name, ID: interpreter.ID(id) + 1}); err == nil ||
+			!strings.Contains(err.Error(), name) {
+			t.Errorf("%s with id %d, the object's %d: %v, want an error naming it", name, id+1, id, err)
+		}
+		spec, err := prepare(&interpreter.Runtime{Name: name, ID: interpreter.ID(id)})
+		if err != nil {
+			t.Fatalf("choosing %s: %v", name, err)
+		}
+		for other := range shared.Runtimes {
+			if _, kept := spec.Programs[support.RuntimeProgram(other)]; kept != (other == name) {
+				t.Errorf("choosing %s: the unwinder of %s kept %v", name, other, kept)
+			}
+		}
+	}
+	if _, err := prepare(&interpreter.Runtime{Name: "none", ID: 31}); err == nil {
+		t.Error("a runtime the object lacks was chosen")
 	}
 }

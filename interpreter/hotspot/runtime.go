@@ -18,8 +18,8 @@ import (
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
-// ID is the JVM's runtime id: RUNTIME_JVM in support/ebpf/runtimes.h.
-const ID interpreter.ID = 5
+// ID, in id_gen.go, is RUNTIME_JVM of support/ebpf/runtimes.h.
+//go:generate go run ../internal/runtimeids/generate jvm
 
 // Kind is the frame kind of Java frames.
 const Kind = libpf.FrameKind(ID)

@@ -12,8 +12,8 @@ import (
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
-// ID is Perl's runtime id: RUNTIME_PERL in support/ebpf/runtimes.h.
-const ID interpreter.ID = 9
+// ID, in id_gen.go, is RUNTIME_PERL of support/ebpf/runtimes.h.
+//go:generate go run ../internal/runtimeids/generate perl
 
 // Kind is the frame kind of Perl frames.
 const Kind = libpf.FrameKind(ID)

@@ -12,8 +12,8 @@ import (
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
-// ID is PHP's runtime id: RUNTIME_PHP in support/ebpf/runtimes.h.
-const ID interpreter.ID = 8
+// ID, in id_gen.go, is RUNTIME_PHP of support/ebpf/runtimes.h.
+//go:generate go run ../internal/runtimeids/generate php
 
 // Kind is the frame kind of PHP frames.
 const Kind = libpf.FrameKind(ID)

@@ -10,11 +10,7 @@ import (
 // TestUnwinderStructs: the Go mirrors of the PHP unwinder's structs have
 // their C layouts, and its frames are read where PHP keeps them.
 func TestUnwinderStructs(t *testing.T) {
-	spec, err := support.LoadSpec()
-	if err != nil {
-		t.Fatal(err)
-	}
-	shared, err := support.ReadShared(spec)
+	shared, err := support.LoadShared()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,8 +9,8 @@ import (
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
-// ID is CPython's runtime id: RUNTIME_CPYTHON in support/ebpf/runtimes.h.
-const ID interpreter.ID = 4
+// ID, in id_gen.go, is RUNTIME_CPYTHON of support/ebpf/runtimes.h.
+//go:generate go run ../internal/runtimeids/generate cpython
 
 // Kind is the frame kind of Python frames.
 const Kind = libpf.FrameKind(ID)

@@ -12,8 +12,8 @@ import (
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
-// ID is CRuby's runtime id: RUNTIME_RUBY in support/ebpf/runtimes.h.
-const ID interpreter.ID = 7
+// ID, in id_gen.go, is RUNTIME_RUBY of support/ebpf/runtimes.h.
+//go:generate go run ../internal/runtimeids/generate ruby
 
 // Kind is the frame kind of Ruby frames.
 const Kind = libpf.FrameKind(ID)

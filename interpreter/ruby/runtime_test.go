@@ -9,11 +9,7 @@ import (
 // TestUnwinderStructs: the Go mirrors of the Ruby unwinder's structs have
 // their C layouts, and every layout offered is one the unwinder reads.
 func TestUnwinderStructs(t *testing.T) {
-	spec, err := support.LoadSpec()
-	if err != nil {
-		t.Fatal(err)
-	}
-	shared, err := support.ReadShared(spec)
+	shared, err := support.LoadShared()
 	if err != nil {
 		t.Fatal(err)
 	}

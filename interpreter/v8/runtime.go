@@ -21,8 +21,8 @@ import (
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
-// ID is V8's runtime id: RUNTIME_V8 in support/ebpf/runtimes.h.
-const ID interpreter.ID = 6
+// ID, in id_gen.go, is RUNTIME_V8 of support/ebpf/runtimes.h.
+//go:generate go run ../internal/runtimeids/generate v8
 
 // Kind is the frame kind of V8's frames.
 const Kind = libpf.FrameKind(ID)
