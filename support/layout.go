@@ -58,13 +58,11 @@ type traceLayout struct {
 	eventExecMapped                                                                  uint32
 	// processEventAddr is struct process_event's addr.
 	processEventAddr int
-	// execEvent are struct exec_event's offsets and size.
-	execEvent     map[string]int
-	execEventSize int
-	// mmapEvent are struct mmap_event's offsets and size.
-	mmapEvent                      map[string]int
-	mmapEventSize                  int
-	flagTruncated, frameFlagReturn uint8
+	// exec* are struct exec_event's offsets and size.
+	execPID, execDev, execIno, execEventSize int
+	// mmap* are struct mmap_event's offsets and size.
+	mmapStart, mmapEnd, mmapPgoff, mmapDev, mmapIno, mmapEventSize int
+	flagTruncated, frameFlagReturn                                 uint8
 	// apm is struct trace's apm; flagAPM is TRACE_FLAG_APM_CONTEXT.
 	apm     int
 	flagAPM uint8
@@ -84,15 +82,8 @@ func ReadShared(spec *ebpf.CollectionSpec) (*Shared, error) {
 		}
 		s.Programs[strings.ToLower(strings.TrimPrefix(name, "PROG_"))] = uint32(v)
 	}
-	metrics, err := enumValues(spec.Types, "metric_id")
-	if err != nil {
+	if err := s.readMetrics(); err != nil {
 		return nil, err
-	}
-	s.Metrics = make([]string, metrics["METRIC_COUNT"])
-	for name, v := range metrics {
-		if name != "METRIC_COUNT" {
-			s.Metrics[v] = strings.ToLower(strings.TrimPrefix(name, "METRIC_"))
-		}
 	}
 	if err := s.trace.read(spec.Types); err != nil {
 		return nil, err
@@ -106,24 +97,51 @@ func ReadShared(spec *ebpf.CollectionSpec) (*Shared, error) {
 	if err := s.readRuntimes(); err != nil {
 		return nil, err
 	}
-	layout, err := enumValues(spec.Types, "delta_layout")
-	if err != nil {
+	if err := s.readDeltaLayout(); err != nil {
 		return nil, err
-	}
-	s.DeltaPageBits = uint(layout["DELTA_PAGE_BITS"])
-	if n := layout["DELTAS_PER_SLOT"]; n != uint64(len(DeltaSlot{})) {
-		return nil, fmt.Errorf("BPF object stores %d deltas per slot, the Go mirror %d", n, len(DeltaSlot{}))
-	}
-	flags, err := enumValues(spec.Types, "unwind_rule_flag")
-	if err != nil {
-		return nil, err
-	}
-	s.RuleFlagRASigned = uint8(flags["UNWIND_RULE_RA_SIGNED"])
-	s.RuleFlagStackSwitch = uint8(flags["UNWIND_RULE_STACK_SWITCH"])
-	if s.RuleFlagRASigned == 0 || s.RuleFlagStackSwitch == 0 {
-		return nil, fmt.Errorf("BPF object's enum unwind_rule_flag lacks a flag: %v", flags)
 	}
 	return s, nil
+}
+
+// readMetrics reads the counters' names from enum metric_id.
+func (s *Shared) readMetrics() error {
+	r := &btfReader{types: s.types}
+	metrics := r.enum("metric_id")
+	count := metrics.value("METRIC_COUNT")
+	if err := r.err(); err != nil {
+		return err
+	}
+	s.Metrics = make([]string, count)
+	for name, v := range metrics.values {
+		if name == "METRIC_COUNT" {
+			continue
+		}
+		if v >= count {
+			return fmt.Errorf("BPF metric %s=%d is not below METRIC_COUNT=%d", name, v, count)
+		}
+		s.Metrics[v] = strings.ToLower(strings.TrimPrefix(name, "METRIC_"))
+	}
+	return nil
+}
+
+// readDeltaLayout reads the stack delta layout and rule flags.
+func (s *Shared) readDeltaLayout() error {
+	r := &btfReader{types: s.types}
+	layout, flags := r.enum("delta_layout"), r.enum("unwind_rule_flag")
+	s.DeltaPageBits = uint(layout.value("DELTA_PAGE_BITS"))
+	perSlot := layout.value("DELTAS_PER_SLOT")
+	s.RuleFlagRASigned = uint8(flags.value("UNWIND_RULE_RA_SIGNED"))
+	s.RuleFlagStackSwitch = uint8(flags.value("UNWIND_RULE_STACK_SWITCH"))
+	if err := r.err(); err != nil {
+		return err
+	}
+	if perSlot != uint64(len(DeltaSlot{})) {
+		return fmt.Errorf("BPF object stores %d deltas per slot, the Go mirror %d", perSlot, len(DeltaSlot{}))
+	}
+	if s.RuleFlagRASigned == 0 || s.RuleFlagStackSwitch == 0 {
+		return fmt.Errorf("BPF object's enum unwind_rule_flag has a zero flag: %v", flags.values)
+	}
+	return nil
 }
 
 func enumValues(types *btf.Spec, name string) (map[string]uint64, error) {
@@ -138,35 +156,131 @@ func enumValues(types *btf.Spec, name string) (map[string]uint64, error) {
 	return values, nil
 }
 
-// checkFrameKinds makes sure BPF's frame kinds are libpf's.
-func checkFrameKinds(types *btf.Spec) error {
-	kinds, err := enumValues(types, "frame_kind")
-	if err != nil {
-		return err
+// btfReader reads structs and enums of the object's BTF member by member.
+// Whatever it does not find is an error naming it, not 0, which is also a
+// struct's first member's offset and many an enum's first value; err
+// reports them all at once.
+type btfReader struct {
+	types *btf.Spec
+	errs  []error
+}
+
+// missing reports something not found, once however often it was read.
+func (r *btfReader) missing(format string, args ...any) {
+	err := fmt.Errorf(format, args...)
+	for _, e := range r.errs {
+		if e.Error() == err.Error() {
+			return
+		}
 	}
+	r.errs = append(r.errs, err)
+}
+
+func (r *btfReader) err() error { return errors.Join(r.errs...) }
+
+// structMembers are the members of a struct, by name; empty for a struct
+// the object lacks (reported once, not per member).
+type structMembers struct {
+	r      *btfReader
+	name   string
+	size   int
+	byName map[string]btf.Member
+}
+
+func (r *btfReader) structure(name string) *structMembers {
+	s := &structMembers{r: r, name: name}
+	var st *btf.Struct
+	if err := r.types.TypeByName(name, &st); err != nil {
+		r.missing("BPF object lacks struct %s: %w", name, err)
+		return s
+	}
+	s.size, s.byName = int(st.Size), make(map[string]btf.Member, len(st.Members))
+	for _, m := range st.Members {
+		s.byName[m.Name] = m
+	}
+	return s
+}
+
+// offset is a member's byte offset.
+func (s *structMembers) offset(member string) int {
+	m, ok := s.byName[member]
+	if !ok && s.byName != nil {
+		s.r.missing("BPF struct %s lacks member %s", s.name, member)
+	}
+	return int(m.Offset.Bytes())
+}
+
+// arrayLen is the length of an array member.
+func (s *structMembers) arrayLen(member string) int {
+	m, ok := s.byName[member]
+	if !ok {
+		s.offset(member) // reports it
+		return 0
+	}
+	arr, ok := m.Type.(*btf.Array)
+	if !ok {
+		s.r.missing("BPF struct %s's member %s is not an array", s.name, member)
+		return 0
+	}
+	return int(arr.Nelems)
+}
+
+// enumMembers are the values of an enum, by name; empty for an enum the
+// object lacks (reported once).
+type enumMembers struct {
+	r      *btfReader
+	name   string
+	values map[string]uint64
+}
+
+func (r *btfReader) enum(name string) *enumMembers {
+	values, err := enumValues(r.types, name)
+	if err != nil {
+		r.errs = append(r.errs, err)
+	}
+	return &enumMembers{r: r, name: name, values: values}
+}
+
+func (e *enumMembers) value(name string) uint64 {
+	v, ok := e.values[name]
+	if !ok && e.values != nil {
+		e.r.missing("BPF enum %s lacks %s", e.name, name)
+	}
+	return v
+}
+
+// checkFrameKinds makes sure BPF's frame kinds are libpf's, no more and no
+// fewer.
+func checkFrameKinds(types *btf.Spec) error {
+	r := &btfReader{types: types}
+	kinds := r.enum("frame_kind")
 	want := map[string]libpf.FrameKind{
 		"FRAME_KIND_UNKNOWN": libpf.FrameUnknown,
 		"FRAME_KIND_NATIVE":  libpf.FrameNative,
 		"FRAME_KIND_KERNEL":  libpf.FrameKernel,
 		"FRAME_KIND_ABORT":   libpf.FrameAbort,
 	}
-	for name, v := range kinds {
+	for name := range want {
+		kinds.value(name)
+	}
+	for name, v := range kinds.values {
 		if k, ok := want[name]; !ok || uint64(k) != v {
-			return fmt.Errorf("BPF frame kind %s=%d has no libpf equivalent", name, v)
+			r.missing("BPF frame kind %s=%d has no libpf equivalent", name, v)
 		}
 	}
-	return nil
+	return r.err()
 }
 
 // readRuntimes reads the runtime registry of the object (enum runtime_id)
 // and each runtime's counters (its enum <name>_metric).
 func (s *Shared) readRuntimes() error {
-	ids, err := enumValues(s.types, "runtime_id")
-	if err != nil {
+	r := &btfReader{types: s.types}
+	enum := r.enum("runtime_id")
+	ids, first, limit := enum.values, enum.value("RUNTIME_FIRST"), enum.value("RUNTIME_MAX")
+	if err := r.err(); err != nil {
 		return err
 	}
-	first, limit := ids["RUNTIME_FIRST"], ids["RUNTIME_MAX"]
-	if first != uint64(libpf.FirstRuntimeKind) || limit == 0 {
+	if first != uint64(libpf.FirstRuntimeKind) || limit <= first {
 		return fmt.Errorf("BPF enum runtime_id starts at %d (libpf: %d), ends at %d", first, libpf.FirstRuntimeKind, limit)
 	}
 	s.Runtimes = map[string]uint8{}
@@ -197,94 +311,42 @@ func (s *Shared) readRuntimes() error {
 	return nil
 }
 
-func memberOffsets(types *btf.Spec, name string) (map[string]int, *btf.Struct, error) {
-	var st *btf.Struct
-	if err := types.TypeByName(name, &st); err != nil {
-		return nil, nil, fmt.Errorf("BPF object lacks struct %s: %w", name, err)
-	}
-	offsets := make(map[string]int, len(st.Members))
-	for _, m := range st.Members {
-		offsets[m.Name] = int(m.Offset.Bytes())
-	}
-	return offsets, st, nil
-}
-
 func (l *traceLayout) read(types *btf.Spec) error {
-	t, st, err := memberOffsets(types, "trace")
-	if err != nil {
-		return err
-	}
-	f, fst, err := memberOffsets(types, "frame")
-	if err != nil {
-		return err
-	}
+	r := &btfReader{types: types}
+	t, f, pe := r.structure("trace"), r.structure("frame"), r.structure("process_event")
+	xe, me := r.structure("exec_event"), r.structure("mmap_event")
+	events, traceFlags, frameFlags := r.enum("event_type"), r.enum("trace_flag"), r.enum("frame_flag")
 	*l = traceLayout{
-		typ: t["type"], pid: t["pid"], tid: t["tid"], cpu: t["cpu"], ktime: t["ktime"],
-		hash: t["hash"], comm: t["comm"], flags: t["flags"],
-		numKernelFrames: t["num_kernel_frames"], numFrames: t["num_frames"], frames: t["frames"], apm: t["apm"],
-		frameSize: int(fst.Size), frameFileID: f["file_id"], frameAddr: f["addr"],
-		frameKind: f["kind"], frameFlags: f["flags"],
+		typ: t.offset("type"), pid: t.offset("pid"), tid: t.offset("tid"), cpu: t.offset("cpu"),
+		ktime: t.offset("ktime"), hash: t.offset("hash"), comm: t.offset("comm"), flags: t.offset("flags"),
+		numKernelFrames: t.offset("num_kernel_frames"), numFrames: t.offset("num_frames"),
+		frames: t.offset("frames"), maxFrames: t.arrayLen("frames"), apm: t.offset("apm"),
+		frameSize: f.size, frameFileID: f.offset("file_id"), frameAddr: f.offset("addr"),
+		frameKind: f.offset("kind"), frameFlags: f.offset("flags"),
+		processEventPID: pe.offset("pid"), processEventAddr: pe.offset("addr"),
+		execPID: xe.offset("pid"), execDev: xe.offset("dev"), execIno: xe.offset("ino"), execEventSize: xe.size,
+		mmapStart: me.offset("start"), mmapEnd: me.offset("end"), mmapPgoff: me.offset("pgoff"),
+		mmapDev: me.offset("dev"), mmapIno: me.offset("ino"), mmapEventSize: me.size,
+		eventTrace:       uint32(events.value("EVENT_TRACE")),
+		eventProcessExit: uint32(events.value("EVENT_PROCESS_EXIT")),
+		eventProcessExec: uint32(events.value("EVENT_PROCESS_EXEC")),
+		eventUnknownPC:   uint32(events.value("EVENT_UNKNOWN_PC")),
+		eventExecMapped:  uint32(events.value("EVENT_EXEC_MAPPED")),
+		flagTruncated:    uint8(traceFlags.value("TRACE_FLAG_TRUNCATED")),
+		flagAPM:          uint8(traceFlags.value("TRACE_FLAG_APM_CONTEXT")),
+		frameFlagReturn:  uint8(frameFlags.value("FRAME_FLAG_RETURN_ADDRESS")),
 	}
-	for _, m := range st.Members {
-		if arr, ok := m.Type.(*btf.Array); ok && m.Name == "frames" {
-			l.maxFrames = int(arr.Nelems)
-		}
+	if err := r.err(); err != nil {
+		return err
 	}
 	if l.maxFrames != libpf.MaxFrames {
 		return fmt.Errorf("BPF MAX_FRAMES is %d, libpf.MaxFrames is %d", l.maxFrames, libpf.MaxFrames)
 	}
-	pe, _, err := memberOffsets(types, "process_event")
-	if err != nil {
-		return err
-	}
-	l.processEventPID = pe["pid"]
-	if _, ok := pe["addr"]; !ok {
-		return errors.New("BPF struct process_event lacks addr")
-	}
-	l.processEventAddr = pe["addr"]
-	xe, xst, err := memberOffsets(types, "exec_event")
-	if err != nil {
-		return err
-	}
-	for _, field := range []string{"pid", "dev", "ino"} {
-		if _, ok := xe[field]; !ok {
-			return fmt.Errorf("BPF struct exec_event lacks %s", field)
-		}
-	}
-	l.execEvent, l.execEventSize = xe, int(xst.Size)
-	me, mst, err := memberOffsets(types, "mmap_event")
-	if err != nil {
-		return err
-	}
-	for _, field := range []string{"start", "end", "pgoff", "dev", "ino"} {
-		if _, ok := me[field]; !ok {
-			return fmt.Errorf("BPF struct mmap_event lacks %s", field)
-		}
-	}
-	l.mmapEvent, l.mmapEventSize = me, int(mst.Size)
-	events, err := enumValues(types, "event_type")
-	if err != nil {
-		return err
-	}
-	l.eventTrace = uint32(events["EVENT_TRACE"])
-	l.eventProcessExit = uint32(events["EVENT_PROCESS_EXIT"])
-	l.eventProcessExec = uint32(events["EVENT_PROCESS_EXEC"])
-	l.eventUnknownPC = uint32(events["EVENT_UNKNOWN_PC"])
-	l.eventExecMapped = uint32(events["EVENT_EXEC_MAPPED"])
-	traceFlags, err := enumValues(types, "trace_flag")
-	if err != nil {
-		return err
-	}
-	l.flagTruncated = uint8(traceFlags["TRACE_FLAG_TRUNCATED"])
-	l.flagAPM = uint8(traceFlags["TRACE_FLAG_APM_CONTEXT"])
-	frameFlags, err := enumValues(types, "frame_flag")
-	if err != nil {
-		return err
-	}
-	l.frameFlagReturn = uint8(frameFlags["FRAME_FLAG_RETURN_ADDRESS"])
+	// DecodeEvent tells records apart by type and tests flags: a zero
+	// would match every record or none.
 	if l.eventTrace == 0 || l.eventProcessExit == 0 || l.eventProcessExec == 0 || l.eventUnknownPC == 0 ||
-		l.eventExecMapped == 0 || l.flagTruncated == 0 || l.frameFlagReturn == 0 || l.flagAPM == 0 || l.apm == 0 {
-		return errors.New("BPF object lacks event, trace flag or frame flag values")
+		l.eventExecMapped == 0 || l.flagTruncated == 0 || l.frameFlagReturn == 0 || l.flagAPM == 0 {
+		return errors.New("BPF object has a zero event type, trace flag or frame flag")
 	}
 	return nil
 }
@@ -440,8 +502,8 @@ func (s *Shared) decodeExec(raw []byte) (Event, error) {
 		return Event{}, fmt.Errorf("%w: exec event of %d bytes", ErrMalformedEvent, len(raw))
 	}
 	le := binary.LittleEndian
-	return Event{Kind: EventProcessExec, PID: libpf.PID(le.Uint32(raw[l.execEvent["pid"]:])),
-		Program: FileKey{Dev: le.Uint64(raw[l.execEvent["dev"]:]), Ino: le.Uint64(raw[l.execEvent["ino"]:])}}, nil
+	return Event{Kind: EventProcessExec, PID: libpf.PID(le.Uint32(raw[l.execPID:])),
+		Program: FileKey{Dev: le.Uint64(raw[l.execDev:]), Ino: le.Uint64(raw[l.execIno:])}}, nil
 }
 
 func (s *Shared) decodeExecMapped(raw []byte) (Event, error) {
@@ -449,11 +511,11 @@ func (s *Shared) decodeExecMapped(raw []byte) (Event, error) {
 	if len(raw) < l.mmapEventSize {
 		return Event{}, fmt.Errorf("%w: mapping event of %d bytes", ErrMalformedEvent, len(raw))
 	}
-	u64 := func(field string) uint64 { return binary.LittleEndian.Uint64(raw[l.mmapEvent[field]:]) }
-	dev := u64("dev")
+	u64 := func(off int) uint64 { return binary.LittleEndian.Uint64(raw[off:]) }
+	dev := u64(l.mmapDev)
 	m := ExecMapping{
-		Start: u64("start"), End: u64("end"), Offset: u64("pgoff") * pageSize,
-		Dev: unix.Mkdev(uint32(dev>>20), uint32(dev&(1<<20-1))), Ino: u64("ino"),
+		Start: u64(l.mmapStart), End: u64(l.mmapEnd), Offset: u64(l.mmapPgoff) * pageSize,
+		Dev: unix.Mkdev(uint32(dev>>20), uint32(dev&(1<<20-1))), Ino: u64(l.mmapIno),
 	}
 	if m.End <= m.Start {
 		return Event{}, fmt.Errorf("%w: mapping [%#x, %#x)", ErrMalformedEvent, m.Start, m.End)

@@ -87,11 +87,7 @@ func encodeTrace(l *traceLayout, pid uint32, kernel []uint64, user []Frame, trun
 }
 
 func TestDecodeEvent(t *testing.T) {
-	spec, err := LoadSpec()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := ReadShared(spec)
+	s, err := LoadShared()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,9 +144,9 @@ func TestDecodeEvent(t *testing.T) {
 	le := binary.LittleEndian
 	exec := make([]byte, s.trace.execEventSize)
 	le.PutUint32(exec, s.trace.eventProcessExec)
-	le.PutUint32(exec[s.trace.execEvent["pid"]:], 79)
-	le.PutUint64(exec[s.trace.execEvent["dev"]:], 259<<20|1)
-	le.PutUint64(exec[s.trace.execEvent["ino"]:], 4243)
+	le.PutUint32(exec[s.trace.execPID:], 79)
+	le.PutUint64(exec[s.trace.execDev:], 259<<20|1)
+	le.PutUint64(exec[s.trace.execIno:], 4243)
 	if ev, err := s.DecodeEvent(exec, &tr); err != nil || ev.Kind != EventProcessExec || ev.PID != 79 ||
 		ev.Program != (FileKey{Dev: 259<<20 | 1, Ino: 4243}) {
 		t.Errorf("exec event: %+v, %v", ev, err)
@@ -159,9 +155,9 @@ func TestDecodeEvent(t *testing.T) {
 	mapped := make([]byte, s.trace.mmapEventSize)
 	le.PutUint32(mapped, s.trace.eventExecMapped)
 	le.PutUint32(mapped[s.trace.processEventPID:], 78)
-	for field, v := range map[string]uint64{"start": 0x7f0000001000, "end": 0x7f0000003000, "pgoff": 1,
-		"dev": 259<<20 | 1, "ino": 4242} {
-		le.PutUint64(mapped[s.trace.mmapEvent[field]:], v)
+	for off, v := range map[int]uint64{s.trace.mmapStart: 0x7f0000001000, s.trace.mmapEnd: 0x7f0000003000,
+		s.trace.mmapPgoff: 1, s.trace.mmapDev: 259<<20 | 1, s.trace.mmapIno: 4242} {
+		le.PutUint64(mapped[off:], v)
 	}
 	ev, err = s.DecodeEvent(mapped, &tr)
 	want := ExecMapping{Start: 0x7f0000001000, End: 0x7f0000003000, Offset: pageSize,
@@ -197,11 +193,7 @@ func TestDecodeEvent(t *testing.T) {
 // RecordWakesEarly answers from the raw record what WakesEarly answers
 // from the decoded trace.
 func TestRecordWakesEarly(t *testing.T) {
-	spec, err := LoadSpec()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := ReadShared(spec)
+	s, err := LoadShared()
 	if err != nil {
 		t.Fatal(err)
 	}
