@@ -62,9 +62,16 @@ unit-test:
 # the web view's busy-hour browser test (reporter/webview):
 # root only, run one package at a time so that their perf events do not
 # share the CPUs.
+# The log is kept in out/integration.log; on failure the failed tests are
+# listed last, where a CI log's tail shows them.
 integration-test: build
-	$(SUDO) env EBPF_PROFILER_TEST_INTEGRATION=1 EBPF_PROFILER_TEST_E2E=1 EBPF_PROFILER_TEST_BIN=$(CURDIR)/$(BINARY) \
-		$(GO) test -p 1 -count=1 -v -timeout 35m ./tracer ./test/... ./reporter/webview
+	@mkdir -p out
+	@{ $(SUDO) env EBPF_PROFILER_TEST_INTEGRATION=1 EBPF_PROFILER_TEST_E2E=1 EBPF_PROFILER_TEST_BIN=$(CURDIR)/$(BINARY) \
+		$(GO) test -p 1 -count=1 -v -timeout 35m ./tracer ./test/... ./reporter/webview; \
+		echo $$? > out/integration.status; } 2>&1 | tee out/integration.log; \
+		status=$$(cat out/integration.status); \
+		if [ "$$status" -ne 0 ]; then echo "Failed:"; grep -E '^ *--- FAIL|^FAIL|^panic:' out/integration.log; fi; \
+		exit $$status
 
 # The BPF integration tests on every supported kernel (5.10, 6.1, 6.12, 7.2)
 # for amd64 and arm64, each booted under qemu (utils/kernelmatrix; kernels
