@@ -9,6 +9,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
+	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -36,10 +37,10 @@ func benchTrace(b *testing.B) *support.Trace {
 		f.Close()
 	}
 	var libc uint64
-	maps, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/maps")
-	for _, line := range strings.Split(string(maps), "\n") {
-		if e, err := parseMapsLine(line); err == nil && e.executable && strings.Contains(e.path, "libc") {
-			libc = e.start
+	entries, _ := proc.FS{Mount: "/proc"}.Maps(uint32(pid), proc.ExecutableMappings)
+	for _, e := range entries {
+		if strings.Contains(e.Path, "libc") {
+			libc = e.Start
 		}
 	}
 	fns := []string{"leaf_fn", "middle_fn", "outer_fn", "main"}

@@ -229,7 +229,7 @@ func (m *Manager) appendNativeFrame(frames []libpf.Frame, p *process, mp *mappin
 		}
 		var retry time.Time
 		var opening bool
-		src, retry, opening = m.lines.frames(m.procFS, pid, mp, f.Address)
+		src, retry, opening = m.lines.frames(m.source, pid, mp, f.Address)
 		if !retry.IsZero() && (m.linesRetryAt.IsZero() || retry.Before(m.linesRetryAt)) {
 			m.linesRetryAt = retry
 		}

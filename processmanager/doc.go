@@ -2,7 +2,8 @@
 // executable mappings, the files behind them, its process info — and turns
 // raw BPF traces (support.Trace) into user-space traces (libpf.Trace).
 //
-// A Manager reads /proc lazily: a process is looked at when its first trace
+// A Manager reads processes lazily, through a process.Source (procfs unless
+// Config says otherwise): a process is looked at when its first trace
 // arrives, and its mappings are re-read (rate limited) when an address falls
 // outside every known one. Per-file data (file id, build ids, symbols) is
 // cached by file identity, so a library mapped by a thousand processes is

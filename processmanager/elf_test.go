@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
+	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -176,22 +177,18 @@ func TestSymbolTable(t *testing.T) {
 // .dynsym and notes.
 func ownVDSO(t testing.TB) []byte {
 	t.Helper()
-	maps, err := os.ReadFile("/proc/self/maps")
+	self := proc.FS{Mount: "/proc"}
+	pid := uint32(os.Getpid())
+	entries, err := self.Maps(pid, proc.ExecutableMappings)
 	if err != nil {
 		t.Skip(err)
 	}
-	for _, line := range strings.Split(string(maps), "\n") {
-		e, err := parseMapsLine(line)
-		if err != nil || !e.isVDSO() {
+	for i := range entries {
+		if !entries[i].IsVDSO() {
 			continue
 		}
-		mem, err := os.Open("/proc/self/mem")
+		image, err := proc.ReadVDSO(self, pid, &entries[i])
 		if err != nil {
-			t.Skip(err)
-		}
-		defer mem.Close()
-		image := make([]byte, e.end-e.start)
-		if _, err := mem.ReadAt(image, int64(e.start)); err != nil {
 			t.Skip(err)
 		}
 		return image

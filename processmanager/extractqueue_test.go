@@ -9,6 +9,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
+	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -40,6 +41,11 @@ func TestPickExtraction(t *testing.T) {
 	}
 }
 
+// memoryImage is a mapping's image held in memory.
+type memoryImage struct{ *bytes.Reader }
+
+func (memoryImage) Close() error { return nil }
+
 // TestSmallFilePassesLargeOne: while a large file's deltas are extracted,
 // a small file's mapping queued after it is attached; a mapping that waits
 // for the large file and is forgotten meanwhile is never attached; a
@@ -63,7 +69,7 @@ func TestSmallFilePassesLargeOne(t *testing.T) {
 	job := func(pid uint32, fileID uint64, content string, size int64) unwindJob {
 		return unwindJob{
 			pid: pid, m: attachedMapping{start: 0x10000, end: 0x20000, bias: 0x10000, fileID: fileID},
-			open: func() (mappedImage, error) { return vdsoImage{bytes.NewReader([]byte(content))}, nil },
+			open: func() (proc.ReadAtCloser, error) { return memoryImage{bytes.NewReader([]byte(content))}, nil },
 			id:   libpf.FileID{byte(fileID)}, size: size, path: content,
 		}
 	}

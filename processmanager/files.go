@@ -2,10 +2,8 @@ package processmanager
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
-	"os"
 	"syscall"
 
 	"github.com/sirupsen/logrus"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/libpf"
+	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 	"github.com/hostprof/ebpf-profiler/tracecorr"
 )
 
@@ -45,41 +44,6 @@ func keyFromStat(st *syscall.Stat_t) fileKey {
 	}
 }
 
-// openMapping opens the file behind a mapping. /proc/PID/map_files works for
-// deleted files and files in other mount namespaces; /proc/PID/root/<path>
-// is the fallback for kernels or setups where map_files is not readable, and
-// is checked to still be the mapped inode.
-func openMapping(procFS string, pid uint32, e *mapsEntry) (*os.File, error) {
-	mapFile := fmt.Sprintf("%s/%d/map_files/%x-%x", procFS, pid, e.start, e.end)
-	f, err := os.Open(mapFile)
-	if err == nil {
-		return f, nil
-	}
-	if errors.Is(err, os.ErrNotExist) {
-		if _, statErr := os.Stat(fmt.Sprintf("%s/%d", procFS, pid)); statErr != nil {
-			return nil, procErr(mapFile, err)
-		}
-	}
-	if e.deleted {
-		return nil, fmt.Errorf("opening %s: %w", mapFile, err)
-	}
-	rootPath := fmt.Sprintf("%s/%d/root%s", procFS, pid, e.path)
-	f, err2 := os.Open(rootPath)
-	if err2 != nil {
-		return nil, fmt.Errorf("opening %s: %w; %s: %w", mapFile, err, rootPath, err2)
-	}
-	var st syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("stat %s: %w", rootPath, err)
-	}
-	if st.Ino != e.inode {
-		f.Close()
-		return nil, fmt.Errorf("opening %s: %w; %s is no longer the mapped file", mapFile, err, rootPath)
-	}
-	return f, nil
-}
-
 // fileCache holds per-file data for the most recently used files. Processes
 // keep the fileInfo of their mappings, so eviction only costs a re-parse when
 // a new process maps an evicted file.
@@ -99,72 +63,28 @@ type fileCache struct {
 
 // fileForMapping returns the data of the file behind a mapping, parsing it
 // on a cache miss.
-func (c *fileCache) fileForMapping(procFS string, pid uint32, e *mapsEntry) (*fileInfo, error) {
-	f, err := openMapping(procFS, pid, e)
+func (c *fileCache) fileForMapping(src proc.Source, pid uint32, e *proc.MapsEntry) (*fileInfo, error) {
+	f, err := src.OpenMapping(pid, e)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
 	var st syscall.Stat_t
 	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, fmt.Errorf("stat %s: %w", e.path, err)
+		return nil, fmt.Errorf("stat %s: %w", e.Path, err)
 	}
-	return c.get(keyFromStat(&st), f, e.path)
+	return c.get(keyFromStat(&st), f, e.Path)
 }
 
 // vdsoForMapping reads the vDSO image from the process's memory. Every
 // process of one ABI shares the image, so it is cached by content.
-func (c *fileCache) vdsoForMapping(procFS string, pid uint32, e *mapsEntry) (*fileInfo, error) {
-	image, err := readVDSO(procFS, pid, e)
+func (c *fileCache) vdsoForMapping(src proc.Source, pid uint32, e *proc.MapsEntry) (*fileInfo, error) {
+	image, err := proc.ReadVDSO(src, pid, e)
 	if err != nil {
 		return nil, err
 	}
 	key := fileKey{dev: vdsoDev, ino: xxh3.Hash(image), size: int64(len(image))}
-	return c.get(key, bytes.NewReader(image), vdsoPath)
-}
-
-// readVDSO copies a process's vDSO image out of its memory: the vDSO has no
-// file to open.
-func readVDSO(procFS string, pid uint32, e *mapsEntry) ([]byte, error) {
-	const maxVDSOSize = 1 << 20
-	size := e.end - e.start
-	if size == 0 || size > maxVDSOSize {
-		return nil, fmt.Errorf("vdso of %d bytes", size)
-	}
-	memPath := fmt.Sprintf("%s/%d/mem", procFS, pid)
-	mem, err := os.Open(memPath)
-	if err != nil {
-		return nil, procErr(memPath, err)
-	}
-	defer mem.Close()
-	image := make([]byte, size)
-	if _, err := mem.ReadAt(image, int64(e.start)); err != nil {
-		return nil, procErr(memPath, err)
-	}
-	return image, nil
-}
-
-// mappedImage is the bytes behind an executable mapping: its file, or a
-// copy of the vDSO.
-type mappedImage interface {
-	io.ReaderAt
-	io.Closer
-}
-
-type vdsoImage struct{ *bytes.Reader }
-
-func (vdsoImage) Close() error { return nil }
-
-// openImage opens what a mapping maps, to extract its stack deltas.
-func openImage(procFS string, pid uint32, e *mapsEntry) (mappedImage, error) {
-	if e.isVDSO() {
-		image, err := readVDSO(procFS, pid, e)
-		if err != nil {
-			return nil, err
-		}
-		return vdsoImage{bytes.NewReader(image)}, nil
-	}
-	return openMapping(procFS, pid, e)
+	return c.get(key, bytes.NewReader(image), proc.VDSOPath)
 }
 
 type readSeekerAt interface {

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
+	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 )
 
 // kallsyms is the kernel's table of text symbols, sorted by address.
@@ -219,9 +220,9 @@ type kernel struct {
 	modules map[string]*libpf.Mapping
 }
 
-// loadKallsyms reads and parses procFS/kallsyms.
-func loadKallsyms(procFS string) (*kallsyms, error) {
-	f, err := os.Open(procFS + "/kallsyms")
+// loadKallsyms reads and parses the kernel's symbols.
+func loadKallsyms(src proc.Source) (*kallsyms, error) {
+	f, err := src.Kallsyms()
 	if err != nil {
 		return nil, fmt.Errorf("opening kallsyms: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
+	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -227,7 +228,7 @@ func TestRealKallsyms(t *testing.T) {
 	if addr == 0 {
 		t.Skip("kallsyms hides addresses or has no schedule")
 	}
-	k, err := loadKallsyms("/proc")
+	k, err := loadKallsyms(proc.FS{Mount: "/proc"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +271,7 @@ func TestRealKallsyms(t *testing.T) {
 func BenchmarkLoadKallsyms(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
-		k, err := loadKallsyms("/proc")
+		k, err := loadKallsyms(proc.FS{Mount: "/proc"})
 		if err != nil {
 			b.Fatal(err)
 		}

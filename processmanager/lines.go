@@ -2,7 +2,6 @@ package processmanager
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"slices"
 	"sync"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
+	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 )
 
 // Source lines and inlined calls of native frames. A file's debug
@@ -145,8 +145,8 @@ func newLineSymbolizer(opts debuginfo.Options, maxBytes int64, dfd *debuginfo.De
 // when to convert it again otherwise (debuginfod may have fetched the
 // file, or the queue has room); zero: never. With pid 0 (mp is not the
 // process's own mapping) a file is not queued.
-func (s *lineSymbolizer) frames(procFS string, pid uint32, mp *mapping, addr uint64) (fs []debuginfo.Frame, retryAt time.Time, opening bool) {
-	if mp.entry.isVDSO() {
+func (s *lineSymbolizer) frames(src proc.Source, pid uint32, mp *mapping, addr uint64) (fs []debuginfo.Frame, retryAt time.Time, opening bool) {
+	if mp.entry.IsVDSO() {
 		return nil, time.Time{}, false // an image in memory, no file to find debug files by
 	}
 	s.mu.Lock()
@@ -169,7 +169,7 @@ func (s *lineSymbolizer) frames(procFS string, pid uint32, mp *mapping, addr uin
 		if pid == 0 {
 			return nil, time.Time{}, false
 		}
-		queued, full := s.enqueue(procFS, pid, mp)
+		queued, full := s.enqueue(src, pid, mp)
 		if full {
 			return nil, s.now().Add(queueFullRecheck), false
 		}
@@ -189,11 +189,11 @@ func (s *lineSymbolizer) settledFiles() uint64 { return s.settled.Load() }
 // enqueue opens mp's file (cheap, and possible only while the process
 // lives) and queues it for the opener; full says the queue had no room.
 // The caller holds s.mu.
-func (s *lineSymbolizer) enqueue(procFS string, pid uint32, mp *mapping) (queued, full bool) {
+func (s *lineSymbolizer) enqueue(src proc.Source, pid uint32, mp *mapping) (queued, full bool) {
 	if s.closed {
 		return false, false
 	}
-	f, err := openMapping(procFS, pid, &mp.entry)
+	f, err := src.OpenMapping(pid, &mp.entry)
 	if errors.Is(err, ErrProcessExited) {
 		return false, false // another process of the file may queue it
 	}
@@ -202,7 +202,7 @@ func (s *lineSymbolizer) enqueue(procFS string, pid uint32, mp *mapping) (queued
 		s.add(mp.file.id, debugFile{err: err}, missingCost)
 		return false, false
 	}
-	req := openRequest{id: mp.file.id, file: f, root: fmt.Sprintf("%s/%d/root", procFS, pid), path: mp.entry.path}
+	req := openRequest{id: mp.file.id, file: f, root: src.Root(pid), path: mp.entry.Path}
 	if mp.file.elf != nil {
 		req.buildID = mp.file.elf.gnuBuildID
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
+	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 )
 
 // BenchmarkDebugInfoRSS: the daemon's resident memory after sampling
@@ -34,13 +35,13 @@ func BenchmarkDebugInfoRSS(b *testing.B) {
 				before := rssBytes(b)
 				s := newLineSymbolizer(debuginfo.Options{}, c.bound, nil, time.Now)
 				lines := 0
-				pid := uint32(os.Getpid())
+				pid, host := uint32(os.Getpid()), proc.FS{Mount: "/proc"}
 				for i, bin := range bins {
 					mp := fileMapping(b, bin, i)
-					s.frames("/proc", pid, mp, addrs[0]) // queues the file
+					s.frames(host, pid, mp, addrs[0]) // queues the file
 					s.wait()
 					for _, a := range addrs {
-						if fs, _, _ := s.frames("/proc", pid, mp, a); len(fs) > 0 {
+						if fs, _, _ := s.frames(host, pid, mp, a); len(fs) > 0 {
 							lines++
 						}
 					}
@@ -129,7 +130,7 @@ func fileMapping(b *testing.B, bin string, i int) *mapping {
 	id[0], id[1] = byte(i), byte(i>>8)
 	id[15] = 1
 	return &mapping{
-		entry: mapsEntry{path: bin, inode: st.Ino, dev: st.Dev, executable: true},
+		entry: proc.MapsEntry{Path: bin, Inode: st.Ino, Dev: st.Dev, Executable: true},
 		file:  &fileInfo{id: id, elf: &elfData{}},
 	}
 }

@@ -4,12 +4,12 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
+	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 
 	"github.com/sirupsen/logrus"
 
@@ -21,8 +21,9 @@ import (
 
 // ErrProcessExited says a process went away while we were reading it. It is
 // expected (short-lived processes, samples that arrive after the exit) and
-// counted rather than logged.
-var ErrProcessExited = errors.New("process exited")
+// counted rather than logged. It is process.ErrExited, which every read of
+// a process returns then.
+var ErrProcessExited = proc.ErrExited
 
 // Config configures a Manager. The zero value is usable.
 type Config struct {
@@ -30,6 +31,9 @@ type Config struct {
 	// "/sys" when empty (a containerized daemon may see the host's under
 	// another path).
 	ProcFS, SysFS string
+	// ProcessSource, when set, is what processes are read through instead
+	// of procfs at ProcFS: tests fake or count the reads with it.
+	ProcessSource proc.Source
 	// FileCacheSize bounds how many files' data (file id, build ids,
 	// symbols) are cached; 4096 when zero.
 	FileCacheSize int
@@ -88,7 +92,9 @@ const (
 // process's files happens under it, so a Stats call may wait for a large
 // file's symbols to be parsed.
 type Manager struct {
-	procFS, sysFS  string
+	// source is where processes and the kernel's symbols are read.
+	source         proc.Source
+	sysFS          string
 	rereadInterval time.Duration
 	checkInterval  time.Duration
 	corr           *tracecorr.Correlator
@@ -176,9 +182,9 @@ type process struct {
 	runtimes []*runtimeState
 	// apm is set when the process has an APM agent.
 	apm *apmProcess
-	// mem is the process's memory (/proc/PID/mem), opened on first need
+	// mem is the process's memory (Source.OpenMemory), opened on first need
 	// by the interpreter and APM readers and closed when it is forgotten.
-	mem *os.File
+	mem proc.ReadAtCloser
 }
 
 // exitedProcess is a process whose exit was reported.
@@ -193,7 +199,7 @@ const maxExitedProcesses = 4096
 
 // mapping is one executable mapping of a process.
 type mapping struct {
-	entry mapsEntry
+	entry proc.MapsEntry
 	// file is nil for anonymous memory and files we could not read.
 	file *fileInfo
 	// pf is the mapping frames point to, shared by all of them so the
@@ -208,7 +214,7 @@ type mapping struct {
 // then stay unsymbolized.
 func New(cfg Config) (*Manager, error) {
 	m := &Manager{
-		procFS:         cmp.Or(cfg.ProcFS, "/proc"),
+		source:         cfg.ProcessSource,
 		sysFS:          cmp.Or(cfg.SysFS, "/sys"),
 		rereadInterval: cmp.Or(cfg.MapsRereadInterval, defaultMapsRereadInterval),
 		checkInterval:  cmp.Or(cfg.CheckInterval, defaultCheckInterval),
@@ -236,8 +242,12 @@ func New(cfg Config) (*Manager, error) {
 	if m.log == nil {
 		m.log = logrus.StandardLogger()
 	}
-	if _, err := os.Stat(m.procFS + "/self"); err != nil {
-		return nil, fmt.Errorf("procfs not usable at %s (mount it or set Config.ProcFS): %w", m.procFS, err)
+	if m.source == nil {
+		fs := proc.FS{Mount: cmp.Or(cfg.ProcFS, "/proc")}
+		if err := fs.Usable(); err != nil {
+			return nil, fmt.Errorf("procfs not usable at %s (mount it or set Config.ProcFS): %w", fs.Mount, err)
+		}
+		m.source = fs
 	}
 	m.files = fileCache{
 		lru:       libpf.NewLRU[fileKey, *fileInfo](cmp.Or(cfg.FileCacheSize, defaultFileCacheSize), 0),
@@ -313,7 +323,7 @@ func (m *Manager) ReloadKernelSymbols() {
 }
 
 func (m *Manager) loadKernel() *kernel {
-	syms, err := loadKallsyms(m.procFS)
+	syms, err := loadKallsyms(m.source)
 	if err != nil {
 		m.log.WithError(err).Warn("kernel frames will not be symbolized")
 		syms = &kallsyms{modules: []moduleRange{{name: vmlinuxName}}}
@@ -406,9 +416,9 @@ func (m *Manager) ProcessExited(pid libpf.PID) {
 		// Exec'd and never sampled: nothing to forget, and nothing read
 		// (a late sample of it finds it a zombie or gone).
 		m.unread.Remove(uint32(pid))
-	} else if st, err := readProcStat(m.procFS, uint32(pid)); err == nil {
+	} else if st, err := m.source.Stat(uint32(pid)); err == nil {
 		// Never sampled yet; its last samples may still come.
-		m.exited.Add(uint32(pid), exitedProcess{startTime: st.startTime}, 0)
+		m.exited.Add(uint32(pid), exitedProcess{startTime: st.StartTime}, 0)
 	}
 }
 
@@ -432,8 +442,8 @@ func (m *Manager) Sweep() int {
 	// Read /proc without the lock: thousands of processes take a while.
 	var gone []*process
 	for _, t := range all {
-		st, err := readProcStat(m.procFS, t.p.pid)
-		if errors.Is(err, ErrProcessExited) || (err == nil && st.startTime != t.startTime) {
+		st, err := m.source.Stat(t.p.pid)
+		if errors.Is(err, ErrProcessExited) || (err == nil && st.StartTime != t.startTime) {
 			gone = append(gone, t.p)
 		}
 	}
@@ -543,7 +553,7 @@ func (m *Manager) processFor(pid uint32, comm string) *process {
 		m.procs[pid] = p
 		return p
 	}
-	st, err := readProcStat(m.procFS, pid)
+	st, err := m.source.Stat(pid)
 	if e, ok := m.exited.Get(pid); ok && e.info != nil && errors.Is(err, ErrProcessExited) {
 		// A sample of the process's exit, converted after it was reaped.
 		p.info, p.mapsRead = e.info, true
@@ -555,7 +565,7 @@ func (m *Manager) processFor(pid uint32, comm string) *process {
 		p.mapsRead = true
 		return p
 	}
-	if e, ok := m.exited.Get(pid); ok && e.startTime == st.startTime {
+	if e, ok := m.exited.Get(pid); ok && e.startTime == st.StartTime {
 		// A sample of the process's exit: it gets no state again.
 		p.info = cmp.Or(e.info, &libpf.ProcessInfo{PID: libpf.PID(pid), ExecutableName: comm})
 		p.mapsRead = true
@@ -566,8 +576,8 @@ func (m *Manager) processFor(pid uint32, comm string) *process {
 		// reported.
 		m.tracked.TrackProcess(pid)
 	}
-	p.startTime = st.startTime
-	p.info = readProcessInfo(m.procFS, pid, comm)
+	p.startTime = st.StartTime
+	p.info = m.source.Info(pid, comm)
 	m.procs[pid] = p
 	m.unread.Remove(pid)
 	m.counters.processesSeen++
@@ -594,7 +604,7 @@ func (m *Manager) procError(pid uint32, err error) {
 		if !ok {
 			return
 		}
-		if st, err := readProcStat(m.procFS, pid); err == nil && st.startTime == p.startTime {
+		if st, err := m.source.Stat(pid); err == nil && st.StartTime == p.startTime {
 			// It runs: what went was one of its mappings (the dynamic
 			// loader maps and unmaps while it starts). Its state is
 			// read anew on its next sample.
@@ -658,17 +668,16 @@ func (m *Manager) rereadMaps(p *process) bool {
 
 // processMem returns the process's memory, opening it on first need. Only
 // tracked processes keep it open: forget closes it.
-func (m *Manager) processMem(p *process) (*os.File, error) {
+func (m *Manager) processMem(p *process) (proc.ReadAtCloser, error) {
 	if !m.live(p) {
 		return nil, fmt.Errorf("process %d: %w", p.pid, ErrProcessExited)
 	}
 	if p.mem == nil {
-		path := fmt.Sprintf("%s/%d/mem", m.procFS, p.pid)
-		f, err := os.Open(path)
+		mem, err := m.source.OpenMemory(p.pid)
 		if err != nil {
-			return nil, procErr(path, err)
+			return nil, err
 		}
-		p.mem = f
+		p.mem = mem
 	}
 	return p.mem, nil
 }
@@ -705,18 +714,18 @@ func (m *Manager) loadMaps(p *process) (changed bool, err error) {
 	p.mapsRead = true
 	p.lastMapsRead = m.now()
 	m.counters.mapsReads++
-	entries, err := readMaps(m.procFS, p.pid, false)
+	entries, err := m.source.Maps(p.pid, proc.ExecutableMappings)
 	if err != nil {
 		return false, err
 	}
 	if len(entries) == 0 {
 		// A zombie's maps are empty: it keeps the mappings it had
 		// for the samples still queued.
-		if _, err := readProcStat(m.procFS, p.pid); err != nil {
+		if _, err := m.source.Stat(p.pid); err != nil {
 			return false, err
 		}
 	}
-	slices.SortFunc(entries, func(a, b mapsEntry) int { return cmp.Compare(a.start, b.start) })
+	slices.SortFunc(entries, func(a, b proc.MapsEntry) int { return cmp.Compare(a.Start, b.Start) })
 
 	old := p.mappings
 	fresh := make([]*mapping, 0, len(entries))
@@ -727,10 +736,10 @@ func (m *Manager) loadMaps(p *process) (changed bool, err error) {
 	j := 0
 	for i := range entries {
 		e := &entries[i]
-		for j < len(old) && old[j].entry.start < e.start {
+		for j < len(old) && old[j].entry.Start < e.Start {
 			j++
 		}
-		if j < len(old) && old[j].entry.sameAs(e) {
+		if j < len(old) && old[j].entry.SameAs(e) {
 			fresh = append(fresh, old[j])
 			continue
 		}
@@ -791,7 +800,7 @@ func (m *Manager) syncUnwind(pid uint32, old, fresh []*mapping) {
 // file to unwind with or the queue is full (counted; the next sample in it
 // tries again).
 func (m *Manager) attachMapping(pid uint32, mp *mapping) {
-	if !mp.attached && m.unwind.attach(pid, mp, m.procFS) {
+	if !mp.attached && m.unwind.attach(pid, mp, m.source) {
 		mp.attached = true
 	}
 }
@@ -799,19 +808,19 @@ func (m *Manager) attachMapping(pid uint32, mp *mapping) {
 // newMapping builds the state of one mapping, reading its file through the
 // file cache. Only a process exit is an error: a file that cannot be read
 // still gives a mapping, just without a file id.
-func (m *Manager) newMapping(pid uint32, e *mapsEntry, read map[[2]uint64]*fileInfo) (*mapping, error) {
+func (m *Manager) newMapping(pid uint32, e *proc.MapsEntry, read map[[2]uint64]*fileInfo) (*mapping, error) {
 	mp := &mapping{entry: *e}
 	var err error
 	switch {
-	case e.isFile() && read[[2]uint64{e.dev, e.inode}] != nil:
-		mp.file = read[[2]uint64{e.dev, e.inode}]
-	case e.isFile():
-		mp.file, err = m.files.fileForMapping(m.procFS, pid, e)
+	case e.IsFile() && read[[2]uint64{e.Dev, e.Inode}] != nil:
+		mp.file = read[[2]uint64{e.Dev, e.Inode}]
+	case e.IsFile():
+		mp.file, err = m.files.fileForMapping(m.source, pid, e)
 		if mp.file != nil && read != nil {
-			read[[2]uint64{e.dev, e.inode}] = mp.file
+			read[[2]uint64{e.Dev, e.Inode}] = mp.file
 		}
-	case e.isVDSO():
-		mp.file, err = m.files.vdsoForMapping(m.procFS, pid, e)
+	case e.IsVDSO():
+		mp.file, err = m.files.vdsoForMapping(m.source, pid, e)
 	default:
 		return mp, nil
 	}
@@ -820,13 +829,13 @@ func (m *Manager) newMapping(pid uint32, e *mapsEntry, read map[[2]uint64]*fileI
 	}
 	if err != nil {
 		m.counters.fileErrors++
-		m.log.WithError(err).Debugf("process %d: mapping %s", pid, e.path)
+		m.log.WithError(err).Debugf("process %d: mapping %s", pid, e.Path)
 	}
 	mp.pf = &libpf.Mapping{
-		Start: e.start, End: e.end, FileOffset: e.offset,
+		Start: e.Start, End: e.End, FileOffset: e.Offset,
 		// Without ELF segments, frames are reported as file offsets.
-		Bias: e.start - e.offset,
-		Path: e.path,
+		Bias: e.Start - e.Offset,
+		Path: e.Path,
 	}
 	if mp.file == nil {
 		return mp, nil
@@ -835,7 +844,7 @@ func (m *Manager) newMapping(pid uint32, e *mapsEntry, read map[[2]uint64]*fileI
 	m.byFileID.Add(mp.file.id.Low64(), mp, 0)
 	if d := mp.file.elf; d != nil {
 		mp.pf.GNUBuildID, mp.pf.GoBuildID = d.gnuBuildID, d.goBuildID
-		if bias, ok := d.bias(e.start, e.offset); ok {
+		if bias, ok := d.bias(e.Start, e.Offset); ok {
 			mp.pf.Bias = bias
 		}
 	}
@@ -845,12 +854,12 @@ func (m *Manager) newMapping(pid uint32, e *mapsEntry, read map[[2]uint64]*fileI
 // findMapping returns the mapping containing addr.
 func (p *process) findMapping(addr uint64) *mapping {
 	i, found := slices.BinarySearchFunc(p.mappings, addr, func(mp *mapping, a uint64) int {
-		return cmp.Compare(mp.entry.start, a)
+		return cmp.Compare(mp.entry.Start, a)
 	})
 	if !found {
 		i--
 	}
-	if i < 0 || addr >= p.mappings[i].entry.end {
+	if i < 0 || addr >= p.mappings[i].entry.End {
 		return nil
 	}
 	return p.mappings[i]

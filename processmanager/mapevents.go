@@ -3,13 +3,11 @@ package processmanager
 import (
 	"cmp"
 	"errors"
-	"fmt"
-	"os"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
+	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -62,13 +60,13 @@ func (m *Manager) readAfterExec(p *process) bool {
 	if !p.mapsRead || len(p.mappings) == 0 {
 		return false
 	}
-	entries, err := readMaps(m.procFS, p.pid, false)
+	entries, err := m.source.Maps(p.pid, proc.ExecutableMappings)
 	if err != nil || len(entries) != len(p.mappings) {
 		return false
 	}
-	slices.SortFunc(entries, func(a, b mapsEntry) int { return cmp.Compare(a.start, b.start) })
+	slices.SortFunc(entries, func(a, b proc.MapsEntry) int { return cmp.Compare(a.Start, b.Start) })
 	for i := range entries {
-		if !p.mappings[i].entry.sameAs(&entries[i]) {
+		if !p.mappings[i].entry.SameAs(&entries[i]) {
 			return false
 		}
 	}
@@ -91,16 +89,18 @@ func (m *Manager) ExecMapped(pid libpf.PID, em support.ExecMapping) {
 		m.ensureMaps(p)
 		return
 	}
-	e := mapsEntry{start: em.Start, end: em.End, offset: em.Offset, dev: em.Dev, inode: em.Ino, executable: true}
-	if err := m.mappedPath(pid, &e); errors.Is(err, errMappingGone) {
+	e := proc.MapsEntry{Start: em.Start, End: em.End, Offset: em.Offset, Dev: em.Dev, Inode: em.Ino, Executable: true}
+	var err error
+	e.Path, e.Deleted, err = m.source.MappingPath(p.pid, e.Start, e.End)
+	if errors.Is(err, proc.ErrMappingGone) {
 		return
 	} else if err != nil {
 		m.procError(p.pid, err)
 		return
 	}
-	if i, found := slices.BinarySearchFunc(p.mappings, e.start, func(mp *mapping, start uint64) int {
-		return cmp.Compare(mp.entry.start, start)
-	}); found && p.mappings[i].entry.sameAs(&e) {
+	if i, found := slices.BinarySearchFunc(p.mappings, e.Start, func(mp *mapping, start uint64) int {
+		return cmp.Compare(mp.entry.Start, start)
+	}); found && p.mappings[i].entry.SameAs(&e) {
 		return // known from a maps read since
 	}
 	mp, err := m.newMapping(p.pid, &e, nil)
@@ -111,12 +111,12 @@ func (m *Manager) ExecMapped(pid libpf.PID, em support.ExecMapping) {
 	old := p.mappings
 	fresh := make([]*mapping, 0, len(old)+1)
 	for _, o := range old {
-		if o.entry.end <= e.start || o.entry.start >= e.end {
+		if o.entry.End <= e.Start || o.entry.Start >= e.End {
 			fresh = append(fresh, o) // the new mapping replaced any overlap
 		}
 	}
 	fresh = append(fresh, mp)
-	slices.SortFunc(fresh, func(a, b *mapping) int { return cmp.Compare(a.entry.start, b.entry.start) })
+	slices.SortFunc(fresh, func(a, b *mapping) int { return cmp.Compare(a.entry.Start, b.entry.Start) })
 	if m.unwind != nil {
 		m.syncUnwind(p.pid, old, fresh)
 	}
@@ -126,22 +126,4 @@ func (m *Manager) ExecMapped(pid libpf.PID, em support.ExecMapping) {
 	// Cached conversions may have left addresses of it unmapped.
 	p.gen = m.newGeneration()
 	m.counters.mappingsAdded++
-}
-
-// errMappingGone says a mapping was unmapped or changed before we read it.
-var errMappingGone = errors.New("mapping gone")
-
-// mappedPath sets a mapping's path from its /proc/PID/map_files link, as
-// /proc/PID/maps would show it.
-func (m *Manager) mappedPath(pid libpf.PID, e *mapsEntry) error {
-	link := fmt.Sprintf("%s/%d/map_files/%x-%x", m.procFS, pid, e.start, e.end)
-	path, err := os.Readlink(link)
-	if err != nil {
-		if _, statErr := os.Stat(fmt.Sprintf("%s/%d", m.procFS, pid)); statErr == nil {
-			return errMappingGone
-		}
-		return procErr(link, err)
-	}
-	e.path, e.deleted = strings.CutSuffix(path, deletedSuffix)
-	return nil
 }

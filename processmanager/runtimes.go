@@ -1,19 +1,16 @@
 package processmanager
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/libc"
 	"github.com/hostprof/ebpf-profiler/libpf"
+	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -482,7 +479,7 @@ func (h *runtimeHost) Mappings() []interpreter.Mapping {
 }
 
 func (h *runtimeHost) ReadMappings() ([]interpreter.Mapping, error) {
-	entries, err := readMaps(h.m.procFS, h.p.pid, true)
+	entries, err := h.m.source.Maps(h.p.pid, proc.AllMappings)
 	if err != nil {
 		return nil, err
 	}
@@ -493,43 +490,14 @@ func (h *runtimeHost) ReadMappings() ([]interpreter.Mapping, error) {
 	return out, nil
 }
 
-func hostMapping(e *mapsEntry) interpreter.Mapping {
-	return interpreter.Mapping{Start: e.start, End: e.end, Offset: e.offset, Path: e.path,
-		Executable: e.executable, Inaccessible: e.inaccessible}
+func hostMapping(e *proc.MapsEntry) interpreter.Mapping {
+	return interpreter.Mapping{Start: e.Start, End: e.End, Offset: e.Offset, Path: e.Path,
+		Executable: e.Executable, Inaccessible: e.Inaccessible}
 }
 
-func (h *runtimeHost) Root() string { return fmt.Sprintf("%s/%d/root", h.m.procFS, h.p.pid) }
+func (h *runtimeHost) Root() string { return h.m.source.Root(h.p.pid) }
 
-// NamespacePID reads the last NSpid of /proc/PID/status: the pid in the
-// innermost pid namespace (its only one outside containers).
-func (h *runtimeHost) NamespacePID() (uint32, error) {
-	path := fmt.Sprintf("%s/%d/status", h.m.procFS, h.p.pid)
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, procErr(path, err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), "NSpid:")
-		if !ok {
-			continue
-		}
-		fields := strings.Fields(rest)
-		if len(fields) == 0 {
-			break
-		}
-		pid, err := strconv.ParseUint(fields[len(fields)-1], 10, 32)
-		if err != nil {
-			return 0, fmt.Errorf("%s: NSpid %q: %w", path, rest, err)
-		}
-		return uint32(pid), nil
-	}
-	if err := sc.Err(); err != nil {
-		return 0, procErr(path, err)
-	}
-	return 0, fmt.Errorf("%s: no NSpid line", path)
-}
+func (h *runtimeHost) NamespacePID() (uint32, error) { return h.m.source.NamespacePID(h.p.pid) }
 
 // processTSD finds the thread-specific data layout of the C library a
 // process maps.
@@ -543,7 +511,7 @@ func processTSD(p *process) (*libc.TSDLayout, error) {
 			return mp.file.elf.tsd, nil
 		}
 		if mp.file.elf.tsdErr != nil {
-			decodeErr = fmt.Errorf("%s: %w", mp.entry.path, mp.file.elf.tsdErr)
+			decodeErr = fmt.Errorf("%s: %w", mp.entry.Path, mp.file.elf.tsdErr)
 		}
 	}
 	if decodeErr != nil {

@@ -3,12 +3,11 @@ package processmanager
 import (
 	"cmp"
 	"context"
-	"os"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
+	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 )
 
 // A daemon that starts on a busy host would otherwise read each process
@@ -32,19 +31,18 @@ type procCPU struct{ startTime, ticks uint64 }
 // ReadCPUTimes reads the CPU time of every process in procFS ("/proc"
 // when empty). Processes that cannot be read are left out.
 func ReadCPUTimes(procFS string) CPUTimes {
-	procFS = cmp.Or(procFS, "/proc")
+	return readCPUTimes(proc.FS{Mount: cmp.Or(procFS, "/proc")})
+}
+
+func readCPUTimes(src proc.Source) CPUTimes {
 	t := CPUTimes{at: time.Now(), procs: map[uint32]procCPU{}}
-	entries, err := os.ReadDir(procFS)
+	pids, err := src.PIDs()
 	if err != nil {
 		return t
 	}
-	for _, e := range entries {
-		pid, err := strconv.ParseUint(e.Name(), 10, 32)
-		if err != nil || pid == 0 {
-			continue
-		}
-		if st, err := readProcStat(procFS, uint32(pid)); err == nil {
-			t.procs[uint32(pid)] = procCPU{st.startTime, st.cpuTicks}
+	for _, pid := range pids {
+		if st, err := src.Stat(pid); err == nil {
+			t.procs[pid] = procCPU{st.StartTime, st.CPUTicks}
 		}
 	}
 	return t
@@ -107,7 +105,7 @@ func (m *Manager) PrepareBusy(ctx context.Context, before CPUTimes) StartupPrepa
 		case <-time.After(wait):
 		}
 	}
-	busy := busySince(before, ReadCPUTimes(m.procFS))
+	busy := busySince(before, readCPUTimes(m.source))
 	res := StartupPreparation{Busy: len(busy)}
 	for _, pid := range busy {
 		if ctx.Err() != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
+	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -146,7 +147,7 @@ type unwindJob struct {
 	hasKey bool
 	// open reads the mapped file; called only when its deltas are not
 	// loaded yet. id is the file's whole id, the cache's key.
-	open func() (mappedImage, error)
+	open func() (proc.ReadAtCloser, error)
 	id   libpf.FileID
 	// runtimeCode are the eval loops of the runtimes in the file, whose
 	// deltas are marked for the runtimes' unwinders.
@@ -204,7 +205,7 @@ func newUnwindSync(u Unwinding, log logrus.FieldLogger) *unwindSync {
 // attach queues a mapping and reports whether it did: not for a mapping
 // without a file to unwind with, nor when the queue is full (counted; its
 // frames unwind with frame pointers until it is attached).
-func (s *unwindSync) attach(pid uint32, mp *mapping, procFS string) bool {
+func (s *unwindSync) attach(pid uint32, mp *mapping, src proc.Source) bool {
 	if mp.pf == nil || mp.pf.FileID.IsZero() || mp.file == nil || mp.file.elf == nil {
 		return false
 	}
@@ -215,16 +216,16 @@ func (s *unwindSync) attach(pid uint32, mp *mapping, procFS string) bool {
 	e := mp.entry
 	j := unwindJob{
 		pid:  pid,
-		m:    attachedMapping{start: e.start, end: e.end, bias: mp.pf.Bias, fileID: mp.pf.FileID.Low64()},
-		open: func() (mappedImage, error) { return openImage(procFS, pid, &e) },
+		m:    attachedMapping{start: e.Start, end: e.End, bias: mp.pf.Bias, fileID: mp.pf.FileID.Low64()},
+		open: func() (proc.ReadAtCloser, error) { return proc.OpenImage(src, pid, &e) },
 		id:   mp.pf.FileID,
-		path: e.path,
+		path: e.Path,
 		size: mp.file.size,
 	}
-	if e.isFile() {
+	if e.IsFile() {
 		j.known, j.hasKey = mp.file.elf.knownFile()
 		j.known.FileID = j.m.fileID
-		j.key = support.NewFileKey(e.dev, e.inode)
+		j.key = support.NewFileKey(e.Dev, e.Inode)
 	}
 	for _, rm := range mp.file.elf.runtimes {
 		if rm.rt.ID == 0 || rm.bin.Unsupported() != nil {
@@ -236,7 +237,7 @@ func (s *unwindSync) attach(pid uint32, mp *mapping, procFS string) bool {
 				continue
 			}
 			// Where this mapping maps the range, in process addresses.
-			start, end := max(r[0]+mp.pf.Bias, e.start), min(r[1]+mp.pf.Bias, e.end)
+			start, end := max(r[0]+mp.pf.Bias, e.Start), min(r[1]+mp.pf.Bias, e.End)
 			if start < end {
 				j.m.atPC = append(j.m.atPC, runtimeCode{start, end, uint8(rm.rt.ID)})
 			}
@@ -261,7 +262,7 @@ func (s *unwindSync) removeRegion(pid uint32, start uint64) {
 // detach queues the removal of a mapping. Removals are never dropped: the
 // queue keeps half its room for them.
 func (s *unwindSync) detach(pid uint32, mp *mapping) {
-	s.send(unwindJob{pid: pid, detach: true, m: attachedMapping{start: mp.entry.start}})
+	s.send(unwindJob{pid: pid, detach: true, m: attachedMapping{start: mp.entry.Start}})
 }
 
 // forget queues the removal of everything of pid.

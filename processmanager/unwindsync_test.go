@@ -117,20 +117,26 @@ func TestExecMappedAddsMapping(t *testing.T) {
 func newUnwindingManager(t *testing.T, fs *fakeProcFS, maps *fakeDeltaMaps, extractions *int,
 	runtimes ...*interpreter.Runtime) *Manager {
 	t.Helper()
+	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger(),
+		Unwinding: testUnwinding(maps, extractions), Runtimes: runtimes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	return m
+}
+
+// testUnwinding loads into maps one delta per file, counting extractions in
+// *extractions when it is set.
+func testUnwinding(maps *fakeDeltaMaps, extractions *int) *Unwinding {
 	extract := func(io.ReaderAt) (nativeunwind.Deltas, error) {
 		if extractions != nil {
 			*extractions++
 		}
 		return nativeunwind.Deltas{{Address: 0, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8, RAOffset: -8}}}, nil
 	}
-	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger(),
-		Unwinding: &Unwinding{Maps: maps, Capacity: support.DeltaCapacity{Rules: 8, Deltas: 1024, PageBits: 16},
-			Extract: extract, Runtimes: maps}, Runtimes: runtimes})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.Close)
-	return m
+	return &Unwinding{Maps: maps, Capacity: support.DeltaCapacity{Rules: 8, Deltas: 1024, PageBits: 16},
+		Extract: extract, Runtimes: maps}
 }
 
 // TestExecOfKnownProgramReadAtFirstSample: with ReadAtFirstSample, an exec

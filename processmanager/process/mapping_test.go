@@ -1,4 +1,4 @@
-package processmanager
+package process
 
 import (
 	"errors"
@@ -14,7 +14,7 @@ import (
 // be opened (the mapped path need not exist in our mount namespace).
 func TestOpenMapping(t *testing.T) {
 	const pid = 42
-	e := mapsEntry{start: 0x1000, end: 0x2000, path: "/lib/x.so", executable: true}
+	e := MapsEntry{Start: 0x1000, End: 0x2000, Path: "/lib/x.so", Executable: true}
 	tests := []struct {
 		name     string
 		mapFiles bool // map_files has the mapping's link
@@ -23,7 +23,7 @@ func TestOpenMapping(t *testing.T) {
 		deleted  bool
 		noProc   bool // the process is gone
 		want     string
-		exited   bool // the error is ErrProcessExited
+		exited   bool // the error is ErrExited
 	}{
 		{name: "map_files", mapFiles: true, want: "mapped"},
 		{name: "map_files of a deleted file", mapFiles: true, deleted: true, want: "mapped"},
@@ -46,7 +46,7 @@ func TestOpenMapping(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			inRoot := filepath.Join(dir, "root", e.path)
+			inRoot := filepath.Join(dir, "root", e.Path)
 			switch {
 			case tt.inRoot:
 				if err := os.Link(mapped, inRoot); err != nil {
@@ -56,17 +56,17 @@ func TestOpenMapping(t *testing.T) {
 				writeTestFile(t, inRoot, "other")
 			}
 			entry := e
-			entry.inode = inode(t, mapped)
-			entry.deleted = tt.deleted
+			entry.Inode = inode(t, mapped)
+			entry.Deleted = tt.deleted
 
-			f, err := openMapping(procFS, pid, &entry)
+			f, err := FS{Mount: procFS}.OpenMapping(pid, &entry)
 			if tt.want == "" {
 				if err == nil {
 					f.Close()
 					t.Fatal("opened a file, want an error")
 				}
-				if errors.Is(err, ErrProcessExited) != tt.exited {
-					t.Errorf("error %v: ErrProcessExited %v, want %v", err, !tt.exited, tt.exited)
+				if errors.Is(err, ErrExited) != tt.exited {
+					t.Errorf("error %v: ErrExited %v, want %v", err, !tt.exited, tt.exited)
 				}
 				return
 			}
@@ -105,4 +105,48 @@ func inode(t *testing.T, path string) uint64 {
 		t.Fatal(err)
 	}
 	return st.Ino
+}
+
+// TestMappingPath: the map_files link gives the path maps would show; a
+// missing link is a mapping gone from a process that runs, or the process's
+// exit.
+func TestMappingPath(t *testing.T) {
+	const pid = 42
+	tests := []struct {
+		name        string
+		target      string // the link's target; "" for no link
+		noProc      bool
+		wantPath    string
+		wantDeleted bool
+		wantErr     error
+	}{
+		{name: "mapped file", target: "/lib/x.so", wantPath: "/lib/x.so"},
+		{name: "deleted file", target: "/lib/x.so (deleted)", wantPath: "/lib/x.so", wantDeleted: true},
+		{name: "mapping gone", wantErr: ErrMappingGone},
+		{name: "process gone", noProc: true, wantErr: ErrExited},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			procFS := t.TempDir()
+			mapFiles := filepath.Join(procFS, fmt.Sprint(pid), "map_files")
+			if !tt.noProc {
+				mustMkdir(t, mapFiles)
+			}
+			if tt.target != "" {
+				if err := os.Symlink(tt.target, filepath.Join(mapFiles, "1000-2000")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			path, deleted, err := FS{Mount: procFS}.MappingPath(pid, 0x1000, 0x2000)
+			if tt.wantErr != nil {
+				if !errors.Is(err, tt.wantErr) {
+					t.Fatalf("error %v, want %v", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || path != tt.wantPath || deleted != tt.wantDeleted {
+				t.Errorf("got %q, %v, %v; want %q, %v", path, deleted, err, tt.wantPath, tt.wantDeleted)
+			}
+		})
+	}
 }

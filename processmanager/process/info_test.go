@@ -1,4 +1,4 @@
-package processmanager
+package process
 
 import (
 	"strings"
@@ -38,28 +38,28 @@ func TestContainerIDFromCgroup(t *testing.T) {
 	}
 }
 
-func TestParseProcStat(t *testing.T) {
+func TestParseStat(t *testing.T) {
 	tests := []struct {
 		name, stat string
-		want       procStat
+		want       Stat
 		wantErr    bool
 	}{
 		{
 			name: "plain",
 			stat: "1234 (cat) R 1 1234 1 34816 1234 4194304 96 0 0 0 7 5 0 0 20 0 1 0 5567 5713920 256 18446744073709551615\n",
-			want: procStat{state: 'R', startTime: 5567, cpuTicks: 12},
+			want: Stat{State: 'R', StartTime: 5567, CPUTicks: 12},
 		},
 		{
 			name: "comm with spaces and parens",
 			stat: "99 (a b) c) Z 1 99 1 0 -1 4194304 0 0 0 0 0 0 0 0 20 0 1 0 777 0 0 18446744073709551615\n",
-			want: procStat{state: 'Z', startTime: 777},
+			want: Stat{State: 'Z', StartTime: 777},
 		},
 		{name: "truncated", stat: "1 (x) S 1 1", wantErr: true},
 		{name: "no comm", stat: "1 x S", wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseProcStat([]byte(tt.stat))
+			got, err := parseStat([]byte(tt.stat))
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
 			}

@@ -1,4 +1,4 @@
-package processmanager
+package process
 
 import (
 	"bufio"
@@ -13,12 +13,12 @@ import (
 	"github.com/hostprof/ebpf-profiler/libpf"
 )
 
-// readProcessInfo describes a process from its /proc directory. Every field
-// is best effort: a kernel thread has no executable, a process outside
-// containers no container id. comm is the name to fall back on.
-func readProcessInfo(procFS string, pid uint32, comm string) *libpf.ProcessInfo {
+// Info describes a process from its procfs directory. Every field is best
+// effort: a kernel thread has no executable, a process outside containers
+// no container id.
+func (fs FS) Info(pid uint32, comm string) *libpf.ProcessInfo {
 	info := &libpf.ProcessInfo{PID: libpf.PID(pid)}
-	dir := fmt.Sprintf("%s/%d", procFS, pid)
+	dir := fs.dir(pid)
 	if exe, err := os.Readlink(dir + "/exe"); err == nil {
 		info.ExecutablePath = strings.TrimSuffix(exe, deletedSuffix)
 		info.ExecutableName = path.Base(info.ExecutablePath)
@@ -116,22 +116,22 @@ func isHexID(s string) bool {
 	return true
 }
 
-// procStat is what we need of /proc/PID/stat.
-type procStat struct {
-	state byte
-	// startTime is when the process started, in clock ticks after boot; with
-	// the pid it identifies a process across pid reuse.
-	startTime uint64
-	// cpuTicks is the CPU time its threads used, user and system, in
+// Stat is what the profiler needs of /proc/PID/stat.
+type Stat struct {
+	State byte
+	// StartTime is when the process started, in clock ticks after boot;
+	// with the pid it identifies a process across pid reuse.
+	StartTime uint64
+	// CPUTicks is the CPU time its threads used, user and system, in
 	// clock ticks.
-	cpuTicks uint64
+	CPUTicks uint64
 }
 
-// parseProcStat parses /proc/PID/stat: "pid (comm) state ppid ... ", where
+// parseStat parses /proc/PID/stat: "pid (comm) state ppid ... ", where
 // starttime is field 22. comm may contain spaces and parentheses, so fields
 // are counted from the last ')'.
-func parseProcStat(b []byte) (procStat, error) {
-	var st procStat
+func parseStat(b []byte) (Stat, error) {
+	var st Stat
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
 		return st, fmt.Errorf("stat %q: no comm", b)
@@ -142,9 +142,9 @@ func parseProcStat(b []byte) (procStat, error) {
 	if len(fields) <= startTimeField || len(fields[0]) != 1 {
 		return st, fmt.Errorf("stat %q: too few fields", b)
 	}
-	st.state = fields[0][0]
+	st.State = fields[0][0]
 	var err error
-	if st.startTime, err = strconv.ParseUint(fields[startTimeField], 10, 64); err != nil {
+	if st.StartTime, err = strconv.ParseUint(fields[startTimeField], 10, 64); err != nil {
 		return st, fmt.Errorf("stat: starttime: %w", err)
 	}
 	// utime and stime, fields 14 and 15.
@@ -153,25 +153,56 @@ func parseProcStat(b []byte) (procStat, error) {
 		if err != nil {
 			return st, fmt.Errorf("stat: CPU time: %w", err)
 		}
-		st.cpuTicks += ticks
+		st.CPUTicks += ticks
 	}
 	return st, nil
 }
 
-// readProcStat reads /proc/PID/stat; a zombie or dead process counts as
-// exited since nothing about it can be read anymore.
-func readProcStat(procFS string, pid uint32) (procStat, error) {
-	p := fmt.Sprintf("%s/%d/stat", procFS, pid)
+// Stat reads /proc/PID/stat; a zombie or dead process counts as exited
+// since nothing about it can be read anymore.
+func (fs FS) Stat(pid uint32) (Stat, error) {
+	p := fs.dir(pid) + "/stat"
 	b, err := os.ReadFile(p)
 	if err != nil {
-		return procStat{}, procErr(p, err)
+		return Stat{}, procErr(p, err)
 	}
-	st, err := parseProcStat(b)
+	st, err := parseStat(b)
 	if err != nil {
 		return st, fmt.Errorf("reading %s: %w", p, err)
 	}
-	if st.state == 'Z' || st.state == 'X' {
-		return st, fmt.Errorf("reading %s: %w (state %c)", p, ErrProcessExited, st.state)
+	if st.State == 'Z' || st.State == 'X' {
+		return st, fmt.Errorf("reading %s: %w (state %c)", p, ErrExited, st.State)
 	}
 	return st, nil
+}
+
+// NamespacePID reads the last NSpid of /proc/PID/status: the pid in the
+// innermost pid namespace (its only one outside containers).
+func (fs FS) NamespacePID(pid uint32) (uint32, error) {
+	path := fs.dir(pid) + "/status"
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, procErr(path, err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), "NSpid:")
+		if !ok {
+			continue
+		}
+		fields := strings.Fields(rest)
+		if len(fields) == 0 {
+			break
+		}
+		nspid, err := strconv.ParseUint(fields[len(fields)-1], 10, 32)
+		if err != nil {
+			return 0, fmt.Errorf("%s: NSpid %q: %w", path, rest, err)
+		}
+		return uint32(nspid), nil
+	}
+	if err := sc.Err(); err != nil {
+		return 0, procErr(path, err)
+	}
+	return 0, fmt.Errorf("%s: no NSpid line", path)
 }
