@@ -57,7 +57,7 @@ func TestLinesArriveOnceOpened(t *testing.T) {
 	text, pc, fn, file, line := ownText(t)
 	fs := newFakeProcFS(t)
 	fs.setProcess(100, 1, text.file, text)
-	h, rep := newTestHandler(t, fs)
+	h, rep := newLinesHandler(t, fs)
 	clock := h.m.now()
 	h.m.now = func() time.Time { return clock }
 
@@ -88,7 +88,7 @@ func TestLinesAfterProcessExited(t *testing.T) {
 	lib := newFakeLib(t, fs)
 	libMapping, fnAbs := lib.mapAt(0x7f0000000000)
 	fs.setProcess(100, 1, text.file, text, libMapping)
-	h, rep := newTestHandler(t, fs)
+	h, rep := newLinesHandler(t, fs)
 
 	// The mappings are read at the first trace; the process exits before
 	// the second, the first in the test binary's code.
@@ -117,7 +117,7 @@ func TestDropMappedDebugInfo(t *testing.T) {
 	text, pc, fn, _, line := ownText(t)
 	fs := newFakeProcFS(t)
 	fs.setProcess(100, 1, text.file, text)
-	h, rep := newTestHandler(t, fs)
+	h, rep := newLinesHandler(t, fs)
 	st, err := os.Stat(text.file)
 	if err != nil {
 		t.Fatal(err)

@@ -77,7 +77,21 @@ func (l fakeLib) mapAt(base uint64) (m fakeMapping, fnAbs uint64) {
 
 func newTestHandler(t *testing.T, fs *fakeProcFS) (*Handler, *recordingReporter) {
 	t.Helper()
-	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger()})
+	// Lines off (newLinesHandler's tests have them): the debug files'
+	// reader settling between two traces would convert a cached trace
+	// again.
+	return newHandlerWith(t, fs, -1)
+}
+
+// newLinesHandler is newTestHandler with source lines on.
+func newLinesHandler(t *testing.T, fs *fakeProcFS) (*Handler, *recordingReporter) {
+	t.Helper()
+	return newHandlerWith(t, fs, 0)
+}
+
+func newHandlerWith(t *testing.T, fs *fakeProcFS, debugInfoBytes int64) (*Handler, *recordingReporter) {
+	t.Helper()
+	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger(), DebugInfoBytes: debugInfoBytes})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -117,7 +117,10 @@ func TestExecMappedAddsMapping(t *testing.T) {
 func newUnwindingManager(t *testing.T, fs *fakeProcFS, maps *fakeDeltaMaps, extractions *int,
 	runtimes ...*interpreter.Runtime) *Manager {
 	t.Helper()
-	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger(),
+	// Lines off (newLinesHandler's tests have them): the debug files'
+	// reader settling between two traces would convert a cached trace
+	// again.
+	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger(), DebugInfoBytes: -1,
 		Unwinding: testUnwinding(maps, extractions), Runtimes: runtimes})
 	if err != nil {
 		t.Fatal(err)
