@@ -89,7 +89,7 @@ kernel-matrix:
 # 50,000 inputs take 1-3 s per target here.
 FUZZ_TIME    ?= 50000x
 FUZZ_TARGETS := processmanager:FuzzParseELF processmanager:FuzzNotes processmanager:FuzzParseKallsyms \
-	processmanager/process:FuzzParseMapsLine processmanager/process:FuzzContainerIDFromCgroup processmanager:FuzzDecodeDeltaCache \
+	processmanager/process:FuzzParseMapsLine processmanager/process:FuzzContainerIDFromCgroup processmanager/unwindmaps:FuzzDecodeDeltaCache \
 	nativeunwind:FuzzEhFrame nativeunwind:FuzzCFAProgram nativeunwind:FuzzEhFrameSegments nativeunwind:FuzzGoPclntab \
 	processmanager/debuginfo:FuzzDWARFLines \
 	interpreter/python:FuzzLineTable interpreter/python:FuzzSymbolizeFrame interpreter/libc:FuzzTSDLayout interpreter/perfmap:FuzzPerfMap interpreter/hotspot:FuzzParseLineTable interpreter/v8:FuzzDecodePositions \

@@ -45,7 +45,7 @@ func Extract(f *elf.File) (Deltas, error) {
 
 // ExtractVersion numbers what Extract makes of a file: bump it with any
 // change that makes Extract return other deltas for the same file, so that
-// deltas an older daemon cached on disk (processmanager.DeltaCache) are
+// deltas an older daemon cached on disk (unwindmaps.DeltaCache) are
 // extracted again.
 const ExtractVersion = 1
 

@@ -10,13 +10,6 @@ import (
 	"github.com/hostprof/ebpf-profiler/tracecorr"
 )
 
-// APMMaps writes the BPF map of processes with an APM agent; the tracer
-// implements it.
-type APMMaps interface {
-	SetAPMProc(pid uint32, p support.APMProc) error
-	DeleteAPMProc(pid uint32) error
-}
-
 // How often an APM agent's process is looked at again, while it is being
 // sampled, until its TLS descriptor is resolved and its process storage
 // published: from apmRetryMin, doubling up to apmRetryMax. A try reads a
@@ -92,8 +85,8 @@ func (m *Manager) tryReadAPMAgent(p *process) error {
 			return err
 		}
 		a.tlsOffset = off
-		if m.unwind != nil && m.unwind.u.APM != nil {
-			if err := m.unwind.u.APM.SetAPMProc(p.pid, support.APMProc{TLSOffset: off}); err != nil {
+		if m.unwind != nil && m.unwinding.APM != nil {
+			if err := m.unwinding.APM.SetAPMProc(p.pid, support.APMProc{TLSOffset: off}); err != nil {
 				return fmt.Errorf("writing the APM map: %w", err)
 			}
 		}
@@ -143,8 +136,8 @@ func (m *Manager) dropAPM(p *process) {
 	if a == nil {
 		return
 	}
-	if a.inBPF && m.unwind != nil && m.unwind.u.APM != nil {
-		if err := m.unwind.u.APM.DeleteAPMProc(p.pid); err != nil {
+	if a.inBPF && m.unwind != nil && m.unwinding.APM != nil {
+		if err := m.unwinding.APM.DeleteAPMProc(p.pid); err != nil {
 			m.log.WithError(err).Debugf("process %d: removing it from the APM map", p.pid)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/processmanager/unwindmaps"
 	"github.com/hostprof/ebpf-profiler/support"
 	"github.com/hostprof/ebpf-profiler/tracecorr"
 )
@@ -45,7 +46,7 @@ type Config struct {
 	Logger logrus.FieldLogger
 	// Unwinding, when set, mirrors process mappings and their files' stack
 	// deltas into the native unwinder's BPF maps.
-	Unwinding *Unwinding
+	Unwinding *unwindmaps.Unwinding
 	// Correlator, when set, is told of APM agents and counts the samples
 	// taken in their traces.
 	Correlator *tracecorr.Correlator
@@ -118,7 +119,9 @@ type Manager struct {
 	closed bool
 
 	// unwind is nil unless Config.Unwinding is set.
-	unwind *unwindSync
+	unwind *unwindmaps.Sync
+	// unwinding is Config.Unwinding, when set.
+	unwinding unwindmaps.Unwinding
 
 	mu    sync.Mutex
 	procs map[uint32]*process
@@ -137,7 +140,7 @@ type Manager struct {
 	unread *libpf.LRU[uint32, struct{}]
 	// tracked, when BPF filters process events, is told of every
 	// process added to and removed from procs (Unwinding.Tracked).
-	tracked TrackedProcesses
+	tracked unwindmaps.TrackedProcesses
 	kernel  *kernel
 	// nextGen numbers process states. A cached conversion is valid only
 	// while its pid's state has the generation it was made with; 0 means
@@ -260,7 +263,8 @@ func New(cfg Config) (*Manager, error) {
 	m.unread = libpf.NewLRU[uint32, struct{}](maxExitedProcesses, 0)
 	m.kernel = m.loadKernel()
 	if u := cfg.Unwinding; u != nil {
-		m.unwind = newUnwindSync(*u, m.log)
+		m.unwinding = *u
+		m.unwind = unwindmaps.New(*u, m.log)
 		if u.Tracked != nil && u.ReadAtFirstSample {
 			if err := u.Tracked.FilterProcessEvents(); err != nil {
 				m.log.Warnf("Process events of every process are sent (filtering them: %v)", err)
@@ -281,7 +285,7 @@ func (m *Manager) Close() {
 	}
 	m.mu.Unlock()
 	if m.unwind != nil {
-		m.unwind.close()
+		m.unwind.Close()
 	}
 }
 
@@ -300,7 +304,7 @@ func (m *Manager) forget(pid uint32) {
 	}
 	delete(m.procs, pid)
 	if m.unwind != nil {
-		m.unwind.forget(pid)
+		m.unwind.Forget(pid)
 	}
 }
 
@@ -777,7 +781,7 @@ func (m *Manager) syncUnwind(pid uint32, old, fresh []*mapping) {
 	}
 	for _, mp := range old {
 		if !kept[mp] && mp.attached {
-			m.unwind.detach(pid, mp)
+			m.unwind.Detach(pid, mp.entry.Start)
 		}
 	}
 	was := make(map[*mapping]bool, len(old))
@@ -800,9 +804,47 @@ func (m *Manager) syncUnwind(pid uint32, old, fresh []*mapping) {
 // file to unwind with or the queue is full (counted; the next sample in it
 // tries again).
 func (m *Manager) attachMapping(pid uint32, mp *mapping) {
-	if !mp.attached && m.unwind.attach(pid, mp, m.source) {
+	if mp.attached {
+		return
+	}
+	if um, ok := unwindMapping(pid, mp, m.source); ok && m.unwind.Attach(um) {
 		mp.attached = true
 	}
+}
+
+// unwindMapping describes a mapping for the unwinder's maps; a mapping
+// without a file to unwind with has nothing to describe.
+func unwindMapping(pid uint32, mp *mapping, src proc.Source) (unwindmaps.Mapping, bool) {
+	if mp.pf == nil || mp.pf.FileID.IsZero() || mp.file == nil || mp.file.elf == nil {
+		return unwindmaps.Mapping{}, false
+	}
+	e := mp.entry
+	um := unwindmaps.Mapping{
+		PID: pid, Start: e.Start, End: e.End, Bias: mp.pf.Bias, ID: mp.pf.FileID,
+		Open: func() (unwindmaps.File, error) { return proc.OpenImage(src, pid, &e) },
+		Path: e.Path, Size: mp.file.size,
+	}
+	if e.IsFile() {
+		um.Known, um.HasKey = mp.file.elf.knownFile()
+		um.Key = support.NewFileKey(e.Dev, e.Inode)
+	}
+	for _, rm := range mp.file.elf.runtimes {
+		if rm.rt.ID == 0 || rm.bin.Unsupported() != nil {
+			continue // no unwinder, or never attached: nothing to hand over
+		}
+		for _, r := range rm.bin.CodeRanges() {
+			if !rm.rt.CodeRangesAtPC {
+				um.RuntimeCode = append(um.RuntimeCode, unwindmaps.CodeRange{Start: r[0], End: r[1], Runtime: uint8(rm.rt.ID)})
+				continue
+			}
+			// Where this mapping maps the range, in process addresses.
+			start, end := max(r[0]+mp.pf.Bias, e.Start), min(r[1]+mp.pf.Bias, e.End)
+			if start < end {
+				um.AtPC = append(um.AtPC, unwindmaps.CodeRange{Start: start, End: end, Runtime: uint8(rm.rt.ID)})
+			}
+		}
+	}
+	return um, true
 }
 
 // newMapping builds the state of one mapping, reading its file through the

@@ -38,7 +38,7 @@ func (m *Manager) ProcessExeced(pid libpf.PID, program support.FileKey) {
 		m.counters.processesExited++
 	}
 	m.exited.Remove(uint32(pid)) // it lives, whatever was said of it
-	if m.unwind != nil && m.unwind.u.ReadAtFirstSample && m.unwind.loader.isKnown(program) {
+	if m.unwind != nil && m.unwinding.ReadAtFirstSample && m.unwind.IsKnown(program) {
 		m.counters.execsDeferred++
 		m.unread.Add(uint32(pid), struct{}{}, 0)
 		return

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/libpf"
 	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
+	"github.com/hostprof/ebpf-profiler/processmanager/unwindmaps/unwindmapstest"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -109,7 +110,7 @@ func TestKnownProcessReadsNothing(t *testing.T) {
 
 	src := &countingSource{Source: proc.FS{Mount: fs.root}}
 	m, err := New(Config{ProcessSource: src, SysFS: t.TempDir(), Logger: quietLogger(),
-		CheckInterval: time.Hour, Unwinding: testUnwinding(newFakeDeltaMaps(), nil)})
+		CheckInterval: time.Hour, Unwinding: testUnwinding(unwindmapstest.NewMaps(), nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

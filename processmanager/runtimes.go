@@ -11,15 +11,9 @@ import (
 	"github.com/hostprof/ebpf-profiler/interpreter/libc"
 	"github.com/hostprof/ebpf-profiler/libpf"
 	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
+	"github.com/hostprof/ebpf-profiler/processmanager/unwindmaps"
 	"github.com/hostprof/ebpf-profiler/support"
 )
-
-// RuntimeMaps writes the per-process configuration of the runtimes' BPF
-// unwinders; the tracer implements it.
-type RuntimeMaps interface {
-	SetRuntimeConfig(pid uint32, id interpreter.ID, v any) error
-	DeleteRuntimeConfig(pid uint32, id interpreter.ID) error
-}
 
 // runtimeState is what the manager knows of one runtime in one process.
 type runtimeState struct {
@@ -292,7 +286,7 @@ func (m *Manager) clearRuntimeBPF(p *process, st *runtimeState) {
 	}
 	if m.unwind != nil {
 		for _, r := range st.regions {
-			m.unwind.removeRegion(p.pid, r.Start)
+			m.unwind.RemoveRegion(p.pid, r.Start)
 		}
 	}
 	st.regions = nil
@@ -300,9 +294,9 @@ func (m *Manager) clearRuntimeBPF(p *process, st *runtimeState) {
 
 // runtimeMaps is where runtimes write their configuration: the tracer's
 // maps, or nowhere without Unwinding.
-func (m *Manager) runtimeMaps() RuntimeMaps {
-	if m.unwind != nil && m.unwind.u.Runtimes != nil {
-		return m.unwind.u.Runtimes
+func (m *Manager) runtimeMaps() unwindmaps.RuntimeMaps {
+	if m.unwind != nil && m.unwinding.Runtimes != nil {
+		return m.unwinding.Runtimes
 	}
 	return noRuntimeMaps{}
 }
@@ -440,14 +434,14 @@ func (h *runtimeHost) SetRegions(rs []interpreter.Region) error {
 	}
 	if u := h.m.unwind; u != nil {
 		for _, r := range h.st.regions {
-			u.removeRegion(h.p.pid, r.Start)
+			u.RemoveRegion(h.p.pid, r.Start)
 		}
 		for _, r := range rs {
 			var id interpreter.ID
 			if r.Unwind {
 				id = h.st.rt.ID
 			}
-			u.addRegion(h.p.pid, r.Start, r.End, uint8(id))
+			u.AddRegion(h.p.pid, r.Start, r.End, uint8(id))
 		}
 	}
 	h.st.regions = append([]interpreter.Region(nil), rs...)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/processmanager/unwindmaps/unwindmapstest"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -196,7 +197,7 @@ type runtimeFixture struct {
 	fs    *fakeProcFS
 	lib   fakeLib
 	other string
-	maps  *fakeDeltaMaps
+	maps  *unwindmapstest.Maps
 	m     *Manager
 	now   time.Time
 }
@@ -209,7 +210,7 @@ func newRuntimeFixture(t *testing.T, rts ...*interpreter.Runtime) *runtimeFixtur
 		lib: newFakeLib(t, fs),
 		// Other bytes, so another file id.
 		other: fs.writeFile("libother.so", append(ownVDSO(t), "other"...)),
-		maps:  newFakeDeltaMaps(),
+		maps:  unwindmapstest.NewMaps(),
 		now:   time.Unix(1_000_000, 0),
 	}
 	f.m = newUnwindingManager(t, fs, f.maps, nil, rts...)
@@ -236,17 +237,17 @@ func (f *runtimeFixture) convert(t *testing.T, pid uint32, pc uint64, frames ...
 }
 
 // settle waits until the unwinder maps hold what was queued.
-func (f *runtimeFixture) settle() { f.m.unwind.wait() }
+func (f *runtimeFixture) settle() { f.m.unwind.Wait() }
 
 // entries counts pid's runtime configurations and mapping trie entries,
 // and those of the trie entries that are runtime regions (no file).
 func (f *runtimeFixture) entries(pid uint32) (configs, trie, regions int) {
-	for k := range f.maps.runtimes {
+	for k := range f.maps.Runtimes {
 		if k.PID == pid {
 			configs++
 		}
 	}
-	for k, v := range f.maps.mappings {
+	for k, v := range f.maps.Mappings {
 		if k.PID == pid {
 			trie++
 			if v.FileID == 0 {
@@ -261,7 +262,7 @@ func (f *runtimeFixture) entries(pid uint32) (configs, trie, regions int) {
 // longest-prefix lookup finds it.
 func (f *runtimeFixture) trieAt(pid uint32, addr uint64) (support.PidMapping, bool) {
 	best, found := -1, support.PidMapping{}
-	for k, v := range f.maps.mappings {
+	for k, v := range f.maps.Mappings {
 		n := int(k.PrefixLen) - 32 // the key's first 32 bits are the pid
 		if k.PID == pid && n > best && addr>>(64-n) == bits.ReverseBytes64(k.AddrBE)>>(64-n) {
 			best, found = n, v
@@ -280,7 +281,7 @@ func (f *runtimeFixture) claimedBy(pid uint32, addr uint64) int {
 }
 
 func (f *runtimeFixture) config(pid uint32, id interpreter.ID) (any, bool) {
-	v, ok := f.maps.runtimes[support.RuntimeProcKey{PID: pid, Runtime: uint32(id)}]
+	v, ok := f.maps.Runtimes[support.RuntimeProcKey{PID: pid, Runtime: uint32(id)}]
 	return v, ok
 }
 

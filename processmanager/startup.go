@@ -129,7 +129,7 @@ func (m *Manager) waitUnwind(ctx context.Context) bool {
 	}
 	done := make(chan struct{})
 	go func() {
-		m.unwind.wait()
+		m.unwind.Wait()
 		close(done)
 	}()
 	select {

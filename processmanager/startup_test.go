@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/hostprof/ebpf-profiler/processmanager/unwindmaps/unwindmapstest"
 )
 
 // setCPUTime rewrites a fake process's stat with ticks of user time.
@@ -50,7 +52,7 @@ func TestPrepareBusy(t *testing.T) {
 	before.at = time.Now().Add(-minBusyWindow)
 	fs.setCPUTime(100, 1, 40)
 
-	maps := newFakeDeltaMaps()
+	maps := unwindmapstest.NewMaps()
 	m := newUnwindingManager(t, fs, maps, nil)
 	got := m.PrepareBusy(context.Background(), before)
 	if got.Busy != 1 || got.Prepared != 1 || !got.Complete {

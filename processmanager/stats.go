@@ -1,6 +1,10 @@
 package processmanager
 
-import "maps"
+import (
+	"maps"
+
+	"github.com/hostprof/ebpf-profiler/processmanager/unwindmaps"
+)
 
 // Stats are the counters of a Manager and of the Handler in front of it.
 // Counts are totals since start; sizes are current.
@@ -103,9 +107,9 @@ type Stats struct {
 	// unwinder when read, but only if a sample falls in them.
 	DeltaMappingsDeferred uint64
 	// DeltasResident is what the maps hold now.
-	DeltasResident DeltaResidency
+	DeltasResident unwindmaps.DeltaResidency
 	// DeltaCache is what the on-disk delta cache did (zero without one).
-	DeltaCache DeltaCacheStats
+	DeltaCache unwindmaps.DeltaCacheStats
 	// UnwindQueue is how many mapping changes wait for the delta loader.
 	UnwindQueue int
 }
@@ -194,15 +198,14 @@ func (m *Manager) Stats() Stats {
 		}
 	}
 	if u := m.unwind; u != nil {
-		st.DeltaFilesLoaded = u.filesLoaded.Load()
-		st.DeltaExtractErrors = u.extractErrors.Load()
-		st.DeltaLoadErrors = u.loadErrors.Load()
-		st.DeltaMappingsDropped = u.dropped.Load()
-		st.UnwindQueue = int(u.pending.Load())
-		st.DeltaCache = u.u.Cache.Stats()
-		if r := u.resident.Load(); r != nil {
-			st.DeltasResident = *r
-		}
+		us := u.Stats()
+		st.DeltaFilesLoaded = us.FilesLoaded
+		st.DeltaExtractErrors = us.ExtractErrors
+		st.DeltaLoadErrors = us.LoadErrors
+		st.DeltaMappingsDropped = us.Dropped
+		st.UnwindQueue = us.Queue
+		st.DeltasResident = us.Resident
+		st.DeltaCache = m.unwinding.Cache.Stats()
 	}
 	return st
 }

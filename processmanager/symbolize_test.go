@@ -14,6 +14,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/interpreter/python"
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/processmanager/unwindmaps/unwindmapstest"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -424,7 +425,7 @@ func TestPythonProcess(t *testing.T) {
 	lib := textMapping(t, libs[0], base)
 	fs.setProcess(100, 1, "/usr/bin/python3.12", lib, textMapping(t, libc, base+0x10000000))
 	fs.setProcess(101, 1, "/bin/true")
-	maps := newFakeDeltaMaps()
+	maps := unwindmapstest.NewMaps()
 	m := newUnwindingManager(t, fs, maps, nil, python.Runtime)
 	start := lib.start
 	_, info, err := m.ConvertTrace(&support.Trace{PID: 100, Frames: []support.Frame{{Addr: start + 0x10}}})
@@ -445,9 +446,9 @@ func TestPythonProcess(t *testing.T) {
 		t.Errorf("%d Python processes, %d errors, %d described to BPF; want 1, 0 and 1",
 			s.RuntimeProcesses["cpython"], s.InterpreterErrors, s.RuntimeAttached["cpython"])
 	}
-	entry, ok := maps.runtimes[support.RuntimeProcKey{PID: 100, Runtime: uint32(python.ID)}]
-	if !ok || len(maps.runtimes) != 1 {
-		t.Fatalf("runtime configuration map %+v, want CPython of process 100 only", maps.runtimes)
+	entry, ok := maps.Runtimes[support.RuntimeProcKey{PID: 100, Runtime: uint32(python.ID)}]
+	if !ok || len(maps.Runtimes) != 1 {
+		t.Fatalf("runtime configuration map %+v, want CPython of process 100 only", maps.Runtimes)
 	}
 	// _PyRuntime lies in the library's data, above where it is loaded.
 	p := entry.(python.UnwinderProc)
@@ -456,7 +457,7 @@ func TestPythonProcess(t *testing.T) {
 		t.Errorf("Python unwinder entry %+v", p)
 	}
 	m.ProcessExited(100)
-	if len(maps.runtimes) != 0 {
-		t.Errorf("runtime configuration map %+v after the exit", maps.runtimes)
+	if len(maps.Runtimes) != 0 {
+		t.Errorf("runtime configuration map %+v after the exit", maps.Runtimes)
 	}
 }

@@ -26,6 +26,7 @@ import (
 	_ "github.com/hostprof/ebpf-profiler/interpreter/all"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/processmanager"
+	"github.com/hostprof/ebpf-profiler/processmanager/unwindmaps"
 	"github.com/hostprof/ebpf-profiler/reporter"
 	"github.com/hostprof/ebpf-profiler/support"
 	"github.com/hostprof/ebpf-profiler/tracecorr"
@@ -343,8 +344,8 @@ func servePprof(addr string) {
 }
 
 // unwinding connects the process manager to the native unwinder's maps.
-func unwinding(tr *tracer.Tracer, cache *processmanager.DeltaCache) *processmanager.Unwinding {
-	return &processmanager.Unwinding{
+func unwinding(tr *tracer.Tracer, cache *unwindmaps.DeltaCache) *unwindmaps.Unwinding {
+	return &unwindmaps.Unwinding{
 		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Runtimes: tr, APM: tr,
 		ReadAtFirstSample: tr.ResolvesUnread(), Tracked: tr, Cache: cache,
 	}
@@ -352,11 +353,11 @@ func unwinding(tr *tracer.Tracer, cache *processmanager.DeltaCache) *processmana
 
 // deltaCache opens the on-disk stack delta cache, or returns nil (none)
 // when it is off or cannot be used: the daemon works without it.
-func deltaCache(cfg *config) *processmanager.DeltaCache {
+func deltaCache(cfg *config) *unwindmaps.DeltaCache {
 	if cfg.deltaCache == "" || cfg.deltaCacheMiB == 0 {
 		return nil
 	}
-	c, err := processmanager.OpenDeltaCache(cfg.deltaCache, int64(cfg.deltaCacheMiB)<<20, log.StandardLogger())
+	c, err := unwindmaps.OpenDeltaCache(cfg.deltaCache, int64(cfg.deltaCacheMiB)<<20, log.StandardLogger())
 	if err != nil {
 		log.Warnf("Not caching stack deltas on disk: %v", err)
 		return nil

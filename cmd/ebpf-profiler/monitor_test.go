@@ -7,6 +7,7 @@ import (
 	log "github.com/sirupsen/logrus"
 
 	"github.com/hostprof/ebpf-profiler/processmanager"
+	"github.com/hostprof/ebpf-profiler/processmanager/unwindmaps"
 	"github.com/hostprof/ebpf-profiler/reporter"
 	"github.com/hostprof/ebpf-profiler/tracecorr"
 )
@@ -24,7 +25,7 @@ func TestStatusFields(t *testing.T) {
 			"err_tail_call": 4, "python_frames": 50},
 		malformed: 1,
 		handler: processmanager.Stats{TracesReceived: 279, ProcessesTracked: 17, ConversionErrors: 2,
-			DeltasResident: processmanager.DeltaResidency{Deltas: 1000}},
+			DeltasResident: unwindmaps.DeltaResidency{Deltas: 1000}},
 		rep:  reporter.Stats{SamplesReceived: 279, SamplesExported: 260, ExportErrors: 3, SamplesDropped: 1, RequestsDropped: 1},
 		corr: tracecorr.Stats{SamplesDropped: 3},
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/processmanager"
+	"github.com/hostprof/ebpf-profiler/processmanager/unwindmaps"
 	"github.com/hostprof/ebpf-profiler/support"
 	"github.com/hostprof/ebpf-profiler/tracer"
 	"github.com/hostprof/ebpf-profiler/utils/testenv"
@@ -144,7 +145,7 @@ func startSessionWith(t *testing.T, hz int, configure func(*processmanager.Confi
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := processmanager.Config{Unwinding: &processmanager.Unwinding{
+	cfg := processmanager.Config{Unwinding: &unwindmaps.Unwinding{
 		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Runtimes: tr, APM: tr,
 		ReadAtFirstSample: tr.ResolvesUnread(), Tracked: tr,
 	}, Runtimes: runtimes}

@@ -1,4 +1,4 @@
-package processmanager
+package unwindmaps
 
 import (
 	"bytes"
@@ -7,9 +7,11 @@ import (
 	"testing"
 	"time"
 
+	logtest "github.com/sirupsen/logrus/hooks/test"
+
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
-	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
+	"github.com/hostprof/ebpf-profiler/processmanager/unwindmaps/unwindmapstest"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -62,21 +64,22 @@ func TestSmallFilePassesLargeOne(t *testing.T) {
 		}
 		return nativeunwind.Deltas{{Address: 0, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8, RAOffset: -8}}}, nil
 	}
-	maps := newFakeDeltaMaps()
-	s := newUnwindSync(Unwinding{Maps: maps, Capacity: support.DeltaCapacity{Rules: 8, Deltas: 1024, PageBits: 16},
-		Extract: extract}, quietLogger())
-	defer s.close()
+	maps := unwindmapstest.NewMaps()
+	log, _ := logtest.NewNullLogger()
+	s := New(Unwinding{Maps: maps, Capacity: support.DeltaCapacity{Rules: 8, Deltas: 1024, PageBits: 16},
+		Extract: extract}, log)
+	defer s.Close()
 	job := func(pid uint32, fileID uint64, content string, size int64) unwindJob {
 		return unwindJob{
 			pid: pid, m: attachedMapping{start: 0x10000, end: 0x20000, bias: 0x10000, fileID: fileID},
-			open: func() (proc.ReadAtCloser, error) { return memoryImage{bytes.NewReader([]byte(content))}, nil },
+			open: func() (File, error) { return memoryImage{bytes.NewReader([]byte(content))}, nil },
 			id:   libpf.FileID{byte(fileID)}, size: size, path: content,
 		}
 	}
 	s.send(job(1, 1, "L", 100<<20))
 	s.send(job(3, 1, "L", 100<<20))
 	s.send(job(2, 2, "S", 16<<10))
-	s.forget(3)
+	s.Forget(3)
 
 	deadline := time.Now().Add(10 * time.Second)
 	for r := s.resident.Load(); r == nil || r.Mappings != 1; r = s.resident.Load() {
@@ -91,7 +94,7 @@ func TestSmallFilePassesLargeOne(t *testing.T) {
 
 	waited := make(chan struct{})
 	go func() {
-		s.wait()
+		s.Wait()
 		close(waited)
 	}()
 	select {
@@ -102,7 +105,7 @@ func TestSmallFilePassesLargeOne(t *testing.T) {
 	close(release)
 	<-waited
 	trie := map[uint32]int{}
-	for k := range maps.mappings {
+	for k := range maps.Mappings {
 		trie[k.PID]++
 	}
 	if trie[1] == 0 || trie[2] == 0 || trie[3] != 0 {

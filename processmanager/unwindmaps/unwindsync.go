@@ -1,4 +1,8 @@
-package processmanager
+// Package unwindmaps keeps the native unwinder's BPF maps in step with the
+// processes' mappings: it extracts each mapped file's stack deltas (or
+// reads them from an on-disk cache), loads them once per file, and writes
+// each mapping to the mapping trie.
+package unwindmaps
 
 import (
 	"errors"
@@ -11,9 +15,9 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
-	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -44,6 +48,23 @@ type Unwinding struct {
 	// of those only (and execs of programs not loaded yet): a short
 	// command that is never sampled costs nothing at all.
 	Tracked TrackedProcesses
+	// Now, when set, is the clock idle files and failed files age by
+	// instead of time.Now: a test ages them without waiting.
+	Now func() time.Time
+}
+
+// RuntimeMaps writes the per-process configuration of the runtimes' BPF
+// unwinders; the tracer implements it.
+type RuntimeMaps interface {
+	SetRuntimeConfig(pid uint32, id interpreter.ID, v any) error
+	DeleteRuntimeConfig(pid uint32, id interpreter.ID) error
+}
+
+// APMMaps writes the BPF map of processes with an APM agent; the tracer
+// implements it.
+type APMMaps interface {
+	SetAPMProc(pid uint32, p support.APMProc) error
+	DeleteAPMProc(pid uint32) error
 }
 
 // TrackedProcesses filters BPF's process events (tracer.Tracer).
@@ -60,14 +81,14 @@ type TrackedProcesses interface {
 // it new mappings are dropped (and counted) and unwind with frame pointers.
 const maxPendingAttaches = 4096
 
-// unwindSync mirrors every process's file mappings into the BPF mapping
+// Sync mirrors every process's file mappings into the BPF mapping
 // trie and keeps their files' stack deltas loaded. Extraction can take
 // seconds for a large library, so it never runs on the trace path: the
-// manager queues jobs, one worker goroutine writes the BPF maps in their
+// caller queues jobs, one worker goroutine writes the BPF maps in their
 // order, and the extractQueue's goroutines extract the files the worker
 // asks for, smallest first. A mapping whose file is being extracted is
 // parked meanwhile; the jobs after it go on.
-type unwindSync struct {
+type Sync struct {
 	u       Unwinding
 	log     logrus.FieldLogger
 	loader  *deltaLoader
@@ -114,7 +135,7 @@ type DeltaResidency struct {
 
 // publish unloads expired idle files and stores the current sizes for
 // Stats.
-func (s *unwindSync) publish() {
+func (s *Sync) publish() {
 	s.loader.expireIdle(s.loader.now())
 	r := &DeltaResidency{
 		Files: len(s.loader.files), IdleFiles: s.loader.idleFiles, Rules: len(s.loader.rules),
@@ -132,6 +153,34 @@ func (s *unwindSync) publish() {
 	s.resident.Store(r)
 }
 
+// IsKnown says whether BPF's known_files names a loaded file by key; safe
+// to call from any goroutine.
+func (s *Sync) IsKnown(key support.FileKey) bool { return s.loader.isKnown(key) }
+
+// Stats counts what the worker did and what the maps hold.
+type Stats struct {
+	// FilesLoaded counts files whose deltas were extracted or read from
+	// the cache; ExtractErrors and LoadErrors the failures; Dropped the
+	// mappings not queued because the queue was full.
+	FilesLoaded, ExtractErrors, LoadErrors, Dropped uint64
+	// Queue is the number of jobs queued or parked.
+	Queue int
+	// Resident is what the maps held when the worker last published it.
+	Resident DeltaResidency
+}
+
+// Stats is safe to call from any goroutine.
+func (s *Sync) Stats() Stats {
+	st := Stats{
+		FilesLoaded: s.filesLoaded.Load(), ExtractErrors: s.extractErrors.Load(),
+		LoadErrors: s.loadErrors.Load(), Dropped: s.dropped.Load(), Queue: int(s.pending.Load()),
+	}
+	if r := s.resident.Load(); r != nil {
+		st.Resident = *r
+	}
+	return st
+}
+
 type unwindJob struct {
 	pid uint32
 	// detachAll forgets the pid; otherwise the job attaches or (detach)
@@ -140,18 +189,18 @@ type unwindJob struct {
 	detachAll, detach, region bool
 	m                         attachedMapping
 	// key names the file for BPF, known is what BPF is told of it
-	// (elfData.knownFile); hasKey is false for the vDSO and files whose
+	// (Mapping.Known); hasKey is false for the vDSO and files whose
 	// executable segments disagree on p_vaddr - p_offset.
 	key    support.FileKey
 	known  support.KnownFile
 	hasKey bool
 	// open reads the mapped file; called only when its deltas are not
 	// loaded yet. id is the file's whole id, the cache's key.
-	open func() (proc.ReadAtCloser, error)
+	open func() (File, error)
 	id   libpf.FileID
 	// runtimeCode are the eval loops of the runtimes in the file, whose
 	// deltas are marked for the runtimes' unwinders.
-	runtimeCode []runtimeCode
+	runtimeCode []CodeRange
 	// barrier, when set, is closed once every earlier job is done.
 	barrier chan struct{}
 	// path names the file in log lines; size orders extractions.
@@ -161,7 +210,7 @@ type unwindJob struct {
 	seq uint64
 }
 
-// barrier is a wait() whose earlier jobs were parked: it is closed once
+// barrier is a Wait whose earlier jobs were parked: it is closed once
 // no job parked before it (seq at most its seq) is left.
 type barrier struct {
 	ch  chan struct{}
@@ -176,18 +225,50 @@ type attachedMapping struct {
 	runtime uint8
 	// atPC are the parts of a file's mapping whose code a runtime's
 	// unwinder takes over at the PC (Runtime.CodeRangesAtPC).
-	atPC []runtimeCode
+	atPC []CodeRange
 }
 
-// runtimeCode is a range of a runtime's code: file addresses of an eval
+// CodeRange is a range of a runtime's code: file addresses of an eval
 // loop, or process addresses of code taken over at the PC.
-type runtimeCode struct {
-	start, end uint64
-	runtime    uint8
+type CodeRange struct {
+	Start, End uint64
+	Runtime    uint8
 }
 
-func newUnwindSync(u Unwinding, log logrus.FieldLogger) *unwindSync {
-	s := &unwindSync{
+// File is a mapped file opened for extraction.
+type File interface {
+	io.ReaderAt
+	io.Closer
+}
+
+// Mapping is what Attach needs of a process's file mapping.
+type Mapping struct {
+	PID              uint32
+	Start, End, Bias uint64
+	// ID is the file's id; its low half names the file in BPF.
+	ID libpf.FileID
+	// Key names the file for BPF, Known is what BPF is told of it;
+	// HasKey is false for the vDSO and files whose executable segments
+	// disagree on p_vaddr - p_offset.
+	Key    support.FileKey
+	Known  support.KnownFile
+	HasKey bool
+	// Open reads the mapped file; it is called only when the file's
+	// deltas are not loaded yet.
+	Open func() (File, error)
+	// Path names the file in log lines; Size orders extractions.
+	Path string
+	Size int64
+	// RuntimeCode are the eval loops of the runtimes in the file (file
+	// addresses), whose deltas are marked for the runtimes' unwinders.
+	// AtPC are the parts of the mapping whose code a runtime's unwinder
+	// takes over at the PC (process addresses).
+	RuntimeCode, AtPC []CodeRange
+}
+
+// New starts the worker that writes u.Maps.
+func New(u Unwinding, log logrus.FieldLogger) *Sync {
+	s := &Sync{
 		u:          u,
 		log:        log,
 		loader:     newDeltaLoader(u.Maps, u.Capacity),
@@ -197,91 +278,74 @@ func newUnwindSync(u Unwinding, log logrus.FieldLogger) *unwindSync {
 		parked:     map[uint32]map[uint64]*unwindJob{},
 		extracting: map[uint64][]*unwindJob{},
 	}
+	if u.Now != nil {
+		s.loader.now = u.Now
+	}
 	s.extract = newExtractQueue(s.extractFile)
 	go s.run()
 	return s
 }
 
-// attach queues a mapping and reports whether it did: not for a mapping
-// without a file to unwind with, nor when the queue is full (counted; its
-// frames unwind with frame pointers until it is attached).
-func (s *unwindSync) attach(pid uint32, mp *mapping, src proc.Source) bool {
-	if mp.pf == nil || mp.pf.FileID.IsZero() || mp.file == nil || mp.file.elf == nil {
-		return false
-	}
+// Attach queues a mapping and reports whether it did: not when the queue
+// is full (counted; its frames unwind with frame pointers until it is
+// attached).
+func (s *Sync) Attach(mp Mapping) bool {
 	if s.pending.Load() >= maxPendingAttaches/2 {
 		s.dropped.Add(1)
 		return false
 	}
-	e := mp.entry
 	j := unwindJob{
-		pid:  pid,
-		m:    attachedMapping{start: e.Start, end: e.End, bias: mp.pf.Bias, fileID: mp.pf.FileID.Low64()},
-		open: func() (proc.ReadAtCloser, error) { return proc.OpenImage(src, pid, &e) },
-		id:   mp.pf.FileID,
-		path: e.Path,
-		size: mp.file.size,
+		pid:         mp.PID,
+		m:           attachedMapping{start: mp.Start, end: mp.End, bias: mp.Bias, fileID: mp.ID.Low64(), atPC: mp.AtPC},
+		key:         mp.Key,
+		known:       mp.Known,
+		hasKey:      mp.HasKey,
+		open:        mp.Open,
+		id:          mp.ID,
+		runtimeCode: mp.RuntimeCode,
+		path:        mp.Path,
+		size:        mp.Size,
 	}
-	if e.IsFile() {
-		j.known, j.hasKey = mp.file.elf.knownFile()
-		j.known.FileID = j.m.fileID
-		j.key = support.NewFileKey(e.Dev, e.Inode)
-	}
-	for _, rm := range mp.file.elf.runtimes {
-		if rm.rt.ID == 0 || rm.bin.Unsupported() != nil {
-			continue // no unwinder, or never attached: nothing to hand over
-		}
-		for _, r := range rm.bin.CodeRanges() {
-			if !rm.rt.CodeRangesAtPC {
-				j.runtimeCode = append(j.runtimeCode, runtimeCode{r[0], r[1], uint8(rm.rt.ID)})
-				continue
-			}
-			// Where this mapping maps the range, in process addresses.
-			start, end := max(r[0]+mp.pf.Bias, e.Start), min(r[1]+mp.pf.Bias, e.End)
-			if start < end {
-				j.m.atPC = append(j.m.atPC, runtimeCode{start, end, uint8(rm.rt.ID)})
-			}
-		}
-	}
+	j.known.FileID = j.m.fileID
 	s.send(j)
 	return true
 }
 
-// addRegion queues the claim of a runtime's region of anonymous code
+// AddRegion queues the claim of a runtime's region of anonymous code
 // [start, end): known code to the native unwinder, handed to runtime's
 // unwinder where runtime is set.
-func (s *unwindSync) addRegion(pid uint32, start, end uint64, runtime uint8) {
+func (s *Sync) AddRegion(pid uint32, start, end uint64, runtime uint8) {
 	s.send(unwindJob{pid: pid, region: true, m: attachedMapping{start: start, end: end, runtime: runtime}})
 }
 
-// removeRegion queues the removal of a region added at start.
-func (s *unwindSync) removeRegion(pid uint32, start uint64) {
+// RemoveRegion queues the removal of a region added at start.
+func (s *Sync) RemoveRegion(pid uint32, start uint64) {
 	s.send(unwindJob{pid: pid, detach: true, region: true, m: attachedMapping{start: start}})
 }
 
-// detach queues the removal of a mapping. Removals are never dropped: the
-// queue keeps half its room for them.
-func (s *unwindSync) detach(pid uint32, mp *mapping) {
-	s.send(unwindJob{pid: pid, detach: true, m: attachedMapping{start: mp.entry.Start}})
+// Detach queues the removal of the mapping attached at start. Removals are
+// never dropped: the queue keeps half its room for them.
+func (s *Sync) Detach(pid uint32, start uint64) {
+	s.send(unwindJob{pid: pid, detach: true, m: attachedMapping{start: start}})
 }
 
-// forget queues the removal of everything of pid.
-func (s *unwindSync) forget(pid uint32) { s.send(unwindJob{pid: pid, detachAll: true}) }
+// Forget queues the removal of everything of pid.
+func (s *Sync) Forget(pid uint32) { s.send(unwindJob{pid: pid, detachAll: true}) }
 
-func (s *unwindSync) send(j unwindJob) {
+func (s *Sync) send(j unwindJob) {
 	s.pending.Add(1)
 	s.jobs <- j
 }
 
-// close stops the worker after the queued jobs.
-func (s *unwindSync) close() {
+// Close stops the worker after the queued jobs.
+func (s *Sync) Close() {
 	s.once.Do(func() { close(s.jobs) })
 	<-s.done
 }
 
 // run is the worker. It also wakes up now and then with nothing to do, to
 // unload files that stayed idle.
-func (s *unwindSync) run() {
+func (s *Sync) run() {
 	defer close(s.done)
 	defer s.extract.close()
 	defer func() {
@@ -320,15 +384,15 @@ func (s *unwindSync) run() {
 	}
 }
 
-// wait returns once every job queued before it is done.
-func (s *unwindSync) wait() {
+// Wait returns once every job queued before it is done.
+func (s *Sync) Wait() {
 	b := make(chan struct{})
 	s.send(unwindJob{barrier: b})
 	<-b
 }
 
 // releaseBarriers closes the barriers whose parked jobs are all done.
-func (s *unwindSync) releaseBarriers() {
+func (s *Sync) releaseBarriers() {
 	if len(s.barriers) == 0 {
 		return
 	}
@@ -348,7 +412,7 @@ func (s *unwindSync) releaseBarriers() {
 }
 
 // handle does a job and reports whether it was parked.
-func (s *unwindSync) handle(j *unwindJob) (parked bool) {
+func (s *Sync) handle(j *unwindJob) (parked bool) {
 	switch {
 	case j.detachAll:
 		for start := range s.parked[j.pid] {
@@ -382,7 +446,7 @@ func (s *unwindSync) handle(j *unwindJob) (parked bool) {
 
 // add attaches a mapping whose file's deltas are loaded, or parks it until
 // they are.
-func (s *unwindSync) add(j *unwindJob) (parked bool) {
+func (s *Sync) add(j *unwindJob) (parked bool) {
 	s.unpark(j.pid, j.m.start)
 	if _, ok := s.attached[j.pid][j.m.start]; ok {
 		s.remove(j.pid, j.m.start)
@@ -410,7 +474,7 @@ func (s *unwindSync) add(j *unwindJob) (parked bool) {
 }
 
 // unpark drops the parked job of a mapping, if there is one: it is done.
-func (s *unwindSync) unpark(pid uint32, start uint64) {
+func (s *Sync) unpark(pid uint32, start uint64) {
 	if _, ok := s.parked[pid][start]; !ok {
 		return
 	}
@@ -423,11 +487,11 @@ func (s *unwindSync) unpark(pid uint32, start uint64) {
 
 // isParked says whether j still waits: a later job may have detached its
 // mapping, or replaced it.
-func (s *unwindSync) isParked(j *unwindJob) bool { return s.parked[j.pid][j.m.start] == j }
+func (s *Sync) isParked(j *unwindJob) bool { return s.parked[j.pid][j.m.start] == j }
 
 // extracted loads an extracted file's deltas and attaches the mappings
 // that wait for them.
-func (s *unwindSync) extracted(r extracted) {
+func (s *Sync) extracted(r extracted) {
 	fileID := r.x.job.m.fileID
 	waiting := slices.DeleteFunc(s.extracting[fileID], func(j *unwindJob) bool { return !s.isParked(j) })
 	delete(s.extracting, fileID)
@@ -459,7 +523,7 @@ func (s *unwindSync) extracted(r extracted) {
 
 // attachLoaded writes a mapping whose file's deltas are loaded (and
 // acquired) to the trie.
-func (s *unwindSync) attachLoaded(j *unwindJob) {
+func (s *Sync) attachLoaded(j *unwindJob) {
 	if j.hasKey {
 		if err := s.loader.knownAs(j.key, j.known); err != nil {
 			s.log.WithError(err).Debugf("process %d: mapping at %#x", j.pid, j.m.start)
@@ -472,14 +536,14 @@ func (s *unwindSync) attachLoaded(j *unwindJob) {
 
 // failed counts a mapping left without deltas: it unwinds with frame
 // pointers.
-func (s *unwindSync) failed(j *unwindJob, err error) {
+func (s *Sync) failed(j *unwindJob, err error) {
 	s.loadErrors.Add(1)
 	s.logFailure(j, err)
 }
 
 // logFailure says why a mapping has no deltas: a full map once as a
 // warning, the rest at debug level.
-func (s *unwindSync) logFailure(j *unwindJob, err error) {
+func (s *Sync) logFailure(j *unwindJob, err error) {
 	if isMapFull(err) && !s.warnedFull {
 		s.warnedFull = true
 		s.log.WithError(err).Warn("A BPF map for stack deltas is full: further files are unwound with frame pointers only " +
@@ -491,7 +555,7 @@ func (s *unwindSync) logFailure(j *unwindJob, err error) {
 
 // extractFile returns a file's deltas with its runtimes' code marked; it
 // runs on the extractQueue's goroutines.
-func (s *unwindSync) extractFile(x *extraction) (nativeunwind.Deltas, error) {
+func (s *Sync) extractFile(x *extraction) (nativeunwind.Deltas, error) {
 	start := time.Now()
 	d, cached, err := s.extractJob(x.job)
 	if err != nil {
@@ -499,7 +563,7 @@ func (s *unwindSync) extractFile(x *extraction) (nativeunwind.Deltas, error) {
 	}
 	s.filesLoaded.Add(1)
 	for _, c := range x.job.runtimeCode {
-		d = d.MarkRuntime(c.start, c.end, c.runtime)
+		d = d.MarkRuntime(c.Start, c.End, c.Runtime)
 	}
 	from := "extracted"
 	if cached {
@@ -511,7 +575,7 @@ func (s *unwindSync) extractFile(x *extraction) (nativeunwind.Deltas, error) {
 
 // extractJob returns a job's file's deltas: from the cache, or extracted
 // from the file (and cached).
-func (s *unwindSync) extractJob(j *unwindJob) (d nativeunwind.Deltas, cached bool, err error) {
+func (s *Sync) extractJob(j *unwindJob) (d nativeunwind.Deltas, cached bool, err error) {
 	if d, ok := s.u.Cache.load(j.id); ok {
 		return d, true, nil
 	}
@@ -530,7 +594,7 @@ func (s *unwindSync) extractJob(j *unwindJob) (d nativeunwind.Deltas, cached boo
 }
 
 // addTrie writes a mapping (or region) to the mapping trie.
-func (s *unwindSync) addTrie(pid uint32, m attachedMapping) error {
+func (s *Sync) addTrie(pid uint32, m attachedMapping) error {
 	if _, ok := s.attached[pid][m.start]; ok && m.fileID == 0 {
 		s.remove(pid, m.start)
 	}
@@ -547,9 +611,9 @@ func (s *unwindSync) addTrie(pid uint32, m attachedMapping) error {
 	// mapping's (every aligned block inside a range lies in one of the
 	// range's own), so the trie's longest match finds them.
 	for _, c := range m.atPC {
-		for _, p := range rangePrefixes(c.start, c.end) {
+		for _, p := range rangePrefixes(c.Start, c.End) {
 			key := support.NewPidMappingKey(pid, p[0], int(p[1]))
-			if err := s.u.Maps.SetPidMapping(key, support.PidMapping{FileID: m.fileID, Bias: m.bias, Runtime: c.runtime}); err != nil {
+			if err := s.u.Maps.SetPidMapping(key, support.PidMapping{FileID: m.fileID, Bias: m.bias, Runtime: c.Runtime}); err != nil {
 				s.loadErrors.Add(1)
 				s.remove(pid, m.start)
 				return fmt.Errorf("writing the mapping trie: %w", err)
@@ -559,7 +623,7 @@ func (s *unwindSync) addTrie(pid uint32, m attachedMapping) error {
 	return nil
 }
 
-func (s *unwindSync) attachedFor(pid uint32) map[uint64]attachedMapping {
+func (s *Sync) attachedFor(pid uint32) map[uint64]attachedMapping {
 	m := s.attached[pid]
 	if m == nil {
 		m = map[uint64]attachedMapping{}
@@ -568,7 +632,7 @@ func (s *unwindSync) attachedFor(pid uint32) map[uint64]attachedMapping {
 	return m
 }
 
-func (s *unwindSync) remove(pid uint32, start uint64) {
+func (s *Sync) remove(pid uint32, start uint64) {
 	m, ok := s.attached[pid][start]
 	if !ok {
 		return
@@ -578,7 +642,7 @@ func (s *unwindSync) remove(pid uint32, start uint64) {
 		_ = s.u.Maps.DeletePidMapping(support.NewPidMappingKey(pid, p[0], int(p[1])))
 	}
 	for _, c := range m.atPC {
-		for _, p := range rangePrefixes(c.start, c.end) {
+		for _, p := range rangePrefixes(c.Start, c.End) {
 			_ = s.u.Maps.DeletePidMapping(support.NewPidMappingKey(pid, p[0], int(p[1])))
 		}
 	}

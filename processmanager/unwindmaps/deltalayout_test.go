@@ -1,4 +1,4 @@
-package processmanager
+package unwindmaps
 
 import (
 	"testing"

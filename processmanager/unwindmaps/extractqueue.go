@@ -1,4 +1,4 @@
-package processmanager
+package unwindmaps
 
 import (
 	"math"
@@ -9,7 +9,7 @@ import (
 )
 
 // Stack deltas are extracted on goroutines of their own, smallest file
-// first, while one goroutine (unwindSync's worker) writes the BPF maps. On
+// first, while one goroutine (Sync's worker) writes the BPF maps. On
 // a cold start libLLVM's million deltas take over a second to extract, and
 // a process that only needs a 16 KiB program's deltas would otherwise be
 // unwound no further than its leaf until they are done.

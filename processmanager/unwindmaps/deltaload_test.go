@@ -1,4 +1,4 @@
-package processmanager
+package unwindmaps
 
 import (
 	"errors"
@@ -6,102 +6,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
+	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
+	"github.com/hostprof/ebpf-profiler/processmanager/unwindmaps/unwindmapstest"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
-// fakeDeltaMaps records what the loader writes.
-type fakeDeltaMaps struct {
-	rules    map[uint16]support.UnwindRule
-	deltas   map[uint32]support.StackDelta
-	pages    map[support.DeltaPageKey]support.DeltaPage
-	mappings map[support.PidMappingKey]support.PidMapping
-	known    map[support.FileKey]support.KnownFile
-	runtimes map[support.RuntimeProcKey]any
-}
-
-func newFakeDeltaMaps() *fakeDeltaMaps {
-	return &fakeDeltaMaps{
-		rules:    map[uint16]support.UnwindRule{},
-		deltas:   map[uint32]support.StackDelta{},
-		pages:    map[support.DeltaPageKey]support.DeltaPage{},
-		mappings: map[support.PidMappingKey]support.PidMapping{},
-		known:    map[support.FileKey]support.KnownFile{},
-		runtimes: map[support.RuntimeProcKey]any{},
-	}
-}
-
-func (f *fakeDeltaMaps) SetRuntimeConfig(pid uint32, id interpreter.ID, v any) error {
-	f.runtimes[support.RuntimeProcKey{PID: pid, Runtime: uint32(id)}] = v
-	return nil
-}
-
-func (f *fakeDeltaMaps) DeleteRuntimeConfig(pid uint32, id interpreter.ID) error {
-	delete(f.runtimes, support.RuntimeProcKey{PID: pid, Runtime: uint32(id)})
-	return nil
-}
-
-func (f *fakeDeltaMaps) SetUnwindRule(id uint16, r support.UnwindRule) error {
-	f.rules[id] = r
-	return nil
-}
-
-func (f *fakeDeltaMaps) SetStackDeltas(first uint32, d []support.StackDelta) error {
-	for i, x := range d {
-		f.deltas[first+uint32(i)] = x
-	}
-	return nil
-}
-
-func (f *fakeDeltaMaps) SetDeltaPage(k support.DeltaPageKey, v support.DeltaPage) error {
-	f.pages[k] = v
-	return nil
-}
-
-func (f *fakeDeltaMaps) DeleteDeltaPage(k support.DeltaPageKey) error {
-	delete(f.pages, k)
-	return nil
-}
-
-func (f *fakeDeltaMaps) SetPidMapping(k support.PidMappingKey, v support.PidMapping) error {
-	f.mappings[k] = v
-	return nil
-}
-
-func (f *fakeDeltaMaps) DeletePidMapping(k support.PidMappingKey) error {
-	delete(f.mappings, k)
-	return nil
-}
-
-func (f *fakeDeltaMaps) SetKnownFile(k support.FileKey, v support.KnownFile) error {
-	f.known[k] = v
-	return nil
-}
-
-func (f *fakeDeltaMaps) DeleteKnownFile(k support.FileKey) error {
-	delete(f.known, k)
-	return nil
-}
-
-// bpfLookup does what the BPF unwinder does with the maps.
-func (f *fakeDeltaMaps) bpfLookup(fileID, addr uint64, pageBits uint) (support.UnwindRule, bool) {
-	page, ok := f.pages[support.DeltaPageKey{FileID: fileID, Page: addr >> pageBits}]
-	if !ok {
-		return support.UnwindRule{}, false
-	}
-	low := uint16(addr & (1<<pageBits - 1))
-	var rule uint16
-	for i := page.First; i < page.First+page.Count; i++ {
-		if f.deltas[i].AddrLow > low {
-			break
-		}
-		rule = f.deltas[i].Rule
-	}
-	return f.rules[rule], true
-}
-
-// acquireWith takes a reference on a file as unwindSync does: loading it
+// acquireWith takes a reference on a file as Sync does: loading it
 // with extract if it is not loaded and did not fail lately.
 func acquireWith(l *deltaLoader, fileID uint64, extract func() (nativeunwind.Deltas, error)) error {
 	if l.acquire(fileID) {
@@ -119,7 +30,7 @@ func acquireWith(l *deltaLoader, fileID uint64, extract func() (nativeunwind.Del
 }
 
 func TestDeltaLoaderRefcounts(t *testing.T) {
-	maps := newFakeDeltaMaps()
+	maps := unwindmapstest.NewMaps()
 	l := newDeltaLoader(maps, support.DeltaCapacity{Rules: 16, Deltas: 64, PageBits: 12})
 	sp8 := nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8, RAOffset: -8}
 	sp32 := nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 32, RAOffset: -8, FPOffset: -16}
@@ -137,23 +48,23 @@ func TestDeltaLoaderRefcounts(t *testing.T) {
 		t.Errorf("%d extractions for one file, want 1", extractions)
 	}
 	for addr, want := range map[uint64]nativeunwind.Rule{0x1000: sp8, 0x1008: sp32, 0x1fff: sp32, 0x2050: sp32, 0x2100: sp8} {
-		got, ok := maps.bpfLookup(7, addr, 12)
+		got, ok := maps.BPFLookup(7, addr, 12)
 		if !ok || got.CFAOffset != want.CFAOffset || got.FPOffset != want.FPOffset || got.CFABase != uint8(want.CFA) {
 			t.Errorf("address %#x: rule %+v (found %v), want %v", addr, got, ok, want)
 		}
 	}
-	if got, ok := maps.bpfLookup(7, 0x2200, 12); !ok || got.CFABase != 0 {
+	if got, ok := maps.BPFLookup(7, 0x2200, 12); !ok || got.CFABase != 0 {
 		t.Errorf("address in a gap: %+v (found %v), want the unknown rule", got, ok)
 	}
 
 	now := time.Unix(1000, 0)
 	l.now = func() time.Time { return now }
 	l.release(7)
-	if len(maps.pages) == 0 {
+	if len(maps.Pages) == 0 {
 		t.Fatal("deltas unloaded while a reference remains")
 	}
 	l.release(7)
-	if len(maps.pages) == 0 || l.idleFiles != 1 {
+	if len(maps.Pages) == 0 || l.idleFiles != 1 {
 		t.Fatalf("idle file unloaded at once (%d idle)", l.idleFiles)
 	}
 	// A new user of an idle file takes it back without extracting.
@@ -163,8 +74,8 @@ func TestDeltaLoaderRefcounts(t *testing.T) {
 	l.release(7)
 	now = now.Add(idleFileKeep)
 	l.expireIdle(now)
-	if len(maps.pages) != 0 || l.loaded(7) || l.idleFiles != 0 {
-		t.Errorf("pages left after the idle time: %v", maps.pages)
+	if len(maps.Pages) != 0 || l.loaded(7) || l.idleFiles != 0 {
+		t.Errorf("pages left after the idle time: %v", maps.Pages)
 	}
 	if len(l.pool.holes) != 1 || l.pool.holes[0] != (span{0, 64}) {
 		t.Errorf("pool not whole again: %+v", l.pool.holes)
@@ -174,7 +85,7 @@ func TestDeltaLoaderRefcounts(t *testing.T) {
 // TestDeltaLoaderEvictsIdleForRoom: a full pool unloads idle files,
 // oldest first, before it refuses a file.
 func TestDeltaLoaderEvictsIdleForRoom(t *testing.T) {
-	l := newDeltaLoader(newFakeDeltaMaps(), support.DeltaCapacity{Rules: 16, Deltas: 4, PageBits: 12})
+	l := newDeltaLoader(unwindmapstest.NewMaps(), support.DeltaCapacity{Rules: 16, Deltas: 4, PageBits: 12})
 	now := time.Unix(1000, 0)
 	l.now = func() time.Time { return now }
 	sp8 := nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8}
@@ -198,7 +109,7 @@ func TestDeltaLoaderEvictsIdleForRoom(t *testing.T) {
 }
 
 func TestDeltaLoaderPoolFull(t *testing.T) {
-	l := newDeltaLoader(newFakeDeltaMaps(), support.DeltaCapacity{Rules: 16, Deltas: 2, PageBits: 12})
+	l := newDeltaLoader(unwindmapstest.NewMaps(), support.DeltaCapacity{Rules: 16, Deltas: 2, PageBits: 12})
 	deltas := nativeunwind.Deltas{{Address: 0x1000, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8}},
 		{Address: 0x1004, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 16}},
 		{Address: 0x1008, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8}}}
@@ -212,7 +123,7 @@ func TestDeltaLoaderPoolFull(t *testing.T) {
 // is extracted once per backoff period, however many processes map it,
 // while a failure to open it is retried at once.
 func TestDeltaLoaderRemembersFailures(t *testing.T) {
-	l := newDeltaLoader(newFakeDeltaMaps(), support.DeltaCapacity{Rules: 16, Deltas: 64, PageBits: 12})
+	l := newDeltaLoader(unwindmapstest.NewMaps(), support.DeltaCapacity{Rules: 16, Deltas: 64, PageBits: 12})
 	now := time.Unix(1000, 0)
 	l.now = func() time.Time { return now }
 	bad := errors.New("truncated .eh_frame")
@@ -231,12 +142,12 @@ func TestDeltaLoaderRemembersFailures(t *testing.T) {
 		t.Errorf("after the backoff: error %v, %d extractions, want a retry", err, extractions)
 	}
 
-	gone := transientError{ErrProcessExited}
+	gone := transientError{proc.ErrExited}
 	opens := 0
 	for range 2 {
 		err := acquireWith(l, 2, func() (nativeunwind.Deltas, error) { opens++; return nil, gone })
-		if !errors.Is(err, ErrProcessExited) {
-			t.Fatalf("error %v, want ErrProcessExited", err)
+		if !errors.Is(err, proc.ErrExited) {
+			t.Fatalf("error %v, want process.ErrExited", err)
 		}
 	}
 	if opens != 2 {
@@ -294,13 +205,13 @@ func TestRangePrefixes(t *testing.T) {
 }
 
 func TestDeltaLoaderSignedReturnAddress(t *testing.T) {
-	maps := newFakeDeltaMaps()
+	maps := unwindmapstest.NewMaps()
 	l := newDeltaLoader(maps, support.DeltaCapacity{Rules: 4, Deltas: 4, PageBits: 12, FlagRASigned: 1})
 	id, err := l.intern(nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 16, RAOffset: -8, RASigned: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := maps.rules[id]; got.Flags != 1 || got.CFAOffset != 16 {
+	if got := maps.Rules[id]; got.Flags != 1 || got.CFAOffset != 16 {
 		t.Errorf("BPF rule %+v, want the signed-RA flag", got)
 	}
 }
@@ -309,7 +220,7 @@ func TestDeltaLoaderSignedReturnAddress(t *testing.T) {
 // forgets them when the file unloads, except a name that moved on to
 // another file (an inode number reused).
 func TestDeltaLoaderKnownFiles(t *testing.T) {
-	maps := newFakeDeltaMaps()
+	maps := unwindmapstest.NewMaps()
 	l := newDeltaLoader(maps, support.DeltaCapacity{Rules: 16, Deltas: 64, PageBits: 12})
 	now := time.Unix(1000, 0)
 	l.now = func() time.Time { return now }
@@ -328,7 +239,7 @@ func TestDeltaLoaderKnownFiles(t *testing.T) {
 	if err := l.knownAs(b, support.KnownFile{FileID: 1, VaddrAdjust: 0}); err != nil {
 		t.Fatal(err)
 	}
-	if got := maps.known[a]; got != (support.KnownFile{FileID: 1, VaddrAdjust: 0x400000}) {
+	if got := maps.Known[a]; got != (support.KnownFile{FileID: 1, VaddrAdjust: 0x400000}) {
 		t.Errorf("known file %+v", got)
 	}
 	if err := l.knownAs(b, support.KnownFile{FileID: 2, VaddrAdjust: 0}); err != nil { // b's inode now holds file 2
@@ -337,13 +248,13 @@ func TestDeltaLoaderKnownFiles(t *testing.T) {
 	l.release(1)
 	now = now.Add(idleFileKeep)
 	l.expireIdle(now)
-	if _, ok := maps.known[a]; ok {
+	if _, ok := maps.Known[a]; ok {
 		t.Error("key of an unloaded file left in BPF")
 	}
-	if got := maps.known[b]; got.FileID != 2 {
+	if got := maps.Known[b]; got.FileID != 2 {
 		t.Errorf("key moved to file 2 was %+v after file 1 unloaded", got)
 	}
-	if err := l.knownAs(a, support.KnownFile{FileID: 3, VaddrAdjust: 0}); err != nil || len(maps.known) != 1 {
-		t.Errorf("a key for a file not loaded was written: %v, %v", err, maps.known)
+	if err := l.knownAs(a, support.KnownFile{FileID: 3, VaddrAdjust: 0}); err != nil || len(maps.Known) != 1 {
+		t.Errorf("a key for a file not loaded was written: %v, %v", err, maps.Known)
 	}
 }

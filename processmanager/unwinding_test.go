@@ -2,11 +2,14 @@ package processmanager
 
 import (
 	"io"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
+	"github.com/hostprof/ebpf-profiler/processmanager/unwindmaps"
+	"github.com/hostprof/ebpf-profiler/processmanager/unwindmaps/unwindmapstest"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -21,23 +24,32 @@ func TestUnwindSyncFollowsProcesses(t *testing.T) {
 	fs.setProcess(100, 1, "/bin/app", first)
 	fs.setProcess(200, 1, "/bin/app", second)
 
-	maps := newFakeDeltaMaps()
+	maps := unwindmapstest.NewMaps()
 	extractions := 0
-	m := newUnwindingManager(t, fs, maps, &extractions)
+	u := testUnwinding(maps, &extractions)
+	// aged moves the clock of idle files past any time they are kept.
+	var aged atomic.Bool
+	u.Now = func() time.Time {
+		if aged.Load() {
+			return time.Now().Add(time.Hour)
+		}
+		return time.Now()
+	}
+	m := newManagerWith(t, fs, u)
 	for _, pid := range []uint32{100, 200} {
 		if _, _, err := m.ConvertTrace(&support.Trace{PID: pid, Frames: []support.Frame{{Addr: fnAbs}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	m.unwind.wait()
+	m.unwind.Wait()
 	if extractions != 1 {
 		t.Errorf("%d extractions of one file, want 1", extractions)
 	}
-	if len(maps.pages) == 0 {
+	if len(maps.Pages) == 0 {
 		t.Fatal("no delta pages loaded")
 	}
 	trie := map[uint32]int{}
-	for k, v := range maps.mappings {
+	for k, v := range maps.Mappings {
 		trie[k.PID]++
 		if v.FileID == 0 {
 			t.Errorf("trie entry %+v without a file id", k)
@@ -47,32 +59,32 @@ func TestUnwindSyncFollowsProcesses(t *testing.T) {
 		t.Fatalf("trie entries per pid: %v", trie)
 	}
 	res := m.Stats().DeltasResident
-	if want := (DeltaResidency{Files: 1, Deltas: len(maps.deltas), Pages: len(maps.pages), Rules: 1,
-		MappingPrefixes: len(maps.mappings), Mappings: 2}); res != want {
+	if want := (unwindmaps.DeltaResidency{Files: 1, Deltas: len(maps.Deltas), Pages: len(maps.Pages), Rules: 1,
+		MappingPrefixes: len(maps.Mappings), Mappings: 2}); res != want {
 		t.Errorf("resident %+v, want %+v", res, want)
 	}
 
 	m.ProcessExited(100)
-	m.unwind.wait()
-	if len(maps.pages) == 0 {
+	m.unwind.Wait()
+	if len(maps.Pages) == 0 {
 		t.Error("deltas unloaded while pid 200 still maps the file")
 	}
 	m.ProcessExited(200)
-	m.unwind.wait()
-	if len(maps.mappings) != 0 {
-		t.Errorf("left behind: %d trie entries", len(maps.mappings))
+	m.unwind.Wait()
+	if len(maps.Mappings) != 0 {
+		t.Errorf("left behind: %d trie entries", len(maps.Mappings))
 	}
 	if res := m.Stats().DeltasResident; res.Files != 1 || res.IdleFiles != 1 || res.Mappings != 0 || res.MappingPrefixes != 0 {
 		t.Errorf("after the exits: %+v, want the file idle and no mappings", res)
 	}
 	// Once idle long enough, the next job unloads it.
-	m.unwind.loader.now = func() time.Time { return time.Now().Add(idleFileKeep) }
-	m.unwind.forget(300)
-	m.unwind.wait()
-	if len(maps.pages) != 0 {
-		t.Errorf("left behind: %d pages", len(maps.pages))
+	aged.Store(true)
+	m.unwind.Forget(300)
+	m.unwind.Wait()
+	if len(maps.Pages) != 0 {
+		t.Errorf("left behind: %d pages", len(maps.Pages))
 	}
-	if s := m.Stats(); s.DeltaFilesLoaded != 1 || s.DeltaLoadErrors != 0 || s.DeltasResident != (DeltaResidency{Rules: 1}) {
+	if s := m.Stats(); s.DeltaFilesLoaded != 1 || s.DeltaLoadErrors != 0 || s.DeltasResident != (unwindmaps.DeltaResidency{Rules: 1}) {
 		t.Errorf("stats %+v", s)
 	}
 }
@@ -86,17 +98,17 @@ func TestExecMappedAddsMapping(t *testing.T) {
 	first, fnAbs := lib.mapAt(0x7f0000000000)
 	second, _ := lib.mapAt(0x7e0000000000)
 	fs.setProcess(100, 1, "/bin/app", first)
-	maps := newFakeDeltaMaps()
+	maps := unwindmapstest.NewMaps()
 	m := newUnwindingManager(t, fs, maps, nil)
 	if _, _, err := m.ConvertTrace(&support.Trace{PID: 100, Frames: []support.Frame{{Addr: fnAbs}}}); err != nil {
 		t.Fatal(err)
 	}
-	m.unwind.wait()
+	m.unwind.Wait()
 	// The process maps the library a second time.
 	fs.setProcess(100, 1, "/bin/app", first, second)
 	m.ExecMapped(100, support.ExecMapping{Start: second.start, End: second.end, Offset: second.offset, Dev: 7, Ino: 42})
 	m.ExecMapped(100, support.ExecMapping{Start: 0x1000, End: 0x2000, Dev: 7, Ino: 43}) // already unmapped
-	m.unwind.wait()
+	m.unwind.Wait()
 
 	if s := m.Stats(); s.MapsReads != 1 || s.MappingsAdded != 1 || s.ProcessesVanished != 0 {
 		t.Errorf("stats %+v: want one maps read and one mapping added", s)
@@ -107,21 +119,28 @@ func TestExecMappedAddsMapping(t *testing.T) {
 	if got := m.Stats().DeltasResident.Mappings; got != 2 {
 		t.Errorf("%d mappings in the trie, want 2", got)
 	}
-	if _, ok := maps.known[support.NewFileKey(7, 42)]; !ok {
-		t.Errorf("known files %v lack the reported one", maps.known)
+	if _, ok := maps.Known[support.NewFileKey(7, 42)]; !ok {
+		t.Errorf("known files %v lack the reported one", maps.Known)
 	}
 }
 
 // newUnwindingManager returns a Manager over fs that loads into maps one
 // delta per file, counting extractions in *extractions when it is set.
-func newUnwindingManager(t *testing.T, fs *fakeProcFS, maps *fakeDeltaMaps, extractions *int,
+func newUnwindingManager(t *testing.T, fs *fakeProcFS, maps *unwindmapstest.Maps, extractions *int,
 	runtimes ...*interpreter.Runtime) *Manager {
+	t.Helper()
+	return newManagerWith(t, fs, testUnwinding(maps, extractions), runtimes...)
+}
+
+// newManagerWith returns a Manager over fs that keeps the unwinder's maps
+// as u says.
+func newManagerWith(t *testing.T, fs *fakeProcFS, u *unwindmaps.Unwinding, runtimes ...*interpreter.Runtime) *Manager {
 	t.Helper()
 	// Lines off (newLinesHandler's tests have them): the debug files'
 	// reader settling between two traces would convert a cached trace
 	// again.
 	m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger(), DebugInfoBytes: -1,
-		Unwinding: testUnwinding(maps, extractions), Runtimes: runtimes})
+		Unwinding: u, Runtimes: runtimes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,14 +150,14 @@ func newUnwindingManager(t *testing.T, fs *fakeProcFS, maps *fakeDeltaMaps, extr
 
 // testUnwinding loads into maps one delta per file, counting extractions in
 // *extractions when it is set.
-func testUnwinding(maps *fakeDeltaMaps, extractions *int) *Unwinding {
+func testUnwinding(maps *unwindmapstest.Maps, extractions *int) *unwindmaps.Unwinding {
 	extract := func(io.ReaderAt) (nativeunwind.Deltas, error) {
 		if extractions != nil {
 			*extractions++
 		}
 		return nativeunwind.Deltas{{Address: 0, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8, RAOffset: -8}}}, nil
 	}
-	return &Unwinding{Maps: maps, Capacity: support.DeltaCapacity{Rules: 8, Deltas: 1024, PageBits: 16},
+	return &unwindmaps.Unwinding{Maps: maps, Capacity: support.DeltaCapacity{Rules: 8, Deltas: 1024, PageBits: 16},
 		Extract: extract, Runtimes: maps}
 }
 
@@ -151,18 +170,18 @@ func TestExecOfKnownProgramReadAtFirstSample(t *testing.T) {
 	lib := newFakeLib(t, fs)
 	mp, fnAbs := lib.mapAt(0x7f0000000000)
 	fs.setProcess(100, 1, "/bin/app", mp)
-	maps := newFakeDeltaMaps()
+	maps := unwindmapstest.NewMaps()
 	m := newUnwindingManager(t, fs, maps, nil)
-	m.unwind.u.ReadAtFirstSample = true
+	m.unwinding.ReadAtFirstSample = true
 	if _, _, err := m.ConvertTrace(&support.Trace{PID: 100, Frames: []support.Frame{{Addr: fnAbs}}}); err != nil {
 		t.Fatal(err)
 	}
-	m.unwind.wait()
-	if len(maps.known) != 1 {
-		t.Fatalf("known files %v, want the library's", maps.known)
+	m.unwind.Wait()
+	if len(maps.Known) != 1 {
+		t.Fatalf("known files %v, want the library's", maps.Known)
 	}
 	var program support.FileKey
-	for k, v := range maps.known {
+	for k, v := range maps.Known {
 		program = k
 		if v.FileID == 0 {
 			t.Errorf("known file %+v without a file id", v)
@@ -200,7 +219,7 @@ func TestExecOfKnownProgramReadAtFirstSample(t *testing.T) {
 		t.Error("exec of an unknown program not read at once")
 	}
 	// Without ReadAtFirstSample every exec is read at once.
-	m.unwind.u.ReadAtFirstSample = false
+	m.unwinding.ReadAtFirstSample = false
 	fs.setProcess(600, 10, "/bin/app", mp)
 	m.ProcessExeced(600, program)
 	if !m.Tracks(600) {
@@ -229,9 +248,9 @@ func TestTrackedProcesses(t *testing.T) {
 	fs.setProcess(100, 1, "/bin/app", mp)
 	newManager := func(readAtFirstSample bool) (*Manager, *fakeTracked) {
 		tracked := &fakeTracked{pids: map[uint32]bool{}}
-		maps := newFakeDeltaMaps()
+		maps := unwindmapstest.NewMaps()
 		m, err := New(Config{ProcFS: fs.root, SysFS: t.TempDir(), Logger: quietLogger(),
-			Unwinding: &Unwinding{Maps: maps, Capacity: support.DeltaCapacity{Rules: 8, Deltas: 1024, PageBits: 16},
+			Unwinding: &unwindmaps.Unwinding{Maps: maps, Capacity: support.DeltaCapacity{Rules: 8, Deltas: 1024, PageBits: 16},
 				Extract: func(io.ReaderAt) (nativeunwind.Deltas, error) { return nil, nil }, Runtimes: maps,
 				ReadAtFirstSample: readAtFirstSample, Tracked: tracked}})
 		if err != nil {
@@ -289,13 +308,13 @@ func TestHugeMappingTable(t *testing.T) {
 		pcs = append(pcs, pc)
 	}
 	fs.setProcess(100, 1, "/bin/app", mappings...)
-	maps := newFakeDeltaMaps()
+	maps := unwindmapstest.NewMaps()
 	m := newUnwindingManager(t, fs, maps, nil)
 
 	if _, _, err := m.ConvertTrace(&support.Trace{PID: 100, Frames: []support.Frame{{Addr: pcs[7]}}}); err != nil {
 		t.Fatal(err)
 	}
-	m.unwind.wait()
+	m.unwind.Wait()
 	s := m.Stats()
 	if s.DeltaMappingsDeferred != uint64(len(mappings)) || s.FileCacheMisses != 1 {
 		t.Errorf("deferred %d mappings (want %d), file cache misses %d (want 1)",
@@ -306,7 +325,7 @@ func TestHugeMappingTable(t *testing.T) {
 	}
 	reads := s.MapsReads
 	m.UnknownPC(100, pcs[3])
-	m.unwind.wait()
+	m.unwind.Wait()
 	if s := m.Stats(); s.DeltasResident.Mappings != 2 || s.MapsReads != reads {
 		t.Errorf("after an unknown PC in a known mapping: %d in the trie (want 2), %d maps reads (want none)",
 			s.DeltasResident.Mappings, s.MapsReads-reads)
