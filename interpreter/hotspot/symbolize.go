@@ -95,7 +95,7 @@ func (s *symbolizer) symbolize(f support.Frame, out []libpf.Frame) ([]libpf.Fram
 		if f.Addr != 0 {
 			bci = int64(f.Addr) - int64(m.constMethod+uint64(s.l.Method.ConstMethodSize))
 		}
-		if m.codeSize == 0 && bci <= 0 {
+		if m.codeSize == 0 && (f.Addr == 0 || bci == 0) {
 			// A native method called through the interpreter's native
 			// entry: no bytecodes, the frame's bcp is where they would
 			// start (or 0).
