@@ -169,6 +169,9 @@ type process struct {
 	// extension modules) usually maps more soon, so its next re-read may
 	// come sooner (quickRereadInterval), as for a young process.
 	mapsChanging bool
+	// leaderComm is the main thread's name in its last sample
+	// (execedUnseen).
+	leaderComm string
 	// seen is when the manager created this state.
 	seen time.Time
 	// vanished is when a read found the process gone. Its state stays for
@@ -478,6 +481,13 @@ func (m *Manager) sampled(raw *support.Trace) (*process, uint64) {
 	if m.procs[p.pid] != p {
 		return p, 0
 	}
+	if raw.TID == raw.PID && m.execedUnseen(p, raw.Comm) {
+		m.counters.execsFoundBySample++
+		m.forget(p.pid)
+		m.counters.processesExited++
+		p = m.processFor(raw.PID, raw.Comm)
+		p.leaderComm = raw.Comm
+	}
 	if !m.live(p) {
 		return p, p.gen // nothing left to read
 	}
@@ -497,6 +507,26 @@ func (m *Manager) sampled(raw *support.Trace) (*process, uint64) {
 		m.readAPMAgent(p) // paced by its backoff
 	}
 	return p, p.gen
+}
+
+// execedUnseen says whether a process exec'd while its state is still of
+// the image before. The exec event comes after the exec: samples taken
+// during it (the main thread already has the new name, the old state's
+// info would be paired with it) are handled before the event, and a lost
+// event leaves the state stale until the next check. The main thread's name
+// (an exec leaves only that thread) changing is the cue; a rename by the
+// program itself costs one readlink.
+func (m *Manager) execedUnseen(p *process, comm string) bool {
+	if p.leaderComm == comm {
+		return false
+	}
+	known := p.leaderComm
+	p.leaderComm = comm
+	if known == "" || p.info == nil || !m.live(p) {
+		return false
+	}
+	exe, err := m.source.Executable(p.pid)
+	return err == nil && exe != p.info.ExecutablePath
 }
 
 // checkProcess looks for what a process may have changed without telling:

@@ -56,6 +56,11 @@ func (c *countingSource) Info(pid uint32, comm string) *libpf.ProcessInfo {
 	return c.Source.Info(pid, comm)
 }
 
+func (c *countingSource) Executable(pid uint32) (string, error) {
+	c.count("Executable")
+	return c.Source.Executable(pid)
+}
+
 func (c *countingSource) OpenMapping(pid uint32, e *proc.MapsEntry) (*os.File, error) {
 	c.count("OpenMapping")
 	return c.Source.OpenMapping(pid, e)

@@ -59,6 +59,9 @@ type Stats struct {
 	// StaleExecs counts exec events handled after the new image's state
 	// was already read, which left the state as it was.
 	StaleExecs uint64
+	// ExecsFoundBySample counts execs a sample revealed before their
+	// event was handled, or without one (see execedUnseen).
+	ExecsFoundBySample uint64
 	// ExecsDeferred counts execs of known programs whose process is read
 	// at its first sample rather than at once (Unwinding.ReadAtFirstSample).
 	ExecsDeferred uint64
@@ -136,6 +139,7 @@ type counters struct {
 	processChecks      uint64
 	staleExecs         uint64
 	execsDeferred      uint64
+	execsFoundBySample uint64
 	mappingsDeferred   uint64
 	native             NativeFrameCounts
 }
@@ -168,6 +172,7 @@ func (m *Manager) Stats() Stats {
 		DemangleFailures:      m.demangler.failures,
 		StaleExecs:            c.staleExecs,
 		ExecsDeferred:         c.execsDeferred,
+		ExecsFoundBySample:    c.execsFoundBySample,
 		DeltaMappingsDeferred: c.mappingsDeferred,
 		Native:                c.native,
 		FileCacheSize:         m.files.lru.Len(),

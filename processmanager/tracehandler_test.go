@@ -244,6 +244,46 @@ func TestHandlerExecEvents(t *testing.T) {
 	}
 }
 
+// A sample of the main thread under a new name, handled before the exec
+// event (taken during the exec) or without one (the event was lost),
+// replaces the state of a process that exec'd; a rename does not.
+func TestSampleRevealsExec(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	mapping, fnAbs := lib.mapAt(0x7f0000000000)
+	fs.setProcess(100, 1, "/bin/app", mapping)
+	h, rep := newTestHandler(t, fs)
+	raw := &support.Trace{PID: 100, TID: 100, Comm: "app", Hash: 0xbeef, Frames: []support.Frame{{Addr: fnAbs}}}
+	h.HandleTrace(raw)
+	first := rep.last(t).meta.Process
+
+	renamed := *raw
+	renamed.Comm = "worker"
+	h.HandleTrace(&renamed)
+	thread := renamed
+	thread.TID, thread.Comm = 101, "other"
+	h.HandleTrace(&thread)
+	if got := rep.last(t).meta.Process; got != first {
+		t.Fatalf("a rename replaced the process's state: %+v", got)
+	}
+
+	fs.setProcess(100, 1, "/bin/new", mapping)
+	h.HandleTrace(&renamed) // same name as before: no cue
+	if got := rep.last(t).meta.Process; got != first {
+		t.Fatalf("state replaced without a cue: %+v", got)
+	}
+	execed := *raw
+	execed.Comm = "new"
+	h.HandleTrace(&execed)
+	if got := rep.last(t).meta.Process; got.ExecutablePath != "/bin/new" {
+		t.Errorf("after a sample of the new image: process %+v", got)
+	}
+	h.ProcessExeced(100, support.FileKey{}) // its event, handled late
+	if s := h.Stats(); s.ExecsFoundBySample != 1 || s.StaleExecs != 1 {
+		t.Errorf("stats %+v: want 1 exec found by a sample, then its event stale", s)
+	}
+}
+
 // dlopenFixture is pid 100 with one copy of a library mapped and a trace
 // whose frame is in a second copy that mapLib maps later (a dlopen). now is
 // the manager's clock.

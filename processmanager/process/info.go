@@ -19,9 +19,9 @@ import (
 func (fs FS) Info(pid uint32, comm string) *libpf.ProcessInfo {
 	info := &libpf.ProcessInfo{PID: libpf.PID(pid)}
 	dir := fs.dir(pid)
-	if exe, err := os.Readlink(dir + "/exe"); err == nil {
-		info.ExecutablePath = strings.TrimSuffix(exe, deletedSuffix)
-		info.ExecutableName = path.Base(info.ExecutablePath)
+	if exe, err := fs.Executable(pid); err == nil {
+		info.ExecutablePath = exe
+		info.ExecutableName = path.Base(exe)
 	}
 	if info.ExecutableName == "" {
 		if b, err := os.ReadFile(dir + "/comm"); err == nil {
@@ -36,6 +36,13 @@ func (fs FS) Info(pid uint32, comm string) *libpf.ProcessInfo {
 		f.Close()
 	}
 	return info
+}
+
+// Executable returns the path of the process's executable, as Info gives
+// it.
+func (fs FS) Executable(pid uint32) (string, error) {
+	exe, err := os.Readlink(fs.dir(pid) + "/exe")
+	return strings.TrimSuffix(exe, deletedSuffix), err
 }
 
 // containerRuntimePrefixes are what container runtimes and systemd put in

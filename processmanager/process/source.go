@@ -52,6 +52,9 @@ type Source interface {
 	// Info describes the process, best effort; comm is the name to fall
 	// back on.
 	Info(pid uint32, comm string) *libpf.ProcessInfo
+	// Executable returns the path of the process's executable, as Info
+	// gives it.
+	Executable(pid uint32) (string, error)
 	// OpenMapping opens the file a mapping maps, even where it was
 	// deleted or lies in another mount namespace.
 	OpenMapping(pid uint32, e *MapsEntry) (*os.File, error)
