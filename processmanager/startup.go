@@ -111,12 +111,17 @@ func (m *Manager) PrepareBusy(ctx context.Context, before CPUTimes) StartupPrepa
 		if ctx.Err() != nil {
 			break
 		}
+		began := time.Now()
 		m.RefreshMappings(libpf.PID(pid))
 		if m.Tracks(libpf.PID(pid)) {
 			res.Prepared++
+			m.log.Debugf("Set up process %d in %v", pid, time.Since(began).Round(time.Millisecond))
 		}
 	}
+	read := time.Now()
 	res.Complete = m.waitUnwind(ctx)
+	m.log.Debugf("Busy processes read in %v, their stack deltas loaded %v later",
+		read.Sub(start).Round(time.Millisecond), time.Since(read).Round(time.Millisecond))
 	res.Took = time.Since(start)
 	return res
 }

@@ -74,7 +74,8 @@ func run(args []string) int {
 		fmt.Println(versionLine())
 		return 0
 	}
-	log.SetFormatter(&log.TextFormatter{FullTimestamp: true})
+	// Milliseconds: start-up and export timing are read from the log.
+	log.SetFormatter(&log.TextFormatter{FullTimestamp: true, TimestampFormat: "2006-01-02T15:04:05.000Z07:00"})
 	if cfg.verbose {
 		log.SetLevel(log.DebugLevel)
 	}
@@ -115,6 +116,7 @@ func profile(ctx context.Context, cfg *config) error {
 	if err != nil {
 		return err
 	}
+	loadStart := time.Now()
 	tr, err := tracer.New(tracer.Config{
 		SamplesPerSecond: cfg.samplesPerSecond,
 		BPFLogLevel:      uint32(cfg.bpfLogLevel),
@@ -125,7 +127,8 @@ func profile(ctx context.Context, cfg *config) error {
 		return err
 	}
 	defer tr.Close()
-	log.Infof("Unwinders: %s", strings.Join(cfg.tracers, ", "))
+	log.Infof("Unwinders: %s (BPF programs loaded in %v)", strings.Join(cfg.tracers, ", "),
+		time.Since(loadStart).Round(time.Millisecond))
 	warnMissingCapabilities(release)
 
 	hostID, hostName, err := reporter.HostMetadata()

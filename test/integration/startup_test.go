@@ -255,7 +255,8 @@ func measureStartup(t *testing.T, name, daemon string, busy map[int64]string, ca
 
 	log := readFile(t, d.LogPath)
 	for _, line := range strings.Split(log, "\n") {
-		if strings.Contains(line, "busy processes in") || strings.Contains(line, "msg=\"Sampling ") {
+		if strings.Contains(line, "busy processes in") || strings.Contains(line, "msg=\"Sampling ") ||
+			strings.Contains(line, "msg=\"Unwinders: ") {
 			t.Logf("%s: daemon: %s", name, line)
 		}
 	}
