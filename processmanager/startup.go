@@ -52,6 +52,11 @@ func readCPUTimes(src proc.Source) CPUTimes {
 // clock tick is 10 ms, and a process must use a few to count.
 const minBusyWindow = 250 * time.Millisecond
 
+// busyWindow is how long PrepareBusy looks for busy processes: where many
+// share few CPUs, each gets a tick now and then, and one that got none in
+// the first quarter second is found in a later look.
+const busyWindow = time.Second
+
 // busySince returns the processes that used CPU time since before, the
 // busiest first.
 func busySince(before, now CPUTimes) []uint32 {
@@ -99,25 +104,42 @@ type StartupPreparation struct {
 // of that is done or ctx ends; call it before sampling starts.
 func (m *Manager) PrepareBusy(ctx context.Context, before CPUTimes) StartupPreparation {
 	start := time.Now()
-	if wait := minBusyWindow - time.Since(before.at); wait > 0 {
-		select {
-		case <-ctx.Done():
-		case <-time.After(wait):
+	res := StartupPreparation{}
+	found := map[uint32]bool{}
+	// Each look sets up the processes busy since before that earlier looks
+	// did not find, the busiest first; the set-up of one takes long enough
+	// for the next look to see the others.
+	for wait := minBusyWindow; ctx.Err() == nil; wait = busyWindow {
+		if d := wait - time.Since(before.at); d > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(d):
+			}
 		}
-	}
-	busy := busySince(before, readCPUTimes(m.source))
-	res := StartupPreparation{Busy: len(busy)}
-	for _, pid := range busy {
-		if ctx.Err() != nil {
+		now := readCPUTimes(m.source)
+		var fresh []uint32
+		for _, pid := range busySince(before, now) {
+			if !found[pid] {
+				found[pid] = true
+				fresh = append(fresh, pid)
+			}
+		}
+		if len(fresh) == 0 && now.at.Sub(before.at) >= busyWindow {
 			break
 		}
-		began := time.Now()
-		m.RefreshMappings(libpf.PID(pid))
-		if m.Tracks(libpf.PID(pid)) {
-			res.Prepared++
-			m.log.Debugf("Set up process %d in %v", pid, time.Since(began).Round(time.Millisecond))
+		for _, pid := range fresh {
+			if ctx.Err() != nil {
+				break
+			}
+			began := time.Now()
+			m.RefreshMappings(libpf.PID(pid))
+			if m.Tracks(libpf.PID(pid)) {
+				res.Prepared++
+				m.log.Debugf("Set up process %d in %v", pid, time.Since(began).Round(time.Millisecond))
+			}
 		}
 	}
+	res.Busy = len(found)
 	read := time.Now()
 	res.Complete = m.waitUnwind(ctx)
 	m.log.Debugf("Busy processes read in %v, their stack deltas loaded %v later",

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 	"github.com/hostprof/ebpf-profiler/processmanager/unwindmaps/unwindmapstest"
 )
 
@@ -63,5 +64,51 @@ func TestPrepareBusy(t *testing.T) {
 	}
 	if res := m.Stats().DeltasResident; res.Files != 1 || res.Mappings != 1 {
 		t.Errorf("resident %+v, want the busy process's file loaded and mapped", res)
+	}
+}
+
+// mapsHook calls onMaps before each maps read.
+type mapsHook struct {
+	proc.Source
+	onMaps func(pid uint32)
+}
+
+func (h mapsHook) Maps(pid uint32, which proc.Mappings) ([]proc.MapsEntry, error) {
+	h.onMaps(pid)
+	return h.Source.Maps(pid, which)
+}
+
+// TestPrepareBusyLooksAgain: a process that got no clock tick before the
+// first look (many processes sharing the CPUs) but did while the first
+// busy one was set up is set up too.
+func TestPrepareBusyLooksAgain(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	first, _ := lib.mapAt(0x7f0000000000)
+	later, _ := lib.mapAt(0x7e0000000000)
+	fs.setProcess(100, 1, "/bin/first", first)
+	fs.setProcess(200, 1, "/bin/later", later)
+	fs.setCPUTime(100, 1, 7)
+	fs.setCPUTime(200, 1, 7)
+	before := ReadCPUTimes(fs.root)
+	before.at = time.Now().Add(-minBusyWindow)
+	fs.setCPUTime(100, 1, 40)
+
+	src := mapsHook{Source: proc.FS{Mount: fs.root}, onMaps: func(pid uint32) {
+		if pid == 100 {
+			fs.setCPUTime(200, 1, 9)
+		}
+	}}
+	m, err := New(Config{ProcFS: fs.root, ProcessSource: src, SysFS: t.TempDir(), Logger: quietLogger(),
+		DebugInfoBytes: -1, Unwinding: testUnwinding(unwindmapstest.NewMaps(), nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	if got := m.PrepareBusy(context.Background(), before); got.Busy != 2 || got.Prepared != 2 {
+		t.Errorf("prepared %+v, want both processes", got)
+	}
+	if !m.Tracks(100) || !m.Tracks(200) {
+		t.Errorf("tracked: first %v, later %v; want both", m.Tracks(100), m.Tracks(200))
 	}
 }

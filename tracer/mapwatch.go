@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	log "github.com/sirupsen/logrus"
 )
@@ -26,7 +27,7 @@ func splitMapWatch(spec *ebpf.CollectionSpec) *ebpf.ProgramSpec {
 
 // loadMapWatch loads the fexit program against the loaded collection's
 // maps.
-func loadMapWatch(spec *ebpf.CollectionSpec, ps *ebpf.ProgramSpec, coll *ebpf.Collection) (*ebpf.Program, error) {
+func loadMapWatch(spec *ebpf.CollectionSpec, ps *ebpf.ProgramSpec, coll *ebpf.Collection, cache *btf.Cache) (*ebpf.Program, error) {
 	if ps == nil {
 		return nil, errors.New("BPF object lacks " + MapWatchFexit)
 	}
@@ -35,6 +36,7 @@ func loadMapWatch(spec *ebpf.CollectionSpec, ps *ebpf.ProgramSpec, coll *ebpf.Co
 	c, err := ebpf.NewCollectionWithOptions(one, ebpf.CollectionOptions{
 		MapReplacements: coll.Maps,
 		Programs:        ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats},
+		Cache:           cache,
 	})
 	if err != nil {
 		return nil, err
@@ -61,7 +63,7 @@ func (t *Tracer) attachMapWatch() {
 	} else {
 		errs = append(errs, fmt.Errorf("fexit on mmap_region: %w", rootCause(t.mapWatchErr)))
 	}
-	l, err := link.Kprobe("perf_event_mmap", t.objs.MapWatchKprobe, nil)
+	l, err := link.Kprobe("perf_event_mmap", t.progs.MapWatchKprobe, nil)
 	if err == nil {
 		t.procLinks = append(t.procLinks, l)
 		t.mapWatchMode = "kprobe on perf_event_mmap"

@@ -14,11 +14,13 @@ import (
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
-// objects are the loaded maps and programs the tracer itself uses. They are
-// assigned from the collection by their tags, so a map or program the C
-// side renamed or dropped fails New with its name instead of leaving a nil
-// handle to fail at first use.
-type objects struct {
+// mapObjects and programObjects are the loaded maps and programs the
+// tracer itself uses. They are assigned from the collections by their
+// tags, so a map or program the C side renamed or dropped fails with its
+// name instead of leaving a nil handle to fail at first use. The maps are
+// created first, the programs loaded while user space already fills the
+// maps (New).
+type mapObjects struct {
 	Events         *ebpf.Map `ebpf:"events"`
 	Progs          *ebpf.Map `ebpf:"progs"`
 	Metrics        *ebpf.Map `ebpf:"metrics"`
@@ -31,21 +33,24 @@ type objects struct {
 	RuntimeProcs   *ebpf.Map `ebpf:"runtime_procs"`
 	APMProcs       *ebpf.Map `ebpf:"apm_procs"`
 	TrackedPIDs    *ebpf.Map `ebpf:"tracked_pids"`
+}
 
+type programObjects struct {
 	SampleEntry    *ebpf.Program `ebpf:"sample_entry"`
 	ProcessExit    *ebpf.Program `ebpf:"process_exit"`
 	ProcessExec    *ebpf.Program `ebpf:"process_exec"`
 	MapWatchKprobe *ebpf.Program `ebpf:"exec_mapped_kprobe"`
 }
 
-// assignObjects fills objs from coll without taking anything out of it.
-// Collection.Assign moves what it assigns out of the collection, so it runs
-// on a copy of coll's index: coll keeps every object, to close them, to
-// report every program's verifier statistics and to find the tail-call
-// targets by the names enum prog_id and the registry give. LoadAndAssign
-// is no fit either: it loads only what objs names and what that needs, and
-// nothing but the tail-call table reaches the unwinders.
-func assignObjects(coll *ebpf.Collection, objs *objects) error {
+// assignObjects fills objs (a *mapObjects or *programObjects) from coll
+// without taking anything out of it. Collection.Assign moves what it
+// assigns out of the collection, so it runs on a copy of coll's index: coll
+// keeps every object, to close them, to report every program's verifier
+// statistics and to find the tail-call targets by the names enum prog_id
+// and the registry give. LoadAndAssign is no fit either: it loads only what
+// objs names and what that needs, and nothing but the tail-call table
+// reaches the unwinders.
+func assignObjects(coll *ebpf.Collection, objs any) error {
 	view := &ebpf.Collection{Maps: maps.Clone(coll.Maps), Programs: maps.Clone(coll.Programs)}
 	if err := view.Assign(objs); err != nil {
 		return fmt.Errorf("BPF object does not have what the tracer uses: %w", err)
@@ -62,6 +67,7 @@ type preparedSpec struct {
 	// mapWatch is the fexit program, loaded on its own (mapwatch.go).
 	mapWatch    *ebpf.ProgramSpec
 	eventsBytes uint32
+	feats       kernelFeatures
 }
 
 // prepareSpec is the one place spec is edited by name before it is loaded
@@ -76,7 +82,7 @@ func prepareSpec(spec *ebpf.CollectionSpec, cfg Config, feats kernelFeatures, cp
 	if !ok {
 		return nil, errors.New("BPF object lacks map events")
 	}
-	ls := &preparedSpec{shared: shared, eventsBytes: eventBufferBytes(cpus, cfg.SamplesPerSecond)}
+	ls := &preparedSpec{shared: shared, eventsBytes: eventBufferBytes(cpus, cfg.SamplesPerSecond), feats: feats}
 	events.MaxEntries = ls.eventsBytes
 	if err := scaleMaps(spec, cfg.MapScaleFactor); err != nil {
 		return nil, err

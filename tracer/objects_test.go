@@ -9,7 +9,7 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// TestObjectsInEveryLoad: everything objects names is in both
+// TestObjectsInEveryLoad: everything mapObjects and programObjects name is in both
 // architectures' BPF objects and stays in the spec whatever the kernel
 // lacks and whichever runtimes are chosen, so New can assign it on every
 // host.
@@ -23,9 +23,8 @@ func TestObjectsInEveryLoad(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", arch, err)
 		}
-		fields := reflect.TypeFor[objects]()
-		for i := range fields.NumField() {
-			f := fields.Field(i)
+		for _, f := range append(reflect.VisibleFields(reflect.TypeFor[mapObjects]()),
+			reflect.VisibleFields(reflect.TypeFor[programObjects]())...) {
 			name := f.Tag.Get("ebpf")
 			var kept bool
 			switch f.Type {
@@ -45,7 +44,7 @@ func TestObjectsInEveryLoad(t *testing.T) {
 
 // A missing object fails the assignment with its name.
 func TestAssignObjectsNamesMissing(t *testing.T) {
-	var objs objects
+	var objs mapObjects
 	err := assignObjects(&ebpf.Collection{}, &objs)
 	if err == nil || !strings.Contains(err.Error(), `missing map "events"`) {
 		t.Errorf("assigning from an empty collection: %v, want an error naming map events", err)

@@ -15,8 +15,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
@@ -54,12 +56,19 @@ const (
 type Tracer struct {
 	cfg    Config
 	shared *support.Shared
-	// coll owns every loaded map and program; objs are typed handles on
-	// the ones the tracer uses.
-	coll   *ebpf.Collection
-	objs   objects
-	reader *ringbuf.Reader
-	wake   *ringWaiter
+	// coll owns every map, progColl every program (with copies of the
+	// maps' handles); objs and progs are typed handles on the ones the
+	// tracer uses. The programs are loaded in the background: loaded is
+	// closed when they are, or failed to (loadErr).
+	coll     *ebpf.Collection
+	objs     mapObjects
+	progColl *ebpf.Collection
+	progs    programObjects
+	loaded   chan struct{}
+	loadErr  error
+	loadTime time.Duration
+	reader   *ringbuf.Reader
+	wake     *ringWaiter
 	// queue holds the records read and not yet handled (eventqueue.go).
 	queue *eventQueue
 	// mu guards perfEvents and samplingOff: SetSampling may come from
@@ -92,8 +101,8 @@ type Tracer struct {
 	resolvesUnread bool
 }
 
-// New checks privileges and kernel features, then loads and verifies the
-// programs. Nothing is attached yet.
+// New checks privileges and kernel features, creates the maps and starts
+// loading the programs (WaitLoaded). Nothing is attached yet.
 func New(cfg Config) (*Tracer, error) {
 	if cfg.SamplesPerSecond <= 0 {
 		return nil, fmt.Errorf("samples per second must be positive, got %d", cfg.SamplesPerSecond)
@@ -131,47 +140,82 @@ func New(cfg Config) (*Tracer, error) {
 	if err != nil {
 		return nil, err
 	}
-	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
-		MapReplacements: scaled,
-		// The statistics are a few lines; VerifiedInstructions reads
-		// them on kernels whose program info lacks the count.
-		Programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevel(cfg.BPFLogLevel) | ebpf.LogLevelStats},
-	})
+	// The maps first: user space may fill them while the kernel verifies
+	// the programs, which takes about a second.
+	mapsOnly := spec.Copy()
+	mapsOnly.Programs = nil
+	coll, err := ebpf.NewCollectionWithOptions(mapsOnly, ebpf.CollectionOptions{MapReplacements: scaled})
 	closeMaps(scaled)
 	if err != nil {
 		return nil, loadError(err)
 	}
 	t := &Tracer{cfg: cfg, shared: ls.shared, coll: coll, cpus: cpus, runtimes: ls.runtimes,
-		resolvesUnread: feats.findVMA}
+		resolvesUnread: feats.findVMA, loaded: make(chan struct{})}
 	if err := assignObjects(coll, &t.objs); err != nil {
-		t.Close()
+		coll.Close()
 		return nil, err
 	}
-	t.mapWatch, t.mapWatchErr = loadMapWatch(spec, ls.mapWatch, coll)
 	t.deltasMappable = t.objs.StackDeltas.Flags()&unix.BPF_F_MMAPABLE != 0
-	if cfg.BPFLogLevel != 0 {
-		for name, p := range coll.Programs {
-			log.Debugf("Verifier log of %s:\n%s", name, p.VerifierLog)
-		}
-	}
-	if err := t.fillProgArray(); err != nil {
-		t.Close()
-		return nil, err
-	}
 	if t.reader, err = ringbuf.NewReader(t.objs.Events); err != nil {
+		close(t.loaded)
 		t.Close()
 		return nil, fmt.Errorf("opening the events ring buffer: %w", err)
 	}
 	if t.wake, err = newRingWaiter(t.objs.Events.FD()); err != nil {
+		close(t.loaded)
 		t.Close()
 		return nil, err
 	}
 	t.queue = newEventQueue(eventQueueBytes(len(cpus), cfg.SamplesPerSecond))
-	log.Debugf("Instructions the verifier processed per program: %v", t.VerifiedInstructions())
-	log.Debugf("Loaded BPF programs for %d CPUs (events buffer %d KiB, bpf_task_pt_regs %v, bpf_find_vma %v, "+
-		"stack delta pool %d entries, map scale factor %d)",
-		len(cpus), ls.eventsBytes>>10, feats.taskPtRegs, feats.findVMA, t.objs.StackDeltas.MaxEntries(), cfg.MapScaleFactor)
+	log.Debugf("Created BPF maps for %d CPUs (events buffer %d KiB, stack delta pool %d entries, map scale factor %d)",
+		len(cpus), ls.eventsBytes>>10, t.objs.StackDeltas.MaxEntries(), cfg.MapScaleFactor)
+	go func() {
+		defer close(t.loaded)
+		t.loadErr = t.loadPrograms(spec, ls)
+	}()
 	return t, nil
+}
+
+// loadPrograms loads and verifies the programs into the maps New created
+// and registers the tail-call targets.
+func (t *Tracer) loadPrograms(spec *ebpf.CollectionSpec, ls *preparedSpec) error {
+	start := time.Now()
+	defer func() { t.loadTime = time.Since(start) }()
+	// Both loads relocate against the kernel's BTF: parse it once.
+	btfCache := btf.NewCache()
+	progs, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
+		MapReplacements: t.coll.Maps,
+		// The statistics are a few lines; VerifiedInstructions reads
+		// them on kernels whose program info lacks the count.
+		Programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevel(t.cfg.BPFLogLevel) | ebpf.LogLevelStats},
+		Cache:    btfCache,
+	})
+	if err != nil {
+		return loadError(err)
+	}
+	t.progColl = progs
+	if err := assignObjects(progs, &t.progs); err != nil {
+		return err
+	}
+	t.mapWatch, t.mapWatchErr = loadMapWatch(spec, ls.mapWatch, t.coll, btfCache)
+	if t.cfg.BPFLogLevel != 0 {
+		for name, p := range progs.Programs {
+			log.Debugf("Verifier log of %s:\n%s", name, p.VerifierLog)
+		}
+	}
+	if err := t.fillProgArray(); err != nil {
+		return err
+	}
+	log.Debugf("Loaded BPF programs (bpf_task_pt_regs %v, bpf_find_vma %v); instructions the verifier processed: %v",
+		ls.feats.taskPtRegs, ls.feats.findVMA, t.verifiedInstructions())
+	return nil
+}
+
+// WaitLoaded waits until New's programs are loaded and returns why they
+// did not load, if they did not. Attach waits for them too.
+func (t *Tracer) WaitLoaded() error {
+	<-t.loaded
+	return t.loadErr
 }
 
 // ResolvesUnread says whether BPF unwinds a process's first samples before
@@ -278,7 +322,7 @@ func (t *Tracer) fillProgArray() error {
 		slots[support.RuntimeProgram(rt.Name)] = uint32(id)
 	}
 	for name, idx := range slots {
-		p, ok := t.coll.Programs[name]
+		p, ok := t.progColl.Programs[name]
 		if !ok {
 			return fmt.Errorf("BPF object lacks program %s for tail-call slot %d", name, idx)
 		}
@@ -302,9 +346,12 @@ func (t *Tracer) Runtimes() []string {
 // Attach starts sampling every online CPU and watching process exits and
 // execs.
 func (t *Tracer) Attach() error {
+	if err := t.WaitLoaded(); err != nil {
+		return err
+	}
 	for tp, prog := range map[string]*ebpf.Program{
-		"sched_process_exit": t.objs.ProcessExit,
-		"sched_process_exec": t.objs.ProcessExec,
+		"sched_process_exit": t.progs.ProcessExit,
+		"sched_process_exec": t.progs.ProcessExec,
 	} {
 		l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: tp, Program: prog})
 		if err != nil {
@@ -319,8 +366,8 @@ func (t *Tracer) Attach() error {
 		t.Detach()
 		return err
 	}
-	log.Infof("Sampling %d CPUs at %d Hz (perf events attached via %s; new mappings watched by %s)",
-		len(t.cpus), t.cfg.SamplesPerSecond, mode, t.mapWatchMode)
+	log.Infof("Sampling %d CPUs at %d Hz (programs loaded in %v; perf events attached via %s; new mappings watched by %s)",
+		len(t.cpus), t.cfg.SamplesPerSecond, t.loadTime.Round(time.Millisecond), mode, t.mapWatchMode)
 	return nil
 }
 
@@ -330,7 +377,7 @@ func (t *Tracer) openPerfEvents() (attachMode string, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, cpu := range t.cpus {
-		pe, err := openPerfEvent(cpu, t.cfg.SamplesPerSecond, t.objs.SampleEntry, !t.samplingOff)
+		pe, err := openPerfEvent(cpu, t.cfg.SamplesPerSecond, t.progs.SampleEntry, !t.samplingOff)
 		if err != nil {
 			return "", err
 		}
@@ -374,8 +421,15 @@ func (t *Tracer) Detach() {
 // from the program's info where the kernel reports it (5.16), else from the
 // statistics line of its verifier log.
 func (t *Tracer) VerifiedInstructions() map[string]uint32 {
+	if t.WaitLoaded() != nil {
+		return map[string]uint32{}
+	}
+	return t.verifiedInstructions()
+}
+
+func (t *Tracer) verifiedInstructions() map[string]uint32 {
 	out := map[string]uint32{}
-	progs := maps.Clone(t.coll.Programs)
+	progs := maps.Clone(t.progColl.Programs)
 	if t.mapWatch != nil {
 		progs[MapWatchFexit] = t.mapWatch
 	}
@@ -469,6 +523,10 @@ func (t *Tracer) Close() error {
 	}
 	if t.wake != nil {
 		t.wake.close()
+	}
+	<-t.loaded
+	if t.progColl != nil {
+		t.progColl.Close()
 	}
 	if t.coll != nil {
 		t.coll.Close()

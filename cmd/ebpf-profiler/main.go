@@ -116,7 +116,6 @@ func profile(ctx context.Context, cfg *config) error {
 	if err != nil {
 		return err
 	}
-	loadStart := time.Now()
 	tr, err := tracer.New(tracer.Config{
 		SamplesPerSecond: cfg.samplesPerSecond,
 		BPFLogLevel:      uint32(cfg.bpfLogLevel),
@@ -127,8 +126,7 @@ func profile(ctx context.Context, cfg *config) error {
 		return err
 	}
 	defer tr.Close()
-	log.Infof("Unwinders: %s (BPF programs loaded in %v)", strings.Join(cfg.tracers, ", "),
-		time.Since(loadStart).Round(time.Millisecond))
+	log.Infof("Unwinders: %s", strings.Join(cfg.tracers, ", "))
 	warnMissingCapabilities(release)
 
 	hostID, hostName, err := reporter.HostMetadata()

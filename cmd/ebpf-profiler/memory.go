@@ -36,12 +36,17 @@ const (
 
 // startupMemoryLimit is the Go runtime's soft memory limit while the
 // daemon starts: loading the BPF programs (the kernel's BTF), kallsyms, the
-// first processes' ELF files and debug information make megabytes of
-// garbage within a second, and at the default pacing the heap doubled
-// past what was live. Held to this the collector runs more often for that
-// second (about 50 ms of CPU more, measured with GOMEMLIMIT), and the
-// start-up peak of the resident set was 37-43 MiB rather than 44-47.
-const startupMemoryLimit = 20 << 20
+// busy processes' ELF files, stack deltas and debug information make tens
+// of MiB of garbage within a second or two, and at the default pacing the
+// heap doubled past what was live. The limit must stay above what is live
+// then: at 20 MiB, on a host of 15 busy processes in ten languages, the
+// collector ran without pause and set-up took 2-3 times as long (first
+// export 3.4 s after a restart rather than 2.3 s). Measured there
+// (TestStartupAccuracy's host, a restart, peak and steady resident set):
+// no limit 120-145 MiB against 77, 48 MiB 87 against 72 with the first
+// export at 2.3 s, 64 MiB 90 against 75 at 2.4 s; a cold start, whose
+// stack deltas are extracted, peaked at 132 MiB with 64.
+const startupMemoryLimit = 64 << 20
 
 // limitStartupMemory lowers the soft memory limit to startupMemoryLimit
 // unless one lower is set, and returns what puts the previous one back.

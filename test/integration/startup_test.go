@@ -197,6 +197,7 @@ func measureStartup(t *testing.T, name, daemon string, busy map[int64]string, ca
 		d.Alive(t, 20*time.Millisecond)
 	}
 	d.Alive(t, time.Until(firstExport.Add(startupWindow)))
+	logMemory(t, name, d.Cmd.Process.Pid)
 	d.Stop(t, time.Minute)
 
 	m := startupMeasure{perSecond: map[int64]map[int]*startupSecond{}}
@@ -255,8 +256,7 @@ func measureStartup(t *testing.T, name, daemon string, busy map[int64]string, ca
 
 	log := readFile(t, d.LogPath)
 	for _, line := range strings.Split(log, "\n") {
-		if strings.Contains(line, "busy processes in") || strings.Contains(line, "msg=\"Sampling ") ||
-			strings.Contains(line, "msg=\"Unwinders: ") {
+		if strings.Contains(line, "busy processes in") || strings.Contains(line, "msg=\"Sampling ") {
 			t.Logf("%s: daemon: %s", name, line)
 		}
 	}
@@ -272,6 +272,24 @@ func measureStartup(t *testing.T, name, daemon string, busy map[int64]string, ca
 		}
 	}
 	return m
+}
+
+// logMemory logs a daemon's peak resident set and its resident set now, for
+// the start-up's cost in memory (not checked: it varies with what else runs).
+func logMemory(t *testing.T, name string, pid int) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Logf("%s: %v", name, err)
+		return
+	}
+	fields := map[string]string{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok {
+			fields[k] = strings.TrimSpace(v)
+		}
+	}
+	t.Logf("%s: daemon's resident set: peak %s, now %s", name, fields["VmHWM"], fields["VmRSS"])
 }
 
 // completeStartupStack says a sample's stack, leaf first, is complete:
