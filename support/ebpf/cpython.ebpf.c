@@ -199,21 +199,11 @@ fail:
   return -1;
 }
 
-// What a walk of one eval loop call leaves to do.
-enum python_call_walk {
-  // The eval loop call's frames are reported.
-  PYTHON_CALL_DONE,
-  // It has more frames than one program walks.
-  PYTHON_CALL_MORE,
-  // The trace is full.
-  PYTHON_CALL_FULL,
-};
-
 // Ends a call that has no Python frames of its own: it is entering or
 // leaving, or its frames could not be read. Its native frame is reported.
 static __always_inline int python_call_native(const struct runtime_handoff *h, struct trace *t)
 {
-  return runtime_report_native(h, t) ? PYTHON_CALL_FULL : PYTHON_CALL_DONE;
+  return runtime_report_native(h, t) ? RUNTIME_WALK_FULL : RUNTIME_WALK_DONE;
 }
 
 // Reports the PyFrameObject w->frame runs (3.6-3.10, one per call of the
@@ -236,7 +226,7 @@ static __always_inline int python_frame_objects(struct python_walk *w,
   iw->metric_frames = METRIC_CPYTHON_FRAMES;
   iw->metric_no_frame = METRIC_ERR_CPYTHON_NO_FRAME;
   iw->metric_read_error = METRIC_ERR_CPYTHON_FRAME_READ;
-  return inline_walk_step(state, t) ? PYTHON_CALL_FULL : PYTHON_CALL_DONE;
+  return inline_walk_step(state, t) ? RUNTIME_WALK_FULL : RUNTIME_WALK_DONE;
 }
 
 static __always_inline int on_eval_stack(const struct python_walk *w, u64 addr)
@@ -285,7 +275,7 @@ static __always_inline int python_walk_call(struct python_walk *w, const struct 
     u64 f = w->frame, prev, code, instr;
     if (!f) {
       if (w->call_frames)
-        return PYTHON_CALL_DONE;
+        return RUNTIME_WALK_DONE;
       increment_runtime_metric(RUNTIME_CPYTHON, METRIC_ERR_CPYTHON_NO_FRAME);
       return python_call_native(h, t);
     }
@@ -303,7 +293,7 @@ static __always_inline int python_walk_call(struct python_walk *w, const struct 
           return python_call_native(h, t);
         }
         w->frame = prev;
-        return w->call_frames ? PYTHON_CALL_DONE : python_call_native(h, t);
+        return w->call_frames ? RUNTIME_WALK_DONE : python_call_native(h, t);
       }
     }
     if (bpf_probe_read_user(&code, sizeof(code), (void *)(f + proc->frame_code)) ||
@@ -318,22 +308,22 @@ static __always_inline int python_walk_call(struct python_walk *w, const struct 
     // the code: the offset's top bit is then set ("not started").
     u32 offset = (u32)(instr - code - proc->code_adaptive);
     if (push_runtime_frame(t, RUNTIME_CPYTHON, code, offset))
-      return PYTHON_CALL_FULL;
+      return RUNTIME_WALK_FULL;
     if (proc->frame_layout == PYTHON_FRAMES_311) {
       u8 is_entry;
       if (bpf_probe_read_user(&is_entry, sizeof(is_entry), (void *)(f + proc->frame_is_entry)))
         goto fail;
       if (is_entry)
-        return PYTHON_CALL_DONE;
+        return RUNTIME_WALK_DONE;
     }
   }
-  return PYTHON_CALL_MORE;
+  return RUNTIME_WALK_MORE;
 fail:
   // What is left of the Python stack cannot be trusted: the eval frames
   // from here on are reported as native.
   increment_runtime_metric(RUNTIME_CPYTHON, METRIC_ERR_CPYTHON_FRAME_READ);
   runtime_give_up(state, RUNTIME_CPYTHON);
-  return w->call_frames ? PYTHON_CALL_DONE : python_call_native(h, t);
+  return w->call_frames ? RUNTIME_WALK_DONE : python_call_native(h, t);
 }
 
 // The walk of the sample being unwound, started afresh for a new sample.
@@ -372,7 +362,7 @@ static __always_inline int python_unwind_call(struct unwind_state *state, struct
   }
   int walk = proc->frame_layout == PYTHON_FRAMES_OBJECTS ? python_frame_objects(w, proc, state, t)
                                                          : python_walk_call(w, proc, state, t);
-  if (walk == PYTHON_CALL_DONE)
+  if (walk == RUNTIME_WALK_DONE)
     w->eval_lo = w->eval_cfa;
   return walk;
 }
@@ -383,12 +373,8 @@ int unwind_cpython(struct bpf_perf_event_data *ctx)
   struct record *r = get_record();
   if (!r)
     return 0;
-  switch (python_unwind_call(&r->state, &r->trace)) {
-  case PYTHON_CALL_MORE:
-    return tail_call_next(ctx, r, RUNTIME_CPYTHON);
-  case PYTHON_CALL_FULL:
-    increment_metric(METRIC_TRUNCATED_TRACES);
-    return tail_call_stop(ctx);
-  }
+  int walk = python_unwind_call(&r->state, &r->trace);
+  if (walk != RUNTIME_WALK_DONE)
+    return runtime_walk_on(ctx, r, RUNTIME_CPYTHON, walk);
   return runtime_return(ctx, r);
 }

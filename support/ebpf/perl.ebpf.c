@@ -232,20 +232,13 @@ fail:
   return -1;
 }
 
-// What a walk of one runops call leaves to do.
-enum perl_call_walk {
-  PERL_CALL_DONE,
-  PERL_CALL_MORE,
-  PERL_CALL_FULL,
-};
-
-// Pushes a Perl frame at the pending statement; returns PERL_CALL_FULL
+// Pushes a Perl frame at the pending statement; returns RUNTIME_WALK_FULL
 // when the trace is full.
 static __always_inline int perl_push(struct perl_walk *w, struct trace *t, u64 id)
 {
   w->call_frames++;
   increment_runtime_metric(RUNTIME_PERL, METRIC_PERL_FRAMES);
-  return push_runtime_frame(t, RUNTIME_PERL, id, w->cop) ? PERL_CALL_FULL : PERL_CALL_DONE;
+  return push_runtime_frame(t, RUNTIME_PERL, id, w->cop) ? RUNTIME_WALK_FULL : RUNTIME_WALK_DONE;
 }
 
 // Reports the file-level code below every context of the main run level:
@@ -271,7 +264,7 @@ static __always_inline int perl_walk_call(struct perl_walk *w, struct unwind_sta
       if (bpf_probe_read_user(&si, sizeof(si), (void *)(w->si + 16)) || perl_enter_si(w, si))
         goto fail;
       if (w->call_looked)
-        return PERL_CALL_DONE;
+        return RUNTIME_WALK_DONE;
       continue;
     }
     struct perl_cx cx;
@@ -286,7 +279,7 @@ static __always_inline int perl_walk_call(struct perl_walk *w, struct unwind_sta
       // call_sv(G_EVAL) pushes its eval {} scope before the sub: it goes
       // with the sub's runops call; anything else belongs to the next.
       if (!eval || !entry || !(cx.type & PERL_CXP_EVALBLOCK))
-        return PERL_CALL_DONE;
+        return RUNTIME_WALK_DONE;
       sub = 0;
     }
     w->call_looked++;
@@ -295,23 +288,23 @@ static __always_inline int perl_walk_call(struct perl_walk *w, struct unwind_sta
       continue;
     if (!cx.oldcop)
       goto fail;
-    if (perl_push(w, t, sub ? cx.cv : PERL_FRAME_EVAL | cx.type) == PERL_CALL_FULL)
-      return PERL_CALL_FULL;
+    if (perl_push(w, t, sub ? cx.cv : PERL_FRAME_EVAL | cx.type) == RUNTIME_WALK_FULL)
+      return RUNTIME_WALK_FULL;
     w->cop = cx.oldcop;
     if (entry) {
       // The context C code pushed when it called back into Perl.
       if (!sub)
-        return PERL_CALL_DONE;
+        return RUNTIME_WALK_DONE;
       w->entry_seen = 1;
     }
   }
-  return PERL_CALL_MORE;
+  return RUNTIME_WALK_MORE;
 fail:
   // What is left of the context stack cannot be trusted: the runops
   // frames from here on are reported as native.
   increment_runtime_metric(RUNTIME_PERL, METRIC_ERR_PERL_CONTEXT_READ);
   runtime_give_up(state, RUNTIME_PERL);
-  return PERL_CALL_DONE;
+  return RUNTIME_WALK_DONE;
 }
 
 // The walk of the sample being unwound, started afresh for a new sample.
@@ -334,12 +327,12 @@ static __always_inline int perl_unwind_call(struct unwind_state *state, struct t
   const struct runtime_handoff *h = &state->handoff;
   if (!proc) {
     runtime_missing(state, t->pid, RUNTIME_PERL, METRIC_ERR_PERL_NO_PROC);
-    return runtime_report_native(h, t) ? PERL_CALL_FULL : PERL_CALL_DONE;
+    return runtime_report_native(h, t) ? RUNTIME_WALK_FULL : RUNTIME_WALK_DONE;
   }
   struct perl_walk *w = perl_walk_of(t);
   if (!w || (!w->started && perl_start(w, proc))) {
     runtime_give_up(state, RUNTIME_PERL);
-    return runtime_report_native(h, t) ? PERL_CALL_FULL : PERL_CALL_DONE;
+    return runtime_report_native(h, t) ? RUNTIME_WALK_FULL : RUNTIME_WALK_DONE;
   }
   if (w->call_cfa != h->cfa) {
     // The first run for this runops frame (not a continuation).
@@ -348,22 +341,22 @@ static __always_inline int perl_unwind_call(struct unwind_state *state, struct t
     w->call_looked = 0;
     w->entry_seen = 0;
   }
-  int rc = PERL_CALL_DONE;
+  int rc = RUNTIME_WALK_DONE;
   if (!w->done)
     rc = perl_walk_call(w, state, t);
-  if (rc != PERL_CALL_DONE)
+  if (rc != RUNTIME_WALK_DONE)
     return rc;
   // The main run level is left with no context: no runops call runs
   // below (an ithread's entry sub, END blocks), the file-level code goes
   // with this one.
   if (!w->done && w->ix < 0 && w->si_type == PERL_SI_MAIN && runtime_active(state, RUNTIME_PERL) &&
-      perl_push_main(w, t) == PERL_CALL_FULL)
-    return PERL_CALL_FULL;
+      perl_push_main(w, t) == RUNTIME_WALK_FULL)
+    return RUNTIME_WALK_FULL;
   if (w->call_frames)
-    return PERL_CALL_DONE;
+    return RUNTIME_WALK_DONE;
   if (runtime_active(state, RUNTIME_PERL))
     increment_runtime_metric(RUNTIME_PERL, METRIC_ERR_PERL_NO_FRAME);
-  return runtime_report_native(h, t) ? PERL_CALL_FULL : PERL_CALL_DONE;
+  return runtime_report_native(h, t) ? RUNTIME_WALK_FULL : RUNTIME_WALK_DONE;
 }
 
 SEC("perf_event")
@@ -373,12 +366,8 @@ int unwind_perl(struct bpf_perf_event_data *ctx)
   if (!r)
     return 0;
   const struct perl_proc *proc = runtime_config(r->trace.pid, RUNTIME_PERL);
-  switch (perl_unwind_call(&r->state, &r->trace, proc)) {
-  case PERL_CALL_MORE:
-    return tail_call_next(ctx, r, RUNTIME_PERL);
-  case PERL_CALL_FULL:
-    increment_metric(METRIC_TRUNCATED_TRACES);
-    return tail_call_stop(ctx);
-  }
+  int walk = perl_unwind_call(&r->state, &r->trace, proc);
+  if (walk != RUNTIME_WALK_DONE)
+    return runtime_walk_on(ctx, r, RUNTIME_PERL, walk);
   return runtime_return(ctx, r);
 }

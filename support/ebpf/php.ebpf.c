@@ -193,13 +193,6 @@ static __always_inline u64 php_innermost_opline(const struct unwind_state *state
   return ex->opline >= opcodes && ex->opline < end ? ex->opline : 0;
 }
 
-// What a walk of one execute_ex call leaves to do.
-enum php_call_walk {
-  PHP_CALL_DONE,
-  PHP_CALL_MORE,
-  PHP_CALL_FULL,
-};
-
 // Reports the frames of one execute_ex call: from the next one down to
 // the first PHP (not C) frame flagged ZEND_CALL_TOP.
 static __always_inline int php_walk_call(struct php_walk *w, const struct php_proc *proc,
@@ -212,9 +205,9 @@ static __always_inline int php_walk_call(struct php_walk *w, const struct php_pr
     u8 type = 0;
     if (!ed) {
       if (w->call_frames)
-        return PHP_CALL_DONE;
+        return RUNTIME_WALK_DONE;
       increment_runtime_metric(RUNTIME_PHP, METRIC_ERR_PHP_NO_FRAME);
-      return runtime_report_native(h, t) ? PHP_CALL_FULL : PHP_CALL_DONE;
+      return runtime_report_native(h, t) ? RUNTIME_WALK_FULL : RUNTIME_WALK_DONE;
     }
     if (bpf_probe_read_user(&ex, sizeof(ex), (void *)ed))
       goto fail;
@@ -248,21 +241,21 @@ static __always_inline int php_walk_call(struct php_walk *w, const struct php_pr
     w->call_frames++;
     increment_runtime_metric(RUNTIME_PHP, METRIC_PHP_FRAMES);
     if (push_runtime_frame(t, RUNTIME_PHP, id, opline | flags))
-      return PHP_CALL_FULL;
+      return RUNTIME_WALK_FULL;
     // A C function called through zend_call_function is flagged too, but
     // runs without a call of execute_ex of its own.
     if (top && type != PHP_INTERNAL_FUNCTION)
-      return PHP_CALL_DONE;
+      return RUNTIME_WALK_DONE;
   }
-  return PHP_CALL_MORE;
+  return RUNTIME_WALK_MORE;
 fail:
   // What is left of the frame chain cannot be trusted: the loop's frames
   // from here on are reported as native.
   increment_runtime_metric(RUNTIME_PHP, METRIC_ERR_PHP_FRAME_READ);
   runtime_give_up(state, RUNTIME_PHP);
   if (w->call_frames)
-    return PHP_CALL_DONE;
-  return runtime_report_native(h, t) ? PHP_CALL_FULL : PHP_CALL_DONE;
+    return RUNTIME_WALK_DONE;
+  return runtime_report_native(h, t) ? RUNTIME_WALK_FULL : RUNTIME_WALK_DONE;
 }
 
 static __always_inline int php_unwind_call(struct unwind_state *state, struct trace *t,
@@ -274,7 +267,7 @@ static __always_inline int php_unwind_call(struct unwind_state *state, struct tr
                             (void *)proc->current_execute_data)) {
       increment_runtime_metric(RUNTIME_PHP, METRIC_ERR_PHP_GLOBALS);
       runtime_give_up(state, RUNTIME_PHP);
-      return runtime_report_native(h, t) ? PHP_CALL_FULL : PHP_CALL_DONE;
+      return runtime_report_native(h, t) ? RUNTIME_WALK_FULL : RUNTIME_WALK_DONE;
     }
     w->started = 1;
   }
@@ -298,7 +291,7 @@ int unwind_php(struct bpf_perf_event_data *ctx)
   if (!proc) {
     runtime_missing(state, r->trace.pid, RUNTIME_PHP, METRIC_ERR_PHP_NO_PROC);
     if (runtime_report_native(h, &r->trace))
-      goto full;
+      return runtime_walk_on(ctx, r, RUNTIME_PHP, RUNTIME_WALK_FULL);
     if (!h->file_id)
       return tail_call_stop(ctx);
     return runtime_return(ctx, r);
@@ -321,14 +314,8 @@ int unwind_php(struct bpf_perf_event_data *ctx)
     state->return_address = 0;
     return runtime_return(ctx, r);
   }
-  switch (php_unwind_call(state, &r->trace, proc, w)) {
-  case PHP_CALL_MORE:
-    return tail_call_next(ctx, r, RUNTIME_PHP);
-  case PHP_CALL_FULL:
-    goto full;
-  }
+  int walk = php_unwind_call(state, &r->trace, proc, w);
+  if (walk != RUNTIME_WALK_DONE)
+    return runtime_walk_on(ctx, r, RUNTIME_PHP, walk);
   return runtime_return(ctx, r);
-full:
-  increment_metric(METRIC_TRUNCATED_TRACES);
-  return tail_call_stop(ctx);
 }

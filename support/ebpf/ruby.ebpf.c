@@ -182,13 +182,6 @@ fail:
   return -1;
 }
 
-// What a walk of one vm_exec_core call leaves to do.
-enum ruby_call_walk {
-  RUBY_CALL_DONE,
-  RUBY_CALL_MORE,
-  RUBY_CALL_FULL,
-};
-
 // Reports the control frames of one vm_exec_core call: from the next one
 // down to the first with VM_FRAME_FLAG_FINISH.
 static __always_inline int ruby_walk_call(struct ruby_walk *w, const struct ruby_proc *proc,
@@ -201,9 +194,9 @@ static __always_inline int ruby_walk_call(struct ruby_walk *w, const struct ruby
     struct ruby_env env;
     if (cfp >= w->end) {
       if (w->call_frames)
-        return RUBY_CALL_DONE;
+        return RUNTIME_WALK_DONE;
       increment_runtime_metric(RUNTIME_RUBY, METRIC_ERR_RUBY_NO_FRAME);
-      return runtime_report_native(h, t) ? RUBY_CALL_FULL : RUBY_CALL_DONE;
+      return runtime_report_native(h, t) ? RUNTIME_WALK_FULL : RUNTIME_WALK_DONE;
     }
     if (bpf_probe_read_user(&cf, sizeof(cf), (void *)cfp) ||
         bpf_probe_read_user(&env, sizeof(env), (void *)(cf.ep - 16)))
@@ -228,24 +221,24 @@ static __always_inline int ruby_walk_call(struct ruby_walk *w, const struct ruby
     w->call_frames++;
     increment_runtime_metric(RUNTIME_RUBY, METRIC_RUBY_FRAMES);
     if (push_runtime_frame(t, RUNTIME_RUBY, id, addr))
-      return RUBY_CALL_FULL;
+      return RUNTIME_WALK_FULL;
   next:
     if (flags & RUBY_FRAME_FLAG_FINISH) {
       if (w->call_frames)
-        return RUBY_CALL_DONE;
+        return RUNTIME_WALK_DONE;
       increment_runtime_metric(RUNTIME_RUBY, METRIC_ERR_RUBY_NO_FRAME);
-      return runtime_report_native(h, t) ? RUBY_CALL_FULL : RUBY_CALL_DONE;
+      return runtime_report_native(h, t) ? RUNTIME_WALK_FULL : RUNTIME_WALK_DONE;
     }
   }
-  return RUBY_CALL_MORE;
+  return RUNTIME_WALK_MORE;
 fail:
   // What is left of the VM stack cannot be trusted: the loop's frames
   // from here on are reported as native.
   increment_runtime_metric(RUNTIME_RUBY, METRIC_ERR_RUBY_FRAME_READ);
   runtime_give_up(state, RUNTIME_RUBY);
   if (w->call_frames)
-    return RUBY_CALL_DONE;
-  return runtime_report_native(h, t) ? RUBY_CALL_FULL : RUBY_CALL_DONE;
+    return RUNTIME_WALK_DONE;
+  return runtime_report_native(h, t) ? RUNTIME_WALK_FULL : RUNTIME_WALK_DONE;
 }
 
 // The walk of the sample being unwound, started afresh for a new sample.
@@ -269,12 +262,12 @@ static __always_inline int ruby_unwind_call(struct unwind_state *state, struct t
   const struct runtime_handoff *h = &state->handoff;
   if (!proc) {
     runtime_missing(state, t->pid, RUNTIME_RUBY, METRIC_ERR_RUBY_NO_PROC);
-    return runtime_report_native(h, t) ? RUBY_CALL_FULL : RUBY_CALL_DONE;
+    return runtime_report_native(h, t) ? RUNTIME_WALK_FULL : RUNTIME_WALK_DONE;
   }
   struct ruby_walk *w = ruby_walk_of(t);
   if (!w || (!w->started && ruby_start(w, proc))) {
     runtime_give_up(state, RUNTIME_RUBY);
-    return runtime_report_native(h, t) ? RUBY_CALL_FULL : RUBY_CALL_DONE;
+    return runtime_report_native(h, t) ? RUNTIME_WALK_FULL : RUNTIME_WALK_DONE;
   }
   if (w->call_cfa != h->cfa) {
     // The first run for this frame (not a continuation). A call of
@@ -288,7 +281,7 @@ static __always_inline int ruby_unwind_call(struct unwind_state *state, struct t
     if (!jit && w->call_reported) {
       if (!in_core)
         w->call_reported = 0;
-      return runtime_report_native(h, t) ? RUBY_CALL_FULL : RUBY_CALL_DONE;
+      return runtime_report_native(h, t) ? RUNTIME_WALK_FULL : RUNTIME_WALK_DONE;
     }
     w->call_reported = jit || in_core;
   }
@@ -328,13 +321,9 @@ int unwind_ruby(struct bpf_perf_event_data *ctx)
   if (!r)
     return 0;
   const struct ruby_proc *proc = runtime_config(r->trace.pid, RUNTIME_RUBY);
-  switch (ruby_unwind_call(&r->state, &r->trace, proc)) {
-  case RUBY_CALL_MORE:
-    return tail_call_next(ctx, r, RUNTIME_RUBY);
-  case RUBY_CALL_FULL:
-    increment_metric(METRIC_TRUNCATED_TRACES);
-    return tail_call_stop(ctx);
-  }
+  int walk = ruby_unwind_call(&r->state, &r->trace, proc);
+  if (walk != RUNTIME_WALK_DONE)
+    return runtime_walk_on(ctx, r, RUNTIME_RUBY, walk);
   if (!r->state.handoff.file_id && !r->state.handoff.native_done) {
     // JIT code, reported: the native unwinder goes on from its caller.
     if (!proc || ruby_step_jit(&r->state, proc)) {

@@ -410,6 +410,27 @@ static __always_inline int runtime_return(void *ctx, struct record *r)
   return tail_call_next(ctx, r, PROG_UNWIND_NATIVE);
 }
 
+// What a runtime's walk of one interpreter call (the frames one eval loop
+// call runs) leaves to do.
+enum runtime_walk {
+  // The call's frames are reported: hand the unwind back (runtime_return).
+  RUNTIME_WALK_DONE,
+  // It has more frames than one program walks: walk on in the next one.
+  RUNTIME_WALK_MORE,
+  // The trace is full.
+  RUNTIME_WALK_FULL,
+};
+
+// Ends a runtime's program whose walk is not done: the next program goes
+// on with the call, or a full trace ends.
+static __always_inline int runtime_walk_on(void *ctx, struct record *r, u32 runtime, int walk)
+{
+  if (walk == RUNTIME_WALK_MORE)
+    return tail_call_next(ctx, r, runtime);
+  increment_metric(METRIC_TRUNCATED_TRACES);
+  return tail_call_stop(ctx);
+}
+
 // Reports the node of a runtime's linked frame list at an eval loop frame
 // (struct inline_walk) and moves to its caller. A node that cannot be read
 // ends the runtime's walk: its eval frames from here on are reported as
