@@ -39,6 +39,8 @@ type Shared struct {
 
 	trace traceLayout
 	types *btf.Spec
+	// runtimeLimit is RUNTIME_MAX.
+	runtimeLimit uint64
 }
 
 // RuntimeMetricsPerRuntime is RUNTIME_METRICS_MAX: the counters each
@@ -95,6 +97,9 @@ func ReadShared(spec *ebpf.CollectionSpec) (*Shared, error) {
 		return nil, err
 	}
 	if err := s.readRuntimes(); err != nil {
+		return nil, err
+	}
+	if err := checkRuntimeMetricSlots(spec, s.runtimeLimit); err != nil {
 		return nil, err
 	}
 	if err := s.readDeltaLayout(); err != nil {
@@ -283,6 +288,7 @@ func (s *Shared) readRuntimes() error {
 	if first != uint64(libpf.FirstRuntimeKind) || limit <= first {
 		return fmt.Errorf("BPF enum runtime_id starts at %d (libpf: %d), ends at %d", first, libpf.FirstRuntimeKind, limit)
 	}
+	s.runtimeLimit = limit
 	s.Runtimes = map[string]uint8{}
 	s.RuntimeMetrics = map[uint32]string{}
 	for cname, id := range ids {
@@ -307,6 +313,22 @@ func (s *Shared) readRuntimes() error {
 			}
 			s.RuntimeMetrics[uint32(id)*RuntimeMetricsPerRuntime+uint32(v)] = strings.ToLower(strings.TrimPrefix(mname, "METRIC_"))
 		}
+	}
+	return nil
+}
+
+// checkRuntimeMetricSlots checks RuntimeMetricsPerRuntime against the C
+// side's RUNTIME_METRICS_MAX, which BTF does not keep (a #define): the
+// runtime_metrics map holds that many counters per runtime id below
+// RUNTIME_MAX.
+func checkRuntimeMetricSlots(spec *ebpf.CollectionSpec, runtimeLimit uint64) error {
+	m, ok := spec.Maps["runtime_metrics"]
+	if !ok {
+		return errors.New("BPF object lacks map runtime_metrics")
+	}
+	if want := runtimeLimit * RuntimeMetricsPerRuntime; uint64(m.MaxEntries) != want {
+		return fmt.Errorf("BPF map runtime_metrics holds %d counters, want RUNTIME_MAX (%d) × %d: "+
+			"RUNTIME_METRICS_MAX is not RuntimeMetricsPerRuntime", m.MaxEntries, runtimeLimit, RuntimeMetricsPerRuntime)
 	}
 	return nil
 }

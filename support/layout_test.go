@@ -57,3 +57,16 @@ func TestReadSharedNamesMissing(t *testing.T) {
 		}
 	}
 }
+
+// RuntimeMetricsPerRuntime must be the C side's RUNTIME_METRICS_MAX, which
+// only the runtime_metrics map's size tells.
+func TestReadSharedChecksRuntimeMetricSlots(t *testing.T) {
+	spec, err := LoadSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.Maps["runtime_metrics"].MaxEntries *= 2
+	if _, err := ReadShared(spec); err == nil || !strings.Contains(err.Error(), "RUNTIME_METRICS_MAX") {
+		t.Errorf("a runtime_metrics map of twice the counters: %v, want an error naming RUNTIME_METRICS_MAX", err)
+	}
+}
