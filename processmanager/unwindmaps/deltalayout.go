@@ -9,7 +9,8 @@ import (
 )
 
 // pageRun is one page's deltas as BPF stores them: the first starts at the
-// page's first address, so BPF never looks at the page before.
+// page's first address, so BPF never looks at the page before. The runs of
+// a file share one array, in page order.
 type pageRun struct {
 	page   uint64
 	deltas []support.StackDelta
@@ -18,27 +19,34 @@ type pageRun struct {
 // errTooManyRules is returned when the shared rule table is full.
 var errTooManyRules = errors.New("unwind rule table full")
 
-// layoutDeltas splits a file's deltas into pages of 1<<pageBits addresses.
-// intern returns the rule table index of a rule. Pages that only hold
-// addresses without unwind information are left out: BPF treats a missing
-// page like an unknown rule and tries frame pointers.
-func layoutDeltas(d nativeunwind.Deltas, pageBits uint, intern func(nativeunwind.Rule) (uint16, error)) ([]pageRun, error) {
+// layoutDeltas splits a file's deltas into pages of 1<<pageBits addresses
+// and returns the pages' runs and the array they share (all of them, in
+// order, as the pool holds them). intern returns the rule table index of a
+// rule. Pages that only hold addresses without unwind information are left
+// out: BPF treats a missing page like an unknown rule and tries frame
+// pointers.
+func layoutDeltas(d nativeunwind.Deltas, pageBits uint, intern func(nativeunwind.Rule) (uint16, error)) (
+	[]pageRun, []support.StackDelta, error) {
 	pageSize := uint64(1) << pageBits
+	// One array for every page, a little more than the deltas (each page
+	// a rule spans adds one): a million deltas in slices of their own
+	// made tens of MiB of garbage.
+	all := make([]support.StackDelta, 0, len(d)+len(d)/8+1)
 	var runs []pageRun
+	var starts []int
 	for i, delta := range d {
 		end := ^uint64(0)
 		if i+1 < len(d) {
 			end = d[i+1].Address
 		}
 		if end <= delta.Address {
-			return nil, fmt.Errorf("deltas not sorted at %#x", delta.Address)
+			return nil, nil, fmt.Errorf("deltas not sorted at %#x", delta.Address)
 		}
 		if delta.Rule.CFA == nativeunwind.CFAUnknown {
 			// A page already started needs the gap marked; others can
 			// do without it.
 			if n := len(runs); n > 0 && runs[n-1].page == delta.Address>>pageBits {
-				runs[n-1].deltas = append(runs[n-1].deltas, support.StackDelta{
-					AddrLow: uint16(delta.Address & (pageSize - 1)), Rule: 0})
+				all = append(all, support.StackDelta{AddrLow: uint16(delta.Address & (pageSize - 1)), Rule: 0})
 			}
 			continue
 		}
@@ -49,21 +57,21 @@ func layoutDeltas(d nativeunwind.Deltas, pageBits uint, intern func(nativeunwind
 		}
 		rule, err := intern(delta.Rule)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		// The delta's rule holds on every page it touches.
 		for addr := delta.Address; addr < end && addr >= delta.Address; {
 			page := addr >> pageBits
 			if n := len(runs); n == 0 || runs[n-1].page != page {
 				runs = append(runs, pageRun{page: page})
+				starts = append(starts, len(all))
 				if addr&(pageSize-1) != 0 {
 					// Addresses before the delta on this page have no
 					// rule.
-					runs[len(runs)-1].deltas = append(runs[len(runs)-1].deltas, support.StackDelta{})
+					all = append(all, support.StackDelta{})
 				}
 			}
-			runs[len(runs)-1].deltas = append(runs[len(runs)-1].deltas,
-				support.StackDelta{AddrLow: uint16(addr & (pageSize - 1)), Rule: rule})
+			all = append(all, support.StackDelta{AddrLow: uint16(addr & (pageSize - 1)), Rule: rule})
 			next := (page + 1) << pageBits
 			if next == 0 {
 				break // the last page of the address space
@@ -71,5 +79,12 @@ func layoutDeltas(d nativeunwind.Deltas, pageBits uint, intern func(nativeunwind
 			addr = next
 		}
 	}
-	return runs, nil
+	for i := range runs {
+		end := len(all)
+		if i+1 < len(runs) {
+			end = starts[i+1]
+		}
+		runs[i].deltas = all[starts[i]:end:end]
+	}
+	return runs, all, nil
 }

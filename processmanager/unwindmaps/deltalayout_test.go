@@ -1,6 +1,7 @@
 package unwindmaps
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf/btf"
@@ -50,9 +51,16 @@ func TestLayoutDeltas(t *testing.T) {
 		ids[r] = uint16(len(ids) + 1)
 		return ids[r], nil
 	}
-	runs, err := layoutDeltas(deltas, pageBits, intern)
+	runs, all, err := layoutDeltas(deltas, pageBits, intern)
 	if err != nil {
 		t.Fatal(err)
+	}
+	var concat []support.StackDelta
+	for _, r := range runs {
+		concat = append(concat, r.deltas...)
+	}
+	if !slices.Equal(concat, all) {
+		t.Errorf("the runs' deltas in order %v, the array %v: they must be the same", concat, all)
 	}
 	for i, r := range runs {
 		if len(r.deltas) == 0 || r.deltas[0].AddrLow != 0 {
@@ -78,7 +86,7 @@ func TestLayoutDeltas(t *testing.T) {
 
 func TestLayoutDeltasRuleTableFull(t *testing.T) {
 	deltas := nativeunwind.Deltas{{Address: 0x1000, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8}}}
-	_, err := layoutDeltas(deltas, 16, func(nativeunwind.Rule) (uint16, error) { return 0, errTooManyRules })
+	_, _, err := layoutDeltas(deltas, 16, func(nativeunwind.Rule) (uint16, error) { return 0, errTooManyRules })
 	if err != errTooManyRules {
 		t.Errorf("error %v, want errTooManyRules", err)
 	}
@@ -106,6 +114,30 @@ func TestCFABaseMatchesBPF(t *testing.T) {
 	for _, v := range e.Values {
 		if w, ok := want[v.Name]; !ok || uint64(w) != v.Value {
 			t.Errorf("BPF %s=%d has no equal nativeunwind value", v.Name, v.Value)
+		}
+	}
+}
+
+// BenchmarkLayoutDeltas lays out a million deltas (libLLVM's count) over
+// 64 MiB of code; allocated bytes per op are the garbage a large file's
+// load makes.
+func BenchmarkLayoutDeltas(b *testing.B) {
+	rules := []nativeunwind.Rule{
+		{CFA: nativeunwind.CFASP, CFAOffset: 8, RAOffset: -8},
+		{CFA: nativeunwind.CFASP, CFAOffset: 16, RAOffset: -8},
+		{CFA: nativeunwind.CFAFP, CFAOffset: 16, RAOffset: -8, FPOffset: -16},
+	}
+	deltas := make(nativeunwind.Deltas, 1<<20)
+	for i := range deltas {
+		deltas[i] = nativeunwind.Delta{Address: 0x400000 + uint64(i)*64, Rule: rules[i%len(rules)]}
+	}
+	intern := func(r nativeunwind.Rule) (uint16, error) {
+		return uint16(slices.Index(rules, r) + 1), nil
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, err := layoutDeltas(deltas, 16, intern); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

@@ -173,13 +173,9 @@ func (l *deltaLoader) write(fileID uint64, deltas nativeunwind.Deltas) error {
 	if l.files[fileID] != nil {
 		return nil
 	}
-	runs, err := layoutDeltas(deltas, l.pageBits, l.intern)
+	runs, all, err := layoutDeltas(deltas, l.pageBits, l.intern)
 	if err != nil {
 		return err
-	}
-	var all []support.StackDelta
-	for _, r := range runs {
-		all = append(all, r.deltas...)
 	}
 	size := (uint32(len(all)) + l.slot - 1) / l.slot * l.slot
 	sp, ok := l.pool.alloc(size)
