@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,8 +61,8 @@ func TestStartupAccuracy(t *testing.T) {
 	daemon := buildDaemon(t)
 	busy := startBusyHost(t)
 	cache := t.TempDir()
-	cold := measureStartup(t, "cold", daemon, busy, cache)
-	warm := measureStartup(t, "restart", daemon, busy, cache)
+	cold := measureStartup(t, "cold", daemon, busy, cache, nil)
+	warm := measureStartup(t, "restart", daemon, busy, cache, lateCommands(t))
 
 	if share := cold.share(0); share < 0.9 {
 		t.Errorf("cold start: %.1f%% of the busy processes' samples complete, want >= 90%%", 100*share)
@@ -75,6 +76,38 @@ func TestStartupAccuracy(t *testing.T) {
 			t.Errorf("restart: %s (pid %d): %d of %d samples complete from %v after the first export, want >= 98%%",
 				kind, pid, complete, n, startupSettle)
 		}
+	}
+	for pid, kind := range warm.late {
+		n, complete := warm.ofProcess(pid, lateSettle)
+		if n < 20 {
+			t.Errorf("%s (pid %d), started %v after the restart's first export: only %d samples",
+				kind, pid, lateStart, n)
+		} else if float64(complete) < 0.98*float64(n) {
+			t.Errorf("%s (pid %d), started %v after the restart's first export: %d of %d samples complete "+
+				"from its second second, want >= 98%%", kind, pid, lateStart, complete, n)
+		}
+	}
+}
+
+// lateStart is when lateCommands start, after the restarted daemon's first
+// export; their samples are counted by the second since their own start,
+// from lateSettle on (their first second runs the interpreter and compiles
+// the hot loop: a JVM's JIT code exists from about then).
+const (
+	lateStart  = 2 * time.Second
+	lateSettle = 1
+)
+
+// lateCommands are a JVM and a Node process to start on the busy host while
+// a daemon runs.
+func lateCommands(t *testing.T) map[string]*exec.Cmd {
+	t.Helper()
+	classes, _ := javaWorkload(t)
+	nodeScript, _ := nodeWorkload(t)
+	const seconds = "300" // killed by the test
+	return map[string]*exec.Cmd{
+		"late java": exec.Command(jdkfetch.SystemJava, "-XX:CompileCommand=quiet", "-cp", classes, "JWorkload", "chain", seconds),
+		"late node": exec.Command(nodefetch.SystemNode, nodeScript, "chain", seconds),
 	}
 }
 
@@ -150,8 +183,10 @@ func startBusyHost(t *testing.T) map[int64]string {
 // startupMeasure is what one start of the daemon on the busy host gave.
 type startupMeasure struct {
 	// perSecond are the busy processes' samples per pid and second since
-	// the first export.
+	// the first export, the late processes' since their start.
 	perSecond map[int64]map[int]*startupSecond
+	// late are the processes started while the daemon ran.
+	late map[int64]string
 }
 
 type startupSecond struct{ samples, complete int64 }
@@ -160,6 +195,9 @@ type startupSecond struct{ samples, complete int64 }
 func (m startupMeasure) share(from int) float64 {
 	var n, c int64
 	for pid := range m.perSecond {
+		if m.late[pid] != "" {
+			continue
+		}
 		pn, pc := m.ofProcess(pid, from)
 		n, c = n+pn, c+pc
 	}
@@ -178,8 +216,10 @@ func (m startupMeasure) ofProcess(pid int64, from int) (n, complete int64) {
 
 // measureStartup starts the daemon with the stack-delta cache dir and
 // measures its stacks of the busy processes from its first export for
-// startupWindow. It fails t if a trace or process event was lost.
-func measureStartup(t *testing.T, name, daemon string, busy map[int64]string, cache string) startupMeasure {
+// startupWindow, and of the late commands, started lateStart after it, from
+// their start. It fails t if a trace or process event was lost.
+func measureStartup(t *testing.T, name, daemon string, busy map[int64]string, cache string,
+	late map[string]*exec.Cmd) startupMeasure {
 	t.Helper()
 	out := t.TempDir()
 	start := time.Now()
@@ -196,19 +236,45 @@ func measureStartup(t *testing.T, name, daemon string, busy map[int64]string, ca
 		}
 		d.Alive(t, 20*time.Millisecond)
 	}
+	lateStarted := map[int64]time.Time{}
+	whatRuns := maps.Clone(busy)
+	if len(late) > 0 {
+		d.Alive(t, time.Until(firstExport.Add(lateStart)))
+		for kind, c := range late {
+			c.Stdout, c.Stderr = io.Discard, os.Stderr
+			if err := c.Start(); err != nil {
+				t.Fatalf("%s: %v", kind, err)
+			}
+			t.Cleanup(func() {
+				_ = c.Process.Kill()
+				_ = c.Wait()
+			})
+			lateStarted[int64(c.Process.Pid)] = time.Now()
+			whatRuns[int64(c.Process.Pid)] = kind
+		}
+	}
 	d.Alive(t, time.Until(firstExport.Add(startupWindow)))
 	logMemory(t, name, d.Cmd.Process.Pid)
 	d.Stop(t, time.Minute)
 
-	m := startupMeasure{perSecond: map[int64]map[int]*startupSecond{}}
+	m := startupMeasure{perSecond: map[int64]map[int]*startupSecond{}, late: map[int64]string{}}
+	for pid := range lateStarted {
+		m.late[pid] = whatRuns[pid]
+	}
 	incomplete := map[string]int{}
 	perKind := map[string]*startupSecond{}
 	for _, p := range readPprofFiles(t, out) {
-		sec := int(time.Unix(0, p.TimeNanos+p.DurationNanos).Sub(firstExport).Round(time.Second) / time.Second)
+		end := time.Unix(0, p.TimeNanos+p.DurationNanos)
 		for _, s := range p.Sample {
 			pid := s.NumLabel["pid"]
-			if len(pid) == 0 || busy[pid[0]] == "" {
+			if len(pid) == 0 || whatRuns[pid[0]] == "" {
 				continue
+			}
+			sec := int(end.Sub(firstExport).Round(time.Second) / time.Second)
+			if started, ok := lateStarted[pid[0]]; ok {
+				// The interval that ended in its second second held
+				// its first samples.
+				sec = int(end.Sub(started)/time.Second) - 1
 			}
 			if m.perSecond[pid[0]] == nil {
 				m.perSecond[pid[0]] = map[int]*startupSecond{}
@@ -218,7 +284,7 @@ func measureStartup(t *testing.T, name, daemon string, busy map[int64]string, ca
 				ps = &startupSecond{}
 				m.perSecond[pid[0]][sec] = ps
 			}
-			kind := strings.TrimRight(busy[pid[0]], " 0123456789")
+			kind := strings.TrimRight(whatRuns[pid[0]], " 0123456789")
 			if perKind[kind] == nil {
 				perKind[kind] = &startupSecond{}
 			}
@@ -229,15 +295,15 @@ func measureStartup(t *testing.T, name, daemon string, busy map[int64]string, ca
 				ps.complete += s.Value[0]
 				perKind[kind].complete += s.Value[0]
 			} else {
-				incomplete[busy[pid[0]]+": "+strings.Join(names, ";")] += int(s.Value[0])
+				incomplete[whatRuns[pid[0]]+": "+strings.Join(names, ";")] += int(s.Value[0])
 			}
 		}
 	}
 	var curve []string
 	for sec := -5; sec <= int(startupWindow/time.Second); sec++ {
 		var n, c int64
-		for _, secs := range m.perSecond {
-			if s := secs[sec]; s != nil {
+		for pid, secs := range m.perSecond {
+			if s := secs[sec]; s != nil && m.late[pid] == "" {
 				n, c = n+s.samples, c+s.complete
 			}
 		}
@@ -252,6 +318,16 @@ func measureStartup(t *testing.T, name, daemon string, busy map[int64]string, ca
 	sort.Strings(kinds)
 	t.Logf("%s: first export %.2f s after start; complete stacks per second since it: %s; per runtime: %s",
 		name, firstExport.Sub(start).Seconds(), strings.Join(curve, " "), strings.Join(kinds, ", "))
+	for pid, kind := range m.late {
+		var secs []string
+		for sec := 0; sec <= int(startupWindow/time.Second); sec++ {
+			if s := m.perSecond[pid][sec]; s != nil {
+				secs = append(secs, fmt.Sprintf("%ds:%d/%d", sec, s.complete, s.samples))
+			}
+		}
+		t.Logf("%s: %s started %v after the first export: complete of its samples per second since its start: %s",
+			name, kind, lateStart, strings.Join(secs, " "))
+	}
 	logTopStacks(t, incomplete, 8)
 
 	log := readFile(t, d.LogPath)
