@@ -478,15 +478,15 @@ func (m *Manager) sampled(raw *support.Trace) (*process, uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	p := m.processFor(raw.PID, raw.Comm)
-	if m.procs[p.pid] != p {
-		return p, 0
-	}
-	if raw.TID == raw.PID && m.execedUnseen(p, raw.Comm) {
+	if m.procs[p.pid] == p && raw.TID == raw.PID && m.execedUnseen(p, raw.Comm) {
 		m.counters.execsFoundBySample++
 		m.forget(p.pid)
 		m.counters.processesExited++
 		p = m.processFor(raw.PID, raw.Comm)
 		p.leaderComm = raw.Comm
+	}
+	if m.procs[p.pid] != p {
+		return p, 0
 	}
 	if !m.live(p) {
 		return p, p.gen // nothing left to read

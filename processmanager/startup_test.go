@@ -37,22 +37,30 @@ func TestBusySince(t *testing.T) {
 	}
 }
 
-// TestPrepareBusy: the processes that used CPU time are read and their
-// deltas loaded before PrepareBusy returns; an idle one is left for its
-// first sample.
-func TestPrepareBusy(t *testing.T) {
+// oneBusyProcess makes processes 100 and 200, each mapping a copy of one
+// library, of which 100 used CPU time since the returned times were read
+// (minBusyWindow ago).
+func oneBusyProcess(t *testing.T) (*fakeProcFS, CPUTimes) {
+	t.Helper()
 	fs := newFakeProcFS(t)
 	lib := newFakeLib(t, fs)
 	busy, _ := lib.mapAt(0x7f0000000000)
-	idle, _ := lib.mapAt(0x7e0000000000)
+	other, _ := lib.mapAt(0x7e0000000000)
 	fs.setProcess(100, 1, "/bin/busy", busy)
-	fs.setProcess(200, 1, "/bin/idle", idle)
+	fs.setProcess(200, 1, "/bin/other", other)
 	fs.setCPUTime(100, 1, 7)
 	fs.setCPUTime(200, 1, 7)
 	before := ReadCPUTimes(fs.root)
 	before.at = time.Now().Add(-minBusyWindow)
 	fs.setCPUTime(100, 1, 40)
+	return fs, before
+}
 
+// TestPrepareBusy: the processes that used CPU time are read and their
+// deltas loaded before PrepareBusy returns; an idle one is left for its
+// first sample.
+func TestPrepareBusy(t *testing.T) {
+	fs, before := oneBusyProcess(t)
 	maps := unwindmapstest.NewMaps()
 	m := newUnwindingManager(t, fs, maps, nil)
 	got := m.PrepareBusy(context.Background(), before)
@@ -82,18 +90,7 @@ func (h mapsHook) Maps(pid uint32, which proc.Mappings) ([]proc.MapsEntry, error
 // first look (many processes sharing the CPUs) but did while the first
 // busy one was set up is set up too.
 func TestPrepareBusyLooksAgain(t *testing.T) {
-	fs := newFakeProcFS(t)
-	lib := newFakeLib(t, fs)
-	first, _ := lib.mapAt(0x7f0000000000)
-	later, _ := lib.mapAt(0x7e0000000000)
-	fs.setProcess(100, 1, "/bin/first", first)
-	fs.setProcess(200, 1, "/bin/later", later)
-	fs.setCPUTime(100, 1, 7)
-	fs.setCPUTime(200, 1, 7)
-	before := ReadCPUTimes(fs.root)
-	before.at = time.Now().Add(-minBusyWindow)
-	fs.setCPUTime(100, 1, 40)
-
+	fs, before := oneBusyProcess(t)
 	src := mapsHook{Source: proc.FS{Mount: fs.root}, onMaps: func(pid uint32) {
 		if pid == 100 {
 			fs.setCPUTime(200, 1, 9)

@@ -8,10 +8,11 @@ import (
 // The ring buffer holds about half a second of events, and what the Handler
 // does with an event may take longer: setting a new process up reads its
 // files (a runtime's 100 MB binary, a large library's tables), and a
-// daemon starting on a busy host meets dozens at once. So the reader only copies records out
-// of the ring buffer into an eventQueue, and another goroutine hands them
-// to the Handler: the ring buffer is drained while the Handler works, and
-// what the Handler is behind on waits in the daemon's memory, bounded.
+// daemon starting on a busy host meets dozens at once. So the reader only
+// copies records out of the ring buffer into an eventQueue, and another
+// goroutine hands them to the Handler: the ring buffer is drained while the
+// Handler works, and what the Handler is behind on waits in the daemon's
+// memory, bounded.
 
 // Bounds of the event queue: about queueSeconds of traces at the
 // configured rate.

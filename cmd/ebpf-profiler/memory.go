@@ -44,8 +44,9 @@ const (
 // export 3.4 s after a restart rather than 2.3 s). Measured there
 // (TestStartupAccuracy's host, a restart, peak and steady resident set):
 // no limit 120-145 MiB against 77, 48 MiB 87 against 72 with the first
-// export at 2.3 s, 64 MiB 90 against 75 at 2.4 s; a cold start, whose
-// stack deltas are extracted, peaked at 132 MiB with 64.
+// export at 2.3 s (one run), 64 MiB 89-114 against 75-82 at 2.2-2.4 s
+// (five runs); a cold start, whose stack deltas are extracted, peaked at
+// 105-147 MiB with 64.
 const startupMemoryLimit = 64 << 20
 
 // limitStartupMemory lowers the soft memory limit to startupMemoryLimit

@@ -158,7 +158,22 @@ func startBusyHost(t *testing.T) map[int64]string {
 	for i, py := range pythonInterpreters(t)[:4] {
 		cmds["python "+strconv.Itoa(i+1)] = exec.Command(py.path, pyScript, "chain", seconds)
 	}
-	busy := map[int64]string{}
+	busy := startCommands(t, cmds)
+	// All in their hot loops, the JVM's and Node's compiled.
+	time.Sleep(8 * time.Second)
+	for pid, kind := range busy {
+		if _, err := os.Stat("/proc/" + strconv.FormatInt(pid, 10)); err != nil {
+			t.Fatalf("%s exited early", kind)
+		}
+	}
+	return busy
+}
+
+// startCommands starts cmds, killed when t ends, and returns what each pid
+// runs.
+func startCommands(t *testing.T, cmds map[string]*exec.Cmd) map[int64]string {
+	t.Helper()
+	started := map[int64]string{}
 	for kind, c := range cmds {
 		c.Stdout, c.Stderr = io.Discard, os.Stderr
 		if err := c.Start(); err != nil {
@@ -168,16 +183,9 @@ func startBusyHost(t *testing.T) map[int64]string {
 			_ = c.Process.Kill()
 			_ = c.Wait()
 		})
-		busy[int64(c.Process.Pid)] = kind
+		started[int64(c.Process.Pid)] = kind
 	}
-	// All in their hot loops, the JVM's and Node's compiled.
-	time.Sleep(8 * time.Second)
-	for pid, kind := range busy {
-		if _, err := os.Stat("/proc/" + strconv.FormatInt(pid, 10)); err != nil {
-			t.Fatalf("%s exited early", kind)
-		}
-	}
-	return busy
+	return started
 }
 
 // startupMeasure is what one start of the daemon on the busy host gave.
@@ -240,17 +248,10 @@ func measureStartup(t *testing.T, name, daemon string, busy map[int64]string, ca
 	whatRuns := maps.Clone(busy)
 	if len(late) > 0 {
 		d.Alive(t, time.Until(firstExport.Add(lateStart)))
-		for kind, c := range late {
-			c.Stdout, c.Stderr = io.Discard, os.Stderr
-			if err := c.Start(); err != nil {
-				t.Fatalf("%s: %v", kind, err)
-			}
-			t.Cleanup(func() {
-				_ = c.Process.Kill()
-				_ = c.Wait()
-			})
-			lateStarted[int64(c.Process.Pid)] = time.Now()
-			whatRuns[int64(c.Process.Pid)] = kind
+		started := time.Now()
+		for pid, kind := range startCommands(t, late) {
+			lateStarted[pid] = started
+			whatRuns[pid] = kind
 		}
 	}
 	d.Alive(t, time.Until(firstExport.Add(startupWindow)))
