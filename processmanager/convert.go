@@ -59,10 +59,16 @@ func (m *Manager) convertRetrying(raw *support.Trace, p *process) conversion {
 	if c.unknown > 0 && m.rereadAfterMiss(p) {
 		c = m.convert(raw, p)
 	}
+	m.countUnattributed(c)
+	return c
+}
+
+// countUnattributed counts the frames of a conversion that is kept which
+// were not attributed to a file.
+func (m *Manager) countUnattributed(c conversion) {
 	m.mu.Lock()
 	m.counters.unmappedFrames += uint64(c.unattributed)
 	m.mu.Unlock()
-	return c
 }
 
 // rereadAfterMiss re-reads a process's mappings after a conversion met an

@@ -9,4 +9,7 @@
 // cached by file identity, so a library mapped by a thousand processes is
 // parsed once. A Handler sits in front of the Manager on the tracer's event
 // pump: it converts each distinct BPF trace once and reports every sample.
+// Reading processes is the lifecycle goroutine's (lifecycle.go): the pump
+// converts the traces of processes already read and hands the lifecycle
+// the others, and every process event.
 package processmanager

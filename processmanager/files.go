@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"sync"
 	"syscall"
 
 	"github.com/sirupsen/logrus"
@@ -46,19 +47,36 @@ func keyFromStat(st *syscall.Stat_t) fileKey {
 
 // fileCache holds per-file data for the most recently used files. Processes
 // keep the fileInfo of their mappings, so eviction only costs a re-parse when
-// a new process maps an evicted file.
+// a new process maps an evicted file. It is safe for concurrent use: the
+// lifecycle reads a new process's files before it takes the manager's lock
+// (Manager.preread). Files are parsed outside its lock; two callers missing
+// the same file at once both parse it, and the second result is kept.
 type fileCache struct {
-	lru *libpf.LRU[fileKey, *fileInfo]
 	log logrus.FieldLogger
 	// runtimes are looked for in every file.
 	runtimes []*interpreter.Runtime
 	// debugDirs are searched for the symbols of stripped files.
-	debugDirs    []string
+	debugDirs []string
+
+	mu           sync.Mutex
+	lru          *libpf.LRU[fileKey, *fileInfo]
 	hits, misses uint64
 	elfErrors    uint64
 	// runtimeErrors counts files a runtime found its own but could not
 	// read (Runtime.Recognise errors).
 	runtimeErrors uint64
+}
+
+// fileCacheStats are a fileCache's counters.
+type fileCacheStats struct {
+	size                                   int
+	hits, misses, elfErrors, runtimeErrors uint64
+}
+
+func (c *fileCache) stats() fileCacheStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return fileCacheStats{c.lru.Len(), c.hits, c.misses, c.elfErrors, c.runtimeErrors}
 }
 
 // fileForMapping returns the data of the file behind a mapping, parsing it
@@ -93,11 +111,21 @@ type readSeekerAt interface {
 }
 
 func (c *fileCache) get(key fileKey, r readSeekerAt, name string) (*fileInfo, error) {
+	c.mu.Lock()
 	if fi, ok := c.lru.Get(key); ok {
 		c.hits++
+		c.mu.Unlock()
 		return fi, nil
 	}
 	c.misses++
+	c.mu.Unlock()
+	var elfErrors, runtimeErrors uint64
+	defer func() {
+		c.mu.Lock()
+		c.elfErrors += elfErrors
+		c.runtimeErrors += runtimeErrors
+		c.mu.Unlock()
+	}()
 	id, err := libpf.FileIDFromExecutable(r)
 	if err != nil {
 		return nil, fmt.Errorf("file id of %s: %w", name, err)
@@ -107,12 +135,12 @@ func (c *fileCache) get(key fileKey, r readSeekerAt, name string) (*fileInfo, er
 		// A corrupt ELF file still has a file id; it just cannot be
 		// symbolized locally.
 		if fi.elf, err = parseELF(r, name, c.runtimes, c.debugDirs); err != nil {
-			c.elfErrors++
+			elfErrors++
 			c.log.WithError(err).Debugf("not symbolizing %s", name)
 		}
 		if fi.elf != nil {
 			for _, err := range fi.elf.recogniseErrs {
-				c.runtimeErrors++
+				runtimeErrors++
 				c.log.WithError(err).Debugf("not unwinding the runtime in %s", name)
 			}
 			// Said once per file read (the file cache keeps it): every
@@ -130,6 +158,8 @@ func (c *fileCache) get(key fileKey, r readSeekerAt, name string) (*fileInfo, er
 			}
 		}
 	}
+	c.mu.Lock()
 	c.lru.Add(key, fi, 0)
+	c.mu.Unlock()
 	return fi, nil
 }

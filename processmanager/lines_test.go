@@ -63,17 +63,17 @@ func TestLinesArriveOnceOpened(t *testing.T) {
 
 	raw := &support.Trace{PID: 100, TID: 100, Hash: 0x11e5, KTime: monotonicNow(t),
 		Frames: []support.Frame{{Kind: libpf.FrameNative, Addr: pc}}}
-	h.HandleTrace(raw)
+	h.handleNow(raw)
 	if f := rep.last(t).trace.Frames[0]; f.SourceLine != 0 {
 		t.Fatalf("a line before the file was read: %+v", f)
 	}
 	h.m.lines.wait()
-	h.HandleTrace(raw)
+	h.handleNow(raw)
 	f := rep.last(t).trace.Frames[0]
 	if f.FunctionName != fn.Name() || !strings.HasSuffix(f.SourceFile, "lines_test.go") || f.SourceLine != uint32(line) {
 		t.Errorf("frame after the file was read: %s %s:%d, want %s %s:%d", f.FunctionName, f.SourceFile, f.SourceLine, fn.Name(), file, line)
 	}
-	h.HandleTrace(raw)
+	h.handleNow(raw)
 	if s := h.Stats(); s.TraceCacheMisses != 2 || s.TraceCacheHits != 1 {
 		t.Errorf("%d conversions and %d cache hits, want 2 and 1", s.TraceCacheMisses, s.TraceCacheHits)
 	}
@@ -92,20 +92,20 @@ func TestLinesAfterProcessExited(t *testing.T) {
 
 	// The mappings are read at the first trace; the process exits before
 	// the second, the first in the test binary's code.
-	h.HandleTrace(&support.Trace{PID: 100, TID: 100, Hash: 1, KTime: monotonicNow(t),
+	h.handleNow(&support.Trace{PID: 100, TID: 100, Hash: 1, KTime: monotonicNow(t),
 		Frames: []support.Frame{{Kind: libpf.FrameNative, Addr: fnAbs}}})
 	fs.removeProcess(100)
 	inText := []support.Frame{{Kind: libpf.FrameNative, Addr: pc}}
-	h.HandleTrace(&support.Trace{PID: 100, TID: 100, Hash: 2, KTime: monotonicNow(t), Frames: inText})
+	h.handleNow(&support.Trace{PID: 100, TID: 100, Hash: 2, KTime: monotonicNow(t), Frames: inText})
 	if f := rep.last(t).trace.Frames[0]; f.SourceLine != 0 || f.Mapping == nil {
 		t.Fatalf("frame of the exited process: %+v", f)
 	}
 
 	fs.setProcess(200, 2, text.file, text)
 	raw := &support.Trace{PID: 200, TID: 200, Hash: 3, KTime: monotonicNow(t), Frames: inText}
-	h.HandleTrace(raw)
+	h.handleNow(raw)
 	h.m.lines.wait()
-	h.HandleTrace(raw)
+	h.handleNow(raw)
 	if f := rep.last(t).trace.Frames[0]; f.SourceLine != uint32(line) {
 		t.Errorf("line %d in the next process, want %d (%+v)", f.SourceLine, line, h.Stats().Native)
 	}
@@ -170,7 +170,7 @@ func TestDropMappedDebugInfo(t *testing.T) {
 		return kib
 	}
 	for hash := uint64(1); hash <= 2; hash++ {
-		h.HandleTrace(&support.Trace{PID: 100, TID: 100, Hash: 0xd0 + hash, KTime: monotonicNow(t),
+		h.handleNow(&support.Trace{PID: 100, TID: 100, Hash: 0xd0 + hash, KTime: monotonicNow(t),
 			Frames: []support.Frame{{Kind: libpf.FrameNative, Addr: pc + hash}}})
 		h.m.lines.wait()
 	}
@@ -179,7 +179,7 @@ func TestDropMappedDebugInfo(t *testing.T) {
 	if after := resident(); touched == 0 || after != 0 {
 		t.Errorf("resident pages of the mapped debug information: %d KiB after a lookup, %d KiB after dropping", touched, after)
 	}
-	h.HandleTrace(&support.Trace{PID: 100, TID: 100, Hash: 0xd5, KTime: monotonicNow(t),
+	h.handleNow(&support.Trace{PID: 100, TID: 100, Hash: 0xd5, KTime: monotonicNow(t),
 		Frames: []support.Frame{{Kind: libpf.FrameNative, Addr: pc}}})
 	if f := rep.last(t).trace.Frames[0]; f.FunctionName != fn.Name() || f.SourceLine != uint32(line) {
 		t.Errorf("frame after dropping: %s:%d, want %s:%d", f.FunctionName, f.SourceLine, fn.Name(), line)

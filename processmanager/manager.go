@@ -88,10 +88,11 @@ const (
 
 // Manager holds the state of every process seen in a trace and converts raw
 // traces. Its methods are safe for concurrent use; in the daemon they are
-// called from the tracer's event pump (traces, exits) and a timer (Sweep,
-// ReloadKernelSymbols, Stats). One mutex guards the state: reading a new
-// process's files happens under it, so a Stats call may wait for a large
-// file's symbols to be parsed.
+// called from the Handler's two goroutines (the tracer's event pump
+// converts, the lifecycle reads processes) and a timer (Sweep,
+// ReloadKernelSymbols, Stats). One mutex guards the state. A new process's
+// stat, maps and files are read before it is taken (preread.go); attaching
+// runtimes and re-reading maps happen under it.
 type Manager struct {
 	// source is where processes and the kernel's symbols are read.
 	source         proc.Source
@@ -125,6 +126,9 @@ type Manager struct {
 
 	mu    sync.Mutex
 	procs map[uint32]*process
+	// prereads are what the lifecycle read of processes it is setting up
+	// before it took mu (preread); each is taken by that set-up.
+	prereads map[uint32]*preread
 	files fileCache
 	// byFileID is a mapping of each recently seen file, by the file id
 	// BPF puts in frames it resolved itself: it names frames of processes
@@ -164,6 +168,9 @@ type process struct {
 	lastMapsRead time.Time
 	// lastCheck is when checkProcess last ran for it.
 	lastCheck time.Time
+	// workQueued says its due work was handed to the lifecycle
+	// (Manager.settled), which has not done it yet.
+	workQueued bool
 	// mapsChanging is set when the last read found new mappings: a
 	// process that maps libraries (a program starting, an interpreter importing
 	// extension modules) usually maps more soon, so its next re-read may
@@ -232,6 +239,7 @@ func New(cfg Config) (*Manager, error) {
 		now:            time.Now,
 		afterFunc:      func(d time.Duration, f func()) { time.AfterFunc(d, f) },
 		procs:          map[uint32]*process{},
+		prereads:       map[uint32]*preread{},
 		nextGen:        1,
 		counters:       counters{runtimeAttached: map[string]uint64{}, runtimeRefusals: map[string]uint64{}},
 		demangler:      newDemangler(cfg.Demangle),
@@ -488,25 +496,94 @@ func (m *Manager) sampled(raw *support.Trace) (*process, uint64) {
 	if m.procs[p.pid] != p {
 		return p, 0
 	}
-	if !m.live(p) {
-		return p, p.gen // nothing left to read
-	}
 	if !p.mapsRead {
-		if len(raw.Frames) > 0 {
+		if len(raw.Frames) > 0 && m.live(p) {
 			m.ensureMaps(p)
 		}
-	} else if now := m.now(); now.Sub(p.lastCheck) >= m.checkIntervalOf(p) {
+		// Its first check is due at its next sample.
+		m.dueWork(p, false)
+	} else {
+		m.dueWork(p, true)
+	}
+	return p, p.gen
+}
+
+// dueWork retries attaching the runtimes and the APM agent that wait
+// (paced by their backoff) and, with check, checks the process if that is
+// due. The caller holds m.mu.
+func (m *Manager) dueWork(p *process, check bool) {
+	p.workQueued = false
+	if !m.live(p) || !p.mapsRead {
+		return
+	}
+	if now := m.now(); check && now.Sub(p.lastCheck) >= m.checkIntervalOf(p) {
 		p.lastCheck = now
 		m.checkProcess(p)
-	}
-	if !m.live(p) {
-		return p, p.gen // a read found it gone
+		if !m.live(p) {
+			return // a read found it gone
+		}
 	}
 	m.refreshRuntimes(p)
 	if p.apm.pending() {
-		m.readAPMAgent(p) // paced by its backoff
+		m.readAPMAgent(p)
 	}
-	return p, p.gen
+}
+
+// refresh does the due work of pid's process (dueWork), if it still has
+// state.
+func (m *Manager) refresh(pid uint32) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p, ok := m.procs[pid]; ok {
+		m.dueWork(p, true)
+	}
+}
+
+// settled returns the state a trace is converted with without reading
+// anything: ready is false when the trace needs its process read first
+// (sampled): the first sample of a pid, the first with user frames, or a
+// main thread's new name that may be an exec. due says the process has
+// work due (dueWork) that no trace waits for; it is said once until done.
+func (m *Manager) settled(raw *support.Trace) (p *process, gen uint64, ready, due bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p, ok := m.procs[raw.PID]
+	switch {
+	case !ok, !p.vanished.IsZero() && m.now().Sub(p.vanished) >= vanishedGrace:
+		return nil, 0, false, false
+	case raw.TID == raw.PID && p.leaderComm != raw.Comm:
+		if p.leaderComm != "" && p.info != nil && m.live(p) {
+			return nil, 0, false, false // execedUnseen reads its executable's name
+		}
+		p.leaderComm = raw.Comm
+	}
+	if !m.live(p) {
+		return p, p.gen, true, false
+	}
+	if !p.mapsRead {
+		if len(raw.Frames) > 0 {
+			return nil, 0, false, false
+		}
+		return p, p.gen, true, false
+	}
+	if m.runtimeWorkDue(p) {
+		// A runtime attaches or looks again (paced) before the trace is
+		// converted: it may name code the trace ran.
+		return nil, 0, false, false
+	}
+	if !p.workQueued && (m.now().Sub(p.lastCheck) >= m.checkIntervalOf(p) || p.apm.pending()) {
+		p.workQueued = true
+		due = true
+	}
+	return p, p.gen, true, due
+}
+
+// rereadDue says whether a conversion of p that met an address outside
+// every known mapping may have p's maps read again (rereadMaps' limit).
+func (m *Manager) rereadDue(p *process) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.live(p) && m.now().Sub(p.lastMapsRead) >= m.rereadWait(p)
 }
 
 // execedUnseen says whether a process exec'd while its state is still of
@@ -587,7 +664,14 @@ func (m *Manager) processFor(pid uint32, comm string) *process {
 		m.procs[pid] = p
 		return p
 	}
-	st, err := m.source.Stat(pid)
+	pre := m.prereads[pid]
+	var st proc.Stat
+	var err error
+	if pre != nil && pre.info != nil {
+		st, err = pre.stat, pre.statErr
+	} else {
+		st, err = m.source.Stat(pid)
+	}
 	if e, ok := m.exited.Get(pid); ok && e.info != nil && errors.Is(err, ErrProcessExited) {
 		// A sample of the process's exit, converted after it was reaped.
 		p.info, p.mapsRead = e.info, true
@@ -611,7 +695,11 @@ func (m *Manager) processFor(pid uint32, comm string) *process {
 		m.tracked.TrackProcess(pid)
 	}
 	p.startTime = st.StartTime
-	p.info = m.source.Info(pid, comm)
+	if pre != nil && pre.info != nil {
+		p.info, pre.info = pre.info, nil
+	} else {
+		p.info = m.source.Info(pid, comm)
+	}
 	m.procs[pid] = p
 	m.unread.Remove(pid)
 	m.counters.processesSeen++
@@ -748,7 +836,12 @@ func (m *Manager) loadMaps(p *process) (changed bool, err error) {
 	p.mapsRead = true
 	p.lastMapsRead = m.now()
 	m.counters.mapsReads++
-	entries, err := m.source.Maps(p.pid, proc.ExecutableMappings)
+	var entries []proc.MapsEntry
+	if pre := m.prereads[p.pid]; pre != nil && pre.mapsRead {
+		entries, err, pre.mapsRead = pre.maps, pre.mapsErr, false
+	} else {
+		entries, err = m.source.Maps(p.pid, proc.ExecutableMappings)
+	}
 	if err != nil {
 		return false, err
 	}

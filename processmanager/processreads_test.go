@@ -131,7 +131,7 @@ func TestKnownProcessReadsNothing(t *testing.T) {
 	}
 	at := func(addr uint64) support.Frame { return support.Frame{Kind: libpf.FrameNative, Addr: addr} }
 
-	h.HandleTrace(trace(1, at(fnFirst), at(fnSecond+1)))
+	h.handleNow(trace(1, at(fnFirst), at(fnSecond+1)))
 	// The lines of its file and its deltas are read in the background.
 	m.lines.wait()
 	m.waitUnwind(context.Background())
@@ -140,7 +140,7 @@ func TestKnownProcessReadsNothing(t *testing.T) {
 	}
 
 	now = now.Add(time.Second)
-	h.HandleTrace(trace(1, at(fnFirst), at(fnSecond+1)))
+	h.handleNow(trace(1, at(fnFirst), at(fnSecond+1)))
 	if got := src.take(); !maps.Equal(got, map[string]int{"Maps": 1}) {
 		t.Errorf("second sample read %v, want its first check's maps read", got)
 	}
@@ -156,8 +156,8 @@ func TestKnownProcessReadsNothing(t *testing.T) {
 		{PID: 100, Hash: 5, KernelStack: []uint64{0xffffffff81000010}, Frames: []support.Frame{at(fnFirst)}},
 	} {
 		now = now.Add(time.Minute)
-		h.HandleTrace(tr)
-		h.HandleTrace(tr)
+		h.handleNow(tr)
+		h.handleNow(tr)
 		if _, _, err := m.ConvertTrace(tr); err != nil {
 			t.Fatal(err)
 		}

@@ -246,6 +246,27 @@ func (m *Manager) refreshRuntimes(p *process) {
 	}
 }
 
+// runtimeWorkDue says whether refreshRuntimes would try to attach a runtime
+// of p or let an attached one look again now. The caller holds m.mu.
+func (m *Manager) runtimeWorkDue(p *process) bool {
+	now := m.now()
+	for _, st := range p.runtimes {
+		if st.proc == nil {
+			if !st.refused && (st.bin == nil || st.bin.Unsupported() == nil) && st.retry.Ready(now) {
+				return true
+			}
+			continue
+		}
+		if _, ok := st.proc.(interpreter.Updater); !ok || now.Sub(st.lastUpdate) < minRuntimeUpdate {
+			continue
+		}
+		if st.missed || st.rt.UpdateEvery > 0 && now.Sub(st.lastUpdate) >= st.rt.UpdateEvery {
+			return true
+		}
+	}
+	return false
+}
+
 // refused says whether err refuses the process for good (counted by
 // reason; the runtime does not try again).
 func (m *Manager) refused(p *process, st *runtimeState, err error) bool {

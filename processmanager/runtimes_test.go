@@ -668,17 +668,17 @@ func TestRuntimeRefusal(t *testing.T) {
 			jit := fakeMapping{start: 0x50000000, end: 0x50001000}
 			f.fs.setProcess(pid, 1, "/bin/app", lib, jit)
 			raw := &support.Trace{PID: pid, Hash: 1, Frames: []support.Frame{{Addr: jit.start + 0x10}, {Addr: pc}}}
-			h.HandleTrace(raw)
-			h.HandleTrace(raw)
+			h.handleNow(raw)
+			h.handleNow(raw)
 			if hits := h.Stats().TraceCacheHits; hits != 1 {
 				t.Errorf("%d cache hits of the trace converted twice, want 1", hits)
 			}
 			f.now = f.now.Add(time.Minute)
-			h.HandleTrace(raw)
+			h.handleNow(raw)
 			f.fs.setProcess(pid, 1, "/bin/app", lib, jit, f.otherAt(0x7d0000000000))
 			f.m.RefreshMappings(pid)
 			f.now = f.now.Add(time.Minute)
-			h.HandleTrace(raw)
+			h.handleNow(raw)
 			f.settle()
 			if *attempts != 1 {
 				t.Errorf("%d attempts, want 1", *attempts)
@@ -954,12 +954,12 @@ func TestRuntimeAttachedLater(t *testing.T) {
 	jit := fakeMapping{start: 0x50000000, end: 0x50001000}
 	f.fs.setProcess(pid, 1, "/bin/app", lib, jit)
 	raw := &support.Trace{PID: pid, Hash: 1, Frames: []support.Frame{{Addr: jit.start + 0x10}, {Addr: pc}}}
-	h.HandleTrace(raw)
+	h.handleNow(raw)
 	if name := rec.last(t).trace.Frames[0].FunctionName; name == "jit@0x50000010" {
 		t.Fatalf("JIT frame named %q before the runtime attached", name)
 	}
 	f.now = f.now.Add(j.rt.RetryMax) // the next detection is due
-	h.HandleTrace(raw)
+	h.handleNow(raw)
 	if j.detects != 2 {
 		t.Fatalf("%d detections, want 2", j.detects)
 	}

@@ -15,6 +15,8 @@ type Stats struct {
 	TraceCacheMisses uint64
 	TraceCacheSize   int
 	ConversionErrors uint64
+	// Lifecycle is what the lifecycle goroutine was handed.
+	Lifecycle LifecycleStats
 
 	// Manager.
 	TracesConverted uint64
@@ -149,6 +151,7 @@ func (m *Manager) Stats() Stats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := &m.counters
+	fc := m.files.stats()
 	st := Stats{
 		TracesConverted:       c.tracesConverted,
 		TruncatedTraces:       c.truncatedTraces,
@@ -161,7 +164,7 @@ func (m *Manager) Stats() Stats {
 		MapsReads:             c.mapsReads,
 		MapsRereadsLimited:    c.mapsRereadsLimited,
 		MappingsAdded:         c.mappingsAdded,
-		InterpreterErrors:     c.interpreterErrors + m.files.runtimeErrors,
+		InterpreterErrors:     c.interpreterErrors + fc.runtimeErrors,
 		RuntimeAttached:       maps.Clone(c.runtimeAttached),
 		RuntimeFrameErrors:    c.runtimeFrameErrors,
 		RuntimeRefusals:       maps.Clone(c.runtimeRefusals),
@@ -175,11 +178,11 @@ func (m *Manager) Stats() Stats {
 		ExecsFoundBySample:    c.execsFoundBySample,
 		DeltaMappingsDeferred: c.mappingsDeferred,
 		Native:                c.native,
-		FileCacheSize:         m.files.lru.Len(),
-		FileCacheHits:         m.files.hits,
-		FileCacheMisses:       m.files.misses,
+		FileCacheSize:         fc.size,
+		FileCacheHits:         fc.hits,
+		FileCacheMisses:       fc.misses,
 		FileErrors:            c.fileErrors,
-		ELFErrors:             m.files.elfErrors,
+		ELFErrors:             fc.elfErrors,
 		KernelSymbols:         len(m.kernel.syms.syms),
 	}
 	if l := m.lines; l != nil {

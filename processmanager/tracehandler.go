@@ -28,13 +28,20 @@ const DefaultTraceCacheSize = 16384
 const clockResyncInterval = time.Minute
 
 // Handler converts each distinct BPF trace once and reports every sample.
-// HandleTrace must be called from one goroutine at a time (the tracer's
-// event pump); ProcessExited and Stats may be called from any goroutine.
+// Its tracer.Handler methods must be called from one goroutine at a time
+// (the tracer's event pump), in the order BPF emitted the events; Stats may
+// be called from any goroutine. Traces whose process must be read first,
+// and every process event, are handed to the lifecycle goroutine (see
+// lifecycle.go); Flush waits for it, Close stops it.
 type Handler struct {
 	m        *Manager
 	reporter TraceReporter
-	// cache maps a BPF trace hash to its conversion. Only HandleTrace
-	// touches it.
+	life     *lifecycle
+
+	// convMu serializes conversions and reports: the pump's, and the
+	// lifecycle's of the traces it was handed.
+	convMu sync.Mutex
+	// cache maps a BPF trace hash to its conversion.
 	cache *libpf.LRU[uint64, cachedTrace]
 
 	// monoToWall is added to a CLOCK_MONOTONIC time to get Unix time, in ns;
@@ -80,8 +87,17 @@ func NewHandler(m *Manager, reporter TraceReporter, cacheSize int) (*Handler, er
 	if err := h.syncClock(); err != nil {
 		return nil, err
 	}
+	h.life = newLifecycle(h.doLifecycle)
 	return h, nil
 }
+
+// Flush returns once the lifecycle did everything handed to it so far:
+// the traces that waited for their process are reported.
+func (h *Handler) Flush() { h.life.flush() }
+
+// Close does what the lifecycle was handed and stops it; what comes after
+// is done on the caller's goroutine.
+func (h *Handler) Close() { h.life.close() }
 
 // syncClock measures the offset between CLOCK_MONOTONIC, which BPF stamps
 // samples with, and the wall clock. Reading the monotonic clock on both sides
@@ -127,24 +143,99 @@ func (h *Handler) wallTime(ktime uint64) time.Time {
 }
 
 // HandleTrace converts a raw trace (or finds its earlier conversion) and
-// reports the sample.
+// reports the sample. A trace whose process must be read first (settled),
+// or that met an address a re-read of the maps may find, and every trace of
+// a process with work queued before it, is copied and handed to the
+// lifecycle, which reports it once that is done.
 func (h *Handler) HandleTrace(raw *support.Trace) {
 	h.received.Add(1)
-	h.sweepExited()
-	p, gen := h.m.sampled(raw)
-	trace, info, ok := h.lookup(raw, gen)
-	if !ok {
-		h.misses.Add(1)
-		c := h.m.convertRetrying(raw, p)
-		trace, info = c.trace, c.info
-		if c.gen != 0 {
-			h.cache.Add(raw.Hash, cachedTrace{trace: trace, info: info, pid: raw.PID, gen: c.gen, retryAt: c.retryAt,
-				linesSettled: c.linesSettled}, 0)
-			h.cacheSize.Store(int64(h.cache.Len()))
-		}
-	} else {
-		h.hits.Add(1)
+	if h.life.waits(raw.PID) || !h.convertSettled(raw) {
+		h.life.queueTrace(raw)
 	}
+}
+
+// convertSettled converts and reports a trace of a process that needs no
+// reading, and reports false for any other.
+func (h *Handler) convertSettled(raw *support.Trace) bool {
+	p, gen, ready, due := h.m.settled(raw)
+	if due {
+		h.life.queue(lifecycleItem{kind: lifeRefresh, pid: raw.PID})
+	}
+	if !ready {
+		return false
+	}
+	h.convMu.Lock()
+	defer h.convMu.Unlock()
+	h.sweepExited()
+	if trace, info, ok := h.lookup(raw, gen); ok {
+		h.hits.Add(1)
+		h.report(raw, trace, info)
+		return true
+	}
+	c := h.m.convert(raw, p)
+	if c.unknown > 0 && h.m.rereadDue(p) {
+		return false // the lifecycle reads the maps and converts it again
+	}
+	h.m.countUnattributed(c)
+	h.store(raw, c)
+	h.report(raw, c.trace, c.info)
+	return true
+}
+
+// convertReading does a trace's lifecycle work (sampled), converts it,
+// re-reading the maps after a miss, and reports it. It runs on the
+// lifecycle goroutine.
+func (h *Handler) convertReading(raw *support.Trace) {
+	done := h.m.prepare(raw.PID, raw.Comm, len(raw.Frames) > 0)
+	p, gen := h.m.sampled(raw)
+	done()
+	h.convMu.Lock()
+	defer h.convMu.Unlock()
+	h.sweepExited()
+	if trace, info, ok := h.lookup(raw, gen); ok {
+		h.hits.Add(1)
+		h.report(raw, trace, info)
+		return
+	}
+	c := h.m.convertRetrying(raw, p)
+	h.store(raw, c)
+	h.report(raw, c.trace, c.info)
+}
+
+// doLifecycle does one item of the lifecycle's queue.
+func (h *Handler) doLifecycle(it *lifecycleItem) {
+	pid := libpf.PID(it.pid)
+	switch it.kind {
+	case lifeTrace:
+		h.convertReading(it.trace)
+	case lifeRefresh:
+		h.m.refresh(it.pid)
+	case lifeExec:
+		h.m.ProcessExeced(pid, it.program)
+	case lifeExit:
+		h.m.ProcessExited(pid)
+	case lifeMapped:
+		h.m.ExecMapped(pid, it.mapping)
+	case lifeUnknownPC:
+		done := h.m.prepare(it.pid, "", true)
+		h.m.UnknownPC(pid, it.pc)
+		done()
+	}
+}
+
+// store caches a conversion that may be cached. The caller holds convMu.
+func (h *Handler) store(raw *support.Trace, c conversion) {
+	h.misses.Add(1)
+	if c.gen == 0 {
+		return
+	}
+	h.cache.Add(raw.Hash, cachedTrace{trace: c.trace, info: c.info, pid: raw.PID, gen: c.gen, retryAt: c.retryAt,
+		linesSettled: c.linesSettled}, 0)
+	h.cacheSize.Store(int64(h.cache.Len()))
+}
+
+// report hands one sample to the reporter. The caller holds convMu.
+func (h *Handler) report(raw *support.Trace, trace *libpf.Trace, info *libpf.ProcessInfo) {
 	if raw.APM.Valid && h.m.corr != nil {
 		h.m.corr.Count(raw.PID, raw.APM, trace.Hash)
 	}
@@ -180,7 +271,7 @@ func (h *Handler) lookup(raw *support.Trace, gen uint64) (*libpf.Trace, *libpf.P
 // ProcessExited forgets a process; see Manager.ProcessExited. Its cached
 // traces go at the next sweep.
 func (h *Handler) ProcessExited(pid libpf.PID) {
-	h.m.ProcessExited(pid)
+	h.life.queue(lifecycleItem{kind: lifeExit, pid: uint32(pid)})
 	h.exitMu.Lock()
 	if h.exited == nil {
 		h.exited = map[uint32]struct{}{}
@@ -219,16 +310,20 @@ func (h *Handler) sweepExited() {
 // ProcessExeced replaces the state of a process whose image was replaced;
 // see Manager.ProcessExeced.
 func (h *Handler) ProcessExeced(pid libpf.PID, program support.FileKey) {
-	h.m.ProcessExeced(pid, program)
+	h.life.queue(lifecycleItem{kind: lifeExec, pid: uint32(pid), program: program})
 }
 
 // ExecMapped adds a process's new executable mapping; see
 // Manager.ExecMapped.
-func (h *Handler) ExecMapped(pid libpf.PID, m support.ExecMapping) { h.m.ExecMapped(pid, m) }
+func (h *Handler) ExecMapped(pid libpf.PID, m support.ExecMapping) {
+	h.life.queue(lifecycleItem{kind: lifeMapped, pid: uint32(pid), mapping: m})
+}
 
 // UnknownPC reads the mappings of a process BPF found a PC of outside every
 // mapping it knows: a new process, or new code.
-func (h *Handler) UnknownPC(pid libpf.PID, pc uint64) { h.m.UnknownPC(pid, pc) }
+func (h *Handler) UnknownPC(pid libpf.PID, pc uint64) {
+	h.life.queue(lifecycleItem{kind: lifeUnknownPC, pid: uint32(pid), pc: pc})
+}
 
 // Stats returns the Handler's and the Manager's counters.
 func (h *Handler) Stats() Stats {
@@ -238,5 +333,6 @@ func (h *Handler) Stats() Stats {
 	s.TraceCacheMisses = h.misses.Load()
 	s.TraceCacheSize = int(h.cacheSize.Load())
 	s.ConversionErrors = h.errors.Load()
+	s.Lifecycle = h.life.stats()
 	return s
 }

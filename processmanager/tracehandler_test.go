@@ -100,7 +100,26 @@ func newHandlerWith(t *testing.T, fs *fakeProcFS, debugInfoBytes int64) (*Handle
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(h.Close)
 	return h, rep
+}
+
+// handleNow hands h a trace and waits for what the lifecycle does with it,
+// as exitedNow and execedNow do for process events: the tests see each
+// event's effects before the next.
+func (h *Handler) handleNow(raw *support.Trace) {
+	h.HandleTrace(raw)
+	h.Flush()
+}
+
+func (h *Handler) exitedNow(pid libpf.PID) {
+	h.ProcessExited(pid)
+	h.Flush()
+}
+
+func (h *Handler) execedNow(pid libpf.PID, program support.FileKey) {
+	h.ProcessExeced(pid, program)
+	h.Flush()
 }
 
 // quietLogger drops the warnings a fake kernel without build id causes.
@@ -132,9 +151,9 @@ func TestHandlerCachesConversions(t *testing.T) {
 			{Kind: libpf.FrameNative, Addr: fnAbs + 4, ReturnAddress: true},
 			{Kind: libpf.FrameAbort, Addr: 7},
 		}}
-	h.HandleTrace(raw)
+	h.handleNow(raw)
 	first := rep.last(t)
-	h.HandleTrace(raw)
+	h.handleNow(raw)
 	second := rep.last(t)
 	if first.trace != second.trace {
 		t.Error("second sample of one BPF trace was converted again")
@@ -183,7 +202,7 @@ func TestHandlerPIDReuse(t *testing.T) {
 	h, rep := newTestHandler(t, fs)
 	raw := &support.Trace{PID: 100, Hash: 0xbeef, Frames: []support.Frame{{Addr: fnAbs}}}
 
-	h.HandleTrace(raw)
+	h.handleNow(raw)
 	old := rep.last(t)
 	if old.trace.Frames[0].FunctionName != lib.fn {
 		t.Fatalf("frame %+v", old.trace.Frames[0])
@@ -191,10 +210,10 @@ func TestHandlerPIDReuse(t *testing.T) {
 
 	// The process exits and a new one with the same pid maps another file
 	// at the same address; BPF hashes its identical stack identically.
-	h.ProcessExited(100)
+	h.exitedNow(100)
 	other := fs.writeFile("other.bin", []byte("not an ELF file, just data"))
 	fs.setProcess(100, 2, "/bin/new", fakeMapping{start: 0x7f0000000000, end: 0x7f0000002000, file: other})
-	h.HandleTrace(raw)
+	h.handleNow(raw)
 	reused := rep.last(t)
 	if reused.trace == old.trace {
 		t.Fatal("served the exited process's trace to its pid's successor")
@@ -223,19 +242,19 @@ func TestHandlerExecEvents(t *testing.T) {
 	fs.setProcess(100, 1, "/bin/app", mapping)
 	h, rep := newTestHandler(t, fs)
 	raw := &support.Trace{PID: 100, Hash: 0xbeef, Frames: []support.Frame{{Addr: fnAbs}}}
-	h.HandleTrace(raw)
+	h.handleNow(raw)
 	first := rep.last(t)
 
-	h.ProcessExeced(100, support.FileKey{}) // the exec into /bin/app, handled late
-	h.HandleTrace(raw)
+	h.execedNow(100, support.FileKey{}) // the exec into /bin/app, handled late
+	h.handleNow(raw)
 	if rep.last(t).meta.Process != first.meta.Process {
 		t.Error("a stale exec event replaced the process's state")
 	}
 
 	other := fs.writeFile("other.bin", []byte("not an ELF file, just data"))
 	fs.setProcess(100, 1, "/bin/new", fakeMapping{start: 0x7f0000000000, end: 0x7f0000002000, file: other})
-	h.ProcessExeced(100, support.FileKey{})
-	h.HandleTrace(raw)
+	h.execedNow(100, support.FileKey{})
+	h.handleNow(raw)
 	if got := rep.last(t); got.meta.Process.ExecutablePath != "/bin/new" || got.trace == first.trace {
 		t.Errorf("after a real exec: process %+v", got.meta.Process)
 	}
@@ -254,31 +273,31 @@ func TestSampleRevealsExec(t *testing.T) {
 	fs.setProcess(100, 1, "/bin/app", mapping)
 	h, rep := newTestHandler(t, fs)
 	raw := &support.Trace{PID: 100, TID: 100, Comm: "app", Hash: 0xbeef, Frames: []support.Frame{{Addr: fnAbs}}}
-	h.HandleTrace(raw)
+	h.handleNow(raw)
 	first := rep.last(t).meta.Process
 
 	renamed := *raw
 	renamed.Comm = "worker"
-	h.HandleTrace(&renamed)
+	h.handleNow(&renamed)
 	thread := renamed
 	thread.TID, thread.Comm = 101, "other"
-	h.HandleTrace(&thread)
+	h.handleNow(&thread)
 	if got := rep.last(t).meta.Process; got != first {
 		t.Fatalf("a rename replaced the process's state: %+v", got)
 	}
 
 	fs.setProcess(100, 1, "/bin/new", mapping)
-	h.HandleTrace(&renamed) // same name as before: no cue
+	h.handleNow(&renamed) // same name as before: no cue
 	if got := rep.last(t).meta.Process; got != first {
 		t.Fatalf("state replaced without a cue: %+v", got)
 	}
 	execed := *raw
 	execed.Comm = "new"
-	h.HandleTrace(&execed)
+	h.handleNow(&execed)
 	if got := rep.last(t).meta.Process; got.ExecutablePath != "/bin/new" {
 		t.Errorf("after a sample of the new image: process %+v", got)
 	}
-	h.ProcessExeced(100, support.FileKey{}) // its event, handled late
+	h.execedNow(100, support.FileKey{}) // its event, handled late
 	if s := h.Stats(); s.ExecsFoundBySample != 1 || s.StaleExecs != 1 {
 		t.Errorf("stats %+v: want 1 exec found by a sample, then its event stale", s)
 	}
@@ -319,7 +338,7 @@ func TestMapsRereadInvalidatesCache(t *testing.T) {
 	f := newDlopenFixture(t)
 	h, rep, raw := f.h, f.rep, f.raw
 
-	h.HandleTrace(raw)
+	h.handleNow(raw)
 	if fr := rep.last(t).trace.Frames[0]; fr.Mapping != nil || fr.Address != f.fnAbs {
 		t.Fatalf("unmapped frame %+v", fr)
 	}
@@ -327,7 +346,7 @@ func TestMapsRereadInvalidatesCache(t *testing.T) {
 	// The library gets mapped (dlopen) but the re-read is rate limited.
 	f.mapLib()
 	f.now = f.now.Add(time.Second / 2)
-	h.HandleTrace(raw) // cache hit: nothing changed as far as we know
+	h.handleNow(raw) // cache hit: nothing changed as far as we know
 	if _, _, err := h.m.ConvertTrace(raw); err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +365,7 @@ func TestMapsRereadInvalidatesCache(t *testing.T) {
 	}
 	// The re-read changed the mappings: the cached, unmapped conversion is
 	// stale.
-	h.HandleTrace(raw)
+	h.handleNow(raw)
 	if fr := rep.last(t).trace.Frames[0]; fr.FunctionName != f.lib.fn {
 		t.Errorf("handler served stale frame %+v", fr)
 	}
@@ -361,8 +380,8 @@ func TestExitedProcessNotCached(t *testing.T) {
 	fs := newFakeProcFS(t)
 	h, rep := newTestHandler(t, fs)
 	raw := &support.Trace{PID: 4242, Comm: "gone", Hash: 5, Frames: []support.Frame{{Addr: 0x1234}}}
-	h.HandleTrace(raw)
-	h.HandleTrace(raw)
+	h.handleNow(raw)
+	h.handleNow(raw)
 	s := h.Stats()
 	if s.TraceCacheMisses != 2 || s.ProcessesTracked != 0 || s.ProcessesVanished != 2 || s.UnmappedFrames != 2 {
 		t.Errorf("stats %+v", s)
@@ -380,7 +399,7 @@ func TestSweep(t *testing.T) {
 	}
 	h, _ := newTestHandler(t, fs)
 	for _, pid := range []uint32{1, 2, 3} {
-		h.HandleTrace(&support.Trace{PID: pid, Hash: uint64(pid)})
+		h.handleNow(&support.Trace{PID: pid, Hash: uint64(pid)})
 	}
 	fs.removeProcess(1)
 	fs.setProcess(2, 11, "") // pid 2 was reused
@@ -449,15 +468,15 @@ func TestTraceHash(t *testing.T) {
 // mapped in the meantime (no direct ConvertTrace call to force it).
 func TestUnknownFramesRetriedThroughHandler(t *testing.T) {
 	f := newDlopenFixture(t)
-	f.h.HandleTrace(f.raw)
+	f.h.handleNow(f.raw)
 	f.mapLib()
 	f.now = f.now.Add(time.Second / 2)
-	f.h.HandleTrace(f.raw) // within the rate limit: the cached conversion
+	f.h.handleNow(f.raw) // within the rate limit: the cached conversion
 	if fr := f.rep.last(t).trace.Frames[0]; fr.Mapping != nil {
 		t.Fatalf("frame resolved before a re-read was allowed: %+v", fr)
 	}
 	f.now = f.now.Add(time.Second)
-	f.h.HandleTrace(f.raw)
+	f.h.handleNow(f.raw)
 	if fr := f.rep.last(t).trace.Frames[0]; fr.FunctionName != f.lib.fn || fr.Mapping == nil {
 		t.Errorf("handler kept serving the unmapped frame: %+v", fr)
 	}
@@ -651,16 +670,16 @@ func TestHandlerDropsExitedTraces(t *testing.T) {
 		return &support.Trace{PID: pid, Comm: "app", Hash: hash, KTime: monotonicNow(t), Frames: []support.Frame{{Addr: fnAbs}}}
 	}
 	for i := range uint64(3) {
-		h.HandleTrace(raw(100, 0x100+i))
-		h.HandleTrace(raw(200, 0x200+i))
+		h.handleNow(raw(100, 0x100+i))
+		h.handleNow(raw(200, 0x200+i))
 	}
-	h.ProcessExited(100)
-	h.HandleTrace(raw(200, 0x200))
+	h.exitedNow(100)
+	h.handleNow(raw(200, 0x200))
 	if n := h.Stats().TraceCacheSize; n != 6 {
 		t.Errorf("%d traces cached before the next sweep, want 6", n)
 	}
 	clock = clock.Add(exitSweepInterval)
-	h.HandleTrace(raw(200, 0x200))
+	h.handleNow(raw(200, 0x200))
 	if n := h.Stats().TraceCacheSize; n != 3 {
 		t.Errorf("%d traces cached after the sweep, want 3 (process 200's)", n)
 	}

@@ -263,6 +263,8 @@ loop:
 	if !pumpFinished {
 		pumpErr = <-pumpDone
 	}
+	// The traces that waited for their process's set-up.
+	handler.Close()
 	corr.Close()
 	if err := rep.Close(); err != nil {
 		log.Warnf("Flushing the last interval: %v", err)

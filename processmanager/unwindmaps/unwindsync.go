@@ -98,7 +98,9 @@ type Sync struct {
 	// pending counts the jobs queued or parked.
 	pending atomic.Int64
 	done    chan struct{}
-	once    sync.Once
+	// closed, set by Close under closeMu, makes send drop jobs.
+	closeMu sync.RWMutex
+	closed  bool
 
 	// attached is the worker's record of what it wrote, per pid and
 	// mapping start.
@@ -332,14 +334,27 @@ func (s *Sync) Detach(pid uint32, start uint64) {
 // Forget queues the removal of everything of pid.
 func (s *Sync) Forget(pid uint32) { s.send(unwindJob{pid: pid, detachAll: true}) }
 
-func (s *Sync) send(j unwindJob) {
+// send queues a job; after Close it drops it: the process lifecycle may
+// still be finishing its work.
+func (s *Sync) send(j unwindJob) bool {
+	s.closeMu.RLock()
+	defer s.closeMu.RUnlock()
+	if s.closed {
+		return false
+	}
 	s.pending.Add(1)
 	s.jobs <- j
+	return true
 }
 
 // Close stops the worker after the queued jobs.
 func (s *Sync) Close() {
-	s.once.Do(func() { close(s.jobs) })
+	s.closeMu.Lock()
+	if !s.closed {
+		s.closed = true
+		close(s.jobs)
+	}
+	s.closeMu.Unlock()
 	<-s.done
 }
 
@@ -387,8 +402,9 @@ func (s *Sync) run() {
 // Wait returns once every job queued before it is done.
 func (s *Sync) Wait() {
 	b := make(chan struct{})
-	s.send(unwindJob{barrier: b})
-	<-b
+	if s.send(unwindJob{barrier: b}) {
+		<-b
+	}
 }
 
 // releaseBarriers closes the barriers whose parked jobs are all done.

@@ -190,6 +190,7 @@ func (s *session) stop(t *testing.T) {
 	if err := <-s.done; err != nil {
 		t.Errorf("event pump: %v", err)
 	}
+	s.log.Close()
 	s.pm.Close()
 	s.tr.Close()
 }

@@ -1,0 +1,162 @@
+package processmanager
+
+import (
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
+	"github.com/hostprof/ebpf-profiler/support"
+)
+
+// blockingSource holds up the opening of pid's files until release is
+// closed, as a large binary being read would; entered is closed when the
+// first such open starts.
+type blockingSource struct {
+	proc.Source
+	pid      uint32
+	entered  chan struct{}
+	release  chan struct{}
+	enterOne sync.Once
+}
+
+func (b *blockingSource) OpenMapping(pid uint32, e *proc.MapsEntry) (*os.File, error) {
+	if pid == b.pid {
+		b.enterOne.Do(func() { close(b.entered) })
+		<-b.release
+	}
+	return b.Source.OpenMapping(pid, e)
+}
+
+// lockedReporter records samples reported from any goroutine.
+type lockedReporter struct {
+	mu      sync.Mutex
+	samples []sample
+}
+
+func (r *lockedReporter) ReportSample(t *libpf.Trace, m *libpf.SampleMeta) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.samples = append(r.samples, sample{t, m})
+}
+
+func (r *lockedReporter) taken() []sample {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]sample(nil), r.samples...)
+}
+
+// TestSetUpLeavesConversion: while a new process's files are read (held up
+// here), traces of a process already set up are converted and reported at
+// once, and the new process's traces wait for its set-up, then come out in
+// their order, symbolized. So does a trace behind an exec event: it is
+// converted with the state the exec made.
+func TestSetUpLeavesConversion(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	known, fnKnown := lib.mapAt(0x7f0000000000)
+	fresh, fnFresh := lib.mapAt(0x7e0000000000)
+	fs.setProcess(100, 1, "/bin/known", known)
+	fs.setProcess(200, 1, "/bin/fresh", fresh)
+	fs.setProcess(300, 1, "/bin/before", known)
+
+	src := &blockingSource{Source: proc.FS{Mount: fs.root}, pid: 200,
+		entered: make(chan struct{}), release: make(chan struct{})}
+	m, err := New(Config{ProcessSource: src, SysFS: t.TempDir(), Logger: quietLogger(), DebugInfoBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	rep := &lockedReporter{}
+	h, err := NewHandler(m, rep, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	trace := func(pid uint32, hash uint64, addr uint64) *support.Trace {
+		return &support.Trace{PID: pid, TID: pid, Comm: "app", Hash: hash,
+			Frames: []support.Frame{{Kind: libpf.FrameNative, Addr: addr}}}
+	}
+	h.HandleTrace(trace(100, 1, fnKnown))
+	h.HandleTrace(trace(300, 2, fnKnown))
+	h.Flush()
+
+	h.HandleTrace(trace(200, 3, fnFresh))
+	<-src.entered // its set-up is reading its file
+	h.HandleTrace(trace(200, 4, fnFresh+1))
+	fs.setProcess(300, 1, "/bin/after", fresh)
+	h.ProcessExeced(300, support.FileKey{})
+	h.HandleTrace(trace(300, 5, fnFresh))
+	h.HandleTrace(trace(100, 6, fnKnown+1))
+	got := rep.taken()
+	if len(got) != 3 || got[2].trace.Frames[0].FunctionName != lib.fn {
+		t.Fatalf("%d samples reported while a set-up reads, want the 2 before and the known process's one, named", len(got))
+	}
+	close(src.release)
+	h.Flush()
+	got = rep.taken()[3:]
+	if len(got) != 3 {
+		t.Fatalf("%d samples reported after the set-up, want 3", len(got))
+	}
+	for i, want := range []struct {
+		pid  libpf.PID
+		exe  string
+		addr uint64
+	}{{200, "/bin/fresh", fnFresh}, {200, "/bin/fresh", fnFresh + 1}, {300, "/bin/after", fnFresh}} {
+		s := got[i]
+		f := s.trace.Frames[0]
+		if s.meta.Process.PID != want.pid || s.meta.Process.ExecutablePath != want.exe ||
+			f.FunctionName != lib.fn || f.Mapping == nil || f.Mapping.Start != fresh.start {
+			t.Errorf("sample %d: process %+v, frame %+v; want pid %d of %s in the mapping at %#x",
+				i, s.meta.Process, f, want.pid, want.exe, fresh.start)
+		}
+	}
+	if s := h.Stats().Lifecycle; s.TracesQueued != 5 || s.QueuedTracesPeak < 2 || s.Queue != 0 {
+		t.Errorf("lifecycle stats %+v, want 5 traces queued (3 first samples, 1 behind a set-up, 1 behind an exec)", s)
+	}
+}
+
+// TestLifecycleQueueBound: a pump that hands over more traces than the
+// lifecycle holds waits for room (counted) and loses none.
+func TestLifecycleQueueBound(t *testing.T) {
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var done []uint64
+	l := newLifecycle(func(it *lifecycleItem) {
+		<-release
+		mu.Lock()
+		done = append(done, it.trace.Hash)
+		mu.Unlock()
+	})
+	defer l.close()
+	queued := make(chan struct{})
+	go func() {
+		defer close(queued)
+		for i := range maxQueuedTraces + 2 {
+			l.queueTrace(&support.Trace{PID: 1, Hash: uint64(i)})
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for l.roomWaits.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if l.roomWaits.Load() == 0 {
+		t.Fatal("the pump never waited for room")
+	}
+	close(release)
+	<-queued
+	l.flush()
+	if len(done) != maxQueuedTraces+2 {
+		t.Fatalf("%d traces done, want %d", len(done), maxQueuedTraces+2)
+	}
+	for i, hash := range done {
+		if hash != uint64(i) {
+			t.Fatalf("trace %d done as the %dth", hash, i)
+		}
+	}
+	if s := l.stats(); s.QueuedTracesPeak != maxQueuedTraces || s.QueueFullWaits != 1 {
+		t.Errorf("stats %+v", s)
+	}
+}

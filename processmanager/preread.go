@@ -1,0 +1,71 @@
+package processmanager
+
+import (
+	"github.com/hostprof/ebpf-profiler/libpf"
+	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
+)
+
+// preread is what setting a new process up reads from /proc, read before
+// the manager's lock is taken: conversions of other processes go on
+// meanwhile. Its files are read into the file cache, which is where the
+// time goes (a runtime's 100 MB binary, a large library's symbols).
+type preread struct {
+	stat    proc.Stat
+	statErr error
+	// info is set until processFor takes it (with stat).
+	info *libpf.ProcessInfo
+	maps []proc.MapsEntry
+	// mapsErr is the maps read's error; mapsRead is set until loadMaps
+	// takes them.
+	mapsErr  error
+	mapsRead bool
+}
+
+// prepare reads what setting pid up will read, if it has no state with
+// its mappings read (withMaps: they will be read); the set-up that follows
+// (under m.mu, on the same goroutine) takes it, and done drops what it left.
+func (m *Manager) prepare(pid uint32, comm string, withMaps bool) (done func()) {
+	m.mu.Lock()
+	p, ok := m.procs[pid]
+	needed := pid != 0 && (!ok || !p.mapsRead) && m.prereads[pid] == nil
+	m.mu.Unlock()
+	if !needed {
+		return func() {}
+	}
+	r := &preread{}
+	r.stat, r.statErr = m.source.Stat(pid)
+	if r.statErr == nil {
+		r.info = m.source.Info(pid, comm)
+	}
+	if r.statErr == nil && withMaps {
+		r.maps, r.mapsErr = m.source.Maps(pid, proc.ExecutableMappings)
+		r.mapsRead = true
+		m.readFiles(pid, r.maps)
+	}
+	m.mu.Lock()
+	m.prereads[pid] = r
+	m.mu.Unlock()
+	return func() {
+		m.mu.Lock()
+		if m.prereads[pid] == r {
+			delete(m.prereads, pid)
+		}
+		m.mu.Unlock()
+	}
+}
+
+// readFiles reads the files of mappings into the file cache, once per
+// file. Errors are left to the set-up, which opens each again.
+func (m *Manager) readFiles(pid uint32, entries []proc.MapsEntry) {
+	seen := map[[2]uint64]bool{}
+	for i := range entries {
+		e := &entries[i]
+		switch {
+		case e.IsFile() && !seen[[2]uint64{e.Dev, e.Inode}]:
+			seen[[2]uint64{e.Dev, e.Inode}] = true
+			_, _ = m.files.fileForMapping(m.source, pid, e)
+		case e.IsVDSO():
+			_, _ = m.files.vdsoForMapping(m.source, pid, e)
+		}
+	}
+}
