@@ -129,7 +129,7 @@ type Manager struct {
 	// prereads are what the lifecycle read of processes it is setting up
 	// before it took mu (preread); each is taken by that set-up.
 	prereads map[uint32]*preread
-	files fileCache
+	files    fileCache
 	// byFileID is a mapping of each recently seen file, by the file id
 	// BPF puts in frames it resolved itself: it names frames of processes
 	// whose mappings were never read (they exited first).
