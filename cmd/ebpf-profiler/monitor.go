@@ -199,6 +199,12 @@ func statusFields(prev, cur snapshot, fills []mapFill, sampling string) log.Fiel
 		f["mappings_deferred"] = fmt.Sprintf("%d (processes over %d executable mappings: loaded when sampled)",
 			n, processmanager.MaxEagerMappings)
 	}
+	// Traces that waited for their process's set-up on the lifecycle
+	// goroutine, and how often the pump waited for room there.
+	if lc, plc := cur.handler.Lifecycle, prev.handler.Lifecycle; lc.TracesQueued > plc.TracesQueued || lc.Queue > 0 {
+		f["lifecycle"] = fmt.Sprintf("traces_waited=%d queue=%d full_waits=%d",
+			lc.TracesQueued-plc.TracesQueued, lc.Queue, lc.QueueFullWaits-plc.QueueFullWaits)
+	}
 	// Symbol names shown mangled because they did not demangle.
 	if n := d(prev.handler.DemangleFailures, cur.handler.DemangleFailures); n > 0 {
 		f["demangle_failures"] = n
@@ -292,6 +298,8 @@ func (m *monitor) summary() {
 		"queue_traces_lost":         m.last.queue.TracesDropped,
 		"queue_process_events_lost": m.last.queue.EventsDropped,
 		"event_queue_peak_kib":      m.last.queue.PeakBytes >> 10,
+		"lifecycle_traces_waited":   hs.Lifecycle.TracesQueued,
+		"lifecycle_peak_traces":     hs.Lifecycle.QueuedTracesPeak,
 		"delta_mappings_dropped":    hs.DeltaMappingsDropped,
 		"traces_received":           hs.TracesReceived,
 		"samples_exported":          rs.SamplesExported,
