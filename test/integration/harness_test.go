@@ -191,6 +191,7 @@ func (s *session) stop(t *testing.T) {
 		t.Errorf("event pump: %v", err)
 	}
 	s.log.Close()
+	t.Logf("lifecycle: %+v", s.log.Stats().Lifecycle)
 	s.pm.Close()
 	s.tr.Close()
 }
