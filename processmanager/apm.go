@@ -39,12 +39,12 @@ func (a *apmProcess) pending() bool { return a != nil && (!a.inBPF || a.storage 
 // Call it after they change. The caller holds m.mu.
 func (m *Manager) findAPMAgent(p *process) {
 	for _, mp := range p.mappings {
-		if mp.file == nil || mp.file.elf == nil || mp.file.elf.apm == nil || mp.pf == nil {
+		if mp.file == nil || mp.file.ELF == nil || mp.file.ELF.APM == nil || mp.pf == nil {
 			continue
 		}
-		if p.apm == nil || p.apm.lib != mp.file.elf.apm {
+		if p.apm == nil || p.apm.lib != mp.file.ELF.APM {
 			m.dropAPM(p)
-			p.apm = &apmProcess{lib: mp.file.elf.apm, bias: mp.pf.Bias, retry: libpf.NewBackoff(apmRetryMin, apmRetryMax)}
+			p.apm = &apmProcess{lib: mp.file.ELF.APM, bias: mp.pf.Bias, retry: libpf.NewBackoff(apmRetryMin, apmRetryMax)}
 			m.counters.apmAgents++
 		}
 		p.apm.retry.Reset()

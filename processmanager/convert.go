@@ -211,8 +211,8 @@ func (m *Manager) appendUserFrames(frames []libpf.Frame, p *process, raw []suppo
 			f.FunctionName = anonymousCode
 		default:
 			f.Mapping = mp.pf
-			if mp.file != nil && mp.file.elf != nil {
-				f.FunctionName, _ = mp.file.elf.symbols.lookup(f.Address)
+			if mp.file != nil && mp.file.ELF != nil {
+				f.FunctionName, _ = mp.file.ELF.Lookup(f.Address)
 				frames = m.appendNativeFrame(frames, p, mp, own, f)
 				continue
 			}
@@ -272,7 +272,7 @@ func (m *Manager) appendNativeFrame(frames []libpf.Frame, p *process, mp *mappin
 // readableName returns a native function's name as shown and its system
 // name: the mangled one where it demangles, else "".
 func (m *Manager) readableName(sym string) (name, system string) {
-	if readable, ok := m.demangler.name(sym); ok {
+	if readable, ok := m.demangler.Name(sym); ok {
 		return readable, sym
 	}
 	return sym, ""

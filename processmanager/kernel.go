@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/processmanager/execinfo"
 	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 )
 
@@ -240,7 +241,7 @@ func newKernel(sysFS string, syms *kallsyms) (*kernel, error) {
 	}
 	notes, err := os.ReadFile(sysFS + "/kernel/notes")
 	if err == nil {
-		k.vmlinux.GNUBuildID, err = gnuBuildIDFromNotes(notes)
+		k.vmlinux.GNUBuildID, err = execinfo.GNUBuildIDFromNotes(notes)
 	}
 	if err != nil {
 		return k, fmt.Errorf("kernel build id: %w", err)
@@ -279,7 +280,7 @@ func (k *kernel) module(idx uint32) *libpf.Mapping {
 	m := &libpf.Mapping{Path: "[" + r.name + "]", Start: r.low, End: r.high}
 	notes, err := os.ReadFile(fmt.Sprintf("%s/module/%s/notes/.note.gnu.build-id", k.sysFS, r.name))
 	if err == nil {
-		if id, err := gnuBuildIDFromNotes(notes); err == nil {
+		if id, err := execinfo.GNUBuildIDFromNotes(notes); err == nil {
 			m.GNUBuildID = id
 			m.FileID = libpf.FileIDFromKernelBuildID(id)
 		}

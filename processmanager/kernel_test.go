@@ -3,6 +3,7 @@ package processmanager
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -113,6 +114,17 @@ func FuzzParseKallsyms(f *testing.F) {
 	})
 }
 
+// buildIDNote encodes a GNU build id note (type NT_GNU_BUILD_ID, 3), as
+// /sys/kernel/notes and a module's notes hold it.
+func buildIDNote(id []byte) []byte {
+	b := binary.NativeEndian.AppendUint32(nil, 4) // len("GNU\x00")
+	b = binary.NativeEndian.AppendUint32(b, uint32(len(id)))
+	b = binary.NativeEndian.AppendUint32(b, 3)
+	b = append(b, "GNU\x00"...)
+	b = append(b, id...)
+	return append(b, make([]byte, (4-len(id)%4)%4)...)
+}
+
 // fakeKernel lays out procfs and sysfs files for a kernel with one module.
 func fakeKernel(t *testing.T, kallsyms string) (procFS, sysFS string) {
 	t.Helper()
@@ -130,8 +142,8 @@ func fakeKernel(t *testing.T, kallsyms string) (procFS, sysFS string) {
 	if err := os.Mkdir(procFS+"/self", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	write(sysFS+"/kernel/notes", note("GNU", ntGNUBuildID, []byte{0xab, 0xcd}))
-	write(sysFS+"/module/ext4/notes/.note.gnu.build-id", note("GNU", ntGNUBuildID, []byte{0x12, 0x34}))
+	write(sysFS+"/kernel/notes", buildIDNote([]byte{0xab, 0xcd}))
+	write(sysFS+"/module/ext4/notes/.note.gnu.build-id", buildIDNote([]byte{0x12, 0x34}))
 	return procFS, sysFS
 }
 

@@ -151,7 +151,7 @@ func (s *lineSymbolizer) frames(src proc.Source, pid uint32, mp *mapping, addr u
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	key := lineKey{mp.file.id, addr}
+	key := lineKey{mp.file.ID, addr}
 	if fs, ok := s.results.Get(key); ok {
 		return fs, time.Time{}, false
 	}
@@ -199,16 +199,16 @@ func (s *lineSymbolizer) enqueue(src proc.Source, pid uint32, mp *mapping) (queu
 	}
 	if err != nil {
 		s.stats.fileErrors++
-		s.add(mp.file.id, debugFile{err: err}, missingCost)
+		s.add(mp.file.ID, debugFile{err: err}, missingCost)
 		return false, false
 	}
-	req := openRequest{id: mp.file.id, file: f, root: src.Root(pid), path: mp.entry.Path}
-	if mp.file.elf != nil {
-		req.buildID = mp.file.elf.gnuBuildID
+	req := openRequest{id: mp.file.ID, file: f, root: src.Root(pid), path: mp.entry.Path}
+	if mp.file.ELF != nil {
+		req.buildID = mp.file.ELF.GNUBuildID
 	}
 	select {
 	case s.queue <- req:
-		s.add(mp.file.id, debugFile{opening: true}, missingCost)
+		s.add(mp.file.ID, debugFile{opening: true}, missingCost)
 		return true, false
 	default:
 		f.Close() // a later conversion queues it

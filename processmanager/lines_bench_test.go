@@ -17,6 +17,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
+	"github.com/hostprof/ebpf-profiler/processmanager/execinfo"
 	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 )
 
@@ -131,7 +132,7 @@ func fileMapping(b *testing.B, bin string, i int) *mapping {
 	id[15] = 1
 	return &mapping{
 		entry: proc.MapsEntry{Path: bin, Inode: st.Ino, Dev: st.Dev, Executable: true},
-		file:  &fileInfo{id: id, elf: &elfData{}},
+		file:  &execinfo.File{ID: id, ELF: &execinfo.ELF{}},
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
+	"github.com/hostprof/ebpf-profiler/processmanager/execinfo"
 	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 
 	"github.com/sirupsen/logrus"
@@ -61,7 +62,7 @@ type Config struct {
 	CheckInterval time.Duration
 	// Demangle says how native symbol names are shown: simplified (the
 	// zero value), full or as mangled.
-	Demangle DemangleMode
+	Demangle execinfo.DemangleMode
 	// DebugDirs are searched for separate debug files (by build id and
 	// debug link); DefaultDebugDirs when nil.
 	DebugDirs []string
@@ -101,7 +102,7 @@ type Manager struct {
 	checkInterval  time.Duration
 	corr           *tracecorr.Correlator
 	runtimes       []*interpreter.Runtime
-	demangler      *demangler
+	demangler      *execinfo.Demangler
 	// lines finds source lines and inlined calls of native frames; nil
 	// when Config.DebugInfoBytes turned them off.
 	lines *lineSymbolizer
@@ -129,7 +130,7 @@ type Manager struct {
 	// prereads are what the lifecycle read of processes it is setting up
 	// before it took mu (preread); each is taken by that set-up.
 	prereads map[uint32]*preread
-	files    fileCache
+	files    *execinfo.Cache
 	// byFileID is a mapping of each recently seen file, by the file id
 	// BPF puts in frames it resolved itself: it names frames of processes
 	// whose mappings were never read (they exited first).
@@ -214,7 +215,7 @@ const maxExitedProcesses = 4096
 type mapping struct {
 	entry proc.MapsEntry
 	// file is nil for anonymous memory and files we could not read.
-	file *fileInfo
+	file *execinfo.File
 	// pf is the mapping frames point to, shared by all of them so the
 	// reporter can dedupe by pointer; nil for anonymous memory.
 	pf *libpf.Mapping
@@ -242,7 +243,7 @@ func New(cfg Config) (*Manager, error) {
 		prereads:       map[uint32]*preread{},
 		nextGen:        1,
 		counters:       counters{runtimeAttached: map[string]uint64{}, runtimeRefusals: map[string]uint64{}},
-		demangler:      newDemangler(cfg.Demangle),
+		demangler:      execinfo.NewDemangler(cfg.Demangle),
 	}
 	dirs := cfg.DebugDirs
 	if dirs == nil {
@@ -263,12 +264,7 @@ func New(cfg Config) (*Manager, error) {
 		}
 		m.source = fs
 	}
-	m.files = fileCache{
-		lru:       libpf.NewLRU[fileKey, *fileInfo](cmp.Or(cfg.FileCacheSize, defaultFileCacheSize), 0),
-		log:       m.log,
-		runtimes:  cfg.Runtimes,
-		debugDirs: dirs,
-	}
+	m.files = execinfo.NewCache(cmp.Or(cfg.FileCacheSize, defaultFileCacheSize), cfg.Runtimes, dirs, m.log)
 	m.byFileID = libpf.NewLRU[uint64, *mapping](cmp.Or(cfg.FileCacheSize, defaultFileCacheSize), 0)
 	m.exited = libpf.NewLRU[uint32, exitedProcess](maxExitedProcesses, 0)
 	m.unread = libpf.NewLRU[uint32, struct{}](maxExitedProcesses, 0)
@@ -859,7 +855,7 @@ func (m *Manager) loadMaps(p *process) (changed bool, err error) {
 	changed = len(old) != len(entries)
 	// One open per file, however often it is mapped: a process may map
 	// one file thousands of times.
-	files := map[[2]uint64]*fileInfo{}
+	files := map[[2]uint64]*execinfo.File{}
 	j := 0
 	for i := range entries {
 		e := &entries[i]
@@ -938,32 +934,32 @@ func (m *Manager) attachMapping(pid uint32, mp *mapping) {
 // unwindMapping describes a mapping for the unwinder's maps; a mapping
 // without a file to unwind with has nothing to describe.
 func unwindMapping(pid uint32, mp *mapping, src proc.Source) (unwindmaps.Mapping, bool) {
-	if mp.pf == nil || mp.pf.FileID.IsZero() || mp.file == nil || mp.file.elf == nil {
+	if mp.pf == nil || mp.pf.FileID.IsZero() || mp.file == nil || mp.file.ELF == nil {
 		return unwindmaps.Mapping{}, false
 	}
 	e := mp.entry
 	um := unwindmaps.Mapping{
 		PID: pid, Start: e.Start, End: e.End, Bias: mp.pf.Bias, ID: mp.pf.FileID,
 		Open: func() (unwindmaps.File, error) { return proc.OpenImage(src, pid, &e) },
-		Path: e.Path, Size: mp.file.size,
+		Path: e.Path, Size: mp.file.Size,
 	}
 	if e.IsFile() {
-		um.Known, um.HasKey = mp.file.elf.knownFile()
+		um.Known, um.HasKey = mp.file.ELF.KnownFile()
 		um.Key = support.NewFileKey(e.Dev, e.Inode)
 	}
-	for _, rm := range mp.file.elf.runtimes {
-		if rm.rt.ID == 0 || rm.bin.Unsupported() != nil {
+	for _, rm := range mp.file.ELF.Runtimes {
+		if rm.Runtime.ID == 0 || rm.Binary.Unsupported() != nil {
 			continue // no unwinder, or never attached: nothing to hand over
 		}
-		for _, r := range rm.bin.CodeRanges() {
-			if !rm.rt.CodeRangesAtPC {
-				um.RuntimeCode = append(um.RuntimeCode, unwindmaps.CodeRange{Start: r[0], End: r[1], Runtime: uint8(rm.rt.ID)})
+		for _, r := range rm.Binary.CodeRanges() {
+			if !rm.Runtime.CodeRangesAtPC {
+				um.RuntimeCode = append(um.RuntimeCode, unwindmaps.CodeRange{Start: r[0], End: r[1], Runtime: uint8(rm.Runtime.ID)})
 				continue
 			}
 			// Where this mapping maps the range, in process addresses.
 			start, end := max(r[0]+mp.pf.Bias, e.Start), min(r[1]+mp.pf.Bias, e.End)
 			if start < end {
-				um.AtPC = append(um.AtPC, unwindmaps.CodeRange{Start: start, End: end, Runtime: uint8(rm.rt.ID)})
+				um.AtPC = append(um.AtPC, unwindmaps.CodeRange{Start: start, End: end, Runtime: uint8(rm.Runtime.ID)})
 			}
 		}
 	}
@@ -973,19 +969,19 @@ func unwindMapping(pid uint32, mp *mapping, src proc.Source) (unwindmaps.Mapping
 // newMapping builds the state of one mapping, reading its file through the
 // file cache. Only a process exit is an error: a file that cannot be read
 // still gives a mapping, just without a file id.
-func (m *Manager) newMapping(pid uint32, e *proc.MapsEntry, read map[[2]uint64]*fileInfo) (*mapping, error) {
+func (m *Manager) newMapping(pid uint32, e *proc.MapsEntry, read map[[2]uint64]*execinfo.File) (*mapping, error) {
 	mp := &mapping{entry: *e}
 	var err error
 	switch {
 	case e.IsFile() && read[[2]uint64{e.Dev, e.Inode}] != nil:
 		mp.file = read[[2]uint64{e.Dev, e.Inode}]
 	case e.IsFile():
-		mp.file, err = m.files.fileForMapping(m.source, pid, e)
+		mp.file, err = m.files.ForMapping(m.source, pid, e)
 		if mp.file != nil && read != nil {
 			read[[2]uint64{e.Dev, e.Inode}] = mp.file
 		}
 	case e.IsVDSO():
-		mp.file, err = m.files.vdsoForMapping(m.source, pid, e)
+		mp.file, err = m.files.VDSOForMapping(m.source, pid, e)
 	default:
 		return mp, nil
 	}
@@ -1005,11 +1001,11 @@ func (m *Manager) newMapping(pid uint32, e *proc.MapsEntry, read map[[2]uint64]*
 	if mp.file == nil {
 		return mp, nil
 	}
-	mp.pf.FileID = mp.file.id
-	m.byFileID.Add(mp.file.id.Low64(), mp, 0)
-	if d := mp.file.elf; d != nil {
-		mp.pf.GNUBuildID, mp.pf.GoBuildID = d.gnuBuildID, d.goBuildID
-		if bias, ok := d.bias(e.Start, e.Offset); ok {
+	mp.pf.FileID = mp.file.ID
+	m.byFileID.Add(mp.file.ID.Low64(), mp, 0)
+	if d := mp.file.ELF; d != nil {
+		mp.pf.GNUBuildID, mp.pf.GoBuildID = d.GNUBuildID, d.GoBuildID
+		if bias, ok := d.Bias(e.Start, e.Offset); ok {
 			mp.pf.Bias = bias
 		}
 	}
@@ -1037,8 +1033,8 @@ func (p *process) findFile(low64 uint64) *mapping {
 		p.byFile = map[uint64]*mapping{}
 		for _, mp := range p.mappings {
 			if mp.file != nil {
-				if _, ok := p.byFile[mp.file.id.Low64()]; !ok {
-					p.byFile[mp.file.id.Low64()] = mp
+				if _, ok := p.byFile[mp.file.ID.Low64()]; !ok {
+					p.byFile[mp.file.ID.Low64()] = mp
 				}
 			}
 		}

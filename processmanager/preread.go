@@ -63,9 +63,9 @@ func (m *Manager) readFiles(pid uint32, entries []proc.MapsEntry) {
 		switch {
 		case e.IsFile() && !seen[[2]uint64{e.Dev, e.Inode}]:
 			seen[[2]uint64{e.Dev, e.Inode}] = true
-			_, _ = m.files.fileForMapping(m.source, pid, e)
+			_, _ = m.files.ForMapping(m.source, pid, e)
 		case e.IsVDSO():
-			_, _ = m.files.vdsoForMapping(m.source, pid, e)
+			_, _ = m.files.VDSOForMapping(m.source, pid, e)
 		}
 	}
 }

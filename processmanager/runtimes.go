@@ -68,12 +68,12 @@ func (m *Manager) findRuntimes(p *process) {
 	}
 	inFiles := map[*interpreter.Runtime]found{}
 	for _, mp := range p.mappings {
-		if mp.file == nil || mp.file.elf == nil || mp.pf == nil {
+		if mp.file == nil || mp.file.ELF == nil || mp.pf == nil {
 			continue
 		}
-		for _, rm := range mp.file.elf.runtimes {
-			if _, ok := inFiles[rm.rt]; !ok {
-				inFiles[rm.rt] = found{rm.bin, mp.pf.Bias}
+		for _, rm := range mp.file.ELF.Runtimes {
+			if _, ok := inFiles[rm.Runtime]; !ok {
+				inFiles[rm.Runtime] = found{rm.Binary, mp.pf.Bias}
 			}
 		}
 	}
@@ -519,14 +519,14 @@ func (h *runtimeHost) NamespacePID() (uint32, error) { return h.m.source.Namespa
 func processTSD(p *process) (*libc.TSDLayout, error) {
 	var decodeErr error
 	for _, mp := range p.mappings {
-		if mp.file == nil || mp.file.elf == nil {
+		if mp.file == nil || mp.file.ELF == nil {
 			continue
 		}
-		if mp.file.elf.tsd != nil {
-			return mp.file.elf.tsd, nil
+		if mp.file.ELF.TSD != nil {
+			return mp.file.ELF.TSD, nil
 		}
-		if mp.file.elf.tsdErr != nil {
-			decodeErr = fmt.Errorf("%s: %w", mp.entry.Path, mp.file.elf.tsdErr)
+		if mp.file.ELF.TSDErr != nil {
+			decodeErr = fmt.Errorf("%s: %w", mp.entry.Path, mp.file.ELF.TSDErr)
 		}
 	}
 	if decodeErr != nil {

@@ -151,7 +151,7 @@ func (m *Manager) Stats() Stats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := &m.counters
-	fc := m.files.stats()
+	fc := m.files.Stats()
 	st := Stats{
 		TracesConverted:       c.tracesConverted,
 		TruncatedTraces:       c.truncatedTraces,
@@ -164,7 +164,7 @@ func (m *Manager) Stats() Stats {
 		MapsReads:             c.mapsReads,
 		MapsRereadsLimited:    c.mapsRereadsLimited,
 		MappingsAdded:         c.mappingsAdded,
-		InterpreterErrors:     c.interpreterErrors + fc.runtimeErrors,
+		InterpreterErrors:     c.interpreterErrors + fc.RuntimeErrors,
 		RuntimeAttached:       maps.Clone(c.runtimeAttached),
 		RuntimeFrameErrors:    c.runtimeFrameErrors,
 		RuntimeRefusals:       maps.Clone(c.runtimeRefusals),
@@ -172,17 +172,17 @@ func (m *Manager) Stats() Stats {
 		APMAgents:             c.apmAgents,
 		APMErrors:             c.apmErrors,
 		ProcessChecks:         c.processChecks,
-		DemangleFailures:      m.demangler.failures,
+		DemangleFailures:      m.demangler.Failures(),
 		StaleExecs:            c.staleExecs,
 		ExecsDeferred:         c.execsDeferred,
 		ExecsFoundBySample:    c.execsFoundBySample,
 		DeltaMappingsDeferred: c.mappingsDeferred,
 		Native:                c.native,
-		FileCacheSize:         fc.size,
-		FileCacheHits:         fc.hits,
-		FileCacheMisses:       fc.misses,
+		FileCacheSize:         fc.Size,
+		FileCacheHits:         fc.Hits,
+		FileCacheMisses:       fc.Misses,
 		FileErrors:            c.fileErrors,
-		ELFErrors:             fc.elfErrors,
+		ELFErrors:             fc.ELFErrors,
 		KernelSymbols:         len(m.kernel.syms.syms),
 	}
 	if l := m.lines; l != nil {

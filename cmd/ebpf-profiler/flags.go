@@ -12,6 +12,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/processmanager"
+	"github.com/hostprof/ebpf-profiler/processmanager/execinfo"
 	"github.com/hostprof/ebpf-profiler/reporter"
 	"github.com/hostprof/ebpf-profiler/tracer"
 )
@@ -53,7 +54,7 @@ type config struct {
 	reporterInterval time.Duration
 	monitorInterval  time.Duration
 	tracers          []string
-	demangle         processmanager.DemangleMode
+	demangle         execinfo.DemangleMode
 	debugDirs        []string
 	// debugInfoMiB bounds the debug information kept open for source
 	// lines; 0 turns lines off.
@@ -191,7 +192,7 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	if c.tracers, err = parseTracers(tracers); err != nil {
 		return nil, err
 	}
-	if c.demangle, err = processmanager.ParseDemangleMode(demangle); err != nil {
+	if c.demangle, err = execinfo.ParseDemangleMode(demangle); err != nil {
 		return nil, fmt.Errorf("-demangle: %w", err)
 	}
 	c.debuginfodURLs = strings.FieldsFunc(debuginfodURLs, func(r rune) bool { return r == ',' || r == ' ' })

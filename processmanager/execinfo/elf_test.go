@@ -1,4 +1,4 @@
-package processmanager
+package execinfo
 
 import (
 	"bytes"
@@ -12,6 +12,9 @@ import (
 	"testing"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
+	// Registers every runtime, so that FuzzParseELF's files are offered
+	// to each.
+	_ "github.com/hostprof/ebpf-profiler/interpreter/all"
 	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 	"github.com/hostprof/ebpf-profiler/support"
 )
@@ -48,7 +51,7 @@ func TestGNUBuildIDFromNotes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := gnuBuildIDFromNotes(tt.data)
+			got, err := GNUBuildIDFromNotes(tt.data)
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
 			}
@@ -65,7 +68,7 @@ func TestKernelNotes(t *testing.T) {
 	if err != nil {
 		t.Skip(err)
 	}
-	id, err := gnuBuildIDFromNotes(data)
+	id, err := GNUBuildIDFromNotes(data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,18 +81,18 @@ func TestBias(t *testing.T) {
 	// A typical PIE: read-only headers, then text at offset 0x1000 loaded at
 	// vaddr 0x1000; and a binary whose text segment's offset is not page
 	// aligned.
-	pie := &elfData{loads: []loadSegment{
+	pie := &ELF{loads: []loadSegment{
 		{vaddr: 0, offset: 0, filesz: 0x600},
 		{vaddr: 0x1000, offset: 0x1000, filesz: 0x2000, executable: true},
 		{vaddr: 0x3000, offset: 0x3000, filesz: 0x500},
 	}}
-	unaligned := &elfData{loads: []loadSegment{
+	unaligned := &ELF{loads: []loadSegment{
 		{vaddr: 0x400000, offset: 0, filesz: 0x2d0},
 		{vaddr: 0x4012d0, offset: 0x12d0, filesz: 0x5000, executable: true},
 	}}
 	tests := []struct {
 		name       string
-		d          *elfData
+		d          *ELF
 		start, off uint64
 		want       uint64
 		wantOK     bool
@@ -101,7 +104,7 @@ func TestBias(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, ok := tt.d.bias(tt.start, tt.off)
+			got, ok := tt.d.Bias(tt.start, tt.off)
 			if ok != tt.wantOK || got != tt.want {
 				t.Errorf("bias = %#x, %v; want %#x, %v", got, ok, tt.want, tt.wantOK)
 			}
@@ -113,22 +116,22 @@ func TestBias(t *testing.T) {
 // executable segments and the lowest one's p_vaddr (the kernel's
 // start_code of a process running it, minus the load bias).
 func TestKnownFile(t *testing.T) {
-	two := &elfData{loads: []loadSegment{
+	two := &ELF{loads: []loadSegment{
 		{vaddr: 0x400000, offset: 0},
 		{vaddr: 0x402000, offset: 0x2000, executable: true},
 		{vaddr: 0x401000, offset: 0x1000, executable: true},
 	}}
-	if got, ok := two.knownFile(); !ok || got != (support.KnownFile{VaddrAdjust: 0x400000, TextVaddr: 0x401000}) {
+	if got, ok := two.KnownFile(); !ok || got != (support.KnownFile{VaddrAdjust: 0x400000, TextVaddr: 0x401000}) {
 		t.Errorf("two text segments: %+v, %v", got, ok)
 	}
-	disagree := &elfData{loads: []loadSegment{
+	disagree := &ELF{loads: []loadSegment{
 		{vaddr: 0x1000, offset: 0x1000, executable: true},
 		{vaddr: 0x5000, offset: 0x2000, executable: true},
 	}}
-	if got, ok := disagree.knownFile(); ok {
+	if got, ok := disagree.KnownFile(); ok {
 		t.Errorf("segments that disagree: %+v, want none", got)
 	}
-	if got, ok := (&elfData{loads: []loadSegment{{vaddr: 0}}}).knownFile(); ok {
+	if got, ok := (&ELF{loads: []loadSegment{{vaddr: 0}}}).KnownFile(); ok {
 		t.Errorf("no text: %+v, want none", got)
 	}
 }
@@ -205,7 +208,7 @@ func TestParseELFVDSO(t *testing.T) {
 	if d.symbols.len() == 0 {
 		t.Error("vdso has no function symbols")
 	}
-	if _, ok := d.bias(0x7fff_0000_0000, 0); !ok {
+	if _, ok := d.Bias(0x7fff_0000_0000, 0); !ok {
 		t.Error("no load segment at offset 0")
 	}
 }
@@ -299,7 +302,7 @@ func TestSymbolsFromDebugFile(t *testing.T) {
 	if addr == 0 {
 		t.Fatal("nm: no inner_work")
 	}
-	parse := func(dirs []string) *elfData {
+	parse := func(dirs []string) *ELF {
 		f, err := os.Open(bin)
 		if err != nil {
 			t.Fatal(err)
@@ -313,7 +316,7 @@ func TestSymbolsFromDebugFile(t *testing.T) {
 	}
 	debugDir := filepath.Join(dir, "debug")
 	d := parse(nil)
-	id := d.gnuBuildID
+	id := d.GNUBuildID
 	debugFile := filepath.Join(debugDir, ".build-id", id[:2], id[2:]+".debug")
 	if err := os.MkdirAll(filepath.Dir(debugFile), 0o755); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package processmanager
+package execinfo
 
 import "testing"
 
@@ -21,23 +21,23 @@ func TestDemangle(t *testing.T) {
 		{"memcpy", "memcpy", "memcpy", false},
 		{"_Zgarbage", "_Zgarbage", "_Zgarbage", true},
 	}
-	simple, full, none := newDemangler(DemangleSimplified), newDemangler(DemangleFull), newDemangler(DemangleNone)
+	simple, full, none := NewDemangler(DemangleSimplified), NewDemangler(DemangleFull), NewDemangler(DemangleNone)
 	failures := uint64(0)
 	for _, tt := range tests {
-		if got, _ := simple.name(tt.sym); got != tt.simplified {
+		if got, _ := simple.Name(tt.sym); got != tt.simplified {
 			t.Errorf("simplified %s = %q, want %q", tt.sym, got, tt.simplified)
 		}
-		if got, _ := full.name(tt.sym); got != tt.full {
+		if got, _ := full.Name(tt.sym); got != tt.full {
 			t.Errorf("full %s = %q, want %q", tt.sym, got, tt.full)
 		}
-		if got, changed := none.name(tt.sym); got != tt.sym || changed {
+		if got, changed := none.Name(tt.sym); got != tt.sym || changed {
 			t.Errorf("none %s = %q, %v", tt.sym, got, changed)
 		}
 		if tt.failure {
 			failures++
 		}
 		// Cached: the same answer, not counted again.
-		if got, _ := simple.name(tt.sym); got != tt.simplified {
+		if got, _ := simple.Name(tt.sym); got != tt.simplified {
 			t.Errorf("simplified %s again = %q", tt.sym, got)
 		}
 	}

@@ -1,4 +1,4 @@
-package processmanager
+package execinfo
 
 import (
 	"bytes"
@@ -16,15 +16,15 @@ import (
 	"github.com/hostprof/ebpf-profiler/tracecorr"
 )
 
-// fileInfo is what is known about one executable file. It is immutable once
+// File is what is known about one executable file. It is immutable once
 // built and shared by every process that maps the file.
-type fileInfo struct {
-	id libpf.FileID
-	// size is the file's size in bytes.
-	size int64
-	// elf is nil for files that are not ELF or failed to parse: their frames
+type File struct {
+	ID libpf.FileID
+	// Size is the file's size in bytes.
+	Size int64
+	// ELF is nil for files that are not ELF or failed to parse: their frames
 	// get the file id but no symbols.
-	elf *elfData
+	ELF *ELF
 }
 
 // fileKey identifies a file's content without reading it: a file replaced
@@ -45,13 +45,13 @@ func keyFromStat(st *syscall.Stat_t) fileKey {
 	}
 }
 
-// fileCache holds per-file data for the most recently used files. Processes
-// keep the fileInfo of their mappings, so eviction only costs a re-parse when
+// Cache holds per-file data for the most recently used files. Processes
+// keep the File of their mappings, so eviction only costs a re-parse when
 // a new process maps an evicted file. It is safe for concurrent use: the
-// lifecycle reads a new process's files before it takes the manager's lock
-// (Manager.preread). Files are parsed outside its lock; two callers missing
-// the same file at once both parse it, and the second result is kept.
-type fileCache struct {
+// process manager reads a new process's files before it takes its own
+// lock. Files are parsed outside the cache's lock; two callers missing the
+// same file at once both parse it, and the second result is kept.
+type Cache struct {
 	log logrus.FieldLogger
 	// runtimes are looked for in every file.
 	runtimes []*interpreter.Runtime
@@ -59,7 +59,7 @@ type fileCache struct {
 	debugDirs []string
 
 	mu           sync.Mutex
-	lru          *libpf.LRU[fileKey, *fileInfo]
+	lru          *libpf.LRU[fileKey, *File]
 	hits, misses uint64
 	elfErrors    uint64
 	// runtimeErrors counts files a runtime found its own but could not
@@ -67,21 +67,36 @@ type fileCache struct {
 	runtimeErrors uint64
 }
 
-// fileCacheStats are a fileCache's counters.
-type fileCacheStats struct {
-	size                                   int
-	hits, misses, elfErrors, runtimeErrors uint64
+// NewCache returns a cache of the size most recently used files, in which
+// the runtimes rts are looked for and whose stripped files are named from
+// debug files found in debugDirs.
+func NewCache(size int, rts []*interpreter.Runtime, debugDirs []string, log logrus.FieldLogger) *Cache {
+	return &Cache{
+		lru:       libpf.NewLRU[fileKey, *File](size, 0),
+		log:       log,
+		runtimes:  rts,
+		debugDirs: debugDirs,
+	}
 }
 
-func (c *fileCache) stats() fileCacheStats {
+// CacheStats are a Cache's counters. ELFErrors counts files that failed to
+// parse as ELF; RuntimeErrors counts files a runtime found its own but
+// could not read.
+type CacheStats struct {
+	Size                                   int
+	Hits, Misses, ELFErrors, RuntimeErrors uint64
+}
+
+// Stats returns the cache's counters.
+func (c *Cache) Stats() CacheStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return fileCacheStats{c.lru.Len(), c.hits, c.misses, c.elfErrors, c.runtimeErrors}
+	return CacheStats{c.lru.Len(), c.hits, c.misses, c.elfErrors, c.runtimeErrors}
 }
 
-// fileForMapping returns the data of the file behind a mapping, parsing it
+// ForMapping returns the data of the file behind a mapping, parsing it
 // on a cache miss.
-func (c *fileCache) fileForMapping(src proc.Source, pid uint32, e *proc.MapsEntry) (*fileInfo, error) {
+func (c *Cache) ForMapping(src proc.Source, pid uint32, e *proc.MapsEntry) (*File, error) {
 	f, err := src.OpenMapping(pid, e)
 	if err != nil {
 		return nil, err
@@ -94,9 +109,9 @@ func (c *fileCache) fileForMapping(src proc.Source, pid uint32, e *proc.MapsEntr
 	return c.get(keyFromStat(&st), f, e.Path)
 }
 
-// vdsoForMapping reads the vDSO image from the process's memory. Every
+// VDSOForMapping reads the vDSO image from the process's memory. Every
 // process of one ABI shares the image, so it is cached by content.
-func (c *fileCache) vdsoForMapping(src proc.Source, pid uint32, e *proc.MapsEntry) (*fileInfo, error) {
+func (c *Cache) VDSOForMapping(src proc.Source, pid uint32, e *proc.MapsEntry) (*File, error) {
 	image, err := proc.ReadVDSO(src, pid, e)
 	if err != nil {
 		return nil, err
@@ -110,7 +125,7 @@ type readSeekerAt interface {
 	io.ReaderAt
 }
 
-func (c *fileCache) get(key fileKey, r readSeekerAt, name string) (*fileInfo, error) {
+func (c *Cache) get(key fileKey, r readSeekerAt, name string) (*File, error) {
 	c.mu.Lock()
 	if fi, ok := c.lru.Get(key); ok {
 		c.hits++
@@ -130,30 +145,30 @@ func (c *fileCache) get(key fileKey, r readSeekerAt, name string) (*fileInfo, er
 	if err != nil {
 		return nil, fmt.Errorf("file id of %s: %w", name, err)
 	}
-	fi := &fileInfo{id: id, size: key.size}
+	fi := &File{ID: id, Size: key.size}
 	if isELF(r) {
 		// A corrupt ELF file still has a file id; it just cannot be
 		// symbolized locally.
-		if fi.elf, err = parseELF(r, name, c.runtimes, c.debugDirs); err != nil {
+		if fi.ELF, err = parseELF(r, name, c.runtimes, c.debugDirs); err != nil {
 			elfErrors++
 			c.log.WithError(err).Debugf("not symbolizing %s", name)
 		}
-		if fi.elf != nil {
-			for _, err := range fi.elf.recogniseErrs {
+		if fi.ELF != nil {
+			for _, err := range fi.ELF.recogniseErrs {
 				runtimeErrors++
 				c.log.WithError(err).Debugf("not unwinding the runtime in %s", name)
 			}
 			// Said once per file read (the file cache keeps it): every
 			// process of an unsupported build is profiled without its
 			// runtime's frames.
-			for _, rm := range fi.elf.runtimes {
-				if err := rm.bin.Unsupported(); err != nil {
-					c.log.WithError(err).Warnf("Not unwinding %s %s in %s", rm.rt.DisplayName, rm.bin.Version(), name)
+			for _, rm := range fi.ELF.Runtimes {
+				if err := rm.Binary.Unsupported(); err != nil {
+					c.log.WithError(err).Warnf("Not unwinding %s %s in %s", rm.Runtime.DisplayName, rm.Binary.Version(), name)
 				}
 			}
 		}
-		if fi.elf != nil && tracecorr.IsAgentLibrary(name) {
-			if fi.elf.apm, err = readAgentLibrary(r); err != nil {
+		if fi.ELF != nil && tracecorr.IsAgentLibrary(name) {
+			if fi.ELF.APM, err = readAgentLibrary(r); err != nil {
 				c.log.WithError(err).Debugf("%s: not an APM agent library", name)
 			}
 		}

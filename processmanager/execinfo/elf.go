@@ -1,4 +1,4 @@
-package processmanager
+package execinfo
 
 import (
 	"bytes"
@@ -18,28 +18,32 @@ import (
 	"github.com/hostprof/ebpf-profiler/tracecorr"
 )
 
-// elfData is what the manager needs of an ELF file: where its segments load,
-// its build ids and its function symbols. It is a pure function of the file's
-// bytes.
-type elfData struct {
+// ELF is what the process manager needs of an ELF file: where its segments
+// load, its build ids and its function symbols. It is a pure function of the
+// file's bytes, and is not to be changed once built: every process mapping
+// the file shares it.
+type ELF struct {
 	loads      []loadSegment
-	gnuBuildID string
-	goBuildID  string
-	// runtimes are the language runtimes found in the file;
+	GNUBuildID string
+	GoBuildID  string
+	// Runtimes are the language runtimes found in the file;
 	// recogniseErrs say which found it theirs but could not read it.
-	runtimes      []runtimeMatch
+	Runtimes      []RuntimeMatch
 	recogniseErrs []error
-	// tsd says where the C library this file is keeps thread-specific
-	// data; nil unless the file defines pthread_getspecific, with tsdErr
+	// TSD says where the C library this file is keeps thread-specific
+	// data; nil unless the file defines pthread_getspecific, with TSDErr
 	// set if its code could not be decoded.
-	tsd    *libc.TSDLayout
-	tsdErr error
-	// apm is set for an APM agent's library (see files.go).
-	apm *tracecorr.Library
+	TSD    *libc.TSDLayout
+	TSDErr error
+	// APM is set for an APM agent's library (see files.go).
+	APM *tracecorr.Library
 	// symbols is nil when the file has no function symbols: none in
 	// .symtab, .dynsym or, for Go binaries, .gopclntab.
 	symbols *symbolTable
 }
+
+// Lookup returns the name of the function containing addr, a file address.
+func (d *ELF) Lookup(addr uint64) (string, bool) { return d.symbols.lookup(addr) }
 
 // loadSegment is a PT_LOAD program header.
 type loadSegment struct {
@@ -63,10 +67,10 @@ func isELF(r io.ReaderAt) bool {
 	return err == nil && string(magic[:]) == elf.ELFMAG
 }
 
-// runtimeMatch is a runtime found in a file.
-type runtimeMatch struct {
-	rt  *interpreter.Runtime
-	bin interpreter.Binary
+// RuntimeMatch is a runtime found in a file.
+type RuntimeMatch struct {
+	Runtime *interpreter.Runtime
+	Binary  interpreter.Binary
 }
 
 // parseELF reads the load segments, build ids and symbols of an ELF file,
@@ -74,7 +78,7 @@ type runtimeMatch struct {
 // files yield an error, never a panic: debug/elf is hardened and fuzzed,
 // and a recover turns any panic it still has into an error because these
 // bytes come from arbitrary files on the host.
-func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime, debugDirs []string) (d *elfData, err error) {
+func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime, debugDirs []string) (d *ELF, err error) {
 	if !isELF(r) {
 		return nil, errNotELF
 	}
@@ -87,7 +91,7 @@ func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime, debugDirs 
 	if err != nil {
 		return nil, fmt.Errorf("parsing ELF: %w", err)
 	}
-	d = &elfData{}
+	d = &ELF{}
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_LOAD {
 			d.loads = append(d.loads, loadSegment{
@@ -98,7 +102,7 @@ func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime, debugDirs 
 			})
 		}
 	}
-	d.gnuBuildID, d.goBuildID = findBuildIDs(f)
+	d.GNUBuildID, d.GoBuildID = findBuildIDs(f)
 	// Both tables, once, for the daemon's symbol table and every
 	// runtime's look.
 	// A damaged .symtab leaves .dynsym's names.
@@ -127,15 +131,15 @@ func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime, debugDirs 
 		cands = append(cands, goCands...)
 	}
 	d.symbols = buildSymbolTable(cands)
-	d.runtimes, d.recogniseErrs = recogniseRuntimes(&interpreter.File{
+	d.Runtimes, d.recogniseErrs = recogniseRuntimes(&interpreter.File{
 		Path: path, ELF: f, FunctionRanges: func() ([][2]uint64, error) { return nativeunwind.FunctionRanges(f) },
 		DynamicSymbols: dynsym, Symbols: symtab,
 	}, rts)
 	if definesGetspecific(syms) {
 		if l, err := libc.TSDLayoutFromLibc(f); err == nil {
-			d.tsd = &l
+			d.TSD = &l
 		} else {
-			d.tsdErr = err
+			d.TSDErr = err
 		}
 	}
 	return d, nil
@@ -162,7 +166,7 @@ func debugFileSymbols(f *elf.File, dirs []string) ([]elf.Symbol, error) {
 // recogniseRuntimes asks each runtime whether the file holds it. A runtime
 // that finds its file unreadable costs only itself: its error is returned
 // to be counted.
-func recogniseRuntimes(f *interpreter.File, rts []*interpreter.Runtime) (out []runtimeMatch, errs []error) {
+func recogniseRuntimes(f *interpreter.File, rts []*interpreter.Runtime) (out []RuntimeMatch, errs []error) {
 	for _, rt := range rts {
 		if rt.Recognise == nil {
 			continue
@@ -171,7 +175,7 @@ func recogniseRuntimes(f *interpreter.File, rts []*interpreter.Runtime) (out []r
 		case err != nil:
 			errs = append(errs, fmt.Errorf("%s: %w", rt.Name, err))
 		case bin != nil:
-			out = append(out, runtimeMatch{rt, bin})
+			out = append(out, RuntimeMatch{rt, bin})
 		}
 	}
 	return out, errs
@@ -202,12 +206,12 @@ func definesGetspecific(syms []elf.Symbol) bool {
 	return false
 }
 
-// bias returns the value to add to a file address (ELF virtual address) to
+// Bias returns the value to add to a file address (ELF virtual address) to
 // get the process address, for a mapping of the file at start from file
 // offset off. The mapping holds the PT_LOAD segment that covers off; its
 // file offset p_offset sits at p_vaddr, so a process address a is file
 // address a - start + off - p_offset + p_vaddr.
-func (d *elfData) bias(start, off uint64) (uint64, bool) {
+func (d *ELF) Bias(start, off uint64) (uint64, bool) {
 	var best *loadSegment
 	for i := range d.loads {
 		s := &d.loads[i]
@@ -227,12 +231,12 @@ func (d *elfData) bias(start, off uint64) (uint64, bool) {
 	return start - off + best.offset - best.vaddr, true
 }
 
-// knownFile returns what BPF's known_files says of the file: p_vaddr -
+// KnownFile returns what BPF's known_files says of the file: p_vaddr -
 // p_offset of the executable segments (what turns a file offset in
 // executable code into a file address) and the lowest one's p_vaddr (where
 // the kernel's start_code of a process running the file points), or false
 // if there are none or they disagree on the first.
-func (d *elfData) knownFile() (support.KnownFile, bool) {
+func (d *ELF) KnownFile() (support.KnownFile, bool) {
 	var k support.KnownFile
 	found := false
 	for _, s := range d.loads {
@@ -338,9 +342,9 @@ func elfNotes(data []byte, align uint64, order binary.ByteOrder) func(yield func
 	}
 }
 
-// gnuBuildIDFromNotes returns the hex GNU build id in a raw note stream such
+// GNUBuildIDFromNotes returns the hex GNU build id in a raw note stream such
 // as /sys/kernel/notes or a module's .note.gnu.build-id.
-func gnuBuildIDFromNotes(data []byte) (string, error) {
+func GNUBuildIDFromNotes(data []byte) (string, error) {
 	for n := range elfNotes(data, 4, binary.NativeEndian) {
 		if n.name == "GNU" && n.typ == ntGNUBuildID && len(n.desc) > 0 {
 			return hex.EncodeToString(n.desc), nil

@@ -1,4 +1,4 @@
-package processmanager
+package execinfo
 
 import (
 	"fmt"
@@ -40,11 +40,12 @@ const maxDemangled = 1 << 16
 // C++ name can expand without end).
 var maxDemangledLength = demangle.MaxLength(16)
 
-// demangler turns mangled C++ (Itanium, as GCC and Clang write it) and
+// Demangler turns mangled C++ (Itanium, as GCC and Clang write it) and
 // Rust (legacy and v0) names into the names their sources use, through
 // the demangler Go's pprof uses. A name that does not demangle stays as it
-// is, counted.
-type demangler struct {
+// is, counted. It is not safe for concurrent use: its caller serializes
+// calls (the process manager calls it under its lock).
+type Demangler struct {
 	opts  []demangle.Option
 	none  bool
 	cache map[string]string
@@ -52,8 +53,9 @@ type demangler struct {
 	failures uint64
 }
 
-func newDemangler(mode DemangleMode) *demangler {
-	d := &demangler{none: mode == DemangleNone, cache: map[string]string{}}
+// NewDemangler returns a Demangler showing names as mode says.
+func NewDemangler(mode DemangleMode) *Demangler {
+	d := &Demangler{none: mode == DemangleNone, cache: map[string]string{}}
 	d.opts = []demangle.Option{maxDemangledLength}
 	if mode == DemangleSimplified {
 		d.opts = append(d.opts, demangle.NoParams, demangle.NoEnclosingParams, demangle.NoTemplateParams)
@@ -67,9 +69,9 @@ func isMangled(name string) bool {
 	return strings.HasPrefix(name, "_Z") || strings.HasPrefix(name, "_R")
 }
 
-// name returns the readable name of a symbol and whether it differs from
-// the symbol's own. The caller holds the Manager's lock.
-func (d *demangler) name(sym string) (string, bool) {
+// Name returns the readable name of a symbol and whether it differs from
+// the symbol's own.
+func (d *Demangler) Name(sym string) (string, bool) {
 	if d.none || !isMangled(sym) {
 		return sym, false
 	}
@@ -87,3 +89,6 @@ func (d *demangler) name(sym string) (string, bool) {
 	d.cache[sym] = out
 	return out, out != sym
 }
+
+// Failures is the number of names that looked mangled but did not demangle.
+func (d *Demangler) Failures() uint64 { return d.failures }

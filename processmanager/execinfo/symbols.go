@@ -1,4 +1,4 @@
-package processmanager
+package execinfo
 
 import (
 	"cmp"
