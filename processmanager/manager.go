@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -854,8 +855,11 @@ func (m *Manager) loadMaps(p *process) (changed bool, err error) {
 	fresh := make([]*mapping, 0, len(entries))
 	changed = len(old) != len(entries)
 	// One open per file, however often it is mapped: a process may map
-	// one file thousands of times.
+	// one file thousands of times. A preread opened them already.
 	files := map[[2]uint64]*execinfo.File{}
+	if pre := m.prereads[p.pid]; pre != nil {
+		maps.Copy(files, pre.files)
+	}
 	j := 0
 	for i := range entries {
 		e := &entries[i]
@@ -966,8 +970,11 @@ func unwindMapping(pid uint32, mp *mapping, src proc.Source) (unwindmaps.Mapping
 	return um, true
 }
 
+// vdsoReadKey is the vDSO's entry in newMapping's files already read.
+var vdsoReadKey = [2]uint64{^uint64(0), ^uint64(0)}
+
 // newMapping builds the state of one mapping, reading its file through the
-// file cache. Only a process exit is an error: a file that cannot be read
+// file cache, unless read (by device and inode) has it. Only a process exit is an error: a file that cannot be read
 // still gives a mapping, just without a file id.
 func (m *Manager) newMapping(pid uint32, e *proc.MapsEntry, read map[[2]uint64]*execinfo.File) (*mapping, error) {
 	mp := &mapping{entry: *e}
@@ -980,6 +987,8 @@ func (m *Manager) newMapping(pid uint32, e *proc.MapsEntry, read map[[2]uint64]*
 		if mp.file != nil && read != nil {
 			read[[2]uint64{e.Dev, e.Inode}] = mp.file
 		}
+	case e.IsVDSO() && read[vdsoReadKey] != nil:
+		mp.file = read[vdsoReadKey]
 	case e.IsVDSO():
 		mp.file, err = m.files.VDSOForMapping(m.source, pid, e)
 	default:

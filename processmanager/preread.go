@@ -2,6 +2,7 @@ package processmanager
 
 import (
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/processmanager/execinfo"
 	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 )
 
@@ -19,6 +20,9 @@ type preread struct {
 	// takes them.
 	mapsErr  error
 	mapsRead bool
+	// files are the files of maps that were read, by device and inode
+	// (vdsoReadKey for the vDSO), for loadMaps not to open them again.
+	files map[[2]uint64]*execinfo.File
 }
 
 // prepare reads what setting pid up will read, if it has no state with
@@ -40,7 +44,7 @@ func (m *Manager) prepare(pid uint32, comm string, withMaps bool) (done func()) 
 	if r.statErr == nil && withMaps {
 		r.maps, r.mapsErr = m.source.Maps(pid, proc.ExecutableMappings)
 		r.mapsRead = true
-		m.readFiles(pid, r.maps)
+		r.files = m.readFiles(pid, r.maps)
 	}
 	m.mu.Lock()
 	m.prereads[pid] = r
@@ -54,18 +58,26 @@ func (m *Manager) prepare(pid uint32, comm string, withMaps bool) (done func()) 
 	}
 }
 
-// readFiles reads the files of mappings into the file cache, once per
-// file. Errors are left to the set-up, which opens each again.
-func (m *Manager) readFiles(pid uint32, entries []proc.MapsEntry) {
-	seen := map[[2]uint64]bool{}
+// readFiles reads the files of mappings through the file cache, once per
+// file, and returns those it could read. Errors are left to the set-up,
+// which tries those files again.
+func (m *Manager) readFiles(pid uint32, entries []proc.MapsEntry) map[[2]uint64]*execinfo.File {
+	read := map[[2]uint64]*execinfo.File{}
+	tried := map[[2]uint64]bool{}
 	for i := range entries {
 		e := &entries[i]
+		key := [2]uint64{e.Dev, e.Inode}
 		switch {
-		case e.IsFile() && !seen[[2]uint64{e.Dev, e.Inode}]:
-			seen[[2]uint64{e.Dev, e.Inode}] = true
-			_, _ = m.files.ForMapping(m.source, pid, e)
-		case e.IsVDSO():
-			_, _ = m.files.VDSOForMapping(m.source, pid, e)
+		case e.IsFile() && !tried[key]:
+			tried[key] = true
+			if f, err := m.files.ForMapping(m.source, pid, e); err == nil && f != nil {
+				read[key] = f
+			}
+		case e.IsVDSO() && read[vdsoReadKey] == nil:
+			if f, err := m.files.VDSOForMapping(m.source, pid, e); err == nil && f != nil {
+				read[vdsoReadKey] = f
+			}
 		}
 	}
+	return read
 }
