@@ -9,6 +9,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
+	"github.com/hostprof/ebpf-profiler/processmanager/internal/filetest"
 	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 	"github.com/hostprof/ebpf-profiler/support"
 )
@@ -19,7 +20,7 @@ import (
 func benchTrace(b *testing.B) *support.Trace {
 	b.Helper()
 	bin := buildTestProgram(b)
-	syms := nmFunctions(b, bin)
+	syms := filetest.NMFunctions(b, bin)
 	pid := startProgram(b, bin)
 	base, _ := loadBase(b, pid, bin)
 	raw := &support.Trace{PID: uint32(pid), TID: uint32(pid), Comm: "prog", Hash: 42}

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-
-	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 )
 
 // fakeProcFS is a procfs lookalike in a temporary directory, so tests
@@ -117,28 +115,4 @@ func (f *fakeProcFS) writeFile(name string, data []byte) string {
 		f.t.Fatal(err)
 	}
 	return path
-}
-
-// ownVDSO returns this process's vDSO image: a small, real ELF file with
-// .dynsym and notes.
-func ownVDSO(t testing.TB) []byte {
-	t.Helper()
-	self := proc.FS{Mount: "/proc"}
-	pid := uint32(os.Getpid())
-	entries, err := self.Maps(pid, proc.ExecutableMappings)
-	if err != nil {
-		t.Skip(err)
-	}
-	for i := range entries {
-		if !entries[i].IsVDSO() {
-			continue
-		}
-		image, err := proc.ReadVDSO(self, pid, &entries[i])
-		if err != nil {
-			t.Skip(err)
-		}
-		return image
-	}
-	t.Skip("no vdso")
-	return nil
 }

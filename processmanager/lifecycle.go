@@ -2,7 +2,6 @@ package processmanager
 
 import (
 	"sync"
-	"sync/atomic"
 
 	"github.com/hostprof/ebpf-profiler/support"
 )
@@ -68,8 +67,8 @@ type lifecycle struct {
 	do   func(*lifecycleItem)
 	done chan struct{}
 
-	tracesQueued, roomWaits atomic.Uint64
-	peakTraces              atomic.Int64
+	// counts are the counters stats reports (Queue aside).
+	counts LifecycleStats
 }
 
 func newLifecycle(do func(*lifecycleItem)) *lifecycle {
@@ -95,19 +94,15 @@ func (l *lifecycle) queueTrace(raw *support.Trace) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.traces >= maxQueuedTraces && !l.closed {
-		l.roomWaits.Add(1)
+		l.counts.QueueFullWaits++
 		for l.traces >= maxQueuedTraces && !l.closed {
 			l.changed.Wait()
 		}
 	}
-	if l.closed {
-		l.pushLocked(lifecycleItem{kind: lifeTrace, pid: raw.PID, trace: &c})
-		return
-	}
-	l.traces++
-	l.tracesQueued.Add(1)
-	if int64(l.traces) > l.peakTraces.Load() {
-		l.peakTraces.Store(int64(l.traces))
+	if !l.closed {
+		l.traces++
+		l.counts.TracesQueued++
+		l.counts.QueuedTracesPeak = max(l.counts.QueuedTracesPeak, l.traces)
 	}
 	l.pushLocked(lifecycleItem{kind: lifeTrace, pid: raw.PID, trace: &c})
 }
@@ -201,12 +196,8 @@ type LifecycleStats struct {
 
 func (l *lifecycle) stats() LifecycleStats {
 	l.mu.Lock()
-	n := len(l.items) - l.head
-	l.mu.Unlock()
-	return LifecycleStats{
-		TracesQueued:     l.tracesQueued.Load(),
-		QueuedTracesPeak: int(l.peakTraces.Load()),
-		QueueFullWaits:   l.roomWaits.Load(),
-		Queue:            n,
-	}
+	defer l.mu.Unlock()
+	s := l.counts
+	s.Queue = len(l.items) - l.head
+	return s
 }

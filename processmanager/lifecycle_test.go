@@ -139,10 +139,10 @@ func TestLifecycleQueueBound(t *testing.T) {
 		}
 	}()
 	deadline := time.Now().Add(10 * time.Second)
-	for l.roomWaits.Load() == 0 && time.Now().Before(deadline) {
+	for l.stats().QueueFullWaits == 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	if l.roomWaits.Load() == 0 {
+	if l.stats().QueueFullWaits == 0 {
 		t.Fatal("the pump never waited for room")
 	}
 	close(release)

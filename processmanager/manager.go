@@ -522,7 +522,7 @@ func (m *Manager) dueWork(p *process, check bool) {
 	}
 	m.refreshRuntimes(p)
 	if p.apm.pending() {
-		m.readAPMAgent(p)
+		m.readAPMAgent(p) // paced by its backoff
 	}
 }
 
@@ -974,8 +974,9 @@ func unwindMapping(pid uint32, mp *mapping, src proc.Source) (unwindmaps.Mapping
 var vdsoReadKey = [2]uint64{^uint64(0), ^uint64(0)}
 
 // newMapping builds the state of one mapping, reading its file through the
-// file cache, unless read (by device and inode) has it. Only a process exit is an error: a file that cannot be read
-// still gives a mapping, just without a file id.
+// file cache unless read (by device and inode) has it. Only a process exit
+// is an error: a file that cannot be read still gives a mapping, just
+// without a file id.
 func (m *Manager) newMapping(pid uint32, e *proc.MapsEntry, read map[[2]uint64]*execinfo.File) (*mapping, error) {
 	mp := &mapping{entry: *e}
 	var err error

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/processmanager/internal/filetest"
 	"github.com/hostprof/ebpf-profiler/processmanager/unwindmaps/unwindmapstest"
 	"github.com/hostprof/ebpf-profiler/support"
 )
@@ -209,7 +210,7 @@ func newRuntimeFixture(t *testing.T, rts ...*interpreter.Runtime) *runtimeFixtur
 		fs:  fs,
 		lib: newFakeLib(t, fs),
 		// Other bytes, so another file id.
-		other: fs.writeFile("libother.so", append(ownVDSO(t), "other"...)),
+		other: fs.writeFile("libother.so", append(filetest.OwnVDSO(t), "other"...)),
 		maps:  unwindmapstest.NewMaps(),
 		now:   time.Unix(1_000_000, 0),
 	}

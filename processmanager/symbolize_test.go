@@ -14,6 +14,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/interpreter/python"
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/processmanager/internal/filetest"
 	"github.com/hostprof/ebpf-profiler/processmanager/unwindmaps/unwindmapstest"
 	"github.com/hostprof/ebpf-profiler/support"
 )
@@ -59,28 +60,6 @@ func buildTestProgram(t testing.TB) string {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
 	return bin
-}
-
-// nmFunctions returns the addresses nm reports for the text symbols of a
-// binary.
-func nmFunctions(t testing.TB, bin string) map[string]uint64 {
-	t.Helper()
-	out, err := exec.Command("nm", bin).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	syms := map[string]uint64{}
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 3 && (f[1] == "T" || f[1] == "t") {
-			addr, err := strconv.ParseUint(f[0], 16, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			syms[f[2]] = addr
-		}
-	}
-	return syms
 }
 
 // readelfBuildID returns the GNU build id readelf reports.
@@ -171,7 +150,7 @@ func loadBase(t testing.TB, pid int, path string) (base, vdso uint64) {
 
 func TestSymbolizeRealBinary(t *testing.T) {
 	bin := buildTestProgram(t)
-	syms := nmFunctions(t, bin)
+	syms := filetest.NMFunctions(t, bin)
 	for _, name := range []string{"leaf_fn", "hidden_fn", "middle_fn", "outer_fn"} {
 		if syms[name] == 0 {
 			t.Fatalf("nm found no %s in %v", name, syms)

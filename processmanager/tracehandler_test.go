@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/processmanager/internal/filetest"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -45,7 +46,7 @@ type fakeLib struct {
 
 func newFakeLib(t *testing.T, fs *fakeProcFS) fakeLib {
 	t.Helper()
-	image := ownVDSO(t)
+	image := filetest.OwnVDSO(t)
 	f, err := elf.NewFile(bytes.NewReader(image))
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,7 @@ import (
 	// Registers every runtime, so that FuzzParseELF's files are offered
 	// to each.
 	_ "github.com/hostprof/ebpf-profiler/interpreter/all"
-	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
+	"github.com/hostprof/ebpf-profiler/processmanager/internal/filetest"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -176,32 +176,8 @@ func TestSymbolTable(t *testing.T) {
 	}
 }
 
-// ownVDSO returns this process's vDSO image: a small, real ELF file with
-// .dynsym and notes.
-func ownVDSO(t testing.TB) []byte {
-	t.Helper()
-	self := proc.FS{Mount: "/proc"}
-	pid := uint32(os.Getpid())
-	entries, err := self.Maps(pid, proc.ExecutableMappings)
-	if err != nil {
-		t.Skip(err)
-	}
-	for i := range entries {
-		if !entries[i].IsVDSO() {
-			continue
-		}
-		image, err := proc.ReadVDSO(self, pid, &entries[i])
-		if err != nil {
-			t.Skip(err)
-		}
-		return image
-	}
-	t.Skip("no vdso")
-	return nil
-}
-
 func TestParseELFVDSO(t *testing.T) {
-	d, err := parseELF(bytes.NewReader(ownVDSO(t)), "", nil, nil)
+	d, err := parseELF(bytes.NewReader(filetest.OwnVDSO(t)), "", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +192,7 @@ func TestParseELFVDSO(t *testing.T) {
 // TestParseELFTruncated cuts real ELF files short and corrupts their
 // headers: parsing must fail or succeed, never panic.
 func TestParseELFTruncated(t *testing.T) {
-	images := [][]byte{ownVDSO(t)}
+	images := [][]byte{filetest.OwnVDSO(t)}
 	if b, err := os.ReadFile("/bin/true"); err == nil {
 		images = append(images, b)
 	}
@@ -248,7 +224,7 @@ func TestParseELFTruncated(t *testing.T) {
 // FuzzParseELF is seeded with an 8 KiB image; the fuzzer's minimization of
 // inputs that large is slow, so run it with -fuzzminimizetime=0.
 func FuzzParseELF(f *testing.F) {
-	f.Add(ownVDSO(f))
+	f.Add(filetest.OwnVDSO(f))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		d, err := parseELF(bytes.NewReader(data), "fuzz", interpreter.All(), nil)
 		if err == nil && d.symbols != nil {

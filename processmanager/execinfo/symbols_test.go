@@ -4,32 +4,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
-)
 
-// nmFunctions returns the addresses nm reports for the text symbols of a
-// file, by name.
-func nmFunctions(t testing.TB, bin string) map[string]uint64 {
-	t.Helper()
-	out, err := exec.Command("nm", bin).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	syms := map[string]uint64{}
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 3 && (f[1] == "T" || f[1] == "t") {
-			addr, err := strconv.ParseUint(f[0], 16, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			syms[f[2]] = addr
-		}
-	}
-	return syms
-}
+	"github.com/hostprof/ebpf-profiler/processmanager/internal/filetest"
+)
 
 // TestStrippedGoNamedFromPclntab checks that a Go binary stripped of
 // .symtab still gets Go function names, from .gopclntab, and that they
@@ -46,7 +25,7 @@ func TestStrippedGoNamedFromPclntab(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	syms := nmFunctions(t, bin)
+	syms := filetest.NMFunctions(t, bin)
 	stripped := filepath.Join(dir, "gochain-stripped")
 	if out, err := exec.Command("strip", "--strip-all", "-o", stripped, bin).CombinedOutput(); err != nil {
 		t.Fatalf("strip: %v\n%s", err, out)
