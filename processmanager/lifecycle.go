@@ -2,6 +2,7 @@ package processmanager
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/hostprof/ebpf-profiler/support"
 )
@@ -57,7 +58,10 @@ type lifecycle struct {
 	// queued counts, per pid, the items queued that its traces must wait
 	// for (all but lifeRefresh).
 	queued map[uint32]int
-	traces int
+	// anyQueued is the sum of queued, read without the lock: most traces
+	// come while nothing waits.
+	anyQueued atomic.Int64
+	traces    int
 	// working is set while an item taken off the queue is being done.
 	working bool
 	closed  bool
@@ -80,6 +84,9 @@ func newLifecycle(do func(*lifecycleItem)) *lifecycle {
 
 // waits says whether traces of pid must queue behind work queued for it.
 func (l *lifecycle) waits(pid uint32) bool {
+	if l.anyQueued.Load() == 0 {
+		return false
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.queued[pid] > 0
@@ -125,6 +132,7 @@ func (l *lifecycle) pushLocked(it lifecycleItem) {
 	}
 	if it.kind != lifeRefresh {
 		l.queued[it.pid]++
+		l.anyQueued.Add(1)
 	}
 	l.items = append(l.items, it)
 	l.changed.Broadcast()
@@ -156,6 +164,7 @@ func (l *lifecycle) run() {
 			if l.queued[it.pid]--; l.queued[it.pid] == 0 {
 				delete(l.queued, it.pid)
 			}
+			l.anyQueued.Add(-1)
 		}
 		if it.kind == lifeTrace {
 			l.traces--
