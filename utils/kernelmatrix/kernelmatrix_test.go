@@ -142,3 +142,31 @@ func TestParseSerialLog(t *testing.T) {
 		t.Error("ok although a test failed")
 	}
 }
+
+// A failed subtest's messages come where it ran, above the other subtests'
+// output: the failure report shows them, not its neighbours'.
+func TestFailedOutput(t *testing.T) {
+	log := `=== RUN   TestUnwind
+=== RUN   TestUnwind/vDSO
+    deltas_test.go:225: accuracy: vDSO: 12.0% with the full stack
+    deltas_test.go:230: 12.0% of 100 samples match, want >= 95%
+=== RUN   TestUnwind/Go
+    deltas_test.go:225: accuracy: Go: 99.0% with the full stack
+=== NAME  TestUnwind
+    harness_test.go:194: lifecycle: {}
+--- FAIL: TestUnwind (3.00s)
+    --- FAIL: TestUnwind/vDSO (1.00s)
+    --- PASS: TestUnwind/Go (1.00s)
+`
+	var r result
+	r.parse([]byte(log), nil)
+	got := strings.Join(failedOutput(strings.Split(log, "\n"), r.failed), "\n")
+	want := `    harness_test.go:194: lifecycle: {}
+--- FAIL: TestUnwind (3.00s)
+    deltas_test.go:225: accuracy: vDSO: 12.0% with the full stack
+    deltas_test.go:230: 12.0% of 100 samples match, want >= 95%
+    --- FAIL: TestUnwind/vDSO (1.00s)`
+	if got != want {
+		t.Errorf("failure report:\n%s\nwant\n%s", got, want)
+	}
+}

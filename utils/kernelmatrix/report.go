@@ -111,18 +111,44 @@ func (r *result) printFailure(w io.Writer) {
 		fmt.Fprintf(w, "expected tests that did not pass: %s\n", strings.Join(r.missing, ", "))
 	}
 	lines := strings.Split(string(r.out), "\n")
-	var failing []string
-	for i, l := range lines {
-		if strings.Contains(l, "--- FAIL") || matchesAny(l, verifierRes) {
-			failing = append(failing, lines[max(0, i-20):i+1]...)
-		}
-	}
+	failing := failedOutput(lines, r.failed)
 	if len(failing) == 0 {
 		failing = lines[max(0, len(lines)-40):]
 	}
-	for _, l := range failing[max(0, len(failing)-150):] {
+	for _, l := range failing[max(0, len(failing)-200):] {
 		fmt.Fprintln(w, "  "+l)
 	}
+}
+
+// testMarkerRe is go test -v's line saying whose output follows.
+var testMarkerRe = regexp.MustCompile(`^=== (RUN|NAME|CONT|PAUSE)\s+(\S+)`)
+
+// failedOutput returns, for each failed test, the lines go test -v printed
+// for it (a subtest's log lines come where it ran, far above its parent's
+// FAIL line), then its FAIL line; and the verifier's lines.
+func failedOutput(lines, failed []string) []string {
+	var out []string
+	current := ""
+	own := map[string][]string{}
+	for _, l := range lines {
+		if m := testMarkerRe.FindStringSubmatch(l); m != nil {
+			current = m[2]
+			continue
+		}
+		if m := testLineRe.FindStringSubmatch(l); m != nil {
+			if m[1] == "FAIL" {
+				out = append(out, own[m[2]]...)
+				out = append(out, l)
+			}
+			continue
+		}
+		if matchesAny(l, verifierRes) {
+			out = append(out, l)
+		} else if slices.Contains(failed, current) {
+			own[current] = append(own[current], l)
+		}
+	}
+	return out
 }
 
 func matchesAny(s string, res []*regexp.Regexp) bool {
