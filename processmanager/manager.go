@@ -217,6 +217,10 @@ type mapping struct {
 	entry proc.MapsEntry
 	// file is nil for anonymous memory and files we could not read.
 	file *execinfo.File
+	// unread says its file could not be read: the next read of the maps
+	// tries again (the vDSO cannot be read while the process execs, and
+	// /proc already shows the new image's maps).
+	unread bool
 	// pf is the mapping frames point to, shared by all of them so the
 	// reporter can dedupe by pointer; nil for anonymous memory.
 	pf *libpf.Mapping
@@ -866,14 +870,17 @@ func (m *Manager) loadMaps(p *process) (changed bool, err error) {
 		for j < len(old) && old[j].entry.Start < e.Start {
 			j++
 		}
-		if j < len(old) && old[j].entry.SameAs(e) {
+		same := j < len(old) && old[j].entry.SameAs(e)
+		if same && !old[j].unread {
 			fresh = append(fresh, old[j])
 			continue
 		}
-		changed = true
 		mp, err := m.newMapping(p.pid, e, files)
 		if err != nil {
 			return false, err
+		}
+		if !same || !mp.unread {
+			changed = true
 		}
 		fresh = append(fresh, mp)
 	}
@@ -1000,6 +1007,7 @@ func (m *Manager) newMapping(pid uint32, e *proc.MapsEntry, read map[[2]uint64]*
 	}
 	if err != nil {
 		m.counters.fileErrors++
+		mp.unread = true
 		m.log.WithError(err).Debugf("process %d: mapping %s", pid, e.Path)
 	}
 	mp.pf = &libpf.Mapping{

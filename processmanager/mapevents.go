@@ -55,7 +55,8 @@ func (m *Manager) ProcessExeced(pid libpf.PID, program support.FileKey) {
 // handled after it (a chain of execs, as in `unshare sh -c "exec chroot
 // ..."`, announces each image after the last is running). Its mappings are
 // then those /proc shows now; state read anew would be the same, minus
-// what was learned since (an APM agent's registration, say).
+// what was learned since (an APM agent's registration, say). Not if a file
+// of them could not be read then (the vDSO, mid-exec): that is read anew.
 func (m *Manager) readAfterExec(p *process) bool {
 	if !p.mapsRead || len(p.mappings) == 0 {
 		return false
@@ -66,7 +67,7 @@ func (m *Manager) readAfterExec(p *process) bool {
 	}
 	slices.SortFunc(entries, func(a, b proc.MapsEntry) int { return cmp.Compare(a.Start, b.Start) })
 	for i := range entries {
-		if !p.mappings[i].entry.SameAs(&entries[i]) {
+		if !p.mappings[i].entry.SameAs(&entries[i]) || p.mappings[i].unread {
 			return false
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"debug/elf"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -261,6 +263,44 @@ func TestHandlerExecEvents(t *testing.T) {
 	}
 	if s := h.Stats(); s.StaleExecs != 1 || s.ProcessesExited != 1 {
 		t.Errorf("stats %+v: want 1 stale exec and 1 state replaced", s)
+	}
+}
+
+// The vDSO cannot be read while a process execs, though /proc shows the new
+// image's maps already: an exec event that finds the maps read is stale,
+// unless a file of them could not be read; then they are read again.
+func TestExecRereadsUnreadMapping(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	image, err := os.ReadFile(lib.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const vdso = 0x10000000
+	fnAbs := vdso + lib.fnAddr - lib.loadAddr
+	fs.setProcess(100, 1, "/bin/app", fakeMapping{start: vdso, end: vdso + uint64(len(image)), path: "[vdso]"})
+	h, rep := newTestHandler(t, fs)
+	raw := &support.Trace{PID: 100, Hash: 0xbeef, Frames: []support.Frame{{Addr: fnAbs}}}
+	h.handleNow(raw) // its memory is empty: the vDSO is unread
+	if f := rep.last(t).trace.Frames[0]; f.Mapping == nil || !f.Mapping.FileID.IsZero() {
+		t.Fatalf("frame %+v, want the vDSO without a file", f)
+	}
+
+	mem, err := os.OpenFile(filepath.Join(fs.root, "100", "mem"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mem.WriteAt(image, vdso); err != nil {
+		t.Fatal(err)
+	}
+	mem.Close()
+	h.execedNow(100, support.FileKey{})
+	h.handleNow(raw)
+	if f := rep.last(t).trace.Frames[0]; f.Mapping == nil || f.Mapping.FileID.IsZero() || f.FunctionName != lib.fn {
+		t.Errorf("after the exec event: frame %+v, want %s in the vDSO read", f, lib.fn)
+	}
+	if s := h.Stats(); s.StaleExecs != 0 {
+		t.Errorf("stats %+v: the exec was taken as stale", s)
 	}
 }
 
