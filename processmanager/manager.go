@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -126,6 +127,9 @@ type Manager struct {
 	// unwinding is Config.Unwinding, when set.
 	unwinding unwindmaps.Unwinding
 
+	// self is the daemon's own pid, which PrepareBusy leaves out.
+	self uint32
+
 	mu    sync.Mutex
 	procs map[uint32]*process
 	// prereads are what the lifecycle read of processes it is setting up
@@ -234,6 +238,7 @@ type mapping struct {
 func New(cfg Config) (*Manager, error) {
 	m := &Manager{
 		source:         cfg.ProcessSource,
+		self:           uint32(os.Getpid()),
 		sysFS:          cmp.Or(cfg.SysFS, "/sys"),
 		rereadInterval: cmp.Or(cfg.MapsRereadInterval, defaultMapsRereadInterval),
 		checkInterval:  cmp.Or(cfg.CheckInterval, defaultCheckInterval),

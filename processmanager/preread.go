@@ -8,7 +8,7 @@ import (
 
 // preread is what setting a new process up reads from /proc, read before
 // the manager's lock is taken: conversions of other processes go on
-// meanwhile. Its files are read into the file cache, which is where the
+// meanwhile, and PrepareBusy reads processes side by side. Its files are read into the file cache, which is where the
 // time goes (a runtime's 100 MB binary, a large library's symbols).
 type preread struct {
 	stat    proc.Stat
@@ -28,6 +28,7 @@ type preread struct {
 // prepare reads what setting pid up will read, if it has no state with
 // its mappings read (withMaps: they will be read); the set-up that follows
 // (under m.mu, on the same goroutine) takes it, and done drops what it left.
+// Callers prepare different pids at once, never one pid twice.
 func (m *Manager) prepare(pid uint32, comm string, withMaps bool) (done func()) {
 	m.mu.Lock()
 	p, ok := m.procs[pid]

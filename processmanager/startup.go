@@ -3,7 +3,10 @@ package processmanager
 import (
 	"cmp"
 	"context"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
@@ -15,9 +18,9 @@ import (
 // would meanwhile stop at the first frame whose file's deltas are not
 // loaded: seconds of incomplete stacks for every process that was already
 // running. So the processes that use the CPU while the BPF programs load
-// are set up before sampling starts (PrepareBusy). The daemon is one of
-// them: its own samples would otherwise have its large binary read on the
-// trace path just as sampling starts.
+// are set up before sampling starts (PrepareBusy). The daemon itself is
+// left to its first sample: it is busy now with the start-up, and reading
+// its own large binary first would delay everyone else's stacks.
 
 // CPUTimes is the CPU time each process had used at one moment, for
 // PrepareBusy to tell which processes were busy since.
@@ -127,17 +130,7 @@ func (m *Manager) PrepareBusy(ctx context.Context, before CPUTimes) StartupPrepa
 		if len(fresh) == 0 && now.at.Sub(before.at) >= busyWindow {
 			break
 		}
-		for _, pid := range fresh {
-			if ctx.Err() != nil {
-				break
-			}
-			began := time.Now()
-			m.RefreshMappings(libpf.PID(pid))
-			if m.Tracks(libpf.PID(pid)) {
-				res.Prepared++
-				m.log.Debugf("Set up process %d in %v", pid, time.Since(began).Round(time.Millisecond))
-			}
-		}
+		res.Prepared += m.setUpBusy(ctx, fresh)
 	}
 	res.Busy = len(found)
 	read := time.Now()
@@ -147,6 +140,42 @@ func (m *Manager) PrepareBusy(ctx context.Context, before CPUTimes) StartupPrepa
 	res.Took = time.Since(start)
 	return res
 }
+
+// setUpBusy sets up pids, the busiest first, a few side by side: one
+// process's set-up waits on its files and runtime as much as it computes,
+// and most of it (the reads before the manager's lock) runs in parallel.
+// It returns how many it set up.
+func (m *Manager) setUpBusy(ctx context.Context, pids []uint32) int {
+	next := make(chan uint32)
+	var prepared atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), maxStartupWorkers) {
+		wg.Go(func() {
+			for pid := range next {
+				began := time.Now()
+				done := m.prepare(pid, "", true)
+				m.RefreshMappings(libpf.PID(pid))
+				done()
+				if m.Tracks(libpf.PID(pid)) {
+					prepared.Add(1)
+					m.log.Debugf("Set up process %d in %v", pid, time.Since(began).Round(time.Millisecond))
+				}
+			}
+		})
+	}
+	for _, pid := range pids {
+		if ctx.Err() != nil || pid == m.self {
+			continue
+		}
+		next <- pid
+	}
+	close(next)
+	wg.Wait()
+	return int(prepared.Load())
+}
+
+// maxStartupWorkers bounds the processes set up at once before sampling.
+const maxStartupWorkers = 4
 
 // waitUnwind waits until the delta loader has done every job queued so far,
 // or ctx ends; it reports whether it was done.

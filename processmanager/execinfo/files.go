@@ -58,8 +58,11 @@ type Cache struct {
 	// debugDirs are searched for the symbols of stripped files.
 	debugDirs []string
 
-	mu           sync.Mutex
-	lru          *libpf.LRU[fileKey, *File]
+	mu  sync.Mutex
+	lru *libpf.LRU[fileKey, *File]
+	// reading has the files being read, closed when done: a second
+	// reader of one waits for the first instead of reading it again.
+	reading      map[fileKey]chan struct{}
 	hits, misses uint64
 	elfErrors    uint64
 	// runtimeErrors counts files a runtime found its own but could not
@@ -73,6 +76,7 @@ type Cache struct {
 func NewCache(size int, rts []*interpreter.Runtime, debugDirs []string, log logrus.FieldLogger) *Cache {
 	return &Cache{
 		lru:       libpf.NewLRU[fileKey, *File](size, 0),
+		reading:   map[fileKey]chan struct{}{},
 		log:       log,
 		runtimes:  rts,
 		debugDirs: debugDirs,
@@ -127,18 +131,33 @@ type readSeekerAt interface {
 
 func (c *Cache) get(key fileKey, r readSeekerAt, name string) (*File, error) {
 	c.mu.Lock()
-	if fi, ok := c.lru.Get(key); ok {
-		c.hits++
+	for {
+		if fi, ok := c.lru.Get(key); ok {
+			c.hits++
+			c.mu.Unlock()
+			return fi, nil
+		}
+		done, busy := c.reading[key]
+		if !busy {
+			break
+		}
+		// Read by another goroutine: its result, or, if it failed,
+		// this reader's own try.
 		c.mu.Unlock()
-		return fi, nil
+		<-done
+		c.mu.Lock()
 	}
 	c.misses++
+	done := make(chan struct{})
+	c.reading[key] = done
 	c.mu.Unlock()
 	var elfErrors, runtimeErrors uint64
 	defer func() {
 		c.mu.Lock()
 		c.elfErrors += elfErrors
 		c.runtimeErrors += runtimeErrors
+		delete(c.reading, key)
+		close(done)
 		c.mu.Unlock()
 	}()
 	id, err := libpf.FileIDFromExecutable(r)

@@ -104,29 +104,47 @@ func buildSymbolTable(cands []symbolCandidate) *symbolTable {
 	if len(cands) == 0 {
 		return nil
 	}
-	slices.SortFunc(cands, func(a, b symbolCandidate) int {
-		return cmp.Or(cmp.Compare(a.start, b.start), cmp.Compare(a.rank, b.rank),
-			strings.Compare(a.name, b.name))
+	// Sorted by a pointer-free key: moving the candidates themselves (a
+	// runtime's binary has 200,000) was most of a process's set-up.
+	type sortKey struct {
+		start uint64
+		rank  int32
+		i     int32
+	}
+	keys := make([]sortKey, len(cands))
+	for i, c := range cands {
+		keys[i] = sortKey{c.start, int32(c.rank), int32(i)}
+	}
+	slices.SortFunc(keys, func(a, b sortKey) int {
+		// Not cmp.Or, which would compare the names every time.
+		if a.start != b.start {
+			return cmp.Compare(a.start, b.start)
+		}
+		if a.rank != b.rank {
+			return cmp.Compare(a.rank, b.rank)
+		}
+		return strings.Compare(cands[a.i].name, cands[b.i].name)
 	})
-	cands = slices.CompactFunc(cands, func(a, b symbolCandidate) bool { return a.start == b.start })
+	keys = slices.CompactFunc(keys, func(a, b sortKey) bool { return a.start == b.start })
 
 	// Sized up front: the table lives as long as its file is mapped, and a
 	// doubling builder's spare room was up to half of it.
 	var names strings.Builder
 	size := 0
-	for _, c := range cands {
-		size += len(c.name)
+	for _, k := range keys {
+		size += len(cands[k.i].name)
 	}
 	names.Grow(min(size, 1<<32-1))
-	t := &symbolTable{entries: make([]symbolEntry, 0, len(cands))}
-	for i, c := range cands {
+	t := &symbolTable{entries: make([]symbolEntry, 0, len(keys))}
+	for i, k := range keys {
+		c := &cands[k.i]
 		end := c.start + c.size
 		if c.size == 0 {
 			end = c.start + 1
-			if i+1 < len(cands) {
-				end = cands[i+1].start
+			if i+1 < len(keys) {
+				end = keys[i+1].start
 			}
-			if c.sectionEnd > c.start && (i+1 == len(cands) || c.sectionEnd < end) {
+			if c.sectionEnd > c.start && (i+1 == len(keys) || c.sectionEnd < end) {
 				end = c.sectionEnd
 			}
 		}

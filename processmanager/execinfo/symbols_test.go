@@ -1,6 +1,8 @@
 package execinfo
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -58,4 +60,27 @@ func TestStrippedGoNamedFromPclntab(t *testing.T) {
 		}
 	}
 	t.Logf("%d Go functions agree with nm; the table has %d", checked, d.symbols.len())
+}
+
+// BenchmarkBuildSymbolTable builds the table of a runtime's binary: node's
+// .symtab and .dynsym together have about 180,000 function symbols, many
+// of them twice.
+func BenchmarkBuildSymbolTable(b *testing.B) {
+	const n = 180_000
+	base := make([]symbolCandidate, n)
+	for i := range base {
+		// Every other symbol is in both tables, at one address.
+		addr := uint64(0x400000 + (i/2)*64)
+		base[i] = symbolCandidate{start: addr, size: 48, name: fmt.Sprintf("v8::internal::Function%d", i/2), rank: i % 2}
+	}
+	// The tables' order is not the addresses'.
+	rand.New(rand.NewPCG(1, 2)).Shuffle(n, func(i, j int) { base[i], base[j] = base[j], base[i] })
+	cands := make([]symbolCandidate, n)
+	b.ReportAllocs()
+	for b.Loop() {
+		copy(cands, base)
+		if t := buildSymbolTable(cands); t.len() != n/2 {
+			b.Fatalf("%d symbols", t.len())
+		}
+	}
 }
