@@ -3,6 +3,7 @@ package processmanager
 import (
 	"os"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -158,5 +159,80 @@ func TestLifecycleQueueBound(t *testing.T) {
 	}
 	if s := l.stats(); s.QueuedTracesPeak != maxQueuedTraces || s.QueueFullWaits != 1 {
 		t.Errorf("stats %+v", s)
+	}
+}
+
+// TestMappedFileReadLeavesConversion: the file of a process's new mapping
+// (a dlopen of a large library) is read before the manager's lock, so a
+// known process's traces are converted meanwhile; then the new mapping's
+// frames are named.
+func TestMappedFileReadLeavesConversion(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	first, fnFirst := lib.mapAt(0x7f0000000000)
+	fs.setProcess(100, 1, "/bin/app", first)
+	fs.setProcess(300, 1, "/bin/other", first)
+	src := &blockingSource{Source: proc.FS{Mount: fs.root}, entered: make(chan struct{}), release: make(chan struct{})}
+	m, err := New(Config{ProcessSource: src, SysFS: t.TempDir(), Logger: quietLogger(), DebugInfoBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	rep := &lockedReporter{}
+	h, err := NewHandler(m, rep, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(src.release) }) }
+	t.Cleanup(release) // before h.Close, had the test failed holding it up
+	trace := func(pid uint32, hash uint64, addr uint64) *support.Trace {
+		return &support.Trace{PID: pid, TID: pid, Comm: "app", Hash: hash,
+			Frames: []support.Frame{{Kind: libpf.FrameNative, Addr: addr}}}
+	}
+	h.HandleTrace(trace(100, 1, fnFirst))
+	h.HandleTrace(trace(300, 2, fnFirst))
+	h.Flush()
+
+	// A copy of the library, a file of its own, mapped later.
+	image, err := os.ReadFile(lib.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := lib
+	second.path = fs.writeFile("libsecond.so", image)
+	mapped, fnMapped := second.mapAt(0x7e0000000000)
+	fs.setProcess(100, 1, "/bin/app", first, mapped)
+	st, err := os.Stat(second.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.pid = 100 // from here on its files' opens are held up
+	h.ExecMapped(100, support.ExecMapping{Start: mapped.start, End: mapped.end, Dev: 0xfe00, Ino: st.Sys().(*syscall.Stat_t).Ino})
+	<-src.entered
+	reported := make(chan struct{})
+	go func() {
+		h.HandleTrace(trace(300, 3, fnFirst+1))
+		close(reported)
+	}()
+	select {
+	case <-reported:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a known process's trace waited for another's new mapping's file")
+	}
+	if got := rep.taken(); len(got) != 3 || got[2].meta.Process.PID != 300 {
+		t.Fatalf("%d samples reported while the mapping's file was read, want the known process's", len(got))
+	}
+	release()
+	h.Flush()
+	h.HandleTrace(trace(100, 4, fnMapped))
+	h.Flush()
+	got := rep.taken()
+	if f := got[len(got)-1].trace.Frames[0]; f.FunctionName != lib.fn || f.Mapping == nil || f.Mapping.Start != mapped.start {
+		t.Errorf("frame in the new mapping %+v, want %s in the mapping at %#x", f, lib.fn, mapped.start)
+	}
+	if s := h.Stats(); s.MappingsAdded != 1 {
+		t.Errorf("stats %+v, want one mapping added", s)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/processmanager/execinfo"
 	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 	"github.com/hostprof/ebpf-profiler/support"
 )
@@ -74,6 +75,12 @@ func (m *Manager) readAfterExec(p *process) bool {
 	return true
 }
 
+// execMappingEntry is the maps entry BPF's report of a new mapping
+// describes, without its path.
+func execMappingEntry(em support.ExecMapping) proc.MapsEntry {
+	return proc.MapsEntry{Start: em.Start, End: em.End, Offset: em.Offset, Dev: em.Dev, Inode: em.Ino, Executable: true}
+}
+
 // ExecMapped adds a new executable file mapping of a process. A process
 // seen for the first time has all its mappings read instead.
 func (m *Manager) ExecMapped(pid libpf.PID, em support.ExecMapping) {
@@ -90,7 +97,7 @@ func (m *Manager) ExecMapped(pid libpf.PID, em support.ExecMapping) {
 		m.ensureMaps(p)
 		return
 	}
-	e := proc.MapsEntry{Start: em.Start, End: em.End, Offset: em.Offset, Dev: em.Dev, Inode: em.Ino, Executable: true}
+	e := execMappingEntry(em)
 	var err error
 	e.Path, e.Deleted, err = m.source.MappingPath(p.pid, e.Start, e.End)
 	if errors.Is(err, proc.ErrMappingGone) {
@@ -104,7 +111,11 @@ func (m *Manager) ExecMapped(pid libpf.PID, em support.ExecMapping) {
 	}); found && p.mappings[i].entry.SameAs(&e) {
 		return // known from a maps read since
 	}
-	mp, err := m.newMapping(p.pid, &e, nil)
+	var read map[[2]uint64]*execinfo.File
+	if pre := m.prereads[p.pid]; pre != nil {
+		read = pre.files // prepareMapped's
+	}
+	mp, err := m.newMapping(p.pid, &e, read)
 	if err != nil {
 		m.procError(p.pid, err)
 		return

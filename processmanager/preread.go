@@ -4,6 +4,7 @@ import (
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/processmanager/execinfo"
 	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
+	"github.com/hostprof/ebpf-profiler/support"
 )
 
 // preread is what setting a new process up reads from /proc, read before
@@ -47,6 +48,44 @@ func (m *Manager) prepare(pid uint32, comm string, withMaps bool) (done func()) 
 		r.mapsRead = true
 		r.files = m.readFiles(pid, r.maps)
 	}
+	m.mu.Lock()
+	m.prereads[pid] = r
+	m.mu.Unlock()
+	return func() {
+		m.mu.Lock()
+		if m.prereads[pid] == r {
+			delete(m.prereads, pid)
+		}
+		m.mu.Unlock()
+	}
+}
+
+// prepareMapped reads the file of a new executable mapping of pid before
+// the manager's lock (ExecMapped takes it), or, for a process whose maps
+// are not read, what prepare reads. done drops what ExecMapped left.
+func (m *Manager) prepareMapped(pid uint32, em support.ExecMapping) (done func()) {
+	m.mu.Lock()
+	p, ok := m.procs[pid]
+	known := ok && p.mapsRead
+	_, unread := m.unread.Get(pid)
+	taken := m.prereads[pid] != nil
+	m.mu.Unlock()
+	switch {
+	case unread || taken:
+		return func() {}
+	case !known:
+		return m.prepare(pid, "", true)
+	}
+	e := execMappingEntry(em)
+	var err error
+	if e.Path, e.Deleted, err = m.source.MappingPath(pid, e.Start, e.End); err != nil {
+		return func() {} // ExecMapped finds that again
+	}
+	f, err := m.files.ForMapping(m.source, pid, &e)
+	if err != nil || f == nil {
+		return func() {}
+	}
+	r := &preread{files: map[[2]uint64]*execinfo.File{{e.Dev, e.Inode}: f}}
 	m.mu.Lock()
 	m.prereads[pid] = r
 	m.mu.Unlock()

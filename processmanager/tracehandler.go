@@ -215,7 +215,9 @@ func (h *Handler) doLifecycle(it *lifecycleItem) {
 	case lifeExit:
 		h.m.ProcessExited(pid)
 	case lifeMapped:
+		done := h.m.prepareMapped(it.pid, it.mapping)
 		h.m.ExecMapped(pid, it.mapping)
+		done()
 	case lifeUnknownPC:
 		done := h.m.prepare(it.pid, "", true)
 		h.m.UnknownPC(pid, it.pc)
