@@ -236,3 +236,66 @@ func TestMappedFileReadLeavesConversion(t *testing.T) {
 		t.Errorf("stats %+v, want one mapping added", s)
 	}
 }
+
+// TestLinesOpenLeavesConversion: the first trace of a known process with a
+// frame in a file whose source lines were never looked up converts at once;
+// the file is opened through the process's mapping in the background (held
+// up here), and the trace is converted again with lines once that is done.
+func TestLinesOpenLeavesConversion(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	image, err := os.ReadFile(lib.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, fnFirst := lib.mapAt(0x7f0000000000)
+	other := lib
+	other.path = fs.writeFile("libother.so", append(image, "another file"...))
+	second, fnSecond := other.mapAt(0x7e0000000000)
+	fs.setProcess(100, 1, "/bin/app", first, second)
+	src := &blockingSource{Source: proc.FS{Mount: fs.root}, entered: make(chan struct{}), release: make(chan struct{})}
+	m, err := New(Config{ProcessSource: src, SysFS: t.TempDir(), Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	rep := &lockedReporter{}
+	h, err := NewHandler(m, rep, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(src.release) }) }
+	t.Cleanup(release)
+	trace := func(hash uint64, addr uint64) *support.Trace {
+		return &support.Trace{PID: 100, TID: 100, Comm: "app", Hash: hash,
+			Frames: []support.Frame{{Kind: libpf.FrameNative, Addr: addr}}}
+	}
+	h.HandleTrace(trace(1, fnFirst))
+	h.Flush()
+	m.lines.wait()
+
+	src.pid = 100 // from here on its files' opens are held up
+	reported := make(chan struct{})
+	go func() {
+		h.HandleTrace(trace(2, fnSecond))
+		close(reported)
+	}()
+	select {
+	case <-reported:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a known process's trace waited for its file's lines to be opened")
+	}
+	<-src.entered
+	if got := rep.taken(); len(got) != 2 || got[1].trace.Frames[0].FunctionName != lib.fn {
+		t.Fatalf("%d samples reported while the file was opened, want 2, the second named", len(got))
+	}
+	release()
+	m.lines.wait()
+	h.HandleTrace(trace(2, fnSecond))
+	h.Flush()
+	if s := h.Stats(); s.TraceCacheMisses != 3 {
+		t.Errorf("stats %+v: want the trace converted again once its file was opened (3 conversions)", s)
+	}
+}

@@ -79,13 +79,17 @@ type lineStats struct {
 	lookupErrors uint64
 }
 
-// openRequest is a file to open in the background.
+// openRequest is a file to open in the background: the mapping to open it
+// through, then (for the opener) the file open.
 type openRequest struct {
 	id      libpf.FileID
-	file    *os.File
-	root    string
-	path    string
+	src     proc.Source
+	pid     uint32
+	entry   proc.MapsEntry
 	buildID string
+
+	file *os.File
+	root string
 }
 
 // lineSymbolizer finds the source lines of native frames. Its methods
@@ -99,8 +103,12 @@ type lineSymbolizer struct {
 	recheck    time.Duration
 	now        func() time.Time
 	maxBytes   int64
-	queue      chan openRequest
-	wg         sync.WaitGroup
+	// requests are the files to open, taken by mappingOpener, which
+	// opens them through their processes' mappings (a /proc access that
+	// conversion leaves to it) and hands them to the opener (queue).
+	requests chan openRequest
+	queue    chan openRequest
+	wg       sync.WaitGroup
 	// settled counts the files whose opening ended, with or without debug
 	// information: a trace converted while one of its files was opening is
 	// converted again once it has changed.
@@ -112,6 +120,8 @@ type lineSymbolizer struct {
 	results *libpf.LRU[lineKey, []debuginfo.Frame]
 	stats   lineStats
 	closed  bool
+	// mappingsDone is closed when mappingOpener has returned.
+	mappingsDone chan struct{}
 }
 
 // newLineSymbolizer opens debug information where opts say, maxBytes of
@@ -128,6 +138,7 @@ func newLineSymbolizer(opts debuginfo.Options, maxBytes int64, dfd *debuginfo.De
 		now:        now,
 		opts:       opts,
 		maxBytes:   maxBytes,
+		requests:   make(chan openRequest, openQueue),
 		queue:      make(chan openRequest, openQueue),
 		files:      libpf.NewLRU[libpf.FileID, debugFile](maxDebugFiles, 0),
 		results:    libpf.NewLRU[lineKey, []debuginfo.Frame](maxLineResults, 0),
@@ -135,6 +146,8 @@ func newLineSymbolizer(opts debuginfo.Options, maxBytes int64, dfd *debuginfo.De
 	}
 	s.wg.Add(1)
 	go s.opener()
+	s.mappingsDone = make(chan struct{})
+	go s.mappingOpener()
 	return s
 }
 
@@ -169,7 +182,7 @@ func (s *lineSymbolizer) frames(src proc.Source, pid uint32, mp *mapping, addr u
 		if pid == 0 {
 			return nil, time.Time{}, false
 		}
-		queued, full := s.enqueue(src, pid, mp)
+		queued, full := s.request(src, pid, mp)
 		if full {
 			return nil, s.now().Add(queueFullRecheck), false
 		}
@@ -186,33 +199,55 @@ func (s *lineSymbolizer) frames(src proc.Source, pid uint32, mp *mapping, addr u
 // settledFiles is the count of files whose opening ended; see frames.
 func (s *lineSymbolizer) settledFiles() uint64 { return s.settled.Load() }
 
-// enqueue opens mp's file (cheap, and possible only while the process
-// lives) and queues it for the opener; full says the queue had no room.
-// The caller holds s.mu.
-func (s *lineSymbolizer) enqueue(src proc.Source, pid uint32, mp *mapping) (queued, full bool) {
+// request queues mp's file for mappingOpener; full says the queue had no
+// room. The caller holds s.mu.
+func (s *lineSymbolizer) request(src proc.Source, pid uint32, mp *mapping) (queued, full bool) {
 	if s.closed {
 		return false, false
 	}
-	f, err := src.OpenMapping(pid, &mp.entry)
-	if errors.Is(err, ErrProcessExited) {
-		return false, false // another process of the file may queue it
-	}
-	if err != nil {
-		s.stats.fileErrors++
-		s.add(mp.file.ID, debugFile{err: err}, missingCost)
-		return false, false
-	}
-	req := openRequest{id: mp.file.ID, file: f, root: src.Root(pid), path: mp.entry.Path}
+	req := openRequest{id: mp.file.ID, src: src, pid: pid, entry: mp.entry}
 	if mp.file.ELF != nil {
 		req.buildID = mp.file.ELF.GNUBuildID
 	}
 	select {
-	case s.queue <- req:
+	case s.requests <- req:
 		s.add(mp.file.ID, debugFile{opening: true}, missingCost)
 		return true, false
 	default:
-		f.Close() // a later conversion queues it
-		return false, true
+		return false, true // a later conversion queues it
+	}
+}
+
+// mappingOpener opens each requested file through its process's mapping
+// (cheap, and possible only while the process lives: it comes first, not
+// behind a slow debug information read) and queues it for the opener.
+func (s *lineSymbolizer) mappingOpener() {
+	defer close(s.mappingsDone)
+	for req := range s.requests {
+		f, err := req.src.OpenMapping(req.pid, &req.entry)
+		switch {
+		case errors.Is(err, ErrProcessExited):
+			// Another process of the file may queue it.
+			s.abandon(req.id)
+		case err != nil:
+			s.opened(req, nil, err)
+		default:
+			req.file, req.root = f, req.src.Root(req.pid)
+			s.queue <- req
+		}
+	}
+	close(s.queue)
+}
+
+// abandon forgets a file requested whose process exited first; the traces
+// that waited for it are converted again.
+func (s *lineSymbolizer) abandon(id libpf.FileID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer s.settled.Add(1)
+	if df, ok := s.files.Get(id); ok && df.opening {
+		s.files.Remove(id)
+		s.bytes -= missingCost
 	}
 }
 
@@ -220,7 +255,7 @@ func (s *lineSymbolizer) enqueue(src proc.Source, pid uint32, mp *mapping) (queu
 func (s *lineSymbolizer) opener() {
 	defer s.wg.Done()
 	for req := range s.queue {
-		d, err := debuginfo.Open(debuginfo.Executable{File: req.file, Root: req.root, Path: req.path}, s.opts)
+		d, err := debuginfo.Open(debuginfo.Executable{File: req.file, Root: req.root, Path: req.entry.Path}, s.opts)
 		req.file.Close()
 		s.opened(req, d, err)
 	}
@@ -317,7 +352,7 @@ func (s *lineSymbolizer) dropResident() {
 func (s *lineSymbolizer) wait() {
 	for {
 		s.mu.Lock()
-		pending := len(s.queue) > 0
+		pending := len(s.requests) > 0 || len(s.queue) > 0
 		for _, df := range s.files.All() {
 			pending = pending || df.opening
 		}
@@ -337,8 +372,9 @@ func (s *lineSymbolizer) close() {
 		return
 	}
 	s.closed = true
-	close(s.queue)
+	close(s.requests) // mappingOpener closes the opener's queue
 	s.mu.Unlock()
+	<-s.mappingsDone
 	s.wg.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
