@@ -58,8 +58,8 @@ func runStartup(bin string, hz, runs int) {
 	for i := range runs {
 		r := startupRun(bin, hz, pids, filepath.Join(cache, "deltas"))
 		if i == 0 {
-			fmt.Printf("run with an empty delta cache: first export %.2fs, 90%% complete from %.0fs, curve %s\n",
-				r.firstExport.Seconds(), r.accurateAt.Seconds(), curveString(r.curve))
+			fmt.Printf("run with an empty delta cache: first export %.2fs, 90%% complete from %.0fs, curve %s; incomplete roots: %s\n",
+				r.firstExport.Seconds(), r.accurateAt.Seconds(), curveString(r.curve), r.roots)
 			if runs > 1 {
 				continue // the medians are of restarts
 			}
