@@ -222,8 +222,9 @@ type mapping struct {
 	// file is nil for anonymous memory and files we could not read.
 	file *execinfo.File
 	// unread says its file could not be read: the next read of the maps
-	// tries again (the vDSO cannot be read while the process execs, and
-	// /proc already shows the new image's maps).
+	// tries again, and so does the exec event of a process read mid-exec
+	// (the vDSO cannot be read then, though /proc shows the new image's
+	// maps already).
 	unread bool
 	// pf is the mapping frames point to, shared by all of them so the
 	// reporter can dedupe by pointer; nil for anonymous memory.
@@ -773,6 +774,12 @@ func (m *Manager) rereadMaps(p *process) bool {
 		m.counters.mapsRereadsLimited++
 		return false
 	}
+	return m.reloadMaps(p)
+}
+
+// reloadMaps reads the mappings of a process again now and reports
+// whether they changed.
+func (m *Manager) reloadMaps(p *process) bool {
 	changed, err := m.loadMaps(p)
 	if err != nil {
 		m.procError(p.pid, err)

@@ -33,6 +33,9 @@ func (m *Manager) ProcessExeced(pid libpf.PID, program support.FileKey) {
 	if p, ok := m.procs[uint32(pid)]; ok {
 		if m.readAfterExec(p) {
 			m.counters.staleExecs++
+			if slices.ContainsFunc(p.mappings, func(mp *mapping) bool { return mp.unread }) {
+				m.reloadMaps(p) // the files it could not read mid-exec
+			}
 			return
 		}
 		m.forget(uint32(pid))
@@ -56,8 +59,7 @@ func (m *Manager) ProcessExeced(pid libpf.PID, program support.FileKey) {
 // handled after it (a chain of execs, as in `unshare sh -c "exec chroot
 // ..."`, announces each image after the last is running). Its mappings are
 // then those /proc shows now; state read anew would be the same, minus
-// what was learned since (an APM agent's registration, say). Not if a file
-// of them could not be read then (the vDSO, mid-exec): that is read anew.
+// what was learned since (an APM agent's registration, say).
 func (m *Manager) readAfterExec(p *process) bool {
 	if !p.mapsRead || len(p.mappings) == 0 {
 		return false
@@ -68,7 +70,7 @@ func (m *Manager) readAfterExec(p *process) bool {
 	}
 	slices.SortFunc(entries, func(a, b proc.MapsEntry) int { return cmp.Compare(a.Start, b.Start) })
 	for i := range entries {
-		if !p.mappings[i].entry.SameAs(&entries[i]) || p.mappings[i].unread {
+		if !p.mappings[i].entry.SameAs(&entries[i]) {
 			return false
 		}
 	}
