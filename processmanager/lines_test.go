@@ -100,6 +100,7 @@ func TestLinesAfterProcessExited(t *testing.T) {
 	if f := rep.last(t).trace.Frames[0]; f.SourceLine != 0 || f.Mapping == nil {
 		t.Fatalf("frame of the exited process: %+v", f)
 	}
+	h.m.lines.wait() // its file's open failed: the process is gone
 
 	fs.setProcess(200, 2, text.file, text)
 	raw := &support.Trace{PID: 200, TID: 200, Hash: 3, KTime: monotonicNow(t), Frames: inText}
