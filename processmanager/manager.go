@@ -222,9 +222,11 @@ type mapping struct {
 	// file is nil for anonymous memory and files we could not read.
 	file *execinfo.File
 	// unread says its file could not be read: the next read of the maps
-	// tries again, and so does the exec event of a process read mid-exec
-	// (the vDSO cannot be read then, though /proc shows the new image's
-	// maps already).
+	// tries again (the vDSO cannot be read while a process execs, though
+	// /proc shows the new image's maps already), and an unknown PC in it
+	// asks for one. Not the exec event that follows: reading the maps
+	// then, as the process starts, took the re-read a JVM's new code
+	// needed a moment later.
 	unread bool
 	// pf is the mapping frames point to, shared by all of them so the
 	// reporter can dedupe by pointer; nil for anonymous memory.
@@ -409,8 +411,8 @@ func (m *Manager) attachKnown(pid uint32, pc uint64) bool {
 		return false
 	}
 	mp := p.findMapping(pc)
-	if mp == nil || mp.pf == nil {
-		return false
+	if mp == nil || mp.pf == nil || mp.unread {
+		return false // an unread file is read again with the maps
 	}
 	m.attachMapping(pid, mp)
 	return true
@@ -774,12 +776,6 @@ func (m *Manager) rereadMaps(p *process) bool {
 		m.counters.mapsRereadsLimited++
 		return false
 	}
-	return m.reloadMaps(p)
-}
-
-// reloadMaps reads the mappings of a process again now and reports
-// whether they changed.
-func (m *Manager) reloadMaps(p *process) bool {
 	changed, err := m.loadMaps(p)
 	if err != nil {
 		m.procError(p.pid, err)

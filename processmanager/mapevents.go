@@ -33,9 +33,6 @@ func (m *Manager) ProcessExeced(pid libpf.PID, program support.FileKey) {
 	if p, ok := m.procs[uint32(pid)]; ok {
 		if m.readAfterExec(p) {
 			m.counters.staleExecs++
-			if slices.ContainsFunc(p.mappings, func(mp *mapping) bool { return mp.unread }) {
-				m.reloadMaps(p) // the files it could not read mid-exec
-			}
 			return
 		}
 		m.forget(uint32(pid))

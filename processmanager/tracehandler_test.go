@@ -268,8 +268,9 @@ func TestHandlerExecEvents(t *testing.T) {
 
 // The vDSO cannot be read while a process execs, though /proc shows the new
 // image's maps already: an exec event that finds the maps read is stale
-// (the state, attached runtimes and all, is kept), but the files that could
-// not be read are read again.
+// (the state, attached runtimes and all, is kept), and the file that could
+// not be read is read again with the maps, which an unknown PC in it asks
+// for.
 func TestExecRereadsUnreadMapping(t *testing.T) {
 	fs := newFakeProcFS(t)
 	lib := newFakeLib(t, fs)
@@ -296,6 +297,10 @@ func TestExecRereadsUnreadMapping(t *testing.T) {
 	}
 	mem.Close()
 	h.execedNow(100, support.FileKey{})
+	clock := h.m.now().Add(defaultMapsRereadInterval)
+	h.m.now = func() time.Time { return clock }
+	h.UnknownPC(100, fnAbs) // BPF found no deltas for it
+	h.Flush()
 	h.handleNow(raw)
 	if f := rep.last(t).trace.Frames[0]; f.Mapping == nil || f.Mapping.FileID.IsZero() || f.FunctionName != lib.fn {
 		t.Errorf("after the exec event: frame %+v, want %s in the vDSO read", f, lib.fn)
