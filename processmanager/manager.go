@@ -225,7 +225,7 @@ type mapping struct {
 	// tries again (the vDSO cannot be read while a process execs, though
 	// /proc shows the new image's maps already), and an unknown PC in it
 	// asks for one. Not the exec event that follows: reading the maps
-	// then, as the process starts, took the re-read a JVM's new code
+	// then, as the process starts, took the re-read a runtime's new code
 	// needed a moment later.
 	unread bool
 	// pf is the mapping frames point to, shared by all of them so the
