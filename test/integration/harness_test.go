@@ -225,11 +225,14 @@ func warmup(t *testing.T, samples []sample, bin string, syms *symbolTable, want 
 }
 
 // waitExited waits until the process exit event of pid has been handled:
-// BPF emitted every sample of the process before it.
+// BPF emitted every sample of the process before it, and the lifecycle has
+// reported those it held (a new process's first samples wait there for its
+// set-up, a second of them under emulation).
 func (s *session) waitExited(t *testing.T, pid int) {
 	t.Helper()
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		if slices.Contains(s.log.of(pid), "exit") {
+			s.log.Flush()
 			return
 		}
 	}
