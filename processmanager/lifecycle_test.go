@@ -49,6 +49,45 @@ func (r *lockedReporter) taken() []sample {
 	return append([]sample(nil), r.samples...)
 }
 
+// blockedHandler is a Handler whose source holds up the opening of a
+// pid's files (blockingSource; set its pid when the hold should start) and
+// a reporter safe for the lifecycle's goroutine. release lets the opens go
+// (once; also at cleanup, before the Handler closes, if a test failed
+// holding them up). debugInfoBytes is Config.DebugInfoBytes (-1: no lines).
+type blockedHandler struct {
+	h       *Handler
+	src     *blockingSource
+	rep     *lockedReporter
+	release func()
+}
+
+func newBlockedHandler(t *testing.T, fs *fakeProcFS, pid uint32, debugInfoBytes int64) blockedHandler {
+	t.Helper()
+	src := &blockingSource{Source: proc.FS{Mount: fs.root}, pid: pid,
+		entered: make(chan struct{}), release: make(chan struct{})}
+	m, err := New(Config{ProcessSource: src, SysFS: t.TempDir(), Logger: quietLogger(), DebugInfoBytes: debugInfoBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	rep := &lockedReporter{}
+	h, err := NewHandler(m, rep, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	var once sync.Once
+	release := func() { once.Do(func() { close(src.release) }) }
+	t.Cleanup(release)
+	return blockedHandler{h: h, src: src, rep: rep, release: release}
+}
+
+// nativeTrace is a trace of pid's main thread with one native frame.
+func nativeTrace(pid uint32, hash uint64, addr uint64) *support.Trace {
+	return &support.Trace{PID: pid, TID: pid, Comm: "app", Hash: hash,
+		Frames: []support.Frame{{Kind: libpf.FrameNative, Addr: addr}}}
+}
+
 // TestSetUpLeavesConversion: while a new process's files are read (held up
 // here), traces of a process already set up are converted and reported at
 // once, and the new process's traces wait for its set-up, then come out in
@@ -63,23 +102,8 @@ func TestSetUpLeavesConversion(t *testing.T) {
 	fs.setProcess(200, 1, "/bin/fresh", fresh)
 	fs.setProcess(300, 1, "/bin/before", known)
 
-	src := &blockingSource{Source: proc.FS{Mount: fs.root}, pid: 200,
-		entered: make(chan struct{}), release: make(chan struct{})}
-	m, err := New(Config{ProcessSource: src, SysFS: t.TempDir(), Logger: quietLogger(), DebugInfoBytes: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.Close)
-	rep := &lockedReporter{}
-	h, err := NewHandler(m, rep, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.Close)
-	trace := func(pid uint32, hash uint64, addr uint64) *support.Trace {
-		return &support.Trace{PID: pid, TID: pid, Comm: "app", Hash: hash,
-			Frames: []support.Frame{{Kind: libpf.FrameNative, Addr: addr}}}
-	}
+	b := newBlockedHandler(t, fs, 200, -1)
+	h, src, rep, trace := b.h, b.src, b.rep, nativeTrace
 	h.HandleTrace(trace(100, 1, fnKnown))
 	h.HandleTrace(trace(300, 2, fnKnown))
 	h.Flush()
@@ -95,7 +119,7 @@ func TestSetUpLeavesConversion(t *testing.T) {
 	if len(got) != 3 || got[2].trace.Frames[0].FunctionName != lib.fn {
 		t.Fatalf("%d samples reported while a set-up reads, want the 2 before and the known process's one, named", len(got))
 	}
-	close(src.release)
+	b.release()
 	h.Flush()
 	got = rep.taken()[3:]
 	if len(got) != 3 {
@@ -172,25 +196,8 @@ func TestMappedFileReadLeavesConversion(t *testing.T) {
 	first, fnFirst := lib.mapAt(0x7f0000000000)
 	fs.setProcess(100, 1, "/bin/app", first)
 	fs.setProcess(300, 1, "/bin/other", first)
-	src := &blockingSource{Source: proc.FS{Mount: fs.root}, entered: make(chan struct{}), release: make(chan struct{})}
-	m, err := New(Config{ProcessSource: src, SysFS: t.TempDir(), Logger: quietLogger(), DebugInfoBytes: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.Close)
-	rep := &lockedReporter{}
-	h, err := NewHandler(m, rep, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.Close)
-	var releaseOnce sync.Once
-	release := func() { releaseOnce.Do(func() { close(src.release) }) }
-	t.Cleanup(release) // before h.Close, had the test failed holding it up
-	trace := func(pid uint32, hash uint64, addr uint64) *support.Trace {
-		return &support.Trace{PID: pid, TID: pid, Comm: "app", Hash: hash,
-			Frames: []support.Frame{{Kind: libpf.FrameNative, Addr: addr}}}
-	}
+	b := newBlockedHandler(t, fs, 0, -1)
+	h, src, rep, trace := b.h, b.src, b.rep, nativeTrace
 	h.HandleTrace(trace(100, 1, fnFirst))
 	h.HandleTrace(trace(300, 2, fnFirst))
 	h.Flush()
@@ -224,7 +231,7 @@ func TestMappedFileReadLeavesConversion(t *testing.T) {
 	if got := rep.taken(); len(got) != 3 || got[2].meta.Process.PID != 300 {
 		t.Fatalf("%d samples reported while the mapping's file was read, want the known process's", len(got))
 	}
-	release()
+	b.release()
 	h.Flush()
 	h.HandleTrace(trace(100, 4, fnMapped))
 	h.Flush()
@@ -253,25 +260,9 @@ func TestLinesOpenLeavesConversion(t *testing.T) {
 	other.path = fs.writeFile("libother.so", append(image, "another file"...))
 	second, fnSecond := other.mapAt(0x7e0000000000)
 	fs.setProcess(100, 1, "/bin/app", first, second)
-	src := &blockingSource{Source: proc.FS{Mount: fs.root}, entered: make(chan struct{}), release: make(chan struct{})}
-	m, err := New(Config{ProcessSource: src, SysFS: t.TempDir(), Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.Close)
-	rep := &lockedReporter{}
-	h, err := NewHandler(m, rep, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.Close)
-	var releaseOnce sync.Once
-	release := func() { releaseOnce.Do(func() { close(src.release) }) }
-	t.Cleanup(release)
-	trace := func(hash uint64, addr uint64) *support.Trace {
-		return &support.Trace{PID: 100, TID: 100, Comm: "app", Hash: hash,
-			Frames: []support.Frame{{Kind: libpf.FrameNative, Addr: addr}}}
-	}
+	b := newBlockedHandler(t, fs, 0, 0)
+	h, src, rep, m := b.h, b.src, b.rep, b.h.m
+	trace := func(hash uint64, addr uint64) *support.Trace { return nativeTrace(100, hash, addr) }
 	h.HandleTrace(trace(1, fnFirst))
 	h.Flush()
 	m.lines.wait()
@@ -291,7 +282,7 @@ func TestLinesOpenLeavesConversion(t *testing.T) {
 	if got := rep.taken(); len(got) != 2 || got[1].trace.Frames[0].FunctionName != lib.fn {
 		t.Fatalf("%d samples reported while the file was opened, want 2, the second named", len(got))
 	}
-	release()
+	b.release()
 	m.lines.wait()
 	h.HandleTrace(trace(2, fnSecond))
 	h.Flush()

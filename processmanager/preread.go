@@ -48,16 +48,7 @@ func (m *Manager) prepare(pid uint32, comm string, withMaps bool) (done func()) 
 		r.mapsRead = true
 		r.files = m.readFiles(pid, r.maps)
 	}
-	m.mu.Lock()
-	m.prereads[pid] = r
-	m.mu.Unlock()
-	return func() {
-		m.mu.Lock()
-		if m.prereads[pid] == r {
-			delete(m.prereads, pid)
-		}
-		m.mu.Unlock()
-	}
+	return m.keepPreread(pid, r)
 }
 
 // prepareMapped reads the file of a new executable mapping of pid before
@@ -86,6 +77,12 @@ func (m *Manager) prepareMapped(pid uint32, em support.ExecMapping) (done func()
 		return func() {}
 	}
 	r := &preread{files: map[[2]uint64]*execinfo.File{{e.Dev, e.Inode}: f}}
+	return m.keepPreread(pid, r)
+}
+
+// keepPreread hands r to the set-up of pid that follows on the caller's
+// goroutine; done drops what that set-up left of it.
+func (m *Manager) keepPreread(pid uint32, r *preread) (done func()) {
 	m.mu.Lock()
 	m.prereads[pid] = r
 	m.mu.Unlock()
