@@ -9,7 +9,8 @@ import (
 // cfiSectionOf reads a CFI section, or returns nil if the file has none.
 // Pointer bases it cannot find (.text and .got without section headers)
 // stay 0: x86_64 and arm64 compilers do not use those encodings.
-func cfiSectionOf(f *elf.File, name string, arch *archInfo) (*cfiSection, error) {
+func cfiSectionOf(img elfImage, name string, arch *archInfo) (*cfiSection, error) {
+	f := img.f
 	s := f.Section(name)
 	if s == nil && name == ".eh_frame" {
 		// Without section headers, or with ones that leave .eh_frame out.
@@ -23,7 +24,7 @@ func cfiSectionOf(f *elf.File, name string, arch *archInfo) (*cfiSection, error)
 	if s.Size > maxCFISectionSize {
 		return nil, &FormatError{Section: name, Problem: fmt.Sprintf("size %d exceeds %d", s.Size, maxCFISectionSize)}
 	}
-	data, err := s.Data()
+	data, err := img.sectionData(s)
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", name, err)
 	}

@@ -264,7 +264,7 @@ func compareWithReadelf(t *testing.T, path string) agreement {
 		sp, fp = "sp", "x29"
 	}
 	fdes := readelfFrames(t, path, fp)
-	d, _, err := extract(f, false) // the CFI alone: readelf knows nothing of .gopclntab
+	d, _, err := extract(elfImage{f: f}, false) // the CFI alone: readelf knows nothing of .gopclntab
 	if err != nil {
 		t.Fatalf("Extract(%s): %v", path, err)
 	}

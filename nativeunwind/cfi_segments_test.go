@@ -38,7 +38,7 @@ func TestNoSectionHeaders(t *testing.T) {
 			if orig.Section(".debug_frame") != nil {
 				t.Fatalf("%s has a .debug_frame, which a copy without sections loses", tt.path)
 			}
-			want, wantSt, err := extractUnmarked(orig, true)
+			want, wantSt, err := extractUnmarked(elfImage{f: orig}, true)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -256,7 +256,7 @@ func FuzzEhFrameSegments(f *testing.F) {
 			t.Fatal(err)
 		}
 		// Without extract's recover, which would hide a panic.
-		d, _, err := extractUnmarked(ef, false)
+		d, _, err := extractUnmarked(elfImage{f: ef}, false)
 		if err != nil {
 			return
 		}

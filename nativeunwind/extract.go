@@ -50,22 +50,31 @@ func Extract(f *elf.File) (Deltas, error) {
 const ExtractVersion = 1
 
 // ExtractReader is Extract for an ELF file read from r.
-func ExtractReader(r io.ReaderAt) (Deltas, error) {
+// Large sections are used in place when r is an open file
+// (WithMappedFile).
+func ExtractReader(r io.ReaderAt) (d Deltas, err error) {
 	f, err := elf.NewFile(r)
 	if err != nil {
 		return nil, fmt.Errorf("nativeunwind: %w", err)
 	}
-	return Extract(f)
+	err = WithMappedFile(r, func(mapped []byte) (err error) {
+		d, _, err = extract(elfImage{f: f, mapped: mapped}, true)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nativeunwind: %w", err)
+	}
+	return d, nil
 }
 
 // ExtractWithStats is Extract that also says what it met.
 func ExtractWithStats(f *elf.File) (Deltas, Stats, error) {
-	return extract(f, true)
+	return extract(elfImage{f: f}, true)
 }
 
 // extract is extractUnmarked with the entry points of f's symbol tables
 // marked.
-func extract(f *elf.File, withGo bool) (d Deltas, st Stats, err error) {
+func extract(img elfImage, withGo bool) (d Deltas, st Stats, err error) {
 	defer func() {
 		// A last resort: the parsers check their bounds, but a file must
 		// never take the daemon down.
@@ -73,18 +82,19 @@ func extract(f *elf.File, withGo bool) (d Deltas, st Stats, err error) {
 			d, err = nil, fmt.Errorf("nativeunwind: internal error: %v", p)
 		}
 	}()
-	d, st, err = extractUnmarked(f, withGo)
+	d, st, err = extractUnmarked(img, withGo)
 	if err != nil {
 		return nil, st, err
 	}
-	d = markEntryPoints(f, d, &st)
+	d = markEntryPoints(img.f, d, &st)
 	return d, st, nil
 }
 
 // extractUnmarked merges, in this order of precedence: .eh_frame; the
 // .gopclntab (if withGo), since the .debug_frame Go's linker writes does
 // not say where the frame pointer is saved; .debug_frame.
-func extractUnmarked(f *elf.File, withGo bool) (Deltas, Stats, error) {
+func extractUnmarked(img elfImage, withGo bool) (Deltas, Stats, error) {
+	f := img.f
 	st := Stats{Unsupported: map[string]int{}}
 	arch := archFor(f.Machine)
 	if arch == nil || f.Class != elf.ELFCLASS64 {
@@ -92,9 +102,9 @@ func extractUnmarked(f *elf.File, withGo bool) (Deltas, Stats, error) {
 	}
 	code := codeRanges(f)
 	sources := []func() (*layer, error){
-		func() (*layer, error) { return cfiLayer(f, ".eh_frame", arch, code, &st) },
-		func() (*layer, error) { return goLayer(f, withGo) },
-		func() (*layer, error) { return cfiLayer(f, ".debug_frame", arch, code, &st) },
+		func() (*layer, error) { return cfiLayer(img, ".eh_frame", arch, code, &st) },
+		func() (*layer, error) { return goLayer(img, withGo) },
+		func() (*layer, error) { return cfiLayer(img, ".debug_frame", arch, code, &st) },
 	}
 	var layers []layer // highest precedence first
 	for _, src := range sources {
@@ -114,8 +124,8 @@ func extractUnmarked(f *elf.File, withGo bool) (Deltas, Stats, error) {
 }
 
 // cfiLayer parses a CFI section, or returns nil if the file has none.
-func cfiLayer(f *elf.File, name string, arch *archInfo, code []addrRange, st *Stats) (*layer, error) {
-	sec, err := cfiSectionOf(f, name, arch)
+func cfiLayer(img elfImage, name string, arch *archInfo, code []addrRange, st *Stats) (*layer, error) {
+	sec, err := cfiSectionOf(img, name, arch)
 	if sec == nil || err != nil {
 		return nil, err
 	}
@@ -128,11 +138,11 @@ func cfiLayer(f *elf.File, name string, arch *archInfo, code []addrRange, st *St
 
 // goLayer returns the deltas of a Go executable's .gopclntab, or nil if f
 // is not one.
-func goLayer(f *elf.File, enabled bool) (*layer, error) {
+func goLayer(img elfImage, enabled bool) (*layer, error) {
 	if !enabled {
 		return nil, nil
 	}
-	d, err := goDeltas(f)
+	d, err := goDeltas(img)
 	if errors.Is(err, ErrNoGoPclntab) {
 		return nil, nil
 	}

@@ -235,7 +235,7 @@ func TestEhFrameHdr(t *testing.T) {
 			if h.ehFrame != es.Addr {
 				t.Errorf("eh_frame_ptr %#x, want %#x", h.ehFrame, es.Addr)
 			}
-			sec, err := cfiSectionOf(f, ".eh_frame", archFor(f.Machine))
+			sec, err := cfiSectionOf(elfImage{f: f}, ".eh_frame", archFor(f.Machine))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -278,7 +278,7 @@ func TestGoPrecedence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gd, err := goDeltas(f)
+	gd, err := goDeltas(elfImage{f: f})
 	if err != nil {
 		t.Fatal(err)
 	}

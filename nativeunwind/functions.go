@@ -16,7 +16,7 @@ func FunctionRanges(f *elf.File) ([][2]uint64, error) {
 		return nil, fmt.Errorf("%w: %v %v", ErrUnsupportedArch, f.Class, f.Machine)
 	}
 	for _, name := range []string{".eh_frame", ".debug_frame"} {
-		sec, err := cfiSectionOf(f, name, arch)
+		sec, err := cfiSectionOf(elfImage{f: f}, name, arch)
 		if err != nil {
 			return nil, err
 		}

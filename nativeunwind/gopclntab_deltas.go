@@ -15,16 +15,16 @@ import (
 
 // goDeltas returns the stack deltas of f's Go functions. The error wraps
 // ErrNoGoPclntab when f is not a Go executable.
-func goDeltas(f *elf.File) (Deltas, error) {
-	t, err := openPclntab(f)
+func goDeltas(img elfImage) (Deltas, error) {
+	t, err := img.openPclntab()
 	if err != nil {
 		return nil, err
 	}
-	a, err := goArchOf(f.Machine)
+	a, err := goArchOf(img.f.Machine)
 	if err != nil {
 		return nil, err
 	}
-	return t.deltas(a, elfImage{f: f}.read)
+	return t.deltas(a, img.read)
 }
 
 // goArch is what the rules depend on per architecture.

@@ -81,13 +81,13 @@ func FuzzGoPclntab(f *testing.F) {
 // BenchmarkGoDeltas converts the Go compiler's table, a large Go binary.
 func BenchmarkGoDeltas(b *testing.B) {
 	f := openCompiler(b)
-	syms, err := ReadGoSymbols(f)
+	syms, err := ReadGoSymbols(f, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	var n int
 	for b.Loop() {
-		d, err := goDeltas(f)
+		d, err := goDeltas(elfImage{f: f})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -101,7 +101,7 @@ func BenchmarkGoDeltas(b *testing.B) {
 
 // BenchmarkGoSymbolsLookup resolves addresses spread over the compiler.
 func BenchmarkGoSymbolsLookup(b *testing.B) {
-	syms, err := ReadGoSymbols(openCompiler(b))
+	syms, err := ReadGoSymbols(openCompiler(b), nil)
 	if err != nil {
 		b.Fatal(err)
 	}

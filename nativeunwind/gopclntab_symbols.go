@@ -35,9 +35,11 @@ type GoFrame struct {
 var ErrNotGoCode = errors.New("address is not in Go code")
 
 // ReadGoSymbols reads f's pclntab. The error wraps ErrNoGoPclntab when f
-// is not a Go executable.
-func ReadGoSymbols(f *elf.File) (*GoSymbols, error) {
-	t, err := openPclntab(f)
+// is not a Go executable. mapped, if not nil, is the whole file in memory
+// (WithMappedFile): the table is then used in place, and the GoSymbols
+// must not be used once it is unmapped (the names it returns are copies).
+func ReadGoSymbols(f *elf.File, mapped []byte) (*GoSymbols, error) {
+	t, err := elfImage{f: f, mapped: mapped}.openPclntab()
 	if err != nil {
 		return nil, err
 	}

@@ -54,10 +54,10 @@ func TestGoPclntabNotGo(t *testing.T) {
 			t.Logf("skipping %s: %v", path, err)
 			continue
 		}
-		if _, err := goDeltas(f); !errors.Is(err, ErrNoGoPclntab) {
+		if _, err := goDeltas(elfImage{f: f}); !errors.Is(err, ErrNoGoPclntab) {
 			t.Errorf("goDeltas(%s): %v, want ErrNoGoPclntab", path, err)
 		}
-		if _, err := ReadGoSymbols(f); !errors.Is(err, ErrNoGoPclntab) {
+		if _, err := ReadGoSymbols(f, nil); !errors.Is(err, ErrNoGoPclntab) {
 			t.Errorf("ReadGoSymbols(%s): %v, want ErrNoGoPclntab", path, err)
 		}
 		f.Close()
@@ -71,11 +71,11 @@ func readGoFile(t *testing.T, path string) (*GoSymbols, Deltas) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	syms, err := ReadGoSymbols(f)
+	syms, err := ReadGoSymbols(f, nil)
 	if err != nil {
 		t.Fatalf("ReadGoSymbols: %v", err)
 	}
-	deltas, err := goDeltas(f)
+	deltas, err := goDeltas(elfImage{f: f})
 	if err != nil {
 		t.Fatalf("goDeltas: %v", err)
 	}

@@ -92,10 +92,10 @@ func stepAndUnwind(t *testing.T, path string) {
 	}
 	defer f.Close()
 	s := &stepper{t: t, names: map[uint64]string{}, stats: map[string]int{}, inner: map[string]int{}, failed: map[string]int{}, covered: map[uint64]bool{}, pages: map[uint64][]byte{}}
-	if s.syms, err = ReadGoSymbols(f); err != nil {
+	if s.syms, err = ReadGoSymbols(f, nil); err != nil {
 		t.Fatal(err)
 	}
-	if s.deltas, err = goDeltas(f); err != nil {
+	if s.deltas, err = goDeltas(elfImage{f: f}); err != nil {
 		t.Fatal(err)
 	}
 

@@ -75,7 +75,7 @@ func readBinary(f *elf.File) (*binaryInfo, error) {
 // readBinarySymbols is readBinary with f's .dynsym and .symtab read
 // already.
 func readBinarySymbols(f *elf.File, dyn, syms []elf.Symbol) (*binaryInfo, error) {
-	md, err := readMetadata(f)
+	md, err := readMetadata(f, dyn, syms)
 	if err != nil {
 		return nil, err
 	}

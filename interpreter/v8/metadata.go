@@ -28,14 +28,12 @@ const maxMetadata = 4096
 type Metadata map[string]int64
 
 // readMetadata reads the v8dbg_* ints of an ELF file from its dynamic
-// symbols, or its symbol table where those have none.
-func readMetadata(f *elf.File) (Metadata, error) {
+// symbols dyn, or its symbol table syms where those have none. The caller
+// reads the tables: a node binary's, read again here with debug/elf, were
+// 17 MiB of a start-up's heap.
+func readMetadata(f *elf.File, dyn, syms []elf.Symbol) (Metadata, error) {
 	md := Metadata{}
-	for _, read := range []func() ([]elf.Symbol, error){f.DynamicSymbols, f.Symbols} {
-		syms, err := read()
-		if err != nil && !errors.Is(err, elf.ErrNoSymbols) {
-			return nil, err
-		}
+	for _, syms := range [][]elf.Symbol{dyn, syms} {
 		for _, s := range syms {
 			if !strings.HasPrefix(s.Name, metadataPrefix) || elf.ST_TYPE(s.Info) != elf.STT_OBJECT {
 				continue

@@ -125,11 +125,16 @@ func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime, debugDirs 
 	}
 	cands := elfSymbolCandidates(f, named)
 	// Go binaries are often stripped; their .gopclntab still names every
-	// Go function. A damaged table costs the names it could not give.
-	if goSyms, err := nativeunwind.ReadGoSymbols(f); err == nil {
-		goCands, _ := goSymbolCandidates(goSyms)
-		cands = append(cands, goCands...)
-	}
+	// Go function. A damaged table costs the names it could not give. The
+	// table is used in place where the file can be mapped; the names are
+	// copies.
+	_ = nativeunwind.WithMappedFile(r, func(mapped []byte) error {
+		if goSyms, err := nativeunwind.ReadGoSymbols(f, mapped); err == nil {
+			goCands, _ := goSymbolCandidates(goSyms)
+			cands = append(cands, goCands...)
+		}
+		return nil
+	})
 	d.symbols = buildSymbolTable(cands)
 	d.Runtimes, d.recogniseErrs = recogniseRuntimes(&interpreter.File{
 		Path: path, ELF: f, FunctionRanges: func() ([][2]uint64, error) { return nativeunwind.FunctionRanges(f) },
