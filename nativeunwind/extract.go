@@ -116,6 +116,11 @@ func extractUnmarked(img elfImage, withGo bool) (Deltas, Stats, error) {
 			layers = append(layers, *l)
 		}
 	}
+	if len(layers) == 1 && layers[0].deltas != nil {
+		// Nothing to overlay: a Go executable without CFI. Merging
+		// copied its deltas, a second 8 MiB for a large binary's.
+		return layers[0].deltas, st, nil
+	}
 	d, err := mergeLayers(layers, &st)
 	if err != nil {
 		return nil, st, err
@@ -156,7 +161,7 @@ func goLayer(img elfImage, enabled bool) (*layer, error) {
 // layerOf turns deltas into a layer whose spans are the runs of known
 // rules.
 func layerOf(d Deltas) layer {
-	l := layer{rows: d}
+	l := layer{rows: d, deltas: mergedAlone(d)}
 	for i := 0; i < len(d); {
 		if d[i].Rule.CFA == CFAUnknown {
 			i++
@@ -173,6 +178,15 @@ func layerOf(d Deltas) layer {
 		i = j
 	}
 	return l
+}
+
+// mergedAlone is what mergeLayers makes of layerOf(d) alone: d without
+// the unknown rows before its first rule.
+func mergedAlone(d Deltas) Deltas {
+	for len(d) > 0 && d[0].Rule.CFA == CFAUnknown {
+		d = d[1:]
+	}
+	return d
 }
 
 // addrRange is [start, end).
@@ -229,6 +243,9 @@ type span struct {
 type layer struct {
 	spans []span
 	rows  []Delta
+	// deltas is what a layer alone merges into, when the layer was made
+	// from deltas (layerOf); nil otherwise.
+	deltas Deltas
 }
 
 // removeOverlaps sorts the spans and cuts each to start where the previous

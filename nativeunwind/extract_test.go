@@ -385,3 +385,36 @@ func TestEntryPointSymbols(t *testing.T) {
 		t.Logf("%s: %d entry point symbols", path, len(got))
 	}
 }
+
+// A Go executable's deltas alone are not merged: what they would merge into
+// is taken as is. This checks that it is what merging makes, on the test
+// binary itself (a Go executable without .eh_frame).
+func TestGoLayerAloneIsMerged(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := elf.Open(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	gd, err := goDeltas(elfImage{f: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := layerOf(gd)
+	var st Stats
+	want, err := mergeLayers([]layer{l}, &st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(want) < 1000 || !slices.Equal(l.deltas, want) {
+		t.Fatalf("alone %d deltas, merged %d: not the same", len(l.deltas), len(want))
+	}
+	// With the unknown rows before the first rule, which merging drops.
+	l = layerOf(append(Deltas{{Address: gd[0].Address - 16}}, gd...))
+	if !slices.Equal(l.deltas, want) {
+		t.Fatalf("a leading unknown row was kept")
+	}
+}

@@ -39,15 +39,14 @@ const (
 // busy processes' ELF files, stack deltas and debug information make tens
 // of MiB of garbage within a second or two, and at the default pacing the
 // heap doubled past what was live. The limit must stay above what is live
-// then: at 20 MiB, on a host of 15 busy processes in ten languages, the
-// collector ran without pause and set-up took 2-3 times as long (first
-// export 3.4 s after a restart rather than 2.3 s). Measured there
-// (TestStartupAccuracy's host, a restart, peak and steady resident set):
-// no limit 120-145 MiB against 77, 48 MiB 87 against 72 with the first
-// export at 2.3 s (one run), 64 MiB 89-114 against 75-82 at 2.2-2.4 s
-// (five runs); a cold start, whose stack deltas are extracted, peaked at
-// 105-147 MiB with 64.
-const startupMemoryLimit = 64 << 20
+// then, or the collector runs without pause: at 20 MiB set-up took 2-3
+// times as long. Measured on TestStartupAccuracy's host (15 busy processes
+// in ten languages, a restart; peak and steady resident set): no limit
+// 120-145 MiB against 77, 64 MiB 89-114 against 75-82. Once set-up read
+// large sections in place (nativeunwind.WithMappedFile) what is live fell
+// below 48 MiB, and 48 gave 92-94 against 83-84 with the first export
+// still at 2.3-2.4 s.
+const startupMemoryLimit = 48 << 20
 
 // limitStartupMemory lowers the soft memory limit to startupMemoryLimit
 // unless one lower is set, and returns what puts the previous one back.
