@@ -58,8 +58,8 @@ func runStartup(bin string, hz, runs int) {
 	for i := range runs {
 		r := startupRun(bin, hz, pids, filepath.Join(cache, "deltas"))
 		if i == 0 {
-			fmt.Printf("run with an empty delta cache: first export %.2fs, 90%% complete from %.0fs, curve %s; incomplete roots: %s\n",
-				r.firstExport.Seconds(), r.accurateAt.Seconds(), curveString(r.curve), r.roots)
+			fmt.Printf("run with an empty delta cache: first export %.2fs, 90%% complete from %.0fs, curve %s; incomplete roots: %s; resident set: %v\n",
+				r.firstExport.Seconds(), r.accurateAt.Seconds(), curveString(r.curve), r.roots, r.mem)
 			if runs > 1 {
 				continue // the medians are of restarts
 			}
@@ -71,8 +71,8 @@ func runStartup(bin string, hz, runs int) {
 		evLost = append(evLost, r.eventsLost)
 		mapDrops = append(mapDrops, r.mappingsDropped)
 		fmt.Printf("restart: first export %.2fs, 90%% complete from %.0fs, traces lost %.0f, process events lost %.0f, "+
-			"mapping updates dropped %.0f; incomplete roots: %s\n",
-			r.firstExport.Seconds(), r.accurateAt.Seconds(), r.tracesLost, r.eventsLost, r.mappingsDropped, r.roots)
+			"mapping updates dropped %.0f; incomplete roots: %s; resident set: %v\n",
+			r.firstExport.Seconds(), r.accurateAt.Seconds(), r.tracesLost, r.eventsLost, r.mappingsDropped, r.roots, r.mem)
 	}
 	fmt.Printf("\nmedians of the restarts: first export %.2fs, stacks >= 90%% complete from second %.0f on, traces lost %.0f, "+
 		"process events lost %.0f, mapping updates dropped %.0f\n",
@@ -93,6 +93,79 @@ func runStartup(bin string, hz, runs int) {
 	}
 	fmt.Println("\ncomplete: samples of the busy processes whose outermost frame is a thread's start " +
 		"(" + strings.Join(threadRoots, ", ") + "), per second since the daemon's exec (by the samples' timestamps).")
+}
+
+// rssWatch follows a daemon's resident set, split the way the kernel
+// counts it: anonymous (Go's heap and stacks), file-backed (its code and
+// the files it maps), shared memory (the BPF maps it maps).
+type rssWatch struct {
+	peak, end rssSplit
+	peakAt    time.Duration
+}
+
+type rssSplit struct{ total, anon, file, shmem float64 }
+
+func (s rssSplit) String() string {
+	return fmt.Sprintf("%.0f MiB (anon %.0f, file %.0f, shmem %.0f)", s.total, s.anon, s.file, s.shmem)
+}
+
+// watch reads pid's resident set every 10 ms from now until the returned
+// function is called, which records the last reading as the end.
+func (w *rssWatch) watch(pid int, start time.Time) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for {
+			s, ok := readRSS(pid)
+			if ok {
+				w.end = s
+				if s.total > w.peak.total {
+					w.peak, w.peakAt = s, time.Since(start)
+				}
+			}
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}
+
+func (w rssWatch) String() string {
+	return fmt.Sprintf("peak %v at %.1fs, at the end %v, peak/end %.2f",
+		w.peak, w.peakAt.Seconds(), w.end, w.peak.total/max(w.end.total, 1))
+}
+
+// readRSS reads pid's resident set in MiB from /proc/PID/status.
+func readRSS(pid int) (rssSplit, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return rssSplit{}, false
+	}
+	var s rssSplit
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseFloat(f[1], 64)
+		switch f[0] {
+		case "VmRSS:":
+			s.total = kb / 1024
+		case "RssAnon:":
+			s.anon = kb / 1024
+		case "RssFile:":
+			s.file = kb / 1024
+		case "RssShmem:":
+			s.shmem = kb / 1024
+		}
+	}
+	return s, s.total > 0
 }
 
 func mixString() string {
@@ -118,6 +191,8 @@ type startupResult struct {
 	curve                                   []float64
 	firstExport, accurateAt                 time.Duration
 	tracesLost, eventsLost, mappingsDropped float64
+	// mem is the daemon's resident set: its peak and at the end.
+	mem rssWatch
 	// roots of the incomplete stacks, most frequent first.
 	roots string
 }
@@ -143,6 +218,7 @@ func startupRun(bin string, hz int, pids []int, cache string) startupResult {
 	cmd, readLog := startDaemon(bin, dir, append(sk.args(), "-samples-per-second", strconv.Itoa(hz),
 		"-reporter-interval", "1s", "-delta-cache", cache)...)
 	var r startupResult
+	stopWatch := r.mem.watch(cmd.Process.Pid, start)
 	for r.firstExport == 0 && time.Since(start) < time.Minute {
 		if sk.exported() {
 			r.firstExport = time.Since(start)
@@ -150,6 +226,7 @@ func startupRun(bin string, hz int, pids []int, cache string) startupResult {
 		time.Sleep(20 * time.Millisecond)
 	}
 	time.Sleep(time.Until(start.Add(startupSeconds * time.Second)))
+	stopWatch()
 	check(cmd.Process.Signal(syscall.SIGTERM))
 	err = cmd.Wait()
 	log := readLog()
