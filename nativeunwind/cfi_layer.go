@@ -4,6 +4,7 @@ import (
 	"debug/elf"
 	"encoding/binary"
 	"fmt"
+	"slices"
 )
 
 // cfiSectionOf reads a CFI section, or returns nil if the file has none.
@@ -86,30 +87,30 @@ func derefFunc(f *elf.File) func(uint64) (uint64, bool) {
 	}
 }
 
+// fdeRange is an FDE found by the first pass of layer: where it is and the
+// code it describes, [start, end).
+type fdeRange struct {
+	cie                      *cie
+	start, end               uint64
+	offset, insnsAt, insnsTo int
+}
+
 // layer parses the section into a layer. FDEs that do not start in the
 // file's code are skipped, the others cut where their code ends.
+//
+// The FDEs are run in address order, not in the section's (which is the
+// order of the linked objects, seldom the addresses'): each is cut to
+// start where the previous one ended (linkers emit overlapping FDEs only
+// for discarded code, so the choice of winner hardly matters; address
+// order keeps it deterministic), and each gap between them gets a
+// CFAUnknown row. The rows are then the layer's deltas as they are
+// (layer.alone): merging a file's only layer copied them, a second 25 MiB
+// for libLLVM's million deltas.
 func (s *cfiSection) layer(st *Stats, code []addrRange) (layer, error) {
 	// Compilers' CFI takes about six bytes per row and 50 per FDE; growing
 	// the slices from nothing would copy them many times over.
 	n := min(len(s.data), 64<<20)
-	l := layer{rows: make([]Delta, 0, n/5+1), spans: make([]span, 0, n/48+1)}
-	var cur *fde
-	var reasons [numUnknownReasons]int
-	row := func(loc uint64, fs *frameState) error {
-		r, why := s.arch.rule(cur.cie, fs)
-		reasons[why]++
-		st.Rows++
-		if n := len(l.rows); n > 0 && l.spans[len(l.spans)-1].first < n && l.rows[n-1].Rule == r {
-			return nil
-		}
-		if len(l.rows) >= maxRows {
-			return &FormatError{Section: s.name, Offset: cur.offset, Problem: fmt.Sprintf("more than %d rows", maxRows)}
-		}
-		l.rows = append(l.rows, Delta{Address: loc, Rule: r})
-		return nil
-	}
-	var p program
-	p.sec = s
+	fdes := make([]fdeRange, 0, n/48+1)
 	err := s.forEachFDE(st, func(f *fde) error {
 		end, ok := clipToCode(code, f.start, f.end)
 		if !ok {
@@ -117,25 +118,92 @@ func (s *cfiSection) layer(st *Stats, code []addrRange) (layer, error) {
 			return nil
 		}
 		st.FDEs++
-		cur = f
-		clipped := *f
-		clipped.end = end
-		l.spans = append(l.spans, span{start: f.start, end: end, first: len(l.rows)})
-		// runFDE emits at least the row at f.start, which cut relies on.
-		if err := p.runFDE(&clipped, row); err != nil {
-			return err
-		}
-		l.spans[len(l.spans)-1].last = len(l.rows)
+		fdes = append(fdes, fdeRange{cie: f.cie, start: f.start, end: end,
+			offset: f.offset, insnsAt: f.insnsAt, insnsTo: f.insnsAt + len(f.insns)})
 		return nil
 	})
+	if err != nil {
+		return layer{}, err
+	}
+	slices.SortStableFunc(fdes, func(a, b fdeRange) int { return cmpUint(a.start, b.start) })
+
+	l := layer{rows: make([]Delta, 0, n/5+1), spans: make([]span, 0, len(fdes))}
+	var cur *fdeRange
+	var sp span
+	// inForce is the rule of the FDE's last row before sp.start, where
+	// the FDE was cut.
+	var inForce Rule
+	var reasons [numUnknownReasons]int
+	emit := func(d Delta) error {
+		if n := len(l.rows); n > sp.first && l.rows[n-1].Rule == d.Rule {
+			return nil
+		}
+		if len(l.rows) >= maxRows {
+			return &FormatError{Section: s.name, Offset: cur.offset, Problem: fmt.Sprintf("more than %d rows", maxRows)}
+		}
+		l.rows = append(l.rows, d)
+		return nil
+	}
+	row := func(loc uint64, fs *frameState) error {
+		r, why := s.arch.rule(cur.cie, fs)
+		reasons[why]++
+		st.Rows++
+		switch {
+		case loc < sp.start:
+			inForce = r
+			return nil
+		case loc >= sp.end:
+			return nil
+		case len(l.rows) == sp.first && loc > sp.start:
+			if err := emit(Delta{Address: sp.start, Rule: inForce}); err != nil {
+				return err
+			}
+		}
+		return emit(Delta{Address: loc, Rule: r})
+	}
+	var p program
+	p.sec = s
+	var prevEnd uint64
+	for i := range fdes {
+		cur = &fdes[i]
+		start := cur.start
+		if len(l.spans) > 0 {
+			switch {
+			case start < prevEnd:
+				st.Overlaps++
+				if cur.end <= prevEnd {
+					continue
+				}
+				start = prevEnd
+			case start > prevEnd:
+				l.rows = append(l.rows, Delta{Address: prevEnd})
+			}
+		}
+		sp = span{start: start, end: cur.end, first: len(l.rows)}
+		f := fde{offset: cur.offset, cie: cur.cie, start: cur.start, end: cur.end,
+			insns: s.data[cur.insnsAt:cur.insnsTo], insnsAt: cur.insnsAt}
+		// runFDE emits at least the row at f.start, so that the span
+		// has its row at sp.start: the one in force there where cut.
+		if err := p.runFDE(&f, row); err != nil {
+			return layer{}, err
+		}
+		if len(l.rows) == sp.first {
+			if err := emit(Delta{Address: sp.start, Rule: inForce}); err != nil {
+				return layer{}, err
+			}
+		}
+		sp.last = len(l.rows)
+		l.spans = append(l.spans, sp)
+		prevEnd = sp.end
+	}
 	for why, n := range reasons {
 		if why != int(knownRule) && n > 0 {
 			st.Unsupported[unknownReasonNames[why]] += n
 		}
 	}
-	if err != nil {
-		return layer{}, err
+	if len(l.spans) > 0 {
+		l.rows = append(l.rows, Delta{Address: prevEnd})
+		l.alone = l.rows
 	}
-	l.removeOverlaps(st)
 	return l, nil
 }

@@ -1,9 +1,11 @@
 package nativeunwind
 
 import (
+	"debug/elf"
 	"encoding/binary"
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -582,5 +584,38 @@ func TestEntries(t *testing.T) {
 				t.Errorf("got  %v\nwant %v", d, tt.want)
 			}
 		})
+	}
+}
+
+// FDEs are taken in address order whatever their order in the section;
+// one overlapping the one before starts where that ends, with the row in
+// force there, and one covered entirely is dropped. The rows are then the
+// deltas as they are: the same as merging the layer.
+func TestFDEsInAddressOrder(t *testing.T) {
+	b := &cfiBuilder{addr: testAddr}
+	c := b.cie(amd64CIE("zR", []byte{0x1b}))
+	b.fde(c, 0x2000, 0x100, 0x02, 0x40, 0x0e, 16)                       // sp+16 from 0x2040
+	b.fde(c, 0x1000, 0x100)                                             // before it, in another object
+	b.fde(c, 0x2080, 0x180, 0x02, 0x20, 0x0e, 24, 0x02, 0x80, 0x0e, 32) // cut at 0x2100: sp+24 in force there, sp+32 from 0x2120
+	b.fde(c, 0x2010, 0x10)                                              // inside the first: dropped
+	arch := archFor(elf.EM_X86_64)
+	st := Stats{Unsupported: map[string]int{}}
+	sec := newCFISection(".eh_frame", b.buf, binary.LittleEndian, arch)
+	sec.bases.section = testAddr
+	l, err := sec.layer(&st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Deltas{{0x1000, spRule(8)}, {0x1100, unknown}, {0x2000, spRule(8)}, {0x2040, spRule(16)},
+		{0x2100, spRule(24)}, {0x2120, spRule(32)}, {0x2200, unknown}}
+	if got := compact(slices.Clone(l.alone)); !sameDeltas(got, want) {
+		t.Errorf("as parsed:\ngot  %v\nwant %v", got, want)
+	}
+	merged, err := mergeLayers([]layer{l}, &st)
+	if err != nil || !sameDeltas(merged, want) {
+		t.Errorf("merged: %v, %v\nwant %v", merged, err, want)
+	}
+	if st.Overlaps != 2 || st.FDEs != 4 {
+		t.Errorf("overlaps %d, FDEs %d; want 2, 4", st.Overlaps, st.FDEs)
 	}
 }

@@ -116,10 +116,9 @@ func extractUnmarked(img elfImage, withGo bool) (Deltas, Stats, error) {
 			layers = append(layers, *l)
 		}
 	}
-	if len(layers) == 1 && layers[0].deltas != nil {
-		// Nothing to overlay: a Go executable without CFI. Merging
-		// copied its deltas, a second 8 MiB for a large binary's.
-		return layers[0].deltas, st, nil
+	if len(layers) == 1 && layers[0].alone != nil {
+		// Nothing to overlay, and the rows are the deltas already.
+		return compact(layers[0].alone), st, nil
 	}
 	d, err := mergeLayers(layers, &st)
 	if err != nil {
@@ -161,7 +160,7 @@ func goLayer(img elfImage, enabled bool) (*layer, error) {
 // layerOf turns deltas into a layer whose spans are the runs of known
 // rules.
 func layerOf(d Deltas) layer {
-	l := layer{rows: d, deltas: mergedAlone(d)}
+	l := layer{rows: d, alone: mergedAlone(d)}
 	for i := 0; i < len(d); {
 		if d[i].Rule.CFA == CFAUnknown {
 			i++
@@ -243,30 +242,11 @@ type span struct {
 type layer struct {
 	spans []span
 	rows  []Delta
-	// deltas is what a layer alone merges into, when the layer was made
-	// from deltas (layerOf); nil otherwise.
-	deltas Deltas
-}
-
-// removeOverlaps sorts the spans and cuts each to start where the previous
-// one ended. Linkers emit overlapping FDEs only for discarded code, so the
-// choice of winner hardly matters; address order keeps it deterministic.
-func (l *layer) removeOverlaps(st *Stats) {
-	slices.SortStableFunc(l.spans, func(a, b span) int { return cmpUint(a.start, b.start) })
-	out := l.spans[:0]
-	var prevEnd uint64
-	for i, sp := range l.spans {
-		if i > 0 && sp.start < prevEnd {
-			st.Overlaps++
-			if sp.end <= prevEnd {
-				continue
-			}
-			sp = l.cut(sp, prevEnd)
-		}
-		out = append(out, sp)
-		prevEnd = sp.end
-	}
-	l.spans = out
+	// alone, when not nil, is what mergeLayers makes of the layer alone
+	// but for compaction. It shares the rows: merging a large file's
+	// only layer copied them (25 MiB for libLLVM's million deltas, 8 for
+	// a large Go executable's), and compacting it in place spoils them.
+	alone Deltas
 }
 
 // cut returns the part of sp from start on, whose first row is the one in

@@ -409,12 +409,53 @@ func TestGoLayerAloneIsMerged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(want) < 1000 || !slices.Equal(l.deltas, want) {
-		t.Fatalf("alone %d deltas, merged %d: not the same", len(l.deltas), len(want))
+	if len(want) < 1000 || !slices.Equal(l.alone, want) {
+		t.Fatalf("alone %d deltas, merged %d: not the same", len(l.alone), len(want))
 	}
 	// With the unknown rows before the first rule, which merging drops.
 	l = layerOf(append(Deltas{{Address: gd[0].Address - 16}}, gd...))
-	if !slices.Equal(l.deltas, want) {
+	if !slices.Equal(l.alone, want) {
 		t.Fatalf("a leading unknown row was kept")
+	}
+}
+
+// A CFI layer's rows are its deltas as parsed (layer.alone): a file with
+// no other layer is not merged. This checks that they are what merging
+// makes, on the host's libraries.
+func TestCFILayerAloneIsMerged(t *testing.T) {
+	var checked int
+	for _, path := range []string{"/lib/x86_64-linux-gnu/libc.so.6", "/lib/aarch64-linux-gnu/libc.so.6",
+		"/usr/lib/x86_64-linux-gnu/libstdc++.so.6", "/usr/lib/x86_64-linux-gnu/libcrypto.so.3",
+		"/usr/lib/x86_64-linux-gnu/libLLVM-16.so.1", "/usr/bin/node", "/usr/bin/perl"} {
+		f, err := elf.Open(path)
+		if err != nil {
+			continue
+		}
+		arch := archFor(f.Machine)
+		st := Stats{Unsupported: map[string]int{}}
+		l, err := cfiLayer(elfImage{f: f}, ".eh_frame", arch, codeRanges(f), &st)
+		f.Close()
+		if err != nil || l == nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if l.alone == nil {
+			t.Fatalf("%s: a CFI layer without its deltas", path)
+		}
+		checked++
+		alone := compact(slices.Clone(l.alone))
+		want, err := mergeLayers([]layer{*l}, &st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(alone, want) {
+			i := 0
+			for i < min(len(alone), len(want)) && alone[i] == want[i] {
+				i++
+			}
+			t.Errorf("%s: %d deltas as parsed, %d merged; first difference at %d", path, len(alone), len(want), i)
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no library found: the test checked nothing")
 	}
 }
