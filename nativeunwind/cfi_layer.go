@@ -179,7 +179,7 @@ func (s *cfiSection) layer(st *Stats, code []addrRange) (layer, error) {
 				l.rows = append(l.rows, Delta{Address: prevEnd})
 			}
 		}
-		sp = span{start: start, end: cur.end, first: len(l.rows)}
+		sp, inForce = span{start: start, end: cur.end, first: len(l.rows)}, Rule{}
 		f := fde{offset: cur.offset, cie: cur.cie, start: cur.start, end: cur.end,
 			insns: s.data[cur.insnsAt:cur.insnsTo], insnsAt: cur.insnsAt}
 		// runFDE emits at least the row at f.start, so that the span
