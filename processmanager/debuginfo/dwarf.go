@@ -343,7 +343,17 @@ func (l *dwarfLines) lookup(addr uint64) ([]Frame, error) {
 	var files []*dwarf.LineFile
 	var file string
 	var line uint32
-	if lr, err := v.d.LineReader(cu); err == nil && lr != nil {
+	// A header debug/dwarf would spend minutes or gigabytes on leaves the
+	// unit without lines, like any other it cannot read.
+	stmt, hasLines := cu.Val(dwarf.AttrStmtList).(int64)
+	if hasLines && (stmt < 0 || checkLineHeader(l.secs["line"], uint64(stmt)) != nil) {
+		hasLines = false
+	}
+	var lr *dwarf.LineReader
+	if hasLines {
+		lr, _ = v.d.LineReader(cu)
+	}
+	if lr != nil {
 		le, err := rowAt(lr, addr)
 		if err != nil {
 			return nil, fmt.Errorf("line table of the unit at %#x: %w", unit, err)
