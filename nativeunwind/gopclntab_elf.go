@@ -86,11 +86,8 @@ func (m elfImage) isCode(addr, n uint64) bool {
 	return p != nil && p.Flags&elf.PF_X != 0
 }
 
-// openPclntab finds and parses f's pclntab and resolves its text start.
-func openPclntab(f *elf.File) (*pclntab, error) {
-	return elfImage{f: f}.openPclntab()
-}
-
+// openPclntab finds and parses the file's pclntab and resolves its text
+// start.
 func (m elfImage) openPclntab() (*pclntab, error) {
 	f := m.f
 	if s := f.Section(".gopclntab"); s != nil && s.Type == elf.SHT_PROGBITS {

@@ -345,12 +345,8 @@ func (l *dwarfLines) lookup(addr uint64) ([]Frame, error) {
 	var line uint32
 	// A header debug/dwarf would spend minutes or gigabytes on leaves the
 	// unit without lines, like any other it cannot read.
-	stmt, hasLines := cu.Val(dwarf.AttrStmtList).(int64)
-	if hasLines && (stmt < 0 || checkLineHeader(l.secs["line"], uint64(stmt)) != nil) {
-		hasLines = false
-	}
 	var lr *dwarf.LineReader
-	if hasLines {
+	if stmt, ok := cu.Val(dwarf.AttrStmtList).(int64); ok && stmt >= 0 && checkLineHeader(l.secs["line"], uint64(stmt)) == nil {
 		lr, _ = v.d.LineReader(cu)
 	}
 	if lr != nil {

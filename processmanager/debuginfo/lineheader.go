@@ -1,7 +1,6 @@
 package debuginfo
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 )
@@ -24,7 +23,7 @@ func checkLineHeader(line []byte, off uint64) error {
 	if off >= uint64(len(line)) {
 		return fmt.Errorf("%w at %#x: past the end of .debug_line", errLineHeader, off)
 	}
-	h := headerReader{b: line, pos: int(off)}
+	h := dwarfReader{b: line, pos: int(off)}
 	offSize := 4
 	if h.u32() == 0xffffffff {
 		offSize = 8
@@ -68,55 +67,9 @@ func checkLineHeader(line []byte, off uint64) error {
 	return nil
 }
 
-// headerReader reads a line table header; reads past its end set err.
-type headerReader struct {
-	b   []byte
-	pos int
-	err bool
-}
-
-func (h *headerReader) take(n int) []byte {
-	if h.err || n < 0 || n > len(h.b)-h.pos {
-		h.err = true
-		return make([]byte, max(n, 0))
-	}
-	h.pos += n
-	return h.b[h.pos-n : h.pos]
-}
-
-func (h *headerReader) skip(n int) { h.take(n) }
-func (h *headerReader) u8() uint8  { return h.take(1)[0] }
-func (h *headerReader) u16() uint16 {
-	return binary.LittleEndian.Uint16(h.take(2))
-}
-func (h *headerReader) u32() uint32 { return binary.LittleEndian.Uint32(h.take(4)) }
-
-func (h *headerReader) offset(size int) uint64 {
-	if size == 8 {
-		return binary.LittleEndian.Uint64(h.take(8))
-	}
-	return uint64(h.u32())
-}
-
-func (h *headerReader) uleb() uint64 {
-	var v uint64
-	for shift := 0; ; shift += 7 {
-		b := h.u8()
-		if h.err {
-			return 0
-		}
-		if shift < 64 {
-			v |= uint64(b&0x7f) << shift
-		}
-		if b&0x80 == 0 {
-			return v
-		}
-	}
-}
-
 // formats reads an entry format description: its forms and the fewest
 // bytes an entry in it takes.
-func (h *headerReader) formats(offSize int) (forms []uint64, minSize uint64) {
+func (h *dwarfReader) formats(offSize int) (forms []uint64, minSize uint64) {
 	n := h.u8()
 	for range n {
 		h.uleb() // content type
@@ -126,33 +79,6 @@ func (h *headerReader) formats(offSize int) (forms []uint64, minSize uint64) {
 	}
 	return forms, minSize
 }
-
-// DWARF 5 forms an entry format may use (section 7.5.6).
-const (
-	formBlock2      = 0x03
-	formBlock4      = 0x04
-	formData2       = 0x05
-	formData4       = 0x06
-	formData8       = 0x07
-	formString      = 0x08
-	formBlock       = 0x09
-	formBlock1      = 0x0a
-	formData1       = 0x0b
-	formFlag        = 0x0c
-	formSdata       = 0x0d
-	formStrp        = 0x0e
-	formUdata       = 0x0f
-	formSecOffset   = 0x17
-	formFlagPresent = 0x19
-	formStrx        = 0x1a
-	formStrpSup     = 0x1d
-	formData16      = 0x1e
-	formLineStrp    = 0x1f
-	formStrx1       = 0x25
-	formStrx2       = 0x26
-	formStrx3       = 0x27
-	formStrx4       = 0x28
-)
 
 // formMinSize is the fewest bytes a value of form takes; 0 for forms that
 // take none and for forms it does not know.
@@ -178,7 +104,7 @@ func formMinSize(form uint64, offSize int) uint64 {
 
 // skipForm skips a value of form; false for a form it does not know or a
 // value past the header's end.
-func (h *headerReader) skipForm(form uint64, offSize int) bool {
+func (h *dwarfReader) skipForm(form uint64, offSize int) bool {
 	switch form {
 	case formString:
 		for h.u8() != 0 && !h.err {

@@ -82,59 +82,18 @@ func splitUnits(info []byte) ([]unitSpan, error) {
 	return spans, nil
 }
 
-// Forms whose values are not relative to their unit.
-const (
-	formRefAddr   = 0x10
-	formIndirect  = 0x16
-	formRefSup4   = 0x1c
-	formRefSup8   = 0x24
-	formImplicit  = 0x21
-	formGNURefAlt = 0x1f20
-)
-
 // crossUnitForms says whether an abbreviation of abbrev uses a form that
 // may refer into another unit, or that gives its form only in the data.
 func crossUnitForms(abbrev []byte) (bool, error) {
-	b := abbrev
-	uleb := func() (uint64, error) {
-		var v uint64
-		for shift := uint(0); shift < 64; shift += 7 {
-			if len(b) == 0 {
-				return 0, errors.New("abbreviations cut short")
-			}
-			c := b[0]
-			b = b[1:]
-			v |= uint64(c&0x7f) << shift
-			if c < 0x80 {
-				return v, nil
-			}
-		}
-		return 0, errors.New("abbreviations: LEB128 too long")
-	}
-	for len(b) > 0 {
-		code, err := uleb()
-		if err != nil {
-			return false, err
-		}
-		if code == 0 {
+	r := dwarfReader{b: abbrev}
+	for r.pos < len(r.b) && !r.err {
+		if code := r.uleb(); code == 0 {
 			continue // the end of a table
 		}
-		if _, err := uleb(); err != nil { // tag
-			return false, err
-		}
-		if len(b) == 0 {
-			return false, errors.New("abbreviations cut short")
-		}
-		b = b[1:] // has children
-		for {
-			attr, err := uleb()
-			if err != nil {
-				return false, err
-			}
-			form, err := uleb()
-			if err != nil {
-				return false, err
-			}
+		r.uleb()  // tag
+		r.skip(1) // has children
+		for !r.err {
+			attr, form := r.uleb(), r.uleb()
 			if attr == 0 && form == 0 {
 				break
 			}
@@ -142,11 +101,12 @@ func crossUnitForms(abbrev []byte) (bool, error) {
 			case formRefAddr, formIndirect, formRefSup4, formRefSup8, formGNURefAlt:
 				return true, nil
 			case formImplicit:
-				if _, err := uleb(); err != nil { // its value, signed: the same bytes
-					return false, err
-				}
+				r.uleb() // its value, signed: the same bytes
 			}
 		}
+	}
+	if r.err {
+		return false, errors.New("abbreviations cut short or malformed")
 	}
 	return false, nil
 }

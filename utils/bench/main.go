@@ -296,22 +296,30 @@ func cpuTime(pid int) time.Duration {
 }
 
 func memory(pid int) (rss, peak float64) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	st, err := statusMiB(pid)
 	check(err)
+	return st["VmRSS"], st["VmHWM"]
+}
+
+// statusMiB reads the sizes /proc/PID/status gives in kB, in MiB by field
+// name ("VmRSS", "RssAnon", ...).
+func statusMiB(pid int) (map[string]float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
 	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 2 {
+		name, rest, ok := strings.Cut(l, ":")
+		f := strings.Fields(rest)
+		if !ok || len(f) != 2 || f[1] != "kB" {
 			continue
 		}
-		kb, _ := strconv.ParseFloat(f[1], 64)
-		switch f[0] {
-		case "VmRSS:":
-			rss = kb / 1024
-		case "VmHWM:":
-			peak = kb / 1024
+		if kb, err := strconv.ParseFloat(f[0], 64); err == nil {
+			out[name] = kb / 1024
 		}
 	}
-	return rss, peak
+	return out, nil
 }
 
 // bpfObjects reads the fdinfo of every BPF program or map fd pid holds,

@@ -97,7 +97,7 @@ func runStartup(bin string, hz, runs int) {
 
 // rssWatch follows a daemon's resident set, split the way the kernel
 // counts it: anonymous (Go's heap and stacks), file-backed (its code and
-// the files it maps), shared memory (the BPF maps it maps).
+// the files it maps) and shared memory.
 type rssWatch struct {
 	peak, end rssSplit
 	peakAt    time.Duration
@@ -143,28 +143,11 @@ func (w rssWatch) String() string {
 
 // readRSS reads pid's resident set in MiB from /proc/PID/status.
 func readRSS(pid int) (rssSplit, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	st, err := statusMiB(pid)
 	if err != nil {
 		return rssSplit{}, false
 	}
-	var s rssSplit
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 2 {
-			continue
-		}
-		kb, _ := strconv.ParseFloat(f[1], 64)
-		switch f[0] {
-		case "VmRSS:":
-			s.total = kb / 1024
-		case "RssAnon:":
-			s.anon = kb / 1024
-		case "RssFile:":
-			s.file = kb / 1024
-		case "RssShmem:":
-			s.shmem = kb / 1024
-		}
-	}
+	s := rssSplit{total: st["VmRSS"], anon: st["RssAnon"], file: st["RssFile"], shmem: st["RssShmem"]}
 	return s, s.total > 0
 }
 
