@@ -102,6 +102,16 @@ func (a *aggregator) add(t *libpf.Trace, meta *libpf.SampleMeta, ts uint64) bool
 	return true
 }
 
+// restartIfEmpty moves the start of the current interval to now if it has
+// no samples yet.
+func (a *aggregator) restartIfEmpty(now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.cur.samples == 0 && a.cur.dropped == 0 {
+		a.cur.start = now
+	}
+}
+
 // swap ends the current interval at end and starts the next one there.
 func (a *aggregator) swap(end time.Time) *interval {
 	next := newInterval(end)

@@ -146,7 +146,9 @@ func (r *Reporter) ReportSample(t *libpf.Trace, meta *libpf.SampleMeta) {
 
 // Start starts the interval ticker and the export goroutine. They run until
 // ctx is done or Close is called; Close must be called in either case to
-// flush the last interval and release the connection.
+// flush the last interval and release the connection. The first interval
+// begins now if no sample came before: start the reporter when sampling
+// starts.
 func (r *Reporter) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -157,6 +159,7 @@ func (r *Reporter) Start(ctx context.Context) error {
 		return errors.New("starting reporter: already started")
 	}
 	r.started = true
+	r.agg.restartIfEmpty(time.Now())
 
 	var tickCtx, expCtx context.Context
 	tickCtx, r.stopTicker = context.WithCancel(ctx)

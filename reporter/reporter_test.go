@@ -121,6 +121,23 @@ func TestFirstIntervalShort(t *testing.T) {
 	}
 }
 
+// TestFirstIntervalFromStart: the first interval begins when the reporter
+// starts, not when it was made, unless samples came before.
+func TestFirstIntervalFromStart(t *testing.T) {
+	made := time.Date(2026, 11, 28, 4, 0, 0, 0, time.UTC)
+	started := made.Add(2 * time.Second)
+	a := newAggregator(made, defaultMaxSamplesPerInterval)
+	a.restartIfEmpty(started)
+	if a.cur.start != started {
+		t.Errorf("empty first interval starts at %v, want %v", a.cur.start, started)
+	}
+	newFixture().report(func(tr *libpf.Trace, m *libpf.SampleMeta) { a.add(tr, m, uint64(m.Time.UnixNano())) })
+	a.restartIfEmpty(started.Add(time.Second))
+	if a.cur.start != started {
+		t.Errorf("interval with samples moved to %v, want %v kept", a.cur.start, started)
+	}
+}
+
 func TestSummaryLogged(t *testing.T) {
 	r, hook := newTestReporter(t, Config{TopN: 2})
 	newFixture().report(r.ReportSample)

@@ -192,11 +192,6 @@ func profile(ctx context.Context, cfg *config) error {
 		return err
 	}
 
-	// Not ctx: on a signal an export in flight must finish, and Close
-	// flushes what is left.
-	if err := rep.Start(context.Background()); err != nil {
-		return err
-	}
 	prob := newProbabilistic(cfg.probabilisticThreshold, cfg.probabilisticInterval, tr)
 	if prob.enabled() {
 		log.Infof("Probabilistic profiling: sampling %d%% of %v intervals", prob.threshold, prob.interval)
@@ -208,6 +203,12 @@ func profile(ctx context.Context, cfg *config) error {
 		go prob.run(probCtx, probTicker.C)
 	}
 	prepareBusy(ctx, pm, cpuBefore)
+	// Started as sampling starts, the reporter's first interval holds its
+	// first FirstInterval of samples. Not ctx: on a signal an export in
+	// flight must finish, and Close flushes what is left.
+	if err := rep.Start(context.Background()); err != nil {
+		return err
+	}
 	if err := tr.Attach(); err != nil {
 		rep.Close()
 		return err
