@@ -15,7 +15,7 @@ const (
 	defaultMaxQueuedRequests     = 8
 	defaultMaxOutputFiles        = 720 // one hour of files at the default 5s interval
 	defaultMaxSamplesPerInterval = 1 << 20
-	defaultFirstInterval         = 500 * time.Millisecond
+	defaultFirstInterval         = 250 * time.Millisecond
 	defaultFlushTimeout          = 3 * time.Second
 )
 
@@ -39,7 +39,7 @@ type Config struct {
 	// FirstInterval is how often the reporter looks for samples to export
 	// until it has exported once, so that a daemon just started shows its
 	// first profile soon: started when sampling starts, it exports the
-	// first FirstInterval of samples. Zero means half a second (or
+	// first FirstInterval of samples. Zero means a quarter second (or
 	// Interval, if shorter).
 	FirstInterval time.Duration
 	// SamplesPerSecond is the sampling frequency; the profile period is
