@@ -1,6 +1,10 @@
 package nativeunwind
 
-import "fmt"
+import (
+	"fmt"
+	"iter"
+	"slices"
+)
 
 // CFABase says how the canonical frame address (CFA, the stack pointer
 // value in the caller just before the call) is found, or that it cannot be.
@@ -144,16 +148,15 @@ func (d Deltas) MarkRuntime(start, end uint64, runtime uint8) Deltas {
 	if start >= end {
 		return d
 	}
-	out := make(Deltas, 0, len(d)+2)
-	var last Rule // in effect before the next delta
-	add := func(addr uint64, r Rule) {
-		if n := len(out); n > 0 && out[n-1].Address == addr {
-			out = out[:n-1]
-		}
-		if n := len(out); n > 0 && out[n-1].Rule == r {
-			return
-		}
-		out = append(out, Delta{Address: addr, Rule: r})
+	return slices.AppendSeq(make(Deltas, 0, len(d)+2), MarkRuntimeSeq(slices.Values(d), start, end, runtime))
+}
+
+// MarkRuntimeSeq is MarkRuntime on deltas yielded in address order, as
+// they are yielded: a file's deltas read from a cache need not be held in
+// a slice of their own.
+func MarkRuntimeSeq(deltas iter.Seq[Delta], start, end uint64, runtime uint8) iter.Seq[Delta] {
+	if start >= end {
+		return deltas
 	}
 	mark := func(r Rule) Rule {
 		if r.CFA != CFAUnknown {
@@ -161,23 +164,64 @@ func (d Deltas) MarkRuntime(start, end uint64, runtime uint8) Deltas {
 		}
 		return r
 	}
-	i := 0
-	for ; i < len(d) && d[i].Address < start; i++ {
-		add(d[i].Address, d[i].Rule)
-		last = d[i].Rule
+	return func(yield func(Delta) bool) {
+		// The last delta is held back until the next: a split at start
+		// or end may replace it (same address), and a delta that repeats
+		// the rule before it is left out.
+		var held, sent Delta
+		haveHeld, haveSent, stopped := false, false, false
+		add := func(addr uint64, r Rule) {
+			if stopped {
+				return
+			}
+			if haveHeld && held.Address == addr {
+				haveHeld = false
+			}
+			if (haveHeld && held.Rule == r) || (!haveHeld && haveSent && sent.Rule == r) {
+				return
+			}
+			if haveHeld {
+				if !yield(held) {
+					stopped = true
+				}
+				sent, haveSent = held, true
+			}
+			held, haveHeld = Delta{Address: addr, Rule: r}, true
+		}
+		var last Rule // in effect before the next delta
+		const before, within, after = 0, 1, 2
+		part := before
+		for x := range deltas {
+			if part == before && x.Address >= start {
+				if haveHeld || haveSent {
+					add(start, mark(last))
+				}
+				part = within
+			}
+			if part == within && x.Address >= end {
+				if x.Address > end {
+					add(end, last)
+				}
+				part = after
+			}
+			if part == within {
+				add(x.Address, mark(x.Rule))
+			} else {
+				add(x.Address, x.Rule)
+			}
+			last = x.Rule
+			if stopped {
+				return
+			}
+		}
+		if part == before && (haveHeld || haveSent) {
+			add(start, mark(last))
+		}
+		if part != after {
+			add(end, last)
+		}
+		if haveHeld && !stopped {
+			yield(held)
+		}
 	}
-	if len(out) > 0 {
-		add(start, mark(last))
-	}
-	for ; i < len(d) && d[i].Address < end; i++ {
-		add(d[i].Address, mark(d[i].Rule))
-		last = d[i].Rule
-	}
-	if i == len(d) || d[i].Address > end {
-		add(end, last)
-	}
-	for ; i < len(d); i++ {
-		add(d[i].Address, d[i].Rule)
-	}
-	return out
 }

@@ -1,6 +1,7 @@
 package nativeunwind
 
 import (
+	"math/rand/v2"
 	"slices"
 	"testing"
 )
@@ -52,5 +53,65 @@ func TestMarkRuntime(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMarkRuntimeRandom checks marking on random deltas and ranges, one
+// range after another as a file with two runtimes' code gets them: every
+// address keeps its rule, marked within a range, and no two neighbours
+// share an address or a rule.
+func TestMarkRuntimeRandom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	rules := []Rule{{}, {CFA: CFASP, CFAOffset: 8}, {CFA: CFASP, CFAOffset: 16}, {CFA: CFAFP, CFAOffset: 16, FPOffset: -16}}
+	for range 2000 {
+		var base Deltas
+		for addr := uint64(rng.IntN(8)); addr < 200; addr += 1 + uint64(rng.IntN(12)) {
+			r := rules[rng.IntN(len(rules))]
+			if n := len(base); n > 0 && base[n-1].Rule == r {
+				continue
+			}
+			base = append(base, Delta{addr, r})
+		}
+		type mark struct {
+			start, end uint64
+			rt         uint8
+		}
+		var marks []mark
+		got := base
+		for i := range 2 {
+			m := mark{uint64(rng.IntN(220)), uint64(rng.IntN(220)), uint8(i + 1)}
+			if m.start > m.end {
+				m.start, m.end = m.end, m.start
+			}
+			if len(marks) > 0 && m.start < marks[0].end && marks[0].start < m.end {
+				continue // runtimes' code does not overlap
+			}
+			marks = append(marks, m)
+			got = got.MarkRuntime(m.start, m.end, m.rt)
+		}
+		for i := 1; i < len(got); i++ {
+			if got[i].Address <= got[i-1].Address || got[i].Rule == got[i-1].Rule {
+				t.Fatalf("deltas %d and %d are out of order or repeat a rule: %v", i-1, i, got)
+			}
+		}
+		for addr := uint64(0); addr < 240; addr++ {
+			r, _ := got.Lookup(addr)
+			want, _ := base.Lookup(addr)
+			for _, m := range marks {
+				if addr >= m.start && addr < m.end && want.CFA != CFAUnknown {
+					want.Runtime = m.rt
+				}
+			}
+			if r != want {
+				t.Fatalf("marks %v of %v: at %d rule %v, want %v (got %v)", marks, base, addr, r, want, got)
+			}
+		}
+		// A consumer that stops early gets no more.
+		n := 0
+		for range MarkRuntimeSeq(slices.Values(base), 10, 100, 1) {
+			if n++; n == 2 {
+				break
+			}
+		}
 	}
 }

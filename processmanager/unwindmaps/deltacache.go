@@ -103,9 +103,9 @@ func (c *DeltaCache) path(id libpf.FileID) string {
 }
 
 // load is Load on a cache that may be nil (none).
-func (c *DeltaCache) load(id libpf.FileID) (nativeunwind.Deltas, bool) {
+func (c *DeltaCache) load(id libpf.FileID) (deltaSeq, bool) {
 	if c == nil || id.IsZero() {
-		return nil, false
+		return deltaSeq{}, false
 	}
 	return c.Load(id)
 }
@@ -118,7 +118,8 @@ func (c *DeltaCache) store(id libpf.FileID, d nativeunwind.Deltas) {
 }
 
 // Load returns the cached deltas of a file, if a usable file holds them.
-func (c *DeltaCache) Load(id libpf.FileID) (nativeunwind.Deltas, bool) {
+// They are decoded as they are yielded.
+func (c *DeltaCache) Load(id libpf.FileID) (deltaSeq, bool) {
 	path := c.path(id)
 	d, err := c.read(path, id)
 	switch {
@@ -127,7 +128,7 @@ func (c *DeltaCache) Load(id libpf.FileID) (nativeunwind.Deltas, bool) {
 		// Recently used files are the last evicted.
 		now := c.now()
 		_ = os.Chtimes(path, now, now)
-		return d, true
+		return d.seq(), true
 	case errors.Is(err, os.ErrNotExist):
 		c.misses.Add(1)
 	default:
@@ -136,11 +137,11 @@ func (c *DeltaCache) Load(id libpf.FileID) (nativeunwind.Deltas, bool) {
 		c.log.Warnf("Stack delta cache: ignoring %s and removing it: %v", path, err)
 		_ = os.Remove(path)
 	}
-	return nil, false
+	return deltaSeq{}, false
 }
 
-// read opens, checks and decodes one cache file.
-func (c *DeltaCache) read(path string, id libpf.FileID) (nativeunwind.Deltas, error) {
+// read opens and checks one cache file.
+func (c *DeltaCache) read(path string, id libpf.FileID) (*cachedDeltas, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		if errors.Is(err, syscall.ELOOP) {
@@ -170,11 +171,51 @@ func (c *DeltaCache) read(path string, id libpf.FileID) (nativeunwind.Deltas, er
 	if _, err := io.ReadFull(f, b); err != nil {
 		return nil, err
 	}
-	return decodeDeltaCache(b, id)
+	return parseDeltaCache(b, id)
+}
+
+// cachedDeltas are a cache file's deltas, checked and still encoded: they
+// are decoded as they are laid out for BPF. Decoded into a slice first, a
+// restart's cached deltas were 56 of the 249 MB its set-up allocated in
+// its first second (24 bytes a delta, against about 3 encoded).
+type cachedDeltas struct {
+	rules []nativeunwind.Rule
+	// deltas are n pairs of uvarints: the address's step from the one
+	// before (the first: the address) and the rule's index.
+	deltas []byte
+	n      int
+}
+
+// seq yields the deltas.
+func (c *cachedDeltas) seq() deltaSeq {
+	return deltaSeq{n: c.n, all: func(yield func(nativeunwind.Delta) bool) {
+		rest := c.deltas
+		var addr uint64
+		for range c.n {
+			// parseDeltaCache checked every pair.
+			step, n := binary.Uvarint(rest)
+			rest = rest[n:]
+			rule, n := binary.Uvarint(rest)
+			rest = rest[n:]
+			addr += step
+			if !yield(nativeunwind.Delta{Address: addr, Rule: c.rules[rule]}) {
+				return
+			}
+		}
+	}}
 }
 
 // decodeDeltaCache checks and decodes a cache file's bytes.
 func decodeDeltaCache(b []byte, id libpf.FileID) (nativeunwind.Deltas, error) {
+	c, err := parseDeltaCache(b, id)
+	if err != nil {
+		return nil, err
+	}
+	return slices.AppendSeq(make(nativeunwind.Deltas, 0, c.n), c.seq().all), nil
+}
+
+// parseDeltaCache checks a cache file's bytes.
+func parseDeltaCache(b []byte, id libpf.FileID) (*cachedDeltas, error) {
 	le := binary.LittleEndian
 	if len(b) < deltaCacheHeader || string(b[:8]) != deltaCacheMagic {
 		return nil, errors.New("not a stack delta cache file")
@@ -208,9 +249,8 @@ func decodeDeltaCache(b []byte, id libpf.FileID) (nativeunwind.Deltas, error) {
 	if uint64(nDeltas) > uint64(len(rest))/2 {
 		return nil, fmt.Errorf("%d deltas in %d bytes", nDeltas, len(rest))
 	}
-	deltas := make(nativeunwind.Deltas, nDeltas)
-	var addr uint64
-	for i := range deltas {
+	body := rest
+	for i := range nDeltas {
 		step, n := binary.Uvarint(rest)
 		if n <= 0 {
 			return nil, fmt.Errorf("delta %d: bad address", i)
@@ -224,13 +264,11 @@ func decodeDeltaCache(b []byte, id libpf.FileID) (nativeunwind.Deltas, error) {
 		if i > 0 && step == 0 {
 			return nil, fmt.Errorf("delta %d: addresses not increasing", i)
 		}
-		addr += step
-		deltas[i] = nativeunwind.Delta{Address: addr, Rule: rules[rule]}
 	}
 	if len(rest) != 0 {
 		return nil, fmt.Errorf("%d bytes after the deltas", len(rest))
 	}
-	return deltas, nil
+	return &cachedDeltas{rules: rules, deltas: body, n: int(nDeltas)}, nil
 }
 
 // encodeDeltaCache encodes a file's deltas (their Rule.Runtime marks are

@@ -57,8 +57,8 @@ func TestDeltaCacheRoundTrip(t *testing.T) {
 	d := testDeltas()
 	marked := d.MarkRuntime(0x1004, 0x1010, 3)
 	c.Store(id, marked)
-	got, ok := c.Load(id)
-	if !ok || !slices.Equal(got, d) {
+	seq, ok := c.Load(id)
+	if got := slices.Collect(seq.all); !ok || !slices.Equal(got, d) || seq.n != len(d) {
 		t.Errorf("loaded %v, %v; want %v", got, ok, d)
 	}
 	if s := c.Stats(); s.Hits != 1 || s.Misses != 1 || s.Written != 1 || s.Rejected != 0 {
@@ -117,7 +117,7 @@ func TestDeltaCacheRejects(t *testing.T) {
 			path := c.path(id)
 			tt.spoil(t, path)
 			if d, ok := c.Load(id); ok {
-				t.Fatalf("loaded %v", d)
+				t.Fatalf("loaded %v", slices.Collect(d.all))
 			}
 			if msg := lastLog(hook); !strings.Contains(msg, tt.reason) || !strings.Contains(msg, path) {
 				t.Errorf("log %q, want the file and %q", msg, tt.reason)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/cilium/ebpf/btf"
 
+	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/support"
 )
@@ -51,7 +52,7 @@ func TestLayoutDeltas(t *testing.T) {
 		ids[r] = uint16(len(ids) + 1)
 		return ids[r], nil
 	}
-	runs, all, err := layoutDeltas(deltas, pageBits, intern)
+	runs, all, err := layoutDeltas(seqOf(deltas), pageBits, intern)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +87,7 @@ func TestLayoutDeltas(t *testing.T) {
 
 func TestLayoutDeltasRuleTableFull(t *testing.T) {
 	deltas := nativeunwind.Deltas{{Address: 0x1000, Rule: nativeunwind.Rule{CFA: nativeunwind.CFASP, CFAOffset: 8}}}
-	_, _, err := layoutDeltas(deltas, 16, func(nativeunwind.Rule) (uint16, error) { return 0, errTooManyRules })
+	_, _, err := layoutDeltas(seqOf(deltas), 16, func(nativeunwind.Rule) (uint16, error) { return 0, errTooManyRules })
 	if err != errTooManyRules {
 		t.Errorf("error %v, want errTooManyRules", err)
 	}
@@ -136,8 +137,51 @@ func BenchmarkLayoutDeltas(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, _, err := layoutDeltas(deltas, 16, intern); err != nil {
+		if _, _, err := layoutDeltas(seqOf(deltas), 16, intern); err != nil {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkCachedLayout lays out a million cached deltas: decoded into a
+// slice first, as loads once did, and decoded as they are laid out.
+func BenchmarkCachedLayout(b *testing.B) {
+	rules := []nativeunwind.Rule{
+		{CFA: nativeunwind.CFASP, CFAOffset: 8, RAOffset: -8},
+		{CFA: nativeunwind.CFASP, CFAOffset: 16, RAOffset: -8},
+		{CFA: nativeunwind.CFAFP, CFAOffset: 16, RAOffset: -8, FPOffset: -16},
+	}
+	deltas := make(nativeunwind.Deltas, 1<<20)
+	for i := range deltas {
+		deltas[i] = nativeunwind.Delta{Address: 0x400000 + uint64(i)*64, Rule: rules[i%len(rules)]}
+	}
+	id := libpf.FileID{1}
+	file := encodeDeltaCache(id, deltas)
+	intern := func(r nativeunwind.Rule) (uint16, error) {
+		return uint16(slices.Index(rules, r) + 1), nil
+	}
+	b.Run("decoded", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			d, err := decodeDeltaCache(file, id)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, _, err := layoutDeltas(seqOf(d), 16, intern); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("streamed", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			c, err := parseDeltaCache(file, id)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, _, err := layoutDeltas(c.seq(), 16, intern); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

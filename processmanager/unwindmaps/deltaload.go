@@ -156,7 +156,7 @@ func (l *deltaLoader) failure(fileID uint64) error {
 // load writes a file's extracted deltas to BPF, or remembers why there are
 // none (err, unless transient). A loaded file has no reference yet: it is
 // idle until acquired.
-func (l *deltaLoader) load(fileID uint64, deltas nativeunwind.Deltas, err error) error {
+func (l *deltaLoader) load(fileID uint64, deltas deltaSeq, err error) error {
 	if err == nil {
 		err = l.write(fileID, deltas)
 	}
@@ -168,7 +168,7 @@ func (l *deltaLoader) load(fileID uint64, deltas nativeunwind.Deltas, err error)
 }
 
 // write lays a file's deltas out in the pool and its pages.
-func (l *deltaLoader) write(fileID uint64, deltas nativeunwind.Deltas) error {
+func (l *deltaLoader) write(fileID uint64, deltas deltaSeq) error {
 	l.expireIdle(l.now())
 	if l.files[fileID] != nil {
 		return nil

@@ -22,7 +22,7 @@ func acquireWith(l *deltaLoader, fileID uint64, extract func() (nativeunwind.Del
 		return err
 	}
 	d, err := extract()
-	if err := l.load(fileID, d, err); err != nil {
+	if err := l.load(fileID, seqOf(d), err); err != nil {
 		return err
 	}
 	l.acquire(fileID)

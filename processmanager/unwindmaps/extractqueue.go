@@ -4,8 +4,6 @@ import (
 	"math"
 	"sync"
 	"time"
-
-	"github.com/hostprof/ebpf-profiler/nativeunwind"
 )
 
 // Stack deltas are extracted on goroutines of their own, smallest file
@@ -37,14 +35,14 @@ type extraction struct {
 // extracted is an extraction's outcome.
 type extracted struct {
 	x      *extraction
-	deltas nativeunwind.Deltas
+	deltas deltaSeq
 	err    error
 }
 
 // extractQueue runs extractions on its two lanes' goroutines and sends
 // each outcome to results.
 type extractQueue struct {
-	extract func(*extraction) (nativeunwind.Deltas, error)
+	extract func(*extraction) (deltaSeq, error)
 	results chan extracted
 	now     func() time.Time
 
@@ -56,7 +54,7 @@ type extractQueue struct {
 	wg      sync.WaitGroup
 }
 
-func newExtractQueue(extract func(*extraction) (nativeunwind.Deltas, error)) *extractQueue {
+func newExtractQueue(extract func(*extraction) (deltaSeq, error)) *extractQueue {
 	q := &extractQueue{
 		extract: extract,
 		results: make(chan extracted),

@@ -571,42 +571,42 @@ func (s *Sync) logFailure(j *unwindJob, err error) {
 
 // extractFile returns a file's deltas with its runtimes' code marked; it
 // runs on the extractQueue's goroutines.
-func (s *Sync) extractFile(x *extraction) (nativeunwind.Deltas, error) {
+func (s *Sync) extractFile(x *extraction) (deltaSeq, error) {
 	start := time.Now()
 	d, cached, err := s.extractJob(x.job)
 	if err != nil {
-		return nil, err
+		return deltaSeq{}, err
 	}
 	s.filesLoaded.Add(1)
-	for _, c := range x.job.runtimeCode {
-		d = d.MarkRuntime(c.Start, c.End, c.Runtime)
-	}
 	from := "extracted"
 	if cached {
 		from = "read from the cache"
 	}
-	s.log.Debugf("%d stack deltas of %s %s in %v", len(d), x.job.path, from, time.Since(start).Round(time.Millisecond))
+	s.log.Debugf("%d stack deltas of %s %s in %v", d.n, x.job.path, from, time.Since(start).Round(time.Millisecond))
+	for _, c := range x.job.runtimeCode {
+		d = deltaSeq{n: d.n + 2, all: nativeunwind.MarkRuntimeSeq(d.all, c.Start, c.End, c.Runtime)}
+	}
 	return d, nil
 }
 
 // extractJob returns a job's file's deltas: from the cache, or extracted
 // from the file (and cached).
-func (s *Sync) extractJob(j *unwindJob) (d nativeunwind.Deltas, cached bool, err error) {
+func (s *Sync) extractJob(j *unwindJob) (d deltaSeq, cached bool, err error) {
 	if d, ok := s.u.Cache.load(j.id); ok {
 		return d, true, nil
 	}
 	f, err := j.open()
 	if err != nil {
-		return nil, false, transientError{err}
+		return deltaSeq{}, false, transientError{err}
 	}
 	defer f.Close()
-	d, err = s.u.Extract(f)
+	deltas, err := s.u.Extract(f)
 	if err != nil {
 		s.extractErrors.Add(1)
-		return nil, false, fmt.Errorf("extracting stack deltas: %w", err)
+		return deltaSeq{}, false, fmt.Errorf("extracting stack deltas: %w", err)
 	}
-	s.u.Cache.store(j.id, d)
-	return d, false, nil
+	s.u.Cache.store(j.id, deltas)
+	return seqOf(deltas), false, nil
 }
 
 // addTrie writes a mapping (or region) to the mapping trie.
