@@ -66,7 +66,15 @@ func startWorkload(t *testing.T, namespaced bool, name string, args ...string) (
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if !namespaced {
+			// node --perf-basic-prof leaves its perf map behind, where
+			// a later process of the same pid would find it.
+			os.Remove(fmt.Sprintf("/tmp/perf-%d.map", cmd.Process.Pid))
+		}
+	})
 	line, err := bufio.NewReader(out).ReadString('\n')
 	if err != nil {
 		t.Fatalf("%s printed %q: %v", name, line, err)

@@ -84,6 +84,8 @@ int main(int argc, char **argv)
     return 1;
   char path[64];
   snprintf(path, sizeof(path), "/tmp/perf-%d.map", getpid());
+  // A map left by an earlier process of this pid (pids wrap) is not ours.
+  unlink(path);
   if (write_map(path, mode, mem) != 0) {
     perror(path);
     return 1;
