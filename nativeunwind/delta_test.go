@@ -106,7 +106,8 @@ func TestMarkRuntimeRandom(t *testing.T) {
 				t.Fatalf("marks %v of %v: at %d rule %v, want %v (got %v)", marks, base, addr, r, want, got)
 			}
 		}
-		// A consumer that stops early gets no more.
+		// A consumer that stops early gets no more (a yield after it
+		// returned false panics).
 		n := 0
 		for range MarkRuntimeSeq(slices.Values(base), 10, 100, 1) {
 			if n++; n == 2 {

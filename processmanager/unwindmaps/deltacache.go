@@ -205,15 +205,6 @@ func (c *cachedDeltas) seq() deltaSeq {
 	}}
 }
 
-// decodeDeltaCache checks and decodes a cache file's bytes.
-func decodeDeltaCache(b []byte, id libpf.FileID) (nativeunwind.Deltas, error) {
-	c, err := parseDeltaCache(b, id)
-	if err != nil {
-		return nil, err
-	}
-	return slices.AppendSeq(make(nativeunwind.Deltas, 0, c.n), c.seq().all), nil
-}
-
 // parseDeltaCache checks a cache file's bytes.
 func parseDeltaCache(b []byte, id libpf.FileID) (*cachedDeltas, error) {
 	le := binary.LittleEndian

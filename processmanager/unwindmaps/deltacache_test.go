@@ -241,3 +241,13 @@ func FuzzDecodeDeltaCache(f *testing.F) {
 		}
 	})
 }
+
+// decodeDeltaCache checks and decodes a cache file's bytes into a slice,
+// sized up front as loads once did.
+func decodeDeltaCache(b []byte, id libpf.FileID) (nativeunwind.Deltas, error) {
+	c, err := parseDeltaCache(b, id)
+	if err != nil {
+		return nil, err
+	}
+	return slices.AppendSeq(make(nativeunwind.Deltas, 0, c.n), c.seq().all), nil
+}

@@ -123,18 +123,7 @@ func TestCFABaseMatchesBPF(t *testing.T) {
 // 64 MiB of code; allocated bytes per op are the garbage a large file's
 // load makes.
 func BenchmarkLayoutDeltas(b *testing.B) {
-	rules := []nativeunwind.Rule{
-		{CFA: nativeunwind.CFASP, CFAOffset: 8, RAOffset: -8},
-		{CFA: nativeunwind.CFASP, CFAOffset: 16, RAOffset: -8},
-		{CFA: nativeunwind.CFAFP, CFAOffset: 16, RAOffset: -8, FPOffset: -16},
-	}
-	deltas := make(nativeunwind.Deltas, 1<<20)
-	for i := range deltas {
-		deltas[i] = nativeunwind.Delta{Address: 0x400000 + uint64(i)*64, Rule: rules[i%len(rules)]}
-	}
-	intern := func(r nativeunwind.Rule) (uint16, error) {
-		return uint16(slices.Index(rules, r) + 1), nil
-	}
+	deltas, intern := millionDeltas()
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, _, err := layoutDeltas(seqOf(deltas), 16, intern); err != nil {
@@ -146,20 +135,9 @@ func BenchmarkLayoutDeltas(b *testing.B) {
 // BenchmarkCachedLayout lays out a million cached deltas: decoded into a
 // slice first, as loads once did, and decoded as they are laid out.
 func BenchmarkCachedLayout(b *testing.B) {
-	rules := []nativeunwind.Rule{
-		{CFA: nativeunwind.CFASP, CFAOffset: 8, RAOffset: -8},
-		{CFA: nativeunwind.CFASP, CFAOffset: 16, RAOffset: -8},
-		{CFA: nativeunwind.CFAFP, CFAOffset: 16, RAOffset: -8, FPOffset: -16},
-	}
-	deltas := make(nativeunwind.Deltas, 1<<20)
-	for i := range deltas {
-		deltas[i] = nativeunwind.Delta{Address: 0x400000 + uint64(i)*64, Rule: rules[i%len(rules)]}
-	}
+	deltas, intern := millionDeltas()
 	id := libpf.FileID{1}
 	file := encodeDeltaCache(id, deltas)
-	intern := func(r nativeunwind.Rule) (uint16, error) {
-		return uint16(slices.Index(rules, r) + 1), nil
-	}
 	b.Run("decoded", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
@@ -184,4 +162,19 @@ func BenchmarkCachedLayout(b *testing.B) {
 			}
 		}
 	})
+}
+
+// millionDeltas are a million deltas (libLLVM's count) over 64 MiB of
+// code, three rules taking turns, and the interning of those rules.
+func millionDeltas() (nativeunwind.Deltas, func(nativeunwind.Rule) (uint16, error)) {
+	rules := []nativeunwind.Rule{
+		{CFA: nativeunwind.CFASP, CFAOffset: 8, RAOffset: -8},
+		{CFA: nativeunwind.CFASP, CFAOffset: 16, RAOffset: -8},
+		{CFA: nativeunwind.CFAFP, CFAOffset: 16, RAOffset: -8, FPOffset: -16},
+	}
+	deltas := make(nativeunwind.Deltas, 1<<20)
+	for i := range deltas {
+		deltas[i] = nativeunwind.Delta{Address: 0x400000 + uint64(i)*64, Rule: rules[i%len(rules)]}
+	}
+	return deltas, func(r nativeunwind.Rule) (uint16, error) { return uint16(slices.Index(rules, r) + 1), nil }
 }
