@@ -63,8 +63,9 @@ for v in 3.1 3.3 3.4; do ./utils/rubyfetch/fetch-ruby.sh "$v" >/dev/null; done
 for v in 18 22 24; do ./utils/nodefetch/fetch-node.sh "$v" >/dev/null; done
 
 # Perl: Debian 12's perl 5.36 with its libperl (the Perl tests run it both
-# ways), bullseye's 5.32 and trixie's 5.40 beside it, and the DWARF of the
-# three builds from perl-debug, unpacked, never installed (cached).
+# ways), bullseye's 5.32 and trixie's 5.40 beside it, all three built for
+# arm64 (the kernel matrix's arm64 VMs run them), and the DWARF of the six
+# builds from perl-debug, unpacked, never installed (cached).
 perl_missing=()
 for p in perl libperl5.36; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || perl_missing+=("$p")
@@ -74,7 +75,10 @@ if ((${#perl_missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${perl_missing[@]}"
 fi
 for v in 5.32 5.40; do ./utils/perlfetch/fetch-perl.sh "$v" >/dev/null; done
-for v in 5.32 5.36 5.40; do ./utils/perlfetch/fetch-perl-debug.sh "$v" >/dev/null; done
+for v in 5.32 5.36 5.40; do
+  ./utils/perlfetch/fetch-perl.sh "$v" arm64 >/dev/null
+  for a in amd64 arm64; do ./utils/perlfetch/fetch-perl-debug.sh "$v" "$a" >/dev/null; done
+done
 
 # Builds the collector once and caches it; prints its path.
 ./utils/collector/build.sh

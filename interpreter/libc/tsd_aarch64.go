@@ -4,12 +4,18 @@ import "encoding/binary"
 
 // An arm64 decoder of the few instructions pthread_getspecific's fast path
 // uses (Arm ARM, A64 encodings): mrs tpidr_el0, add/sub/cmp (immediate,
-// shifted and extended register), mov (orr), ubfm (lsl, ubfiz, uxtw),
+// shifted and extended register), mov (orr, movz, movn), ubfm (lsl, ubfiz, uxtw),
 // ldr/ldur of 64 bits, b, b.cond, cbz/cbnz, ret and hints (nop, bti,
 // pac*). glibc 2.36:
 //
 //	mov w1, w0; cmp w0, #0x1f; b.hi slow; ubfiz x0, x1, #4, #32
 //	mrs x2, tpidr_el0; sub x0, x0, #0x630; add x2, x2, x0
+//	ldr x0, [x2, #8]; cbz x0, ...
+//
+// glibc 2.41 (Debian 13) loads the block's offset as a constant first:
+//
+//	bti c; mov w1, w0; cmp w0, #0x1f; b.hi slow; mov x0, #-0x610
+//	mrs x2, tpidr_el0; add x0, x0, w1, uxtw #4; add x2, x2, x0
 //	ldr x0, [x2, #8]; cbz x0, ...
 
 const (
@@ -129,6 +135,17 @@ func a64Data(m *tsdMachine, regs *[32]tsdVal, w uint32, pc int) error {
 			return tsdErr(pc, "add/sub with extend %d", ext)
 		}
 		return a64AddSub(m, w, sp(rn), tsdShl(v, shift), set)
+	case w&0x1f800000 == 0x12800000: // move wide: movn, movz
+		imm := int64(a64Bits(w, 5, 16)) << (16 * a64Bits(w, 21, 2))
+		switch w >> 29 & 3 {
+		case 0: // movn
+			set(rd, tsdConst(^imm))
+		case 2: // movz
+			set(rd, tsdConst(imm))
+		default:
+			return tsdErr(pc, "movk")
+		}
+		return nil
 	case w&0x7f200000 == 0x2a000000: // orr (shifted register)
 		if rn != a64ZR || a64Bits(w, 10, 6) != 0 || a64Bits(w, 22, 2) != 0 {
 			return tsdErr(pc, "orr other than mov")

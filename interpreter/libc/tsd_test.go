@@ -24,6 +24,9 @@ var (
 		"63602091440040f9616861f83f0004eb41000054c0035fd65f0400f9000080d2c0035fd61ffc0f71a8ffff54007c0553" +
 		"42d03bd523100012400c008b000011d1020840f9c2feffb463107cd34200038be8ffff17"
 	tsdMuslAMD64 = "64488b042500000000488b808000000089ff488b04f8c3"
+	// The fast path of Debian 13's libc6 2.41-12+deb13u5 (arm64), up to
+	// the test of the value read.
+	tsdGlibc241ARM64 = "5f2403d5e103002a1f7c007148020054e0c1809242d03bd50050218b4200008b400440f9400100b4"
 )
 
 var (
@@ -45,6 +48,12 @@ type tsdCase struct {
 var tsdCases = []tsdCase{
 	{name: "glibc 2.36 x86_64", arch: elf.EM_X86_64, code: tsdGlibcAMD64, want: tsdGlibcLayoutAMD64},
 	{name: "glibc 2.36 arm64", arch: elf.EM_AARCH64, code: tsdGlibcARM64, want: tsdGlibcLayoutARM64},
+	{
+		name: "glibc 2.41 arm64, offset from movn", arch: elf.EM_AARCH64, code: tsdGlibc241ARM64,
+		want: TSDLayout{Libc: LibcGlibc, FirstBlockOffset: -0x610, EntrySize: 16, DataOffset: 8, MaxFastKey: 32},
+	},
+	// movz x0, #0x10, lsl #16; movk x0, #1, lsl #32
+	{name: "arm64 movk", arch: elf.EM_AARCH64, code: "0002a0d22000c0f2", errText: "movk"},
 	{name: "musl 1.2.3 x86_64", arch: elf.EM_X86_64, code: tsdMuslAMD64, want: tsdMuslLayoutAMD64},
 	// The slow paths of these are outside the code (as in a .cold section).
 	{name: "glibc x86_64 fast path alone", arch: elf.EM_X86_64, code: tsdGlibcAMD64[:2*0x1f], want: tsdGlibcLayoutAMD64},

@@ -51,8 +51,8 @@ func TestDetectNotPerl(t *testing.T) {
 }
 
 // perlFile is a file with a tested interpreter in it and the command that
-// runs it.
-type perlFile struct{ name, version, file, perl string }
+// runs it here (none for another architecture's).
+type perlFile struct{ name, version, arch, file, perl string }
 
 func perlFiles(t testing.TB) []perlFile {
 	var out []perlFile
@@ -65,20 +65,34 @@ func perlFiles(t testing.TB) []perlFile {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, perlFile{v, v, exe, pl})
+		out = append(out, perlFile{v, v, runtime.GOARCH, exe, pl})
 	}
 	lib, launcher, err := perlfetch.Libperl("5.36")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return append(out, perlFile{"5.36 libperl", "5.36", lib, launcher})
+	return append(out, perlFile{"5.36 libperl", "5.36", runtime.GOARCH, lib, launcher})
+}
+
+// arm64Files are the arm64 builds of the tested versions (the kernel
+// matrix runs them), read here as files.
+func arm64Files(t testing.TB) []perlFile {
+	var out []perlFile
+	for _, v := range perlfetch.Versions {
+		exe, err := perlfetch.ExecutableFor(v, "arm64")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, perlFile{v + " arm64", v, "arm64", exe, ""})
+	}
+	return out
 }
 
 // TestDetect checks what Detect reads from Debian's builds: version,
 // runops loops, the pthread key and the interpreter's size, which must be
 // the layout's.
 func TestDetect(t *testing.T) {
-	for _, pf := range perlFiles(t) {
+	for _, pf := range append(perlFiles(t), arm64Files(t)...) {
 		t.Run(pf.name, func(t *testing.T) {
 			b, err := detectFile(t, pf.file)
 			if err != nil {
@@ -99,7 +113,7 @@ func TestDetect(t *testing.T) {
 			if b.ThrKey == 0 {
 				t.Error("no PL_thr_key: Debian's perls are threaded")
 			}
-			if err := b.check(); err != nil {
+			if err := b.checkFor(pf.arch); err != nil {
 				t.Error(err)
 			}
 		})

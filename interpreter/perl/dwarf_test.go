@@ -10,17 +10,19 @@ import (
 )
 
 // TestLayoutFromDWARF checks the offset tables of 5.32, 5.36 and 5.40
-// against the DWARF of Debian's builds (perl-debug's dwz file of libperl,
-// which holds the types the build's objects share). 5.34 and 5.38 have no
-// Debian build (internals.md §9).
+// against the DWARF of Debian's x86_64 and arm64 builds (perl-debug's dwz
+// file of libperl, which holds the types the build's objects share). 5.34
+// and 5.38 have no Debian build (internals.md §9).
 func TestLayoutFromDWARF(t *testing.T) {
-	for _, v := range perlfetch.Versions {
-		t.Run(v, func(t *testing.T) { checkLayoutFromDWARF(t, v) })
+	for _, arch := range []string{"amd64", "arm64"} {
+		for _, v := range perlfetch.Versions {
+			t.Run(v+" "+arch, func(t *testing.T) { checkLayoutFromDWARF(t, v, arch) })
+		}
 	}
 }
 
-func checkLayoutFromDWARF(t *testing.T, v string) {
-	path, err := perlfetch.DebugInfo(v)
+func checkLayoutFromDWARF(t *testing.T, v, arch string) {
+	path, err := perlfetch.DebugInfo(v, arch)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +32,7 @@ func checkLayoutFromDWARF(t *testing.T, v string) {
 	}
 	var minor int
 	fmt.Sscanf(v, "5.%d", &minor)
-	l, err := LayoutFor(interpreter.Version{Major: 5, Minor: minor})
+	l, err := layoutFor(arch, interpreter.Version{Major: 5, Minor: minor})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,20 +2,25 @@ package perl
 
 import (
 	"fmt"
+	"runtime"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 )
 
 // Layout is where a Perl version keeps what the unwinder and the
-// symbolizer read: byte offsets into its structs, x86_64 with ithreads.
+// symbolizer read: byte offsets into its structs, LP64 with ithreads.
 // Sources: internals.md §3-§6, which cite the headers (intrpvar.h, cop.h,
 // sv.h, cv.h, gv.h, hv.h) at each release tag; 5.32, 5.36 and 5.40 were
 // checked against Debian's builds (offsetof against their own CORE
 // headers and config.h, perl-debug's DWARF, live processes), 5.34 and 5.38
-// only against the tags' headers with a borrowed config.h.
+// only against the tags' headers with a borrowed config.h. x86_64 and
+// arm64 differ only in struct interpreter's size (its JMPENV holds a
+// sigjmp_buf, larger on arm64; perl-debug's DWARF of Debian's arm64
+// builds, internals.md §10).
 type Layout struct {
 	// struct interpreter: Icurcop and Icurstackinfo (§3), and its size in
-	// the Debian build checked (PL_interp_size; 0 where none was).
+	// the Debian build checked for the architecture (PL_interp_size; 0
+	// where none was).
 	InterpCurcop, InterpCurstackinfo, InterpSize uint64
 
 	// struct stackinfo: si_cxstack, si_prev, si_cxix, si_cxmax, si_type
@@ -73,30 +78,40 @@ var common = Layout{
 	HvMax: 24, AuxName: 0, AuxNameCount: 28,
 }
 
-// layouts by minor version (5.minor).
-var layouts = map[int]*Layout{}
+// layouts by architecture (GOARCH) and minor version (5.minor).
+var layouts = map[string]map[int]*Layout{"amd64": {}, "arm64": {}}
 
 func init() {
 	for minor, l := range map[int]struct {
-		curcop, curstackinfo, size, auxBody uint64
+		curcop, curstackinfo, auxBody uint64
+		size                          map[string]uint64
 	}{
 		// 5.34 moved sub_generation, dowarn and utf8cache up (§3); 5.36
 		// put HvAUX into the body (hv.h).
-		32: {0xe0, 0xf0, 3792, 0},
-		34: {0xd0, 0xe0, 0, 0},
-		36: {0xd0, 0xe0, 3768, 32},
-		38: {0xd0, 0xe0, 0, 32},
-		40: {0xd0, 0xe0, 3768, 32},
+		32: {0xe0, 0xf0, 0, map[string]uint64{"amd64": 3792, "arm64": 3888}},
+		34: {0xd0, 0xe0, 0, nil},
+		36: {0xd0, 0xe0, 32, map[string]uint64{"amd64": 3768, "arm64": 3864}},
+		38: {0xd0, 0xe0, 32, nil},
+		40: {0xd0, 0xe0, 32, map[string]uint64{"amd64": 3768, "arm64": 3864}},
 	} {
-		lt := common
-		lt.InterpCurcop, lt.InterpCurstackinfo, lt.InterpSize, lt.HvAuxBody = l.curcop, l.curstackinfo, l.size, l.auxBody
-		layouts[minor] = &lt
+		for arch, byMinor := range layouts {
+			lt := common
+			lt.InterpCurcop, lt.InterpCurstackinfo, lt.InterpSize, lt.HvAuxBody = l.curcop, l.curstackinfo, l.size[arch], l.auxBody
+			byMinor[minor] = &lt
+		}
 	}
 }
 
-// LayoutFor returns the layout of a version, or an error for one without.
-func LayoutFor(v interpreter.Version) (*Layout, error) {
-	if l, ok := layouts[v.Minor]; ok && v.Major == 5 {
+// LayoutFor returns the layout of a version on this machine's
+// architecture, or an error for one without.
+func LayoutFor(v interpreter.Version) (*Layout, error) { return layoutFor(runtime.GOARCH, v) }
+
+func layoutFor(arch string, v interpreter.Version) (*Layout, error) {
+	byMinor, ok := layouts[arch]
+	if !ok {
+		return nil, fmt.Errorf("perl %v: no struct layout for %s (x86_64 and arm64 have one)", v, arch)
+	}
+	if l, ok := byMinor[v.Minor]; ok && v.Major == 5 {
 		return l, nil
 	}
 	return nil, fmt.Errorf("perl %v: no struct layout (5.32 to 5.40 have one)", v)

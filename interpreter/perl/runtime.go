@@ -109,14 +109,15 @@ func recognise(f *interpreter.File) (interpreter.Binary, error) {
 	return &perlBinary{Binary: b, err: b.check()}, nil
 }
 
-// check says why the unwinder cannot run this build; nil when it can.
-func (b *Binary) check() error {
-	l, err := LayoutFor(b.Version)
+// check says why the unwinder cannot run this build here; nil when it can.
+func (b *Binary) check() error { return b.checkFor(runtime.GOARCH) }
+
+// checkFor is check for a build of arch (GOARCH).
+func (b *Binary) checkFor(arch string) error {
+	l, err := layoutFor(arch, b.Version)
 	switch {
 	case err != nil:
 		return err
-	case runtime.GOARCH != "amd64":
-		return fmt.Errorf("Perl frames are unwound on x86_64 only, not %s", runtime.GOARCH)
 	case b.ThrKey == 0:
 		return fmt.Errorf("perl %v: built without threads (no %s): its interpreter is not reached as the unwinder does", b.Version, thrKeySymbol)
 	case l.InterpSize != 0 && b.InterpSize != l.InterpSize:

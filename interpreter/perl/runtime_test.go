@@ -26,9 +26,11 @@ func TestUnwinderStructs(t *testing.T) {
 	if tags["PERL_FRAME_MAIN"] != frameMain || tags["PERL_FRAME_EVAL"] != frameEval {
 		t.Errorf("frame tags %v, Go has main %#x, eval %#x", tags, frameMain, frameEval)
 	}
-	for minor, l := range layouts {
-		if !readsLayout(l) {
-			t.Errorf("5.%d: run levels and contexts not laid out as the unwinder reads them: %+v", minor, l)
+	for arch, byMinor := range layouts {
+		for minor, l := range byMinor {
+			if !readsLayout(l) {
+				t.Errorf("5.%d on %s: run levels and contexts not laid out as the unwinder reads them: %+v", minor, arch, l)
+			}
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,9 +24,9 @@ func perlWorkload(t *testing.T) (string, map[string]uint32) {
 }
 
 // runPerl runs the workload in one mode for d.
-func runPerl(t *testing.T, pl, script, mode string, d time.Duration) scriptRun {
+func runPerl(t *testing.T, c perlCase, script, mode string, d time.Duration) scriptRun {
 	t.Helper()
-	return runScript(t, exec.Command(pl, script, mode, formatSeconds(d)))
+	return runScript(t, c.command(t, script, mode, formatSeconds(d)))
 }
 
 // perlFrame is a Perl frame a test expects: its function, file and line.
@@ -55,17 +56,47 @@ func perlChain(script string, hot map[string]uint32) []perlFrame {
 }
 
 // perlCase is a way to run a tested perl: the executable with the
-// interpreter linked in, or Debian's launcher that runs it from libperl.
-type perlCase struct{ name, version, perl string }
+// interpreter linked in, or (launcher set) Debian's launcher that runs it
+// from libperl.
+type perlCase struct{ name, version, launcher string }
+
+// perlVersion is the case of a tested version's executable; it fails t
+// when that is not installed for the workloads' architecture, and lists
+// it for the VM when the run prepares one.
+func perlVersion(t *testing.T, v string) perlCase {
+	t.Helper()
+	if arch := targetArch(); arch != runtime.GOARCH {
+		tree, err := perlfetch.Tree(v, arch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vmTrees(t, tree...)
+	} else if _, err := perlfetch.Executable(v); err != nil {
+		t.Fatal(err)
+	}
+	return perlCase{"perl " + v, v, ""}
+}
+
+// command returns the command that runs the case with args.
+func (c perlCase) command(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	if c.launcher != "" {
+		return exec.Command(c.launcher, args...)
+	}
+	cmd, err := perlfetch.Command(c.version, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cmd
+}
 
 func perlCases(t *testing.T) []perlCase {
 	var out []perlCase
 	for _, v := range perlfetch.Versions {
-		pl, err := perlfetch.Perl(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, perlCase{"perl " + v, v, pl})
+		out = append(out, perlVersion(t, v))
+	}
+	if targetArch() != runtime.GOARCH {
+		return out
 	}
 	for _, v := range perlfetch.Versions {
 		if _, launcher, err := perlfetch.Libperl(v); err == nil {
@@ -75,16 +106,22 @@ func perlCases(t *testing.T) []perlCase {
 	return out
 }
 
-// profilePerl profiles the workload in mode under pl and returns the
-// share of its hot samples ok accepts (t fails below 95%).
-func profilePerl(t *testing.T, pl, mode string, ok func(smp sample) bool) float64 {
+// profilePerl profiles the workload in mode under c and returns the
+// share of its hot samples ok accepts after the warm-up (those before the
+// first it accepts, at most maxWarmupSamples; t fails below 95%).
+func profilePerl(t *testing.T, c perlCase, mode string, ok func(smp sample) bool) float64 {
 	t.Helper()
 	script, _ := perlWorkload(t)
 	s := startSession(t, testHz)
-	run := runPerl(t, pl, script, mode, 4*time.Second)
+	run := runPerl(t, c, script, mode, 4*time.Second)
 	logRuntimeMetrics(t, s, "perl")
 	s.stop(t)
 	samples := run.hotSamples(t, s.rec)
+	warm := slices.IndexFunc(samples, ok)
+	if warm < 0 || warm > maxWarmupSamples {
+		t.Fatalf("%d hot samples before the first with the expected frames (-1: none of %d), want <= %d", warm, len(samples), maxWarmupSamples)
+	}
+	samples = samples[warm:]
 	good := 0
 	misses := map[string]int{}
 	for _, smp := range samples {
@@ -95,7 +132,7 @@ func profilePerl(t *testing.T, pl, mode string, ok func(smp sample) bool) float6
 		}
 	}
 	share := share(good, len(samples))
-	t.Logf("%s: %d samples, %.1f%% with the expected Perl frames", mode, len(samples), 100*share)
+	t.Logf("%s: %d samples after %d of warm-up, %.1f%% with the expected Perl frames", mode, len(samples), warm, 100*share)
 	logTopStacks(t, misses, 4)
 	if len(samples) < 2*testHz || share < 0.95 {
 		t.Errorf("%d of %d samples show the expected frames, want >= 95%% of at least %d", good, len(samples), 2*testHz)
@@ -115,7 +152,7 @@ func TestPerlStacks(t *testing.T) {
 	for _, c := range perlCases(t) {
 		names = append(names, c.name)
 		t.Run(c.name, func(t *testing.T) {
-			results[c.name] = append(results[c.name], profilePerl(t, c.perl, "chain", func(smp sample) bool {
+			results[c.name] = append(results[c.name], profilePerl(t, c, "chain", func(smp sample) bool {
 				return perlMatch(framesOf(smp.trace, perl.Kind), want)
 			}))
 		})
@@ -131,10 +168,7 @@ func TestPerlEval(t *testing.T) {
 	script, hot := perlWorkload(t)
 	for _, v := range perlfetch.Versions {
 		t.Run("perl "+v, func(t *testing.T) {
-			pl, err := perlfetch.Perl(v)
-			if err != nil {
-				t.Fatal(err)
-			}
+			pl := perlVersion(t, v)
 			profilePerl(t, pl, "eval", func(smp sample) bool {
 				fs := framesOf(smp.trace, perl.Kind)
 				if len(fs) != 6 || !strings.HasPrefix(fs[1].SourceFile, "(eval ") {
@@ -156,10 +190,7 @@ func TestPerlSort(t *testing.T) {
 	script, hot := perlWorkload(t)
 	for _, v := range perlfetch.Versions {
 		t.Run("perl "+v, func(t *testing.T) {
-			pl, err := perlfetch.Perl(v)
-			if err != nil {
-				t.Fatal(err)
-			}
+			pl := perlVersion(t, v)
 			want := []perlFrame{{"Leafy::leaf", script, hot["leaf"]}, {"main::by_leaf", script, hot["by_leaf"]},
 				{"main::sorter", script, hot["sorter"]}, {"main", script, hot["sort main"]}}
 			profilePerl(t, pl, "sort", func(smp sample) bool {
@@ -200,10 +231,7 @@ func TestPerlThreads(t *testing.T) {
 	script, hot := perlWorkload(t)
 	for _, v := range perlfetch.Versions {
 		t.Run("perl "+v, func(t *testing.T) {
-			pl, err := perlfetch.Perl(v)
-			if err != nil {
-				t.Fatal(err)
-			}
+			pl := perlVersion(t, v)
 			s := startSession(t, testHz)
 			run := runPerl(t, pl, script, "threads", 4*time.Second)
 			logRuntimeMetrics(t, s, "perl")
@@ -248,10 +276,7 @@ func TestPerlForks(t *testing.T) {
 	script, hot := perlWorkload(t)
 	for _, v := range perlfetch.Versions {
 		t.Run("perl "+v, func(t *testing.T) {
-			pl, err := perlfetch.Perl(v)
-			if err != nil {
-				t.Fatal(err)
-			}
+			pl := perlVersion(t, v)
 			s := startSession(t, testHz)
 			run := runPerl(t, pl, script, "fork", 4*time.Second)
 			s.stop(t)
@@ -315,11 +340,9 @@ func TestPerlForks(t *testing.T) {
 func TestPerlStartedBeforeProfiler(t *testing.T) {
 	requireRoot(t)
 	script, hot := perlWorkload(t)
-	pl, err := perlfetch.Perl(perlfetch.Versions[len(perlfetch.Versions)-1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(pl, script, "chain", "6")
+	pl := perlVersion(t, perlfetch.Versions[len(perlfetch.Versions)-1])
+	skipIfPreparing(t)
+	cmd := pl.command(t, script, "chain", "6")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -365,10 +388,7 @@ func TestPerlRecursion(t *testing.T) {
 	want = append(want, perlFrame{"main", script, hot["recursion main"]})
 	for _, v := range perlfetch.Versions {
 		t.Run("perl "+v, func(t *testing.T) {
-			pl, err := perlfetch.Perl(v)
-			if err != nil {
-				t.Fatal(err)
-			}
+			pl := perlVersion(t, v)
 			profilePerl(t, pl, "recursion", func(smp sample) bool { return perlMatch(framesOf(smp.trace, perl.Kind), want) })
 		})
 	}

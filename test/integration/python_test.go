@@ -71,8 +71,7 @@ func pythonWorkload(t *testing.T) (string, map[string]uint32) {
 // the line of each "# hot: NAME" marker in it.
 func markedWorkload(t *testing.T, elem ...string) (string, map[string]uint32) {
 	t.Helper()
-	_, here, _, _ := runtime.Caller(0)
-	path, err := filepath.Abs(filepath.Join(append([]string{filepath.Dir(here), "..", "..", "utils", "workloads"}, elem...)...))
+	path, err := filepath.Abs(scriptPath(t, elem...))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,12 +26,17 @@ import (
 //     workloads found there instead of building them.
 //
 // A workload's directory under DIR is named by a hash of how it is built,
-// so the same test finds the same binary on both sides.
+// so the same test finds the same binary on both sides. Scripts are copied
+// to DIR/scripts, and the runtimes that run them (trees fetched for the
+// VM's architecture) are listed in DIR/trees for the VM to hold at the
+// same paths.
 const (
 	prepareEnv   = "EBPF_PROFILER_TEST_PREPARE"
 	prepareArch  = "EBPF_PROFILER_TEST_GOARCH"
 	prebuiltEnv  = "EBPF_PROFILER_TEST_WORKLOADS"
 	symbolSuffix = ".symbols"
+	scriptsDir   = "scripts"
+	treesFile    = "trees"
 )
 
 // preparing reports whether this run only builds workloads.
@@ -200,6 +205,52 @@ func buildTestAgent(t *testing.T) (agent, app string) {
 func workloadDir(name string) string {
 	_, here, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(here), "..", "..", "utils", "workloads", name)
+}
+
+// scriptPath returns the path of a script under utils/workloads: in a VM,
+// its copy under the prebuilt directory, which the prepare step makes.
+func scriptPath(t *testing.T, elem ...string) string {
+	t.Helper()
+	rel := filepath.Join(elem...)
+	src := filepath.Join(workloadDir(""), rel)
+	switch {
+	case preparing():
+		dst := filepath.Join(os.Getenv(prepareEnv), scriptsDir, rel)
+		b, err := os.ReadFile(src)
+		if err == nil {
+			err = os.MkdirAll(filepath.Dir(dst), 0o755)
+		}
+		if err == nil {
+			err = os.WriteFile(dst, b, 0o644)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	case os.Getenv(prebuiltEnv) != "":
+		return filepath.Join(os.Getenv(prebuiltEnv), scriptsDir, rel)
+	}
+	return src
+}
+
+// vmTrees lists files and directories (absolute paths) that the VM must
+// hold at the same paths, when the run prepares one: a runtime fetched for
+// its architecture, whose executable names its loader and libraries by
+// absolute path.
+func vmTrees(t *testing.T, paths ...string) {
+	t.Helper()
+	if !preparing() {
+		return
+	}
+	f, err := os.OpenFile(filepath.Join(os.Getenv(prepareEnv), treesFile), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err == nil {
+		_, err = fmt.Fprintln(f, strings.Join(paths, "\n"))
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // run runs a build step in dir with env added to the environment.

@@ -10,7 +10,10 @@
 # SECURITY is 1, plus two levels of their lib* runtime dependencies (libc6
 # too if NEW_LIBC is 1: the newer suites' builds need glibc >= 2.38, Debian
 # 12 has 2.36), into OUT/debs, and unpacks them all into OUT/root. apt's
-# lists are kept in OUT's parent, per suite.
+# lists are kept in OUT's parent, per suite and architecture. RUNTIME_ARCH
+# (default amd64) picks the Debian architecture: a foreign one (arm64 for
+# the kernel matrix's VMs) is unpacked, never run here.
+RUNTIME_ARCH=${RUNTIME_ARCH:-amd64}
 unpack_runtime() {
   local out=$1 suite=$2 security_on=$3 new_libc=$4 mirror security="" rel="" p
   shift 4
@@ -18,7 +21,7 @@ unpack_runtime() {
   mkdir -p "$out/debs"
   mirror=$(debian_mirror) || return 1
   [ "$security_on" = 1 ] && security="${mirror%/debian}/debian-security"
-  private_apt "$(dirname "$out")/apt-${suite// /-}-amd64" amd64 "$suite" $security || {
+  private_apt "$(dirname "$out")/apt-${suite// /-}-$RUNTIME_ARCH" "$RUNTIME_ARCH" "$suite" $security || {
     echo "no apt lists for $suite" >&2
     return 1
   }
@@ -46,13 +49,38 @@ runtime_libdeps() {
 # point_at_root EXECUTABLE ROOT NEW_LIBC: makes EXECUTABLE load its
 # libraries from ROOT's (DT_RPATH) and, if NEW_LIBC is 1, start through
 # ROOT's dynamic loader (PT_INTERP), so the process is the genuine
-# executable mapping the genuine libraries.
+# executable mapping the genuine libraries. Suites before trixie keep the C
+# library in /lib, not /usr/lib: both are searched.
 point_at_root() {
-  local exe=$1 libdir=$2/usr/lib/x86_64-linux-gnu
+  local exe=$1 triplet loader dir rpath=""
+  triplet=$(runtime_triplet) loader=$(runtime_loader)
   command -v patchelf >/dev/null || { echo "patchelf missing (install-test-deps.sh installs it)" >&2; return 1; }
+  for dir in "$2/usr/lib/$triplet" "$2/lib/$triplet"; do
+    [ -d "$dir" ] && rpath=${rpath:+$rpath:}$dir
+  done
   if [ "$3" = 1 ]; then
-    [ -x "$libdir/ld-linux-x86-64.so.2" ] || { echo "no dynamic loader in the unpacked libc6" >&2; return 1; }
-    patchelf --set-interpreter "$libdir/ld-linux-x86-64.so.2" "$exe"
+    for dir in "$2/usr/lib/$triplet" "$2/lib/$triplet" ""; do
+      [ -n "$dir" ] || { echo "no dynamic loader in the unpacked libc6" >&2; return 1; }
+      [ -x "$dir/$loader" ] && break
+    done
+    patchelf --set-interpreter "$dir/$loader" "$exe"
   fi
-  patchelf --force-rpath --set-rpath "$libdir" "$exe"
+  patchelf --force-rpath --set-rpath "$rpath" "$exe"
+}
+
+# runtime_triplet and runtime_loader: RUNTIME_ARCH's multiarch directory
+# name and dynamic loader.
+runtime_triplet() {
+  case $RUNTIME_ARCH in
+    amd64) echo x86_64-linux-gnu ;;
+    arm64) echo aarch64-linux-gnu ;;
+    *) echo "unknown architecture $RUNTIME_ARCH" >&2; return 1 ;;
+  esac
+}
+runtime_loader() {
+  case $RUNTIME_ARCH in
+    amd64) echo ld-linux-x86-64.so.2 ;;
+    arm64) echo ld-linux-aarch64.so.1 ;;
+    *) echo "unknown architecture $RUNTIME_ARCH" >&2; return 1 ;;
+  esac
 }

@@ -170,3 +170,36 @@ func TestFailedOutput(t *testing.T) {
 		t.Errorf("failure report:\n%s\nwant\n%s", got, want)
 	}
 }
+
+// TestSelections: each VM's selection picks its tests, and the union the
+// prepare step runs picks all of them.
+func TestSelections(t *testing.T) {
+	one, full, amd := runFor("arm64", "6.1"), runFor("arm64", fullRuntimesKernel), runFor("amd64", fullRuntimesKernel)
+	all := union([]string{one, full, amd})
+	for _, c := range []struct {
+		run, name string
+		want      bool
+	}{
+		{one, "TestProgramsLoad", true},
+		{one, "TestUnwindWithoutFramePointers/C_stripped", true},
+		{one, "TestUnwindWithoutFramePointers/Rust", false},
+		{one, "TestPerlStacks/perl_5.40", true},
+		{one, "TestPerlStacks/perl_5.32", false},
+		{one, "TestPerlStartedBeforeProfiler", true},
+		{one, "TestPythonStacks/3.11", false},
+		{full, "TestPerlStacks/perl_5.32", true},
+		{full, "TestPerlThreads/perl_5.36", true},
+		{amd, "TestPerlStacks/perl_5.40", false},
+		{amd, "TestFramePointerChain", true},
+		{all, "TestPerlStacks/perl_5.32", true},
+		{all, "TestUnwindWithoutFramePointers/cgo", true},
+		{all, "TestPythonStacks", false},
+	} {
+		if got := selects(c.run, c.name); got != c.want {
+			t.Errorf("selects(%q, %q) = %v, want %v", c.run, c.name, got, c.want)
+		}
+	}
+	if got := splitLevels(`^(a|b/c)$/^[x/y]/z`); len(got) != 3 || got[0] != `^(a|b/c)$` || got[1] != `^[x/y]` {
+		t.Errorf("splitLevels: %q", got)
+	}
+}

@@ -2,10 +2,12 @@ package main
 
 import (
 	"debug/elf"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // target is what a VM architecture needs from this machine.
@@ -17,6 +19,9 @@ type target struct {
 	hostLibDir, guestLibDir string
 	qemu                    []string
 	console                 string
+	// memory is the VM's (qemu -m): the initramfs, runtimes included,
+	// is unpacked into it.
+	memory string
 }
 
 var targets = map[string]target{
@@ -26,6 +31,7 @@ var targets = map[string]target{
 		// every instruction set extension qemu emulates.
 		qemu:    []string{"qemu-system-x86_64", "-cpu", "max"},
 		console: "ttyS0",
+		memory:  "1G",
 	},
 	"arm64": {
 		goarch: "arm64", hostLibDir: "/usr/aarch64-linux-gnu/lib", guestLibDir: "/lib/aarch64-linux-gnu",
@@ -34,6 +40,7 @@ var targets = map[string]target{
 		// is much faster to emulate than the architected QARMA.
 		qemu:    []string{"qemu-system-aarch64", "-M", "virt", "-cpu", "max,pauth-impdef=on"},
 		console: "ttyAMA0",
+		memory:  "3G",
 	},
 }
 
@@ -111,4 +118,65 @@ func copyFile(src, dst string) error {
 		return err
 	}
 	return os.WriteFile(dst, data, info.Mode().Perm())
+}
+
+// copyTrees copies into root, each at its own path, the files and
+// directories listed in the file list (one absolute path a line, the
+// tests' vmTrees; a missing list is empty). Symbolic links are kept as
+// they are; documentation is left out.
+func copyTrees(root, list string) error {
+	b, err := os.ReadFile(list)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	done := map[string]bool{}
+	for _, top := range strings.Fields(string(b)) {
+		if done[top] || !filepath.IsAbs(top) {
+			continue
+		}
+		done[top] = true
+		err := filepath.WalkDir(top, func(path string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() && undocumented(path) {
+				return fs.SkipDir
+			}
+			dst := filepath.Join(root, path)
+			switch {
+			case d.IsDir():
+				return os.MkdirAll(dst, 0o755)
+			case d.Type()&fs.ModeSymlink != 0:
+				target, err := os.Readlink(path)
+				if err != nil {
+					return err
+				}
+				if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+					return err
+				}
+				return os.Symlink(target, dst)
+			case d.Type().IsRegular():
+				return copyFile(path, dst)
+			}
+			return nil // sockets, fifos: nothing a runtime needs
+		})
+		if err != nil {
+			return fmt.Errorf("copying %s into the VM: %w", top, err)
+		}
+	}
+	return nil
+}
+
+// undocumented: directories of documentation, manual pages and message
+// catalogues, which no test reads.
+func undocumented(path string) bool {
+	for _, d := range []string{"/usr/share/doc", "/usr/share/man", "/usr/share/locale", "/usr/share/info", "/usr/share/lintian"} {
+		if strings.HasSuffix(path, d) {
+			return true
+		}
+	}
+	return false
 }

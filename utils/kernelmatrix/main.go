@@ -19,28 +19,95 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
 
-// defaultRun selects the tests each VM runs: every program loads and
-// attaches, sampling switches off and on, the stacks of the frame-pointer
-// C workload, the kernel, and the workloads without frame pointers whose
-// unwinders need no runtime in the VM (stripped C, libc calling back, the
-// vDSO, Go and cgo, and on arm64 C with signed return addresses), the APM
-// trace context read through the thread pointer, and the daemon itself.
-const defaultRun = `^(TestProgramsLoad|TestSamplingSwitch|TestFramePointerChain|TestKernelFramesAboveUser|` +
-	`TestUnwindWithoutFramePointers|TestAPMTraceContext|TestDaemonLocalOutput)$/^(C_|libc|vDSO|Go|cgo)`
+// Each VM runs a selection of test/integration's tests: every program
+// loads and attaches, sampling switches off and on, the stacks of the
+// frame-pointer C workload, the kernel, and the workloads without frame
+// pointers whose unwinders need no runtime in the VM (stripped C, libc
+// calling back, the vDSO, Go and cgo, and on arm64 C with signed return
+// addresses), the APM trace context read through the thread pointer, and
+// the daemon itself. The arm64 VMs also run the runtime tests with the
+// runtimes' arm64 builds (fetched on this machine, which runs only their
+// x86_64 builds): one version of each on every kernel, every tested
+// version on fullRuntimesKernel.
+var (
+	baseTests = []string{"TestProgramsLoad", "TestSamplingSwitch", "TestFramePointerChain", "TestKernelFramesAboveUser",
+		"TestUnwindWithoutFramePointers", "TestAPMTraceContext", "TestDaemonLocalOutput"}
+	baseSubtests       = []string{"C_", "libc", "vDSO", "Go", "cgo"}
+	runtimeTests       = []string{"TestPerlStacks", "TestPerlEval", "TestPerlSort", "TestPerlThreads", "TestPerlForks", "TestPerlRecursion", "TestPerlStartedBeforeProfiler"}
+	runtimeOne         = []string{`perl_5\.40$`}
+	runtimeAll         = []string{"perl_"}
+	runtimeArches      = map[string]bool{"arm64": true}
+	fullRuntimesKernel = "6.12"
+)
+
+// selection is a go test -run pattern: top-level tests, and the subtests
+// (name prefixes) run of those that have some.
+func selection(tests, subtests []string) string {
+	return "^(" + strings.Join(tests, "|") + ")$/^(" + strings.Join(subtests, "|") + ")"
+}
+
+// runFor is the selection a kernel series runs on an architecture.
+func runFor(arch, series string) string {
+	if !runtimeArches[arch] {
+		return selection(baseTests, baseSubtests)
+	}
+	sub := runtimeOne
+	if series == fullRuntimesKernel {
+		sub = runtimeAll
+	}
+	return selection(append(slices.Clone(baseTests), runtimeTests...), append(slices.Clone(baseSubtests), sub...))
+}
+
+// selects says whether go test -run pattern selects the (sub)test name:
+// each level of the pattern (split at slashes outside brackets and
+// parentheses) matches the name's element at that level.
+func selects(pattern, name string) bool {
+	levels := splitLevels(pattern)
+	for i, elem := range strings.Split(name, "/") {
+		if i >= len(levels) {
+			break
+		}
+		if re, err := regexp.Compile(levels[i]); err != nil || !re.MatchString(elem) {
+			return false
+		}
+	}
+	return true
+}
+
+func splitLevels(pattern string) []string {
+	var out []string
+	depth, start := 0, 0
+	for i, c := range pattern {
+		switch c {
+		case '[', '(':
+			depth++
+		case ']', ')':
+			depth--
+		case '/':
+			if depth == 0 {
+				out = append(out, pattern[start:i])
+				start = i + 1
+			}
+		}
+	}
+	return append(out, pattern[start:])
+}
 
 func main() {
 	kernels := flag.String("kernels", "5.10,6.1,6.12,7.2", "kernel series to boot (comma-separated)")
 	arches := flag.String("arch", "amd64,arm64", "architectures (comma-separated)")
-	run := flag.String("run", defaultRun, "the tests to run in each VM (go test -run)")
-	vmTimeout := flag.Duration("vm-timeout", 10*time.Minute, "longest one VM may run")
+	run := flag.String("run", "", "the tests to run in every VM (go test -run; default: each VM's selection, see runFor)")
+	vmTimeout := flag.Duration("vm-timeout", 20*time.Minute, "longest one VM may run")
 	work := flag.String("work", "", "directory for initramfs trees and serial logs (default: a new temporary one, removed when all pass)")
 	verbose := flag.Bool("v", false, "print each VM's serial console as it runs")
 	flag.Parse()
@@ -72,14 +139,21 @@ func matrix(kernels, arches, run, work string, vmTimeout time.Duration, verbose 
 		if !ok {
 			return fmt.Errorf("unknown architecture %q (want amd64 or arm64)", arch)
 		}
+		runs := map[string]string{}
+		for _, series := range strings.Split(kernels, ",") {
+			runs[series] = run
+			if run == "" {
+				runs[series] = runFor(arch, series)
+			}
+		}
 		t0 := time.Now()
-		vm, err := prepare(tg, filepath.Join(work, arch), run)
+		vm, err := prepare(tg, filepath.Join(work, arch), slices.Collect(maps.Values(runs)))
 		if err != nil {
 			return fmt.Errorf("preparing the %s VM: %w", arch, err)
 		}
-		fmt.Printf("kernelmatrix: %s initramfs ready in %.1fs: %d tests expected to pass\n", arch, time.Since(t0).Seconds(), len(vm.expected))
+		fmt.Printf("kernelmatrix: %s initramfs ready in %.1fs: %d tests prepared\n", arch, time.Since(t0).Seconds(), len(vm.prepared))
 		for _, series := range strings.Split(kernels, ",") {
-			r := boot(vm, series, filepath.Join(work, fmt.Sprintf("serial-%s-%s.log", series, arch)), vmTimeout, verbose)
+			r := boot(vm, series, runs[series], filepath.Join(work, fmt.Sprintf("serial-%s-%s.log", series, arch)), vmTimeout, verbose)
 			fmt.Printf("kernelmatrix: %s %s: %s\n", series, arch, r.summary())
 			results = append(results, r)
 		}
@@ -102,16 +176,51 @@ func matrix(kernels, arches, run, work string, vmTimeout time.Duration, verbose 
 	return nil
 }
 
-// vm is an architecture's initramfs and the tests expected to pass in it.
+// vm is an architecture's initramfs and the tests prepared for it.
 type vm struct {
 	target
 	initramfs string
-	expected  []string
+	prepared  []string
 }
 
-// prepare builds dir/root (vminit, the test binary, the workloads and their
-// libraries) into dir/initramfs.cpio.gz.
-func prepare(tg target, dir, run string) (*vm, error) {
+// expected lists the prepared tests that run selects.
+func (v *vm) expected(run string) []string {
+	var out []string
+	for _, name := range v.prepared {
+		if selects(run, name) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// union is a go test -run pattern that selects at least what each of
+// runs selects.
+func union(runs []string) string {
+	var levels [][]string
+	for _, r := range runs {
+		for i, l := range splitLevels(r) {
+			if i == len(levels) {
+				levels = append(levels, nil)
+			}
+			levels[i] = append(levels[i], "(?:"+l+")")
+		}
+	}
+	out := make([]string, len(levels))
+	for i, alts := range levels {
+		if len(alts) < len(runs) {
+			continue // a pattern without this level selects every name there
+		}
+		out[i] = strings.Join(alts, "|")
+	}
+	return strings.Join(out, "/")
+}
+
+// prepare builds dir/root (vminit, the test binary, the workloads and
+// their libraries, the runtimes the tests list) into dir/initramfs.cpio.gz,
+// for the tests that any of runs selects. The VM's command line says which
+// of them it runs (vmtest.run, see vminit).
+func prepare(tg target, dir string, runs []string) (*vm, error) {
 	root := filepath.Join(dir, "root")
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, err
@@ -133,24 +242,34 @@ func prepare(tg target, dir, run string) (*vm, error) {
 	if err := os.Mkdir(workloads, 0o755); err != nil {
 		return nil, err
 	}
+	run := union(runs)
 	out, err := command([]string{"EBPF_PROFILER_TEST_PREPARE=" + workloads, "EBPF_PROFILER_TEST_GOARCH=" + tg.goarch},
 		"go", "test", "-count=1", "-v", "-run", run, "./test/integration")
 	if err != nil {
 		return nil, err
 	}
-	v := &vm{target: tg, initramfs: filepath.Join(dir, "initramfs.cpio.gz"), expected: testResults(out)["SKIP"]}
-	if len(v.expected) == 0 {
+	v := &vm{target: tg, initramfs: filepath.Join(dir, "initramfs.cpio.gz"), prepared: testResults(out)["SKIP"]}
+	if len(v.prepared) == 0 {
 		return nil, fmt.Errorf("-run %q selects no test that profiles", run)
 	}
 	if err := copySharedLibraries(tg, root, workloads); err != nil {
 		return nil, err
 	}
-	args := []string{"/integration.test", "-test.v", "-test.count=1", "-test.timeout=" + (8 * time.Minute).String(), "-test.run=" + run}
+	if err := copyTrees(root, filepath.Join(workloads, "trees")); err != nil {
+		return nil, err
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"/integration.test", "-test.v", "-test.count=1", "-test.timeout=" + (18 * time.Minute).String()}
 	env := []string{
 		"PATH=/", "HOME=/tmp", "TMPDIR=/tmp",
 		"LD_LIBRARY_PATH=" + tg.guestLibDir,
 		"EBPF_PROFILER_TEST_INTEGRATION=1",
 		"EBPF_PROFILER_TEST_WORKLOADS=/workloads",
+		// The runtimes' trees are where the fetch scripts put them here.
+		"XDG_CACHE_HOME=" + cache,
 	}
 	for name, lines := range map[string][]string{"vmtest.args": args, "vmtest.env": env} {
 		if err := os.WriteFile(filepath.Join(root, name), []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
@@ -199,7 +318,7 @@ func fetchKernel(arch, series string) (path, pkg string, err error) {
 }
 
 // boot runs one VM and reads its serial console into a result.
-func boot(v *vm, series, logPath string, timeout time.Duration, verbose bool) result {
+func boot(v *vm, series, run, logPath string, timeout time.Duration, verbose bool) result {
 	r := result{series: series, arch: v.goarch, log: logPath}
 	t0 := time.Now()
 	kernel, pkg, err := fetchKernel(v.goarch, series)
@@ -212,11 +331,13 @@ func boot(v *vm, series, logPath string, timeout time.Duration, verbose bool) re
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	args := append(append([]string{}, v.qemu[1:]...),
-		"-accel", "tcg,thread=multi", "-m", "1G", "-smp", "2",
+		"-accel", "tcg,thread=multi", "-m", v.memory, "-smp", "2",
 		"-kernel", kernel, "-initrd", v.initramfs,
 		// panic=-1 and -no-reboot end the VM at once should the kernel
 		// panic (a broken initramfs, PID 1 exiting).
-		"-append", "console="+v.console+" panic=-1 loglevel=4",
+		// vmtest.run, a name with a dot, is left to vminit: the kernel
+		// passes neither it to init's arguments nor its environment.
+		"-append", "console="+v.console+" panic=-1 loglevel=4 vmtest.run="+run,
 		"-nographic", "-no-reboot", "-monitor", "none", "-serial", "stdio", "-display", "none", "-nodefaults")
 	cmd := exec.CommandContext(ctx, v.qemu[0], args...)
 	logFile, err := os.Create(logPath)
@@ -238,7 +359,7 @@ func boot(v *vm, series, logPath string, timeout time.Duration, verbose bool) re
 	if ctx.Err() != nil {
 		err = fmt.Errorf("the VM ran longer than %v", timeout)
 	}
-	r.parse(serial.Bytes(), v.expected)
+	r.parse(serial.Bytes(), v.expected(run))
 	if err != nil && r.err == nil {
 		r.err = err
 	}

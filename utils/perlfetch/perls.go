@@ -1,63 +1,117 @@
 // Package perlfetch finds the perl builds the Perl tests run: Debian 12's
 // own 5.36, and bullseye's 5.32 and trixie's 5.40, which fetch-perl.sh
-// unpacks (make test-deps).
+// unpacks (make test-deps); and all three built for arm64, which the
+// kernel matrix's arm64 VMs run.
 package perlfetch
 
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strings"
 )
 
 // Versions lists every tested version, oldest first.
 var Versions = []string{"5.32", "5.36", "5.40"}
 
-// system is the version Debian 12 installs as /usr/bin/perl.
+// system is the version Debian 12 installs as /usr/bin/perl; on another
+// architecture (the kernel matrix's arm64 VMs) it is fetched as the others.
 const system = "5.36"
 
-// dir is the cache directory fetch-perl.sh unpacks version into.
-func dir(version string) string {
+func isSystem(version, arch string) bool { return version == system && arch == "amd64" }
+
+// Dir is the cache directory fetch-perl.sh unpacks a version for arch
+// (GOARCH) into.
+func Dir(version, arch string) string {
 	cache := os.Getenv("XDG_CACHE_HOME")
 	if cache == "" {
 		home, _ := os.UserHomeDir()
 		cache = filepath.Join(home, ".cache")
 	}
-	return filepath.Join(cache, "ebpf-profiler", "perl-"+version+"-amd64")
+	return filepath.Join(cache, "ebpf-profiler", "perl-"+version+"-"+arch)
 }
 
-// Perl returns the command that runs a tested version ("5.32", …): the
-// system's /usr/bin/perl, or fetch-perl.sh's wrapper; or an error that
-// says how to install it.
+// fetched checks that fetch-perl.sh finished a version for arch.
+func fetched(version, arch string) error {
+	if _, err := os.Stat(filepath.Join(Dir(version, arch), ".complete")); err != nil {
+		return fmt.Errorf("no perl %s for %s (%w): make test-deps installs it (utils/perlfetch/fetch-perl.sh %s %s)",
+			version, arch, err, version, arch)
+	}
+	return nil
+}
+
+// Perl returns the command that runs a tested version here ("5.32", …):
+// the system's /usr/bin/perl, or fetch-perl.sh's shell wrapper; or an
+// error that says how to install it. Command runs it without a shell.
 func Perl(version string) (string, error) {
-	if version == system {
+	if isSystem(version, runtime.GOARCH) {
 		if _, err := os.Stat("/usr/bin/perl"); err != nil {
 			return "", fmt.Errorf("no perl %s: %w (Debian 12's perl package)", version, err)
 		}
 		return "/usr/bin/perl", nil
 	}
-	if _, err := os.Stat(filepath.Join(dir(version), ".complete")); err != nil {
-		return "", fmt.Errorf("no perl %s (%w): make test-deps installs it (utils/perlfetch/fetch-perl.sh %s)", version, err, version)
-	}
-	return filepath.Join(dir(version), "bin", "perl"), nil
-}
-
-// Executable returns the perl executable a tested version runs, with the
-// interpreter linked in (what the wrapper Perl returns execs).
-func Executable(version string) (string, error) {
-	if _, err := Perl(version); err != nil {
+	if err := fetched(version, runtime.GOARCH); err != nil {
 		return "", err
 	}
-	if version == system {
-		return "/usr/bin/perl", nil
+	return filepath.Join(Dir(version, runtime.GOARCH), "bin", "perl"), nil
+}
+
+// Command returns a command that runs a tested version here with args:
+// its perl executable, with PERL5LIB naming a fetched build's own
+// modules first (what fetch-perl.sh's wrapper does, without a shell).
+func Command(version string, args ...string) (*exec.Cmd, error) {
+	exe, err := Executable(version)
+	if err != nil {
+		return nil, err
 	}
-	return filepath.Join(dir(version), "root", "usr", "bin", "perl"), nil
+	cmd := exec.Command(exe, args...)
+	if !isSystem(version, runtime.GOARCH) {
+		inc, err := os.ReadFile(filepath.Join(Dir(version, runtime.GOARCH), "perl5lib"))
+		if err != nil {
+			return nil, fmt.Errorf("perl %s: %w: fetch it again (utils/perlfetch/fetch-perl.sh %s)", version, err, version)
+		}
+		cmd.Env = append(os.Environ(), "PERL5LIB="+strings.TrimSpace(string(inc)))
+	}
+	return cmd, nil
+}
+
+// Executable returns the perl executable a tested version runs here, with
+// the interpreter linked in (what the wrapper Perl returns execs).
+func Executable(version string) (string, error) {
+	return ExecutableFor(version, runtime.GOARCH)
+}
+
+// ExecutableFor is Executable of the build for arch.
+func ExecutableFor(version, arch string) (string, error) {
+	if isSystem(version, arch) {
+		return Perl(version)
+	}
+	if err := fetched(version, arch); err != nil {
+		return "", err
+	}
+	return filepath.Join(Dir(version, arch), "root", "usr", "bin", "perl"), nil
+}
+
+// Tree returns what a machine of arch needs at the same paths to run a
+// fetched version: the unpacked root and the module path.
+func Tree(version, arch string) ([]string, error) {
+	if isSystem(version, arch) {
+		return nil, fmt.Errorf("perl %s is the system's on %s", version, arch)
+	}
+	if err := fetched(version, arch); err != nil {
+		return nil, err
+	}
+	d := Dir(version, arch)
+	return []string{filepath.Join(d, "root"), filepath.Join(d, "perl5lib"), filepath.Join(d, ".complete")}, nil
 }
 
 // Libperl returns a tested version's libperl.so and the launcher that
 // runs perl through it (Debian's perl5.XX-x86_64-linux-gnu), the system's
 // version only.
 func Libperl(version string) (lib, launcher string, err error) {
-	if version != system {
+	if !isSystem(version, runtime.GOARCH) {
 		return "", "", fmt.Errorf("perl %s: only the system's %s is run through its libperl", version, system)
 	}
 	libs, _ := filepath.Glob("/usr/lib/x86_64-linux-gnu/libperl.so." + version + ".*")
@@ -71,13 +125,14 @@ func Libperl(version string) (lib, launcher string, err error) {
 	return libs[0], launcher, nil
 }
 
-// DebugInfo returns the dwz file of a tested version's libperl from
+// DebugInfo returns the dwz file of a tested version's libperl for arch from
 // Debian's perl-debug (its struct types), which fetch-perl-debug.sh
 // unpacks, or an error that says how to fetch it.
-func DebugInfo(version string) (string, error) {
-	d := dir("debug-" + version)
+func DebugInfo(version, arch string) (string, error) {
+	d := Dir("debug-"+version, arch)
 	if _, err := os.Stat(filepath.Join(d, ".complete")); err != nil {
-		return "", fmt.Errorf("no perl-debug %s (%w): make test-deps fetches it (utils/perlfetch/fetch-perl-debug.sh %s)", version, err, version)
+		return "", fmt.Errorf("no perl-debug %s for %s (%w): make test-deps fetches it (utils/perlfetch/fetch-perl-debug.sh %s %s)",
+			version, arch, err, version, arch)
 	}
 	return filepath.Join(d, "libperl"+version+".debug"), nil
 }

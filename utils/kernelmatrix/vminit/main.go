@@ -1,7 +1,8 @@
 // Command vminit is PID 1 of a kernel-matrix VM (see utils/kernelmatrix).
 // It mounts the file systems the profiler uses, runs the command in
-// /vmtest.args (one argument per line) with the environment in
-// /vmtest.env, prints one "kernel-matrix init: exit=..." line for the
+// /vmtest.args (one argument per line, with -test.run= and the kernel
+// command line's vmtest.run added when it has one) with the environment
+// in /vmtest.env, prints one "kernel-matrix init: exit=..." line for the
 // runner and powers the VM off.
 //
 // The tests run as a child, not in this process, because cilium/ebpf probes
@@ -72,6 +73,9 @@ func run() int {
 		fmt.Printf("kernel-matrix init: %v\n", err)
 		return -1
 	}
+	if run := cmdlineParam("vmtest.run"); run != "" {
+		args = append(args, "-test.run="+run)
+	}
 	env, err := lines("/vmtest.env")
 	if err != nil {
 		fmt.Printf("kernel-matrix init: %v\n", err)
@@ -120,4 +124,20 @@ func uptime() string {
 		return f[0] + "s"
 	}
 	return "?"
+}
+
+// cmdlineParam returns the value of name=value on the kernel's command
+// line ("" without one).
+func cmdlineParam(name string) string {
+	b, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		fmt.Printf("kernel-matrix init: %v\n", err)
+		return ""
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if v, ok := strings.CutPrefix(f, name+"="); ok {
+			return v
+		}
+	}
+	return ""
 }

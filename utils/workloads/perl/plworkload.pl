@@ -7,7 +7,7 @@
 # chain: Leafy::leaf (a sub with a glob), called by Chain::mid, called by
 # main::top (a sub of package main: a named CV, no glob), from the file's
 # code.
-# threads: four ithreads named t0-t3 (prctl, x86_64), each in its own chain
+# threads: four ithreads named t0-t3, each in its own chain
 # tN_leaf <- tN_mid <- tN_top.
 # fork: four forked children, child N in the chain tN_leaf <- tN_mid <-
 # tN_top; each prints "child N PID".
@@ -70,9 +70,13 @@ sub sorter {
     my @x = sort by_leaf 1 .. 8 while now() < $deadline;    # hot: sorter
 }
 
-# thread_name names the calling thread (prctl(PR_SET_NAME), x86_64's
-# syscall number): the tests tell the threads apart by it.
-sub thread_name { syscall(157, 15, $_[0]) }
+# thread_name names the calling thread (its comm, as prctl(PR_SET_NAME)
+# would, on any architecture): the tests tell the threads apart by it.
+sub thread_name {
+    open my $comm, '>', '/proc/thread-self/comm' or die "naming the thread: $!";
+    print $comm $_[0];
+    close $comm or die "naming the thread: $!";
+}
 
 my ($mode, $seconds) = @ARGV;
 die "usage: $0 chain|threads|fork|eval|sort|recursion SECONDS\n"
