@@ -23,10 +23,14 @@ func perlWorkload(t *testing.T) (string, map[string]uint32) {
 	return markedWorkload(t, "perl", "plworkload.pl")
 }
 
-// runPerl runs the workload in one mode for d.
-func runPerl(t *testing.T, c perlCase, script, mode string, d time.Duration) scriptRun {
+// runPerl runs the workload in one mode for d, then stops s (see
+// runScriptHeld).
+func runPerl(t *testing.T, c perlCase, s *session, script, mode string, d time.Duration) scriptRun {
 	t.Helper()
-	return runScript(t, c.command(t, script, mode, formatSeconds(d)))
+	return runScriptHeld(t, c.command(t, script, mode, formatSeconds(d)), func() {
+		logRuntimeMetrics(t, s, "perl")
+		s.stop(t)
+	})
 }
 
 // perlFrame is a Perl frame a test expects: its function, file and line.
@@ -113,9 +117,7 @@ func profilePerl(t *testing.T, c perlCase, mode string, ok func(smp sample) bool
 	t.Helper()
 	script, _ := perlWorkload(t)
 	s := startSession(t, testHz)
-	run := runPerl(t, c, script, mode, 4*time.Second)
-	logRuntimeMetrics(t, s, "perl")
-	s.stop(t)
+	run := runPerl(t, c, s, script, mode, 4*time.Second)
 	samples := run.hotSamples(t, s.rec)
 	warm := slices.IndexFunc(samples, ok)
 	if warm < 0 || warm > maxWarmupSamples {
@@ -233,9 +235,7 @@ func TestPerlThreads(t *testing.T) {
 		t.Run("perl "+v, func(t *testing.T) {
 			pl := perlVersion(t, v)
 			s := startSession(t, testHz)
-			run := runPerl(t, pl, script, "threads", 4*time.Second)
-			logRuntimeMetrics(t, s, "perl")
-			s.stop(t)
+			run := runPerl(t, pl, s, script, "threads", 4*time.Second)
 			var ok, foreign int
 			per := map[string]int{}
 			misses := map[string]int{}
@@ -278,8 +278,7 @@ func TestPerlForks(t *testing.T) {
 		t.Run("perl "+v, func(t *testing.T) {
 			pl := perlVersion(t, v)
 			s := startSession(t, testHz)
-			run := runPerl(t, pl, script, "fork", 4*time.Second)
-			s.stop(t)
+			run := runPerl(t, pl, s, script, "fork", 4*time.Second)
 			// A child is a new process: its samples before the daemon
 			// described it to the unwinder (those before the first with a
 			// Perl frame) are its warm-up. Its samples of its last
@@ -342,7 +341,9 @@ func TestPerlStartedBeforeProfiler(t *testing.T) {
 	script, hot := perlWorkload(t)
 	pl := perlVersion(t, perlfetch.Versions[len(perlfetch.Versions)-1])
 	skipIfPreparing(t)
-	cmd := pl.command(t, script, "chain", "6")
+	// Killed by the test; the daemon may take seconds to start under
+	// emulation.
+	cmd := pl.command(t, script, "chain", "60")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

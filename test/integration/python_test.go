@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -163,6 +164,47 @@ func runScript(t *testing.T, cmd *exec.Cmd) scriptRun {
 		t.Fatalf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, out)
 	}
 	return scriptRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out)), output: string(out)}
+}
+
+// runScriptHeld runs a workload that, with WORKLOAD_HOLD set, says
+// "holding" once its work is done and waits for its standard input to
+// end: stop runs then, while the process and its memory are still there
+// (under emulation the daemon symbolizes a second or more behind).
+func runScriptHeld(t *testing.T, cmd *exec.Cmd, stop func()) scriptRun {
+	t.Helper()
+	cmd.Env = append(cmd.Environ(), "WORKLOAD_HOLD=1")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	cmd.Stdout, cmd.Stderr = w, w
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	lines := bufio.NewReader(r)
+	for {
+		line, err := lines.ReadString('\n')
+		out.WriteString(line)
+		if line == "holding\n" || err != nil {
+			break
+		}
+	}
+	stop()
+	stdin.Close()
+	rest, _ := io.ReadAll(lines)
+	out.Write(rest)
+	if err := cmd.Wait(); err != nil || !strings.Contains(out.String(), "holding\n") {
+		t.Fatalf("%s: %v (holding: %v)\n%s", strings.Join(cmd.Args, " "), err, strings.Contains(out.String(), "holding\n"), out.String())
+	}
+	return scriptRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, out.String()), output: out.String()}
 }
 
 // runPython runs the workload in one mode.

@@ -112,3 +112,10 @@ if ($mode eq 'fork') {
     }
     waitpid $_, 0 for @pids;
 }
+# WORKLOAD_HOLD: the process stays, its memory readable, until its
+# standard input ends, after saying so: a test stops profiling first, so
+# that the daemon symbolizes every sample while the process lives.
+if ($ENV{WORKLOAD_HOLD}) {
+    print "holding\n";
+    1 while <STDIN>;
+}
