@@ -194,12 +194,15 @@ func TestSelections(t *testing.T) {
 		{all, "TestPerlStacks/perl_5.32", true},
 		{all, "TestUnwindWithoutFramePointers/cgo", true},
 		{all, "TestPythonStacks", false},
+		{all, "TestUnwindWithoutFramePointers/Rust", false},
+		{"^A$/^x|^B$", "B/y", true},
+		{"^A$/^x|^B$", "A/y", false},
 	} {
 		if got := selects(c.run, c.name); got != c.want {
 			t.Errorf("selects(%q, %q) = %v, want %v", c.run, c.name, got, c.want)
 		}
 	}
-	if got := splitLevels(`^(a|b/c)$/^[x/y]/z`); len(got) != 3 || got[0] != `^(a|b/c)$` || got[1] != `^[x/y]` {
-		t.Errorf("splitLevels: %q", got)
+	if got := splitTop(`^(a|b/c)$/^[x/y]/z`, '/'); len(got) != 3 || got[0] != `^(a|b/c)$` || got[1] != `^[x/y]` {
+		t.Errorf("splitTop: %q", got)
 	}
 }

@@ -68,11 +68,20 @@ func runFor(arch, series string) string {
 	return selection(append(slices.Clone(baseTests), runtimeTests...), append(slices.Clone(baseSubtests), sub...))
 }
 
-// selects says whether go test -run pattern selects the (sub)test name:
-// each level of the pattern (split at slashes outside brackets and
-// parentheses) matches the name's element at that level.
+// selects says whether go test -run pattern selects the (sub)test name as
+// go test does: one of the pattern's alternatives (split at '|' outside
+// brackets and parentheses) matches, level by level (split at '/'), the
+// name's element at each level it has.
 func selects(pattern, name string) bool {
-	levels := splitLevels(pattern)
+	for _, alt := range splitTop(pattern, '|') {
+		if selectsLevels(splitTop(alt, '/'), name) {
+			return true
+		}
+	}
+	return false
+}
+
+func selectsLevels(levels []string, name string) bool {
 	for i, elem := range strings.Split(name, "/") {
 		if i >= len(levels) {
 			break
@@ -84,7 +93,8 @@ func selects(pattern, name string) bool {
 	return true
 }
 
-func splitLevels(pattern string) []string {
+// splitTop splits pattern at sep outside brackets and parentheses.
+func splitTop(pattern string, sep rune) []string {
 	var out []string
 	depth, start := 0, 0
 	for i, c := range pattern {
@@ -93,7 +103,7 @@ func splitLevels(pattern string) []string {
 			depth++
 		case ']', ')':
 			depth--
-		case '/':
+		case sep:
 			if depth == 0 {
 				out = append(out, pattern[start:i])
 				start = i + 1
@@ -194,26 +204,12 @@ func (v *vm) expected(run string) []string {
 	return out
 }
 
-// union is a go test -run pattern that selects at least what each of
-// runs selects.
+// union is a go test -run pattern that selects what any of runs selects:
+// go test takes '|' at the top of a pattern as a choice between patterns,
+// each split into levels of its own.
 func union(runs []string) string {
-	var levels [][]string
-	for _, r := range runs {
-		for i, l := range splitLevels(r) {
-			if i == len(levels) {
-				levels = append(levels, nil)
-			}
-			levels[i] = append(levels[i], "(?:"+l+")")
-		}
-	}
-	out := make([]string, len(levels))
-	for i, alts := range levels {
-		if len(alts) < len(runs) {
-			continue // a pattern without this level selects every name there
-		}
-		out[i] = strings.Join(alts, "|")
-	}
-	return strings.Join(out, "/")
+	slices.Sort(runs)
+	return strings.Join(slices.Compact(runs), "|")
 }
 
 // prepare builds dir/root (vminit, the test binary, the workloads and
