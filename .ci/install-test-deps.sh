@@ -61,6 +61,8 @@ for v in 3.1 3.3 3.4; do ./utils/rubyfetch/fetch-ruby.sh "$v" >/dev/null; done
 # Node.js 18, 22 and 24, official builds from the npm registry, which the V8
 # tests run beside the machine's Node 20 (cached).
 for v in 18 22 24; do ./utils/nodefetch/fetch-node.sh "$v" >/dev/null; done
+# And all four built for arm64, which the kernel matrix's arm64 VMs run.
+for v in 18 20 22 24; do ./utils/nodefetch/fetch-node.sh "$v" arm64 >/dev/null; done
 
 # Perl: Debian 12's perl 5.36 with its libperl (the Perl tests run it both
 # ways), bullseye's 5.32 and trixie's 5.40 beside it, all three built for

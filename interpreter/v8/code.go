@@ -3,6 +3,7 @@ package v8
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
@@ -303,18 +304,35 @@ func (s *symbolizer) codeFrames(fn *function, sfi, pc uint64, top bool, out []li
 }
 
 // prologueBytes bounds an optimized function's code before its frame is
-// set up (a deoptimization check, push rbp; mov rbp, rsp).
+// set up (a deoptimization check, then push rbp; mov rbp, rsp on x86_64,
+// stp x29, x30, [sp, #-16]!; mov x29, sp on arm64).
 const prologueBytes = 32
 
 // frameless says whether pc in optimized code c runs before c's frame is
 // set up or after it was torn down: in its first instructions, or at its
-// return (ret, ret imm16).
+// return.
 func (s *symbolizer) frameless(c *code, pc uint64) bool {
 	if pc-c.start < prologueBytes {
 		return true
 	}
-	op, err := s.h.r.U8(pc)
-	return err == nil && (op == 0xc3 || op == 0xc2)
+	return atReturn(runtime.GOARCH, s.h.r, pc)
+}
+
+// atReturn says whether the instruction at pc returns: ret or ret imm16
+// on x86_64; ret, retaa or retab on arm64 (Arm ARM C6.2).
+func atReturn(arch string, r interface {
+	U8(uint64) (uint8, error)
+	U32(uint64) (uint32, error)
+}, pc uint64) bool {
+	switch arch {
+	case "amd64":
+		op, err := r.U8(pc)
+		return err == nil && (op == 0xc3 || op == 0xc2)
+	case "arm64":
+		insn, err := r.U32(pc)
+		return err == nil && (insn == 0xd65f03c0 || insn == 0xd65f0bff || insn == 0xd65f0fff)
+	}
+	return false
 }
 
 // inlinedFrames appends the frames optimized code c of function fn runs at

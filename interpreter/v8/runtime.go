@@ -107,8 +107,8 @@ func (b *v8Binary) Version() string {
 }
 
 func (b *v8Binary) Unsupported() error {
-	if runtime.GOARCH != "amd64" {
-		return fmt.Errorf("V8 frames are unwound on x86_64 only, not %s", runtime.GOARCH)
+	if runtime.GOARCH != "amd64" && runtime.GOARCH != "arm64" {
+		return fmt.Errorf("V8 frames are unwound on x86_64 and arm64 only, not %s", runtime.GOARCH)
 	}
 	if b.err != nil {
 		return fmt.Errorf("%w (node --perf-basic-prof writes /tmp/perf-PID.map, which names its JavaScript frames)", b.err)

@@ -139,11 +139,6 @@ static __always_inline int regs_in_kernel(const struct pt_regs *r) { return (r->
 #  define REGS_SP(r)        ((r)->sp)
 #  define REGS_FP(r)        ((r)->bp)
 #  define REGS_LR(r)        0
-#  define REGS_R9(r)        ((r)->r9)
-#  define REGS_R12(r)       ((r)->r12)
-#  define REGS_R13(r)       ((r)->r13)
-#  define REGS_R14(r)       ((r)->r14)
-#  define REGS_R15(r)       ((r)->r15)
 #  define REGS_PARM1(r)     ((r)->di)
 #  define USER_ADDRESS_MASK (~0ULL)
 #elif defined(__TARGET_ARCH_arm64)
@@ -161,11 +156,6 @@ static __always_inline int regs_in_kernel(const struct pt_regs *r)
 #  define REGS_SP(r)        ((r)->sp)
 #  define REGS_FP(r)        ((r)->regs[29])
 #  define REGS_LR(r)        ((r)->regs[30])
-#  define REGS_R9(r)        0
-#  define REGS_R12(r)       0
-#  define REGS_R13(r)       0
-#  define REGS_R14(r)       0
-#  define REGS_R15(r)       0
 #  define REGS_PARM1(r)     ((r)->regs[0])
 // User addresses fit in 48 bits; a signed pointer carries its PAC above.
 #  define USER_ADDRESS_MASK 0x0000ffffffffffffULL

@@ -128,12 +128,20 @@ static __always_inline int jvm_heap_of(const struct jvm_proc *p, u64 pc)
   return -1;
 }
 
+// The register the template interpreter keeps the bytecode pointer in
+// (rbcp: r13 on x86_64, r22 on aarch64; register_<cpu>.hpp).
+#if defined(__TARGET_ARCH_x86)
+#  define JVM_BCP_REGISTER(r) ((r)->r13)
+#elif defined(__TARGET_ARCH_arm64)
+#  define JVM_BCP_REGISTER(r) ((r)->regs[22])
+#endif
+
 // The bytecode pointer of the interrupted interpreted frame: the template
-// interpreter keeps it in r13 and stores it in the frame (at fp-8 words)
-// only when it calls out, so the frame's slot is stale. r13 is taken where
-// it points into the method's bytecodes (it does not in the method's entry
-// code), the slot otherwise.
-static __always_inline u64 jvm_top_bcp(const struct jvm_proc *p, u64 method, u64 slot, u64 r13)
+// interpreter keeps it in a register and stores it in the frame (at fp-8
+// words) only when it calls out, so the frame's slot is stale. The
+// register's value is taken where it points into the method's bytecodes
+// (it does not in the method's entry code), the slot otherwise.
+static __always_inline u64 jvm_top_bcp(const struct jvm_proc *p, u64 method, u64 slot, u64 reg)
 {
   u64 cm;
   u16 code_size;
@@ -141,7 +149,7 @@ static __always_inline u64 jvm_top_bcp(const struct jvm_proc *p, u64 method, u64
       jvm_read(&code_size, sizeof(code_size), cm + p->const_method_code_size))
     return slot;
   u64 code = cm + p->const_method_size;
-  return r13 >= code && r13 < code + code_size ? r13 : slot;
+  return reg >= code && reg < code + code_size ? reg : slot;
 }
 
 // The CodeBlob holding pc in heap h, or 0.
@@ -240,7 +248,8 @@ int unwind_jvm(struct bpf_perf_event_data *ctx)
           jvm_read(&next_pc, 8, fp + 8))
         goto read_error;
       increment_runtime_metric(RUNTIME_JVM, METRIC_JVM_INTERPRETED_FRAMES);
-      u64 bcp = top ? jvm_top_bcp(p, slots[1], slots[0], state->r13) : slots[0];
+      u64 bcp =
+        top ? jvm_top_bcp(p, slots[1], slots[0], JVM_BCP_REGISTER(&state->user_regs)) : slots[0];
       if (push_runtime_frame(t, RUNTIME_JVM, slots[1], bcp & ~(3ULL << JVM_FRAME_TYPE_SHIFT)))
         goto full;
       // The caller's sp before the interpreter extended its frame for

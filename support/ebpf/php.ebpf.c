@@ -12,8 +12,10 @@
 // PHP is not threaded in Debian's builds (NTS): the current frame is
 // executor_globals.current_execute_data, one global per process.
 //
-// The running frame's opline (its current instruction) is in r15 while the
-// VM runs it (a global register variable; r14 holds its execute_data):
+// The running frame's opline (its current instruction) is in a register
+// while the VM runs it (a global register variable, r15 on x86_64; another,
+// r14, holds its execute_data; PHP_OPLINE_REGISTER and
+// PHP_EXECUTE_DATA_REGISTER below):
 // EX(opline) is written only before calls out, so it is stale for the
 // innermost frame and current for every other (internals.md §6).
 //
@@ -124,7 +126,8 @@ struct php_walk {
   u32 call_frames;
   // The current frame was read from executor_globals.
   u8 started;
-  // JIT code was met: r15 is one of its scratch registers, not an opline.
+  // JIT code was met: the opline's register is one of its scratch
+  // registers there.
   u8 jit;
   // The JIT code's frame, the first PHP (not C) frame since, is yet to be
   // reported.
@@ -169,8 +172,19 @@ static __always_inline struct php_walk *php_walk_of(const struct trace *t)
   return w;
 }
 
-// The innermost frame's opline: r15 when the VM's registers hold this frame
-// (r14 is its execute_data) and r15 points into its instructions; else
+// The hybrid VM's global register variables (ZEND_VM_FP_GLOBAL_REG and
+// ZEND_VM_IP_GLOBAL_REG, Zend/zend_execute.c).
+#if defined(__TARGET_ARCH_x86)
+#  define PHP_EXECUTE_DATA_REGISTER(r) ((r)->r14)
+#  define PHP_OPLINE_REGISTER(r)       ((r)->r15)
+#elif defined(__TARGET_ARCH_arm64)
+#  define PHP_EXECUTE_DATA_REGISTER(r) ((r)->regs[27])
+#  define PHP_OPLINE_REGISTER(r)       ((r)->regs[28])
+#endif
+
+// The innermost frame's opline: the opline register when the VM's
+// registers hold this frame (the execute_data register is it) and the
+// opline register points into its instructions; else
 // EX(opline) if it does; else none (0). JIT code keeps no opline anywhere:
 // EX(opline) is the last one stored before a call out, a line the frame has
 // moved on from.
@@ -186,9 +200,10 @@ static __always_inline u64 php_innermost_opline(const struct unwind_state *state
       bpf_probe_read_user(&last, sizeof(last), (void *)(ex->func + proc->op_array_last)))
     return 0;
   u64 end = opcodes + (u64)last * PHP_OP_SIZE;
-  if (state->r14 == ed && state->r15 >= opcodes && state->r15 < end) {
+  u64 opline = PHP_OPLINE_REGISTER(&state->user_regs);
+  if (PHP_EXECUTE_DATA_REGISTER(&state->user_regs) == ed && opline >= opcodes && opline < end) {
     increment_runtime_metric(RUNTIME_PHP, METRIC_PHP_REGISTER_OPLINES);
-    return state->r15;
+    return opline;
   }
   return ex->opline >= opcodes && ex->opline < end ? ex->opline : 0;
 }

@@ -107,11 +107,7 @@ int sample_entry(struct bpf_perf_event_data *ctx)
   r->state.sp = REGS_SP(&regs);
   r->state.fp = REGS_FP(&regs);
   r->state.lr = REGS_LR(&regs);
-  r->state.r9 = REGS_R9(&regs);
-  r->state.r12 = REGS_R12(&regs);
-  r->state.r13 = REGS_R13(&regs);
-  r->state.r14 = REGS_R14(&regs);
-  r->state.r15 = REGS_R15(&regs);
+  r->state.user_regs = regs;
 
   bpf_tail_call(ctx, &progs, PROG_UNWIND_NATIVE);
   increment_metric(METRIC_ERR_TAIL_CALL);

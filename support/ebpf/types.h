@@ -424,14 +424,10 @@ struct unwind_state {
   u64 fp;
   // The link register (arm64): the return address of a leaf frame.
   u64 lr;
-  // Registers of the interrupted frame (x86_64; 0 on arm64) in which
-  // interpreters keep their current bytecode, which their unwinders read
-  // for the top frame, whose stack slots for it are stale.
-  u64 r9;
-  u64 r12;
-  u64 r13;
-  u64 r14;
-  u64 r15;
+  // The user registers at the interrupt. Interpreters keep their current
+  // bytecode in some (which, per architecture, each runtime's unwinder
+  // says), and read them for the top frame, whose stack slots are stale.
+  struct pt_regs user_regs;
   u32 tail_calls;
   // Set once pc is a return address rather than the interrupted pc.
   u32 return_address;

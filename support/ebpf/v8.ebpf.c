@@ -1,8 +1,8 @@
-// The V8 (Node.js) unwinder (runtime RUNTIME_V8), x86_64. User space
+// The V8 (Node.js) unwinder (runtime RUNTIME_V8). User space
 // claims V8's JIT code and the embedded builtins in the node binary; the
 // native unwinder hands over at a PC in them. Every frame V8 generates
-// keeps rbp as its frame pointer (internals.md §3.1), so this program walks
-// the rbp chain while the PC stays in V8's code and says what each frame
+// keeps a frame pointer (rbp, x29 on arm64; internals.md §3.1), so this
+// program walks the frame pointer chain while the PC stays in V8's code and says what each frame
 // is; user space names it. A return address outside V8's code (an entry
 // frame's C++ caller) hands back to the native unwinder.
 //
@@ -11,7 +11,8 @@
 // with its context there and its JSFunction at fp-16. A JavaScript frame
 // whose PC is in the interpreter's entry builtins or bytecode handlers is
 // interpreted: its BytecodeArray is at fp-32, its bytecode offset a Smi at
-// fp-40 (for the top frame, in a handler, r12 and r9 hold them live).
+// fp-40 (for the top frame, in a handler, two registers hold them live:
+// V8_BYTECODE_ARRAY_REGISTER and V8_BYTECODE_OFFSET_REGISTER below).
 //
 // Its frames: the top two bits of addr say what the frame is (enum
 // v8_frame_type); bit 61 is set for the interrupted PC. Bytecode: file_id
@@ -95,6 +96,30 @@ volatile const struct v8_btf_exports {
   enum v8_frame_type v8_frame_type;
 } v8_btf_exports __attribute__((used));
 
+// The registers the interpreter keeps the bytecode array and offset in
+// (kInterpreterBytecodeArrayRegister, kInterpreterBytecodeOffsetRegister;
+// src/codegen/<cpu>/register-<cpu>.h).
+#if defined(__TARGET_ARCH_x86)
+#  define V8_BYTECODE_ARRAY_REGISTER(r)  ((r)->r12)
+#  define V8_BYTECODE_OFFSET_REGISTER(r) ((r)->r9)
+#elif defined(__TARGET_ARCH_arm64)
+#  define V8_BYTECODE_ARRAY_REGISTER(r)  ((r)->regs[20])
+#  define V8_BYTECODE_OFFSET_REGISTER(r) ((r)->regs[19])
+#endif
+
+// The return address of the interrupted code when it has no frame of its
+// own (a builtin the top JavaScript frame called): on the stack at sp
+// (x86_64), in the link register (arm64). Returns 0 when read.
+static __always_inline int v8_frameless_return(const struct unwind_state *state, u64 *ret)
+{
+#if defined(__TARGET_ARCH_x86)
+  return bpf_probe_read_user(ret, sizeof(*ret), (void *)state->sp);
+#elif defined(__TARGET_ARCH_arm64)
+  *ret = state->lr & USER_ADDRESS_MASK;
+  return 0;
+#endif
+}
+
 // Bytecode offsets are below this: a register that holds a larger one
 // does not hold the offset.
 #define V8_MAX_BYTECODES (1 << 24)
@@ -171,7 +196,7 @@ int unwind_v8(struct bpf_perf_event_data *ctx)
   }
   // Set while the interrupted PC is in a bytecode handler that built a
   // frame of its own: the interpreted frame below it takes its bytecode
-  // from r9 and r12 as the top frame would.
+  // from the registers as the top frame would.
   int in_handler = 0;
   for (int i = 0; i < V8_FRAMES_PER_PROGRAM; i++) {
     u64 pc = state->pc, sp = state->sp, fp = state->fp;
@@ -206,12 +231,14 @@ int unwind_v8(struct bpf_perf_event_data *ctx)
       u64 tagged_offset = s[V8_SLOT_BYTECODE_OFFSET];
       if (handler || (off >= p->entry_lo && off < p->entry_hi)) {
         s64 bytecode;
-        s64 live = (s64)state->r9 - (p->bytecode_data - 1);
-        if (((top && handler) || in_handler) && state->r12 == array && live >= 0 &&
+        s64 reg = (s64)V8_BYTECODE_OFFSET_REGISTER(&state->user_regs);
+        s64 live = reg - (p->bytecode_data - 1);
+        if (((top && handler) || in_handler) &&
+            V8_BYTECODE_ARRAY_REGISTER(&state->user_regs) == array && live >= 0 &&
             live < V8_MAX_BYTECODES)
-          // Handlers keep the offset in r9, untagged, and store it in
-          // the frame only before they call out.
-          bytecode = (s64)state->r9;
+          // Handlers keep the offset in a register, untagged, and store
+          // it in the frame only before they call out.
+          bytecode = reg;
         else if ((tagged_offset & 0xffffffff) == 0) // a Smi
           bytecode = (s64)tagged_offset >> 32;
         else {
@@ -227,10 +254,10 @@ int unwind_v8(struct bpf_perf_event_data *ctx)
           goto full;
       } else {
         u64 ret;
-        if (top && off >= 0 && !v8_read(&ret, sizeof(ret), sp) && v8_in_jit(p, ret)) {
+        if (top && off >= 0 && !v8_frameless_return(state, &ret) && v8_in_jit(p, ret)) {
           // A builtin without a frame of its own, called from the
-          // function's JIT code: its return address is at sp. Both are
-          // reported (user space checks the address is the function's).
+          // function's JIT code: both are reported (user space checks
+          // the return address is the function's).
           increment_runtime_metric(RUNTIME_V8, METRIC_V8_STUB_FRAMES);
           if (push_runtime_frame(t, RUNTIME_V8, 0,
                                  ((u64)V8_FRAME_STUB << V8_FRAME_TYPE_SHIFT) | V8_FRAME_TOP |

@@ -23,9 +23,7 @@ import (
 // "// hot: NAME" marker in it.
 func nodeWorkload(t *testing.T) (script string, hot map[string]uint32) {
 	t.Helper()
-	_, here, _, _ := runtime.Caller(0)
-	script = filepath.Join(filepath.Dir(here), "..", "..", "utils", "workloads", "node", "v8work.js")
-	script, err := filepath.Abs(script)
+	script, err := filepath.Abs(scriptPath(t, "node", "v8work.js"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,22 +292,38 @@ var nodeCases = []nodeCase{
 	{"async", "async", nil, 18, checkNodeAsync},
 }
 
+// nodeVersion returns the node executable of a tested major version; it
+// fails t when that is not installed for the workloads' architecture, and
+// lists it for the VM when the run prepares one.
+func nodeVersion(t *testing.T, v string) string {
+	t.Helper()
+	if arch := targetArch(); arch != runtime.GOARCH {
+		tree, err := nodefetch.Tree(v, arch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vmTrees(t, tree...)
+		return tree[0]
+	}
+	node, err := nodefetch.Node(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return node
+}
+
 // TestNodeStacks profiles each workload of v8work.js under every tested
 // Node version and checks the JavaScript frames of its samples: names,
 // scripts, the leaf's line, and their order among the native frames down
 // to the process's entry.
 func TestNodeStacks(t *testing.T) {
 	requireRoot(t)
-	skipIfPreparing(t)
 	script, hot := nodeWorkload(t)
 	const run = 4 * time.Second
 	results := map[string][]float64{}
 	for _, v := range nodefetch.Versions() {
 		t.Run("Node "+v, func(t *testing.T) {
-			node, err := nodefetch.Node(v)
-			if err != nil {
-				t.Fatal(err)
-			}
+			node := nodeVersion(t, v)
 			s := startSession(t, testHz)
 			// A short run first: the daemon has then read this node's
 			// files, as on any host after its first minutes.
@@ -364,15 +378,8 @@ func startNode(t *testing.T, namespaced bool, node, script, mode string, d time.
 // chain in >= 95% of its main thread's samples.
 func TestNodeProcesses(t *testing.T) {
 	requireRoot(t)
-	skipIfPreparing(t)
 	script, hot := nodeWorkload(t)
-	node := func(v string) string {
-		n, err := nodefetch.Node(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	node := func(v string) string { return nodeVersion(t, v) }
 	// check takes the script as the process names it: inside a mount
 	// namespace, the workload's path under /tmp is under /mnt
 	// (startWorkload).
@@ -384,10 +391,14 @@ func TestNodeProcesses(t *testing.T) {
 		}
 	}
 	t.Run("started before the daemon", func(t *testing.T) {
-		w, _ := startNode(t, false, node("20"), script, "chain", 5*time.Second)
+		n := node("20")
+		skipIfPreparing(t)
+		// Killed by the test; long enough for a slow start under
+		// emulation.
+		w, _ := startNode(t, false, n, script, "chain", time.Minute)
 		time.Sleep(time.Second) // optimized and running before the daemon starts
 		s := startSession(t, testHz)
-		w.wait(t)
+		time.Sleep(4 * time.Second)
 		s.stop(t)
 		// Until the daemon has read the running node's files (its first
 		// samples wait for their unwind tables, as any process's do),
@@ -404,11 +415,12 @@ func TestNodeProcesses(t *testing.T) {
 		}
 	})
 	t.Run("Node 18 and 24 at once", func(t *testing.T) {
+		n18, n24 := node("18"), node("24")
 		s := startSession(t, testHz)
-		runNode(t, node("18"), script, "chain", time.Second) // the daemon reads their files
-		runNode(t, node("24"), script, "chain", time.Second)
-		w18, run18 := startNode(t, false, node("18"), script, "chain", 4*time.Second)
-		w24, run24 := startNode(t, false, node("24"), script, "chain", 4*time.Second)
+		runNode(t, n18, script, "chain", time.Second) // the daemon reads their files
+		runNode(t, n24, script, "chain", time.Second)
+		w18, run18 := startNode(t, false, n18, script, "chain", 4*time.Second)
+		w24, run24 := startNode(t, false, n24, script, "chain", 4*time.Second)
 		w18.wait(t)
 		w24.wait(t)
 		s.stop(t)
@@ -416,8 +428,9 @@ func TestNodeProcesses(t *testing.T) {
 		check(t, s, run24, script)
 	})
 	t.Run("BPF entries freed at exit", func(t *testing.T) {
+		n := node("20")
 		s := startSession(t, testHz)
-		w, _ := startNode(t, false, node("20"), script, "chain", 2*time.Second)
+		w, _ := startNode(t, false, n, script, "chain", 2*time.Second)
 		running := s.waitEntries(t, w.pid, "a V8 configuration", func(e bpfEntries) bool { return e.configs == 1 })
 		w.wait(t)
 		s.waitExited(t, w.pid)
@@ -426,17 +439,19 @@ func TestNodeProcesses(t *testing.T) {
 	})
 	t.Run("with a perf map too", func(t *testing.T) {
 		// The V8 unwinder's frames, not the perf map's.
+		n := node("20")
 		s := startSession(t, testHz)
-		runNode(t, node("20"), script, "chain", time.Second)
-		w, run := startNode(t, false, node("20"), script, "chain", 4*time.Second, "--perf-basic-prof")
+		runNode(t, n, script, "chain", time.Second)
+		w, run := startNode(t, false, n, script, "chain", 4*time.Second, "--perf-basic-prof")
 		w.wait(t)
 		s.stop(t)
 		check(t, s, run, script)
 	})
 	t.Run("own pid and mount namespace", func(t *testing.T) {
+		n := node("22")
 		s := startSession(t, testHz)
-		runNode(t, node("22"), script, "chain", time.Second)
-		w, run := startNode(t, true, node("22"), script, "chain", 4*time.Second)
+		runNode(t, n, script, "chain", time.Second)
+		w, run := startNode(t, true, n, script, "chain", 4*time.Second)
 		w.wait(t)
 		s.stop(t)
 		check(t, s, run, namespacedPath(script))

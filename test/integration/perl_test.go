@@ -64,21 +64,30 @@ func perlChain(script string, hot map[string]uint32) []perlFrame {
 // from libperl.
 type perlCase struct{ name, version, launcher string }
 
-// perlVersion is the case of a tested version's executable; it fails t
-// when that is not installed for the workloads' architecture, and lists
-// it for the VM when the run prepares one.
+// perlVersion is the case of a tested version's executable.
 func perlVersion(t *testing.T, v string) perlCase {
+	c := perlCase{"perl " + v, v, ""}
+	c.require(t)
+	return c
+}
+
+// require fails t when the case's perl is not installed for the
+// workloads' architecture, and lists it for the VM when the run prepares
+// one.
+func (c perlCase) require(t *testing.T) {
 	t.Helper()
+	if c.launcher != "" {
+		return // the system's, found by perlCases
+	}
 	if arch := targetArch(); arch != runtime.GOARCH {
-		tree, err := perlfetch.Tree(v, arch)
+		tree, err := perlfetch.Tree(c.version, arch)
 		if err != nil {
 			t.Fatal(err)
 		}
 		vmTrees(t, tree...)
-	} else if _, err := perlfetch.Executable(v); err != nil {
+	} else if _, err := perlfetch.Executable(c.version); err != nil {
 		t.Fatal(err)
 	}
-	return perlCase{"perl " + v, v, ""}
 }
 
 // command returns the command that runs the case with args.
@@ -94,10 +103,12 @@ func (c perlCase) command(t *testing.T, args ...string) *exec.Cmd {
 	return cmd
 }
 
+// perlCases lists the ways to run the tested perls (each subtest calls
+// require).
 func perlCases(t *testing.T) []perlCase {
 	var out []perlCase
 	for _, v := range perlfetch.Versions {
-		out = append(out, perlVersion(t, v))
+		out = append(out, perlCase{"perl " + v, v, ""})
 	}
 	if targetArch() != runtime.GOARCH {
 		return out
@@ -154,6 +165,7 @@ func TestPerlStacks(t *testing.T) {
 	for _, c := range perlCases(t) {
 		names = append(names, c.name)
 		t.Run(c.name, func(t *testing.T) {
+			c.require(t)
 			results[c.name] = append(results[c.name], profilePerl(t, c, "chain", func(smp sample) bool {
 				return perlMatch(framesOf(smp.trace, perl.Kind), want)
 			}))
@@ -296,8 +308,9 @@ func TestPerlForks(t *testing.T) {
 				children++
 				samples := s.rec.ofPID(pid)
 				first := slices.IndexFunc(samples, func(smp sample) bool { return len(framesOf(smp.trace, perl.Kind)) > 0 })
-				if first < 0 || first > 20 {
-					t.Errorf("child %d: %d samples before the first with Perl frames (-1: none of %d), want <= 20", child, first, len(samples))
+				if first < 0 || first > maxWarmupSamples {
+					t.Errorf("child %d: %d samples before the first with Perl frames (-1: none of %d), want <= %d",
+						child, first, len(samples), maxWarmupSamples)
 					continue
 				}
 				warm += first
@@ -365,8 +378,8 @@ func TestPerlStartedBeforeProfiler(t *testing.T) {
 	// The process is read at its first sample: the samples before that
 	// are the warm-up.
 	first := slices.IndexFunc(samples, chain)
-	if first < 0 || first > 20 {
-		t.Fatalf("first sample with the chain: %d of %d (want within the first 20)", first, len(samples))
+	if first < 0 || first > maxWarmupSamples {
+		t.Fatalf("first sample with the chain: %d of %d (want within the first %d)", first, len(samples), maxWarmupSamples)
 	}
 	ok := countFunc(samples[first:], chain)
 	rest := len(samples) - first

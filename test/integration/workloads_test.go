@@ -233,9 +233,9 @@ func scriptPath(t *testing.T, elem ...string) string {
 }
 
 // vmTrees lists files and directories (absolute paths) that the VM must
-// hold at the same paths, when the run prepares one: a runtime fetched for
-// its architecture, whose executable names its loader and libraries by
-// absolute path.
+// hold at the same paths for t, when the run prepares one: a runtime
+// fetched for its architecture, whose executable names its loader and
+// libraries by absolute path. A VM gets the trees of the tests it runs.
 func vmTrees(t *testing.T, paths ...string) {
 	t.Helper()
 	if !preparing() {
@@ -243,7 +243,11 @@ func vmTrees(t *testing.T, paths ...string) {
 	}
 	f, err := os.OpenFile(filepath.Join(os.Getenv(prepareEnv), treesFile), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 	if err == nil {
-		_, err = fmt.Fprintln(f, strings.Join(paths, "\n"))
+		for _, p := range paths {
+			if err == nil {
+				_, err = fmt.Fprintf(f, "%s\t%s\n", t.Name(), p)
+			}
+		}
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}

@@ -18,7 +18,12 @@ import (
 // /dev/console added: the kernel opens it for PID 1's standard streams
 // before anything could mount devtmpfs. Owners are root and times zero, so
 // the same tree gives the same archive.
-func writeInitramfs(root, out string) error {
+func writeInitramfs(root, out string) error { return writeArchive(root, out, true) }
+
+// writeArchive writes root as writeInitramfs does, /dev/console only if
+// console is set: an archive the kernel unpacks after another (archives
+// concatenated in one initrd add to the same file system).
+func writeArchive(root, out string, console bool) error {
 	f, err := os.Create(out)
 	if err != nil {
 		return err
@@ -56,10 +61,10 @@ func writeInitramfs(root, out string) error {
 		}
 		return fmt.Errorf("%s: not a file, directory or symbolic link", path)
 	})
-	if err == nil {
+	if err == nil && console {
 		err = w.entry("dev", unix.S_IFDIR|0o755, 0, nil)
 	}
-	if err == nil {
+	if err == nil && console {
 		err = w.entry("dev/console", unix.S_IFCHR|0o600, unix.Mkdev(5, 1), nil)
 	}
 	if err == nil {

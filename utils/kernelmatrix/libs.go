@@ -49,6 +49,22 @@ var targets = map[string]target{
 // directory on this machine (libraries beside the file, found through
 // $ORIGIN, are left alone).
 func copySharedLibraries(tg target, root, dir string) error {
+	var files []string
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			files = append(files, path)
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return copyLibrariesOf(tg, root, files)
+}
+
+// copyLibrariesOf copies into root the dynamic loader and the shared
+// libraries the ELF files need (files that are not ELF are left alone).
+func copyLibrariesOf(tg target, root string, files []string) error {
 	seen := map[string]bool{}
 	var visit func(path string) error
 	visit = func(path string) error {
@@ -95,12 +111,12 @@ func copySharedLibraries(tg target, root, dir string) error {
 		}
 		return nil
 	}
-	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
+	for _, f := range files {
+		if err := visit(f); err != nil {
 			return err
 		}
-		return visit(path)
-	})
+	}
+	return nil
 }
 
 // copyFile copies src, following symbolic links, to dst, creating its
@@ -120,20 +136,40 @@ func copyFile(src, dst string) error {
 	return os.WriteFile(dst, data, info.Mode().Perm())
 }
 
-// copyTrees copies into root, each at its own path, the files and
-// directories listed in the file list (one absolute path a line, the
-// tests' vmTrees; a missing list is empty). Symbolic links are kept as
-// they are; documentation is left out.
-func copyTrees(root, list string) error {
+// tree is a file or directory (absolute path) a test needs in the VM at
+// the same path.
+type tree struct{ test, path string }
+
+// readTrees reads the tests' list of trees (vmTrees: a test's name and a
+// path a line; a missing list is empty).
+func readTrees(list string) ([]tree, error) {
 	b, err := os.ReadFile(list)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+		return nil, nil
 	}
 	if err != nil {
+		return nil, err
+	}
+	var out []tree
+	for _, line := range strings.Split(string(b), "\n") {
+		if test, path, ok := strings.Cut(line, "\t"); ok {
+			out = append(out, tree{test, path})
+		}
+	}
+	return out, nil
+}
+
+// copyTrees copies into root, each at its own path, the files and
+// directories. Symbolic links are kept as they are; documentation is left
+// out. A file (an executable) gets the shared libraries it needs from the
+// target's; a directory holds its own.
+func copyTrees(tg target, root string, paths []string) error {
+	if err := os.MkdirAll(root, 0o755); err != nil {
 		return err
 	}
 	done := map[string]bool{}
-	for _, top := range strings.Fields(string(b)) {
+	var files []string
+	for _, top := range paths {
 		if done[top] || !filepath.IsAbs(top) {
 			continue
 		}
@@ -166,8 +202,11 @@ func copyTrees(root, list string) error {
 		if err != nil {
 			return fmt.Errorf("copying %s into the VM: %w", top, err)
 		}
+		if info, err := os.Stat(top); err == nil && info.Mode().IsRegular() {
+			files = append(files, filepath.Join(root, top))
+		}
 	}
-	return nil
+	return copyLibrariesOf(tg, root, files)
 }
 
 // undocumented: directories of documentation, manual pages and message

