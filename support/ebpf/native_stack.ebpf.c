@@ -28,11 +28,14 @@ static __always_inline int step_frame_pointer(struct unwind_state *state)
     increment_metric(METRIC_ERR_FP_READ);
     return -1;
   }
-  if (record[1] < MIN_CODE_ADDRESS)
+  // A frame record's return address is signed where the code signs it
+  // (arm64 pointer authentication): the PAC bits go.
+  u64 ra = record[1] & USER_ADDRESS_MASK;
+  if (ra < MIN_CODE_ADDRESS)
     return 1;
   state->sp = state->fp + sizeof(record);
   state->fp = record[0];
-  state->pc = record[1];
+  state->pc = ra;
   state->return_address = 1;
   return 0;
 }

@@ -69,7 +69,13 @@ struct v8_proc {
   u16 bytecode_data;
   // Frame types (StackFrame::Type) are below this.
   u8 frame_types;
-  u8 pad[3];
+  // The types of entry frames (EntryFrame, ConstructEntryFrame), and the
+  // words of callee-saved registers their builtin pushes above the frame's
+  // fp/lr pair (arm64: 18; x86_64 pushes them below its rbp): the caller's
+  // sp is that much above the frame's fp + 16.
+  u8 entry_frame;
+  u8 construct_entry_frame;
+  u8 entry_saved_words;
 };
 _Static_assert(sizeof(struct v8_proc) <= RUNTIME_PROC_SIZE, "v8_proc too large");
 
@@ -212,7 +218,7 @@ int unwind_v8(struct bpf_perf_event_data *ctx)
     }
     if (v8_read(s, sizeof(s), fp - 40))
       goto read_error;
-    u64 marker = s[V8_SLOT_CONTEXT], sfi;
+    u64 marker = s[V8_SLOT_CONTEXT], sfi, caller_sp = fp + 16;
     s64 off = v8_blob_offset(p, pc);
     int handler = off >= p->handlers_lo && off < p->handlers_hi;
     if ((marker & 1) == 0 && marker < ((u64)p->frame_types << 1)) {
@@ -221,6 +227,8 @@ int unwind_v8(struct bpf_perf_event_data *ctx)
         in_handler = 1;
         goto next;
       }
+      if (marker >> 1 == p->entry_frame || marker >> 1 == p->construct_entry_frame)
+        caller_sp += (u64)p->entry_saved_words * 8;
       increment_runtime_metric(RUNTIME_V8, METRIC_V8_STUB_FRAMES);
       if (push_runtime_frame(t, RUNTIME_V8, marker >> 1,
                              ((u64)V8_FRAME_STUB << V8_FRAME_TYPE_SHIFT) |
@@ -281,7 +289,7 @@ int unwind_v8(struct bpf_perf_event_data *ctx)
     if (!top)
       in_handler = 0;
     state->pc = s[V8_SLOT_RETURN] & USER_ADDRESS_MASK;
-    state->sp = fp + 16;
+    state->sp = caller_sp;
     state->fp = s[V8_SLOT_CALLER_FP];
     state->return_address = 1;
     if (state->pc < MIN_CODE_ADDRESS)

@@ -257,6 +257,13 @@ func checkNodeWorkers(t *testing.T, samples []sample, script string, hot map[str
 		len(workers), len(byThread), 100*share(ok, len(workers)), mixed)
 	if len(byThread) != 2 || mixed > 0 {
 		t.Errorf("%d worker threads with chains, %d frames of the other's", len(byThread), mixed)
+		var others []sample
+		for _, smp := range samples {
+			if uint32(smp.meta.TID) != uint32(smp.meta.Process.PID) {
+				others = append(others, smp)
+			}
+		}
+		logNodeExamples(t, "another thread's sample", others)
 	}
 	logNodeExamples(t, "miss", misses)
 	return share(ok, len(workers)), 0.9

@@ -176,6 +176,7 @@ func TestFailedOutput(t *testing.T) {
 func TestSelections(t *testing.T) {
 	one, full, amd := runFor("arm64", "6.1"), runFor("arm64", fullRuntimesKernel), runFor("amd64", fullRuntimesKernel)
 	all := union([]string{one, full, amd})
+	nodeOne, nodeAll := union(nodeRuntimeOne), union(nodeRuntimeAll)
 	for _, c := range []struct {
 		run, name string
 		want      bool
@@ -194,14 +195,14 @@ func TestSelections(t *testing.T) {
 		{all, "TestPerlStacks/perl_5.32", true},
 		{all, "TestUnwindWithoutFramePointers/cgo", true},
 		{all, "TestPythonStacks", false},
-		{one, "TestNodeStacks/Node_22/chain", true},
-		{one, "TestNodeStacks/Node_18/chain", false},
-		{one, "TestNodeProcesses/started_before_the_daemon", true},
-		{full, "TestNodeProcesses/own_pid_and_mount_namespace", false},
-		{one, "TestNodeProcesses/Node_18_and_24_at_once", false},
-		{full, "TestNodeProcesses/Node_18_and_24_at_once", true},
-		{full, "TestNodeStacks/Node_18/chain", true},
-		{amd, "TestNodeStacks/Node_22/chain", false},
+		{nodeOne, "TestNodeStacks/Node_22/chain", true},
+		{nodeOne, "TestNodeStacks/Node_18/chain", false},
+		{nodeOne, "TestNodeProcesses/started_before_the_daemon", true},
+		{nodeAll, "TestNodeProcesses/own_pid_and_mount_namespace", false},
+		{nodeOne, "TestNodeProcesses/Node_18_and_24_at_once", false},
+		{nodeAll, "TestNodeProcesses/Node_18_and_24_at_once", true},
+		{nodeAll, "TestNodeStacks/Node_18/chain", true},
+		{full, "TestNodeStacks/Node_22/chain", false},
 		{all, "TestUnwindWithoutFramePointers/Rust", false},
 		{"^A$/^x|^B$", "B/y", true},
 		{"^A$/^x|^B$", "A/y", false},
