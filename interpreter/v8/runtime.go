@@ -247,7 +247,6 @@ func (p *process) unwinderProc(jit []interpreter.Region, copies []uint64) Unwind
 		FrameTypes:       uint8(l.FrameTypes),
 		EntryFrame:       uint8(l.FrameEntry),
 		ConstructEntry:   uint8(l.FrameConstructEntry),
-		EntrySavedWords:  entrySavedWords(runtime.GOARCH),
 	}
 	u.BlobLow[0] = info.BlobAddr + p.bias
 	copy(u.BlobLow[1:], copies)
@@ -299,17 +298,5 @@ type UnwinderProc struct {
 	FrameTypes       uint8
 	EntryFrame       uint8
 	ConstructEntry   uint8
-	EntrySavedWords  uint8
-}
-
-// entrySavedWords is the words of callee-saved registers V8's entry
-// builtins push above their fp/lr pair: on arm64 the ten x19-x28 and eight
-// d8-d15 (EntryFrameConstants::kCalleeSavedRegisterBytesPushedBeforeFpLrPair
-// in src/execution/arm64/frame-constants-arm64.h); x86_64 pushes them
-// below rbp.
-func entrySavedWords(arch string) uint8 {
-	if arch == "arm64" {
-		return 18
-	}
-	return 0
+	_                uint8
 }

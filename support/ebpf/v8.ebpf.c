@@ -69,13 +69,10 @@ struct v8_proc {
   u16 bytecode_data;
   // Frame types (StackFrame::Type) are below this.
   u8 frame_types;
-  // The types of entry frames (EntryFrame, ConstructEntryFrame), and the
-  // words of callee-saved registers their builtin pushes above the frame's
-  // fp/lr pair (arm64: 18; x86_64 pushes them below its rbp): the caller's
-  // sp is that much above the frame's fp + 16.
+  // The types of entry frames (EntryFrame, ConstructEntryFrame).
   u8 entry_frame;
   u8 construct_entry_frame;
-  u8 entry_saved_words;
+  u8 pad;
 };
 _Static_assert(sizeof(struct v8_proc) <= RUNTIME_PROC_SIZE, "v8_proc too large");
 
@@ -111,6 +108,17 @@ volatile const struct v8_btf_exports {
 #elif defined(__TARGET_ARCH_arm64)
 #  define V8_BYTECODE_ARRAY_REGISTER(r)  ((r)->regs[20])
 #  define V8_BYTECODE_OFFSET_REGISTER(r) ((r)->regs[19])
+#endif
+
+// The words of callee-saved registers an entry frame's builtin pushes
+// above its fp/lr pair: the caller's sp is that much above fp + 16. arm64
+// pushes x19-x28 and d8-d15 first
+// (kCalleeSavedRegisterBytesPushedBeforeFpLrPair); x86_64 pushes them
+// below rbp.
+#if defined(__TARGET_ARCH_x86)
+#  define V8_ENTRY_SAVED_WORDS 0
+#elif defined(__TARGET_ARCH_arm64)
+#  define V8_ENTRY_SAVED_WORDS 18
 #endif
 
 // The return address of the interrupted code when it has no frame of its
@@ -228,7 +236,7 @@ int unwind_v8(struct bpf_perf_event_data *ctx)
         goto next;
       }
       if (marker >> 1 == p->entry_frame || marker >> 1 == p->construct_entry_frame)
-        caller_sp += (u64)p->entry_saved_words * 8;
+        caller_sp += V8_ENTRY_SAVED_WORDS * 8;
       increment_runtime_metric(RUNTIME_V8, METRIC_V8_STUB_FRAMES);
       if (push_runtime_frame(t, RUNTIME_V8, marker >> 1,
                              ((u64)V8_FRAME_STUB << V8_FRAME_TYPE_SHIFT) |

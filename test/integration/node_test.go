@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -304,18 +303,9 @@ var nodeCases = []nodeCase{
 // lists it for the VM when the run prepares one.
 func nodeVersion(t *testing.T, v string) string {
 	t.Helper()
-	if arch := targetArch(); arch != runtime.GOARCH {
-		tree, err := nodefetch.Tree(v, arch)
-		if err != nil {
-			t.Fatal(err)
-		}
-		vmTrees(t, tree...)
-		return tree[0]
-	}
-	node, err := nodefetch.Node(v)
-	if err != nil {
-		t.Fatal(err)
-	}
+	requireRuntime(t, func(arch string) ([]string, error) { return nodefetch.Tree(v, arch) },
+		func() error { _, err := nodefetch.Node(v); return err })
+	node, _ := nodefetch.NodeFor(v, targetArch())
 	return node
 }
 

@@ -79,15 +79,8 @@ func (c perlCase) require(t *testing.T) {
 	if c.launcher != "" {
 		return // the system's, found by perlCases
 	}
-	if arch := targetArch(); arch != runtime.GOARCH {
-		tree, err := perlfetch.Tree(c.version, arch)
-		if err != nil {
-			t.Fatal(err)
-		}
-		vmTrees(t, tree...)
-	} else if _, err := perlfetch.Executable(c.version); err != nil {
-		t.Fatal(err)
-	}
+	requireRuntime(t, func(arch string) ([]string, error) { return perlfetch.Tree(c.version, arch) },
+		func() error { _, err := perlfetch.Executable(c.version); return err })
 }
 
 // command returns the command that runs the case with args.

@@ -257,6 +257,25 @@ func vmTrees(t *testing.T, paths ...string) {
 	}
 }
 
+// requireRuntime fails t when a fetched runtime is not there for the
+// workloads' architecture: here, checked by here; for a VM being
+// prepared, its tree (tree for the VM's GOARCH) is listed for it.
+func requireRuntime(t *testing.T, tree func(arch string) ([]string, error), here func() error) {
+	t.Helper()
+	var err error
+	if arch := targetArch(); arch != runtime.GOARCH {
+		var paths []string
+		if paths, err = tree(arch); err == nil {
+			vmTrees(t, paths...)
+		}
+	} else {
+		err = here()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // run runs a build step in dir with env added to the environment.
 func run(t *testing.T, dir string, env []string, name string, args ...string) {
 	t.Helper()
