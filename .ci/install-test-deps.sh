@@ -54,9 +54,10 @@ for v in 3.1 3.3 3.4; do ./utils/rubyfetch/fetch-ruby.sh "$v" >/dev/null; done
 ./utils/rubyfetch/build-ruby-yjit.sh 3.3 static >/dev/null
 ./utils/rubyfetch/build-ruby-yjit.sh 3.4 >/dev/null
 
-# PHP 8.4 from Debian trixie, which the PHP tests run beside Debian 12's 8.2
-# (cached).
+# PHP 8.4 from Debian trixie, which the PHP tests run beside Debian 12's 8.2,
+# and both built for arm64, which the kernel matrix's arm64 VMs run (cached).
 ./utils/phpfetch/fetch-php.sh 8.4 >/dev/null
+for v in 8.2 8.4; do ./utils/phpfetch/fetch-php.sh "$v" arm64 >/dev/null; done
 
 # Node.js 18, 22 and 24, official builds from the npm registry, which the V8
 # tests run beside the machine's Node 20 (cached).

@@ -8,6 +8,7 @@ package php
 import (
 	"bytes"
 	"debug/elf"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -28,10 +29,15 @@ type Binary struct {
 	// ExecuteEx is execute_ex, [start, end): the VM loop.
 	ExecuteEx [2]uint64
 	// JITReturn is the address in execute_ex just past its first dispatch
-	// (jmp *(%r15)), where the body's stack frame is set up: OPcache's JIT
-	// code runs in that frame and is unwound as if from here. 0 if not
-	// found.
+	// (x86_64 jmp *(%r15), arm64 ldr xN, [x28]; br xN), where the body's
+	// stack frame is set up: OPcache's JIT code runs in that frame and is
+	// unwound as if from here. 0 if not found.
 	JITReturn uint64
+	// BodyFrameRecord is, on arm64, where the body's frame record is above
+	// its stack pointer (x29 - sp, from the prologue's add x29, sp, #imm):
+	// JIT code there moves sp (no red zone), so the unwinder takes the
+	// body's sp from x29. 0 on x86_64, whose JIT code leaves rsp alone.
+	BodyFrameRecord uint64
 	// ThreadSafe: a ZTS build, whose globals are per thread (not
 	// supported).
 	ThreadSafe bool
@@ -68,10 +74,14 @@ func Detect(f *elf.File, dynsym []elf.Symbol) (*Binary, error) {
 		return nil, err
 	}
 	b.Version = v
-	if f.Machine == elf.EM_X86_64 {
-		if b.JITReturn, err = findDispatch(f, b.ExecuteEx); err != nil {
-			return nil, err
-		}
+	switch f.Machine {
+	case elf.EM_X86_64:
+		b.JITReturn, err = findDispatchAMD64(f, b.ExecuteEx)
+	case elf.EM_AARCH64:
+		b.JITReturn, b.BodyFrameRecord, err = findDispatchARM64(f, b.ExecuteEx)
+	}
+	if err != nil {
+		return nil, err
 	}
 	return &b, nil
 }
@@ -127,13 +137,14 @@ func parseVersion(s string) (interpreter.Version, error) {
 }
 
 // dispatchScan bounds the instructions of execute_ex's start searched for
-// its first dispatch (the 8.2 and 8.4 builds have it at the 15th and 20th).
+// its first dispatch (the x86_64 8.2 and 8.4 builds have it at the 15th
+// and 20th, the arm64 ones at the 22nd and 33rd).
 const dispatchScan = 64
 
-// findDispatch finds the first jmp *(%r15) in the loop (the hybrid VM's
-// dispatch to the first handler) and returns the address after it; 0 when
-// there is none (not the hybrid VM).
-func findDispatch(f *elf.File, fn [2]uint64) (uint64, error) {
+// findDispatchAMD64 finds the first jmp *(%r15) in the loop (the hybrid
+// VM's dispatch to the first handler) and returns the address after it; 0
+// when there is none (not the hybrid VM).
+func findDispatchAMD64(f *elf.File, fn [2]uint64) (uint64, error) {
 	code, err := interpreter.ReadELF(f, fn[0], min(fn[1]-fn[0], 16*dispatchScan))
 	if err != nil {
 		return 0, fmt.Errorf("reading execute_ex: %w", err)
@@ -152,4 +163,39 @@ func findDispatch(f *elf.File, fn [2]uint64) (uint64, error) {
 		}
 	}
 	return 0, nil
+}
+
+// A64 encodings (Arm ARM): LDR Xt, [X28] (unsigned offset 0), BR Xn and
+// ADD X29, SP, #imm12 (unshifted); the low 5 bits are Xt, bits 5-9 Xn.
+const (
+	a64LdrX28     = 0xf9400380
+	a64Br         = 0xd61f0000
+	a64AddX29SP   = 0x910003fd
+	a64AddImmMask = 0xffc003ff
+)
+
+// findDispatchARM64 finds the loop's first ldr xN, [x28]; br xN (x28 is
+// the opline register), and the prologue's add x29, sp, #imm before it;
+// it returns the address after the br and imm, or 0s when either is
+// missing (not the hybrid VM).
+func findDispatchARM64(f *elf.File, fn [2]uint64) (uint64, uint64, error) {
+	code, err := interpreter.ReadELF(f, fn[0], min(fn[1]-fn[0], 4*dispatchScan))
+	if err != nil {
+		return 0, 0, fmt.Errorf("reading execute_ex: %w", err)
+	}
+	var record uint64
+	le := binary.LittleEndian
+	for off := 0; off+8 <= len(code); off += 4 {
+		w := le.Uint32(code[off:])
+		if w&a64AddImmMask == a64AddX29SP {
+			record = uint64(w >> 10 & 0xfff)
+		}
+		if w&^0x1f == a64LdrX28 && le.Uint32(code[off+4:]) == a64Br|(w&0x1f)<<5 {
+			if record == 0 {
+				return 0, 0, nil
+			}
+			return fn[0] + uint64(off) + 8, record, nil
+		}
+	}
+	return 0, 0, nil
 }

@@ -3,6 +3,8 @@ package php
 import (
 	"debug/elf"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
@@ -59,28 +61,58 @@ func TestDetect(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", b.CLI, err)
 		}
-		for _, path := range []string{b.CLI, b.FPM, b.Apache} {
-			if path == "" {
-				continue
-			}
-			d := detectFile(t, path)
-			if d.Version.String() != string(out) || d.ThreadSafe {
-				t.Errorf("%s: version %v (thread-safe %v), want %s, not thread-safe", path, d.Version, d.ThreadSafe, out)
-			}
-			if _, err := LayoutFor(d.Version); err != nil {
-				t.Error(err)
-			}
-			if d.JITReturn <= d.ExecuteEx[0] || d.JITReturn >= d.ExecuteEx[1] {
-				t.Errorf("%s: JIT return %#x outside execute_ex %#x", path, d.JITReturn, d.ExecuteEx)
-				continue
-			}
-			f, _ := elf.Open(path)
-			code, err := interpreter.ReadELF(f, d.JITReturn-3, 3)
-			f.Close()
-			// jmp *(%r15)
-			if err != nil || string(code) != "\x41\xff\x27" {
-				t.Errorf("%s: % x before the JIT return, want 41 ff 27 (jmp *(%%r15)): %v", path, code, err)
-			}
+		// jmp *(%r15)
+		checkDetect(t, b, string(out), "\x41\xff\x27", 0)
+	}
+}
+
+// TestDetectARM64 reads the arm64 builds: the dispatch is ldr x0, [x28];
+// br x0, and the body's frame record is 0x40 above its stack pointer
+// (internals.md §A.4).
+func TestDetectARM64(t *testing.T) {
+	for _, v := range phpfetch.Versions {
+		b, err := phpfetch.For(v, "arm64")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The Debian version (8.2.36-1~deb12u1) starts with PHP's.
+		deb, err := os.ReadFile(filepath.Join(phpfetch.Dir(v, "arm64"), ".complete"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		version, _, _ := strings.Cut(string(deb), "-")
+		checkDetect(t, b, version, "\x80\x03\x40\xf9\x00\x00\x1f\xd6", 0x40)
+	}
+}
+
+// checkDetect checks Detect on a build's files: the version, a layout for
+// it, the dispatch instructions (code) before the JIT return and the
+// body's frame record.
+func checkDetect(t *testing.T, b *phpfetch.Build, version, code string, record uint64) {
+	t.Helper()
+	for _, path := range []string{b.CLI, b.FPM, b.Apache} {
+		if path == "" {
+			continue
+		}
+		d := detectFile(t, path)
+		if d.Version.String() != version || d.ThreadSafe {
+			t.Errorf("%s: version %v (thread-safe %v), want %s, not thread-safe", path, d.Version, d.ThreadSafe, version)
+		}
+		if _, err := LayoutFor(d.Version); err != nil {
+			t.Error(err)
+		}
+		if d.JITReturn <= d.ExecuteEx[0] || d.JITReturn >= d.ExecuteEx[1] {
+			t.Errorf("%s: JIT return %#x outside execute_ex %#x", path, d.JITReturn, d.ExecuteEx)
+			continue
+		}
+		if d.BodyFrameRecord != record {
+			t.Errorf("%s: the body's frame record at sp+%#x, want %#x", path, d.BodyFrameRecord, record)
+		}
+		f, _ := elf.Open(path)
+		got, err := interpreter.ReadELF(f, d.JITReturn-uint64(len(code)), uint64(len(code)))
+		f.Close()
+		if err != nil || string(got) != code {
+			t.Errorf("%s: % x before the JIT return, want % x: %v", path, got, code, err)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package php
 
 import (
+	"debug/elf"
 	"fmt"
 	"runtime"
 	"slices"
@@ -50,7 +51,7 @@ type UnwinderProc struct {
 	OpArrayOpcodes     uint16
 	OpArrayLast        uint16
 	OpArrayFilename    uint16
-	_                  [2]uint8
+	BodyFrameRecord    uint16
 }
 
 // unwinderFunctionHead mirrors struct php_function_head.
@@ -88,6 +89,9 @@ func readsExecuteData() bool {
 		unsafe.Offsetof(fn.FunctionName) == functionName
 }
 
+// hostMachines are the machines whose engines are unwound, by GOARCH.
+var hostMachines = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
+
 // recognise finds a PHP engine by the symbols every PHP 8 exports.
 func recognise(f *interpreter.File) (interpreter.Binary, error) {
 	b, err := Detect(f.ELF, f.DynamicSymbols)
@@ -103,8 +107,8 @@ func recognise(f *interpreter.File) (interpreter.Binary, error) {
 		layoutErr = fmt.Errorf("PHP %v is a thread-safe (ZTS) build: not supported", b.Version)
 	case !readsExecuteData():
 		layoutErr = fmt.Errorf("PHP %v: frames laid out as the unwinder does not read them", b.Version)
-	case runtime.GOARCH != "amd64":
-		layoutErr = fmt.Errorf("PHP frames are unwound on x86_64 only, not %s", runtime.GOARCH)
+	case f.ELF.Machine != hostMachines[runtime.GOARCH]:
+		layoutErr = fmt.Errorf("PHP frames are unwound on x86_64 and arm64 only, not %v on %s", f.ELF.Machine, runtime.GOARCH)
 	}
 	return &phpBinary{Binary: b, layout: layout, err: layoutErr}, nil
 }
@@ -140,6 +144,7 @@ func (b *phpBinary) Attach(h interpreter.Host) (interpreter.Process, error) {
 		OpArrayOpcodes:     uint16(b.layout.OpArrayOpcodes),
 		OpArrayLast:        uint16(b.layout.OpArrayLast),
 		OpArrayFilename:    uint16(b.layout.OpArrayFilename),
+		BodyFrameRecord:    uint16(b.BodyFrameRecord),
 	}
 	if b.JITReturn != 0 {
 		cfg.JITReturn = bias + b.JITReturn
@@ -165,7 +170,7 @@ type process struct {
 // a sample in it reports the PHP frames of the execute_ex call the code
 // runs in.
 func (p *process) Update(h interpreter.Host) (bool, error) {
-	jit := jitAreas(h.Mappings())
+	jit := jitAreas(h.Mappings(), p.jit)
 	if slices.Equal(jit, p.jit) {
 		return false, nil
 	}
@@ -176,15 +181,28 @@ func (p *process) Update(h interpreter.Host) (bool, error) {
 	return false, nil
 }
 
-// jitAreas are OPcache's JIT buffers among a process's executable
-// mappings: OPcache maps its shared memory as anonymous shared memory,
-// which the kernel shows as a deleted /dev/zero, and makes the JIT buffer
-// at its end executable.
-func jitAreas(ms []interpreter.Mapping) []interpreter.Region {
+// jitAreas are OPcache's JIT buffers among a process's mappings: OPcache
+// maps its shared memory as anonymous shared memory, which the kernel
+// shows as a deleted /dev/zero, and makes the JIT buffer at its end
+// executable. While it compiles, a non-thread-safe build has the buffer
+// writable and not executable (zend_jit_unprotect, ext/opcache/jit/
+// zend_jit.c), often merged into one mapping with the rest: an area
+// claimed before (claimed) stays claimed while shared memory still holds
+// it.
+func jitAreas(ms []interpreter.Mapping, claimed []interpreter.Region) []interpreter.Region {
 	var out []interpreter.Region
 	for _, m := range ms {
-		if m.Executable && m.Path == "/dev/zero" {
+		if m.Path != "/dev/zero" {
+			continue
+		}
+		if m.Executable {
 			out = append(out, interpreter.Region{Start: m.Start, End: m.End, Unwind: true})
+			continue
+		}
+		for _, r := range claimed {
+			if r.Start >= m.Start && r.End <= m.End {
+				out = append(out, r)
+			}
 		}
 	}
 	return out

@@ -1,4 +1,4 @@
-// The PHP unwinder (runtime RUNTIME_PHP), x86_64. The native unwinder
+// The PHP unwinder (runtime RUNTIME_PHP), x86_64 and arm64. The native unwinder
 // hands over at each frame of execute_ex, the Zend VM's loop, after
 // stepping past it. In the hybrid VM a call from PHP code to PHP code,
 // include and eval do not recurse in C: one call of execute_ex runs the
@@ -13,16 +13,18 @@
 // executor_globals.current_execute_data, one global per process.
 //
 // The running frame's opline (its current instruction) is in a register
-// while the VM runs it (a global register variable, r15 on x86_64; another,
-// r14, holds its execute_data; PHP_OPLINE_REGISTER and
-// PHP_EXECUTE_DATA_REGISTER below):
+// while the VM runs it (a global register variable, r15 on x86_64, x28 on
+// arm64; another, r14 or x27, holds its execute_data; PHP_OPLINE_REGISTER
+// and PHP_EXECUTE_DATA_REGISTER below):
 // EX(opline) is written only before calls out, so it is stale for the
 // innermost frame and current for every other (internals.md §6).
 //
-// OPcache's JIT code runs inside execute_ex's native frame without moving
-// the stack pointer: at a PC there this program moves the PC to execute_ex's
-// body and lets the native unwinder step past that frame, which hands the
-// frames of that call over again (internals.md §7).
+// OPcache's JIT code runs inside execute_ex's native frame: at a PC there
+// this program moves the PC to execute_ex's body and lets the native
+// unwinder step past that frame, which hands the frames of that call over
+// again (internals.md §7). On x86_64 JIT code leaves the stack pointer
+// alone (it uses the red zone); on arm64 it moves it, and the body's is
+// taken from its frame record, which JIT code never moves (§A.5).
 //
 // Its frames: file_id is the frame's zend_function (for file-level code its
 // file name), addr its opline (0 for a C function's frame, whose opline is
@@ -61,7 +63,9 @@ struct php_proc {
   u16 op_array_opcodes;
   u16 op_array_last;
   u16 op_array_filename;
-  u8 pad[2];
+  // arm64: the body's frame record (x29) less its stack pointer (0 on
+  // x86_64, where JIT code runs at the body's).
+  u16 body_frame_record;
 };
 _Static_assert(sizeof(struct php_proc) <= RUNTIME_PROC_SIZE, "php_proc too large");
 
@@ -325,6 +329,21 @@ int unwind_php(struct bpf_perf_event_data *ctx)
     increment_runtime_metric(RUNTIME_PHP, METRIC_PHP_JIT_FRAMES);
     w->jit = 1;
     w->jit_frame = 1;
+    if (proc->body_frame_record) {
+      // arm64: the body's sp is below its frame record (x29), which JIT
+      // code never moves, except in the stubs that push a record of their
+      // own (stp x29, x30, [sp, #-N]!; mov x29, sp): there x29 is closer
+      // to sp than the body's could be, and the body's is the one saved.
+      u64 fp = state->fp;
+      if (fp - state->sp < proc->body_frame_record &&
+          bpf_probe_read_user(&fp, sizeof(fp), (void *)fp)) {
+        increment_runtime_metric(RUNTIME_PHP, METRIC_ERR_PHP_FRAME_READ);
+        runtime_report_native(h, &r->trace);
+        return tail_call_stop(ctx);
+      }
+      state->fp = fp;
+      state->sp = fp - proc->body_frame_record;
+    }
     state->pc = proc->jit_return;
     state->return_address = 0;
     return runtime_return(ctx, r);

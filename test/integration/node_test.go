@@ -58,6 +58,10 @@ func runNode(t *testing.T, node, script, mode string, d time.Duration, flags ...
 func hotFrom(t *testing.T, out string) time.Time {
 	t.Helper()
 	var from float64
+	// Warnings a runtime prints at start-up may come first.
+	if i := strings.Index(out, "hot phase from "); i > 0 {
+		out = out[i:]
+	}
 	if _, err := fmt.Sscanf(out, "hot phase from %g", &from); err != nil {
 		t.Fatalf("the workload printed %q: %v", out, err)
 	}

@@ -25,10 +25,56 @@ func phpWorkload(t *testing.T) (string, map[string]uint32) {
 	return markedWorkload(t, "php", "phpworkload.php")
 }
 
-// runPHP runs the workload in one mode for d, with the interpreter's flags.
-func runPHP(t *testing.T, b *phpfetch.Build, script, mode string, d time.Duration, flags ...string) scriptRun {
+// phpBuild returns a tested release's build for the workloads'
+// architecture, and lists it for the VM when the run prepares one.
+func phpBuild(t *testing.T, v string) *phpfetch.Build {
 	t.Helper()
-	return runScript(t, b.Command(append(flags, script, mode, formatSeconds(d))...))
+	requireRuntime(t, func(arch string) ([]string, error) { return phpfetch.Tree(v, arch) },
+		func() error { _, err := phpfetch.PHP(v); return err })
+	b, err := phpfetch.For(v, targetArch())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// runPHP runs the workload in one mode for d, with the interpreter's
+// flags, and stops the session (its runtime counters returned) while the
+// process holds after its work.
+func runPHP(t *testing.T, b *phpfetch.Build, s *session, script, mode string, d time.Duration, flags ...string) (scriptRun, map[string]uint64) {
+	t.Helper()
+	var metrics map[string]uint64
+	run := runScriptHeld(t, b.Command(append(flags, script, mode, formatSeconds(d))...), func() {
+		metrics = logRuntimeMetrics(t, s, "php")
+		s.stop(t)
+	})
+	return run, metrics
+}
+
+// phpHotSamples are a run's samples from its first that ok accepts (the
+// process's warm-up, at most maxWarmupSamples, is left out) and, under
+// the JIT, from 300 ms into its hot phase: the JIT buffer is claimed
+// when the daemon reads the process's mappings, after its first samples.
+func phpHotSamples(t *testing.T, run scriptRun, rec *recorder, jit bool, ok func(sample) bool) []sample {
+	t.Helper()
+	samples := run.hotSamples(t, rec)
+	warm := slices.IndexFunc(samples, ok)
+	if warm < 0 || warm > maxWarmupSamples {
+		stacks := map[string]int{}
+		for _, smp := range samples {
+			stacks[stackOf(smp.trace, php.Kind, "php")]++
+		}
+		logTopStacks(t, stacks, 4)
+		t.Fatalf("%d hot samples before the first with the expected frames (-1: none of %d), want <= %d", warm, len(samples), maxWarmupSamples)
+	}
+	if jit {
+		claimed := run.hotFrom.Add(300 * time.Millisecond)
+		first := max(slices.IndexFunc(samples, func(smp sample) bool { return !smp.meta.Time.Before(claimed) }), 0)
+		t.Logf("%d of the %d samples in the first 300 ms show the expected frames", countFunc(samples[:first], ok), first)
+		warm = max(warm, first)
+	}
+	t.Logf("%d samples of warm-up left out", warm)
+	return samples[warm:]
 }
 
 // phpFrame is a PHP frame a test expects: its function and the lines it
@@ -86,16 +132,16 @@ func TestPHPStacks(t *testing.T) {
 	requireRoot(t)
 	results := map[string][]float64{}
 	for _, v := range phpfetch.Versions {
-		b, err := phpfetch.PHP(v)
-		if err != nil {
-			t.Fatal(err)
-		}
 		for _, jit := range []string{"", "tracing", "function"} {
-			name, flags := "PHP "+v, []string(nil)
+			name := "PHP " + v
 			if jit != "" {
-				name, flags = name+" "+jit+" JIT", phpJIT(b, jit)
+				name += " " + jit + " JIT"
 			}
 			t.Run(name, func(t *testing.T) {
+				b, flags := phpBuild(t, v), []string(nil)
+				if jit != "" {
+					flags = phpJIT(b, jit)
+				}
 				share, metrics, n := profilePHPChain(t, b, flags...)
 				results[v] = append(results[v], share)
 				if jit := metrics["php_jit_frames"]; flags != nil && jit < uint64(n)/2 {
@@ -114,21 +160,14 @@ func profilePHPChain(t *testing.T, b *phpfetch.Build, flags ...string) (float64,
 	t.Helper()
 	script, hot := phpWorkload(t)
 	s := startSession(t, testHz)
-	run := runPHP(t, b, script, "chain", 4*time.Second, flags...)
-	metrics := logRuntimeMetrics(t, s, "php")
-	s.stop(t)
-	samples := run.hotSamples(t, s.rec)
+	run, metrics := runPHP(t, b, s, script, "chain", 4*time.Second, flags...)
+	if flags != nil && !strings.Contains(run.output, "opcache on jit on") {
+		t.Fatalf("OPcache's JIT is not on: the workload printed %q", run.output)
+	}
 	chain := func(smp sample) bool {
 		return phpChain(framesOf(smp.trace, php.Kind), script, hot, phpMain(hot), flags != nil)
 	}
-	if flags != nil {
-		// The JIT buffer is claimed when the daemon reads the process's
-		// mappings, after its first samples.
-		claimed := run.hotFrom.Add(300 * time.Millisecond)
-		first := max(slices.IndexFunc(samples, func(smp sample) bool { return !smp.meta.Time.Before(claimed) }), 0)
-		t.Logf("%d of the %d samples in the first 300 ms show the chain", countFunc(samples[:first], chain), first)
-		samples = samples[first:]
-	}
+	samples := phpHotSamples(t, run, s.rec, flags != nil, chain)
 	ok := 0
 	misses := map[string]int{}
 	for _, smp := range samples {
@@ -142,7 +181,7 @@ func profilePHPChain(t *testing.T, b *phpfetch.Build, flags ...string) (float64,
 	t.Logf("%d samples, %.1f%% with the chain at its lines", len(samples), 100*share)
 	logTopStacks(t, misses, 4)
 	if len(samples) < testHz || share < 0.95 {
-		t.Errorf("%d of %d samples show the chain, want >= 95%%", ok, len(samples))
+		t.Errorf("%d of %d samples show the chain, want >= 95%% of at least %d", ok, len(samples), testHz)
 	}
 	return share, metrics, len(samples)
 }
@@ -247,32 +286,41 @@ func inRequest(tr *libpf.Trace) bool {
 
 // TestPHPFPM: a php-fpm pool of four workers recycled after 50 requests
 // each, under a load loop of four clients: every worker's samples during
-// its requests show the request's chain.
+// its requests show the request's chain, after its warm-up (at most
+// maxWarmupSamples).
 func TestPHPFPM(t *testing.T) {
 	requireRoot(t)
 	script, hot := phpWorkload(t)
 	outer := []phpFrame{{"{main}", []uint32{hot["request"]}}}
 	for _, v := range phpfetch.Versions {
 		t.Run("PHP "+v, func(t *testing.T) {
-			b, err := phpfetch.PHP(v)
-			if err != nil {
-				t.Fatal(err)
-			}
+			b := phpBuild(t, v)
+			skipIfPreparing(t)
 			fpm := startFPM(t, b, 4, 50)
 			s := startSession(t, testHz)
 			served := fpm.load(t, script, 4, 6*time.Second, 20)
 			s.stop(t)
-			var requests, n, ok, thin int
+			var requests, n, ok, warmup, thin int
 			misses := map[string]int{}
+			chain := func(smp sample) bool { return phpChain(framesOf(smp.trace, php.Kind), script, hot, outer, false) }
 			for pid, r := range served {
 				requests += r
-				var wn, wok int
+				var in []sample
 				for _, smp := range s.rec.ofPID(pid) {
-					if !inRequest(smp.trace) {
-						continue
+					if inRequest(smp.trace) {
+						in = append(in, smp)
 					}
-					wn++
-					if phpChain(framesOf(smp.trace, php.Kind), script, hot, outer, false) {
+				}
+				// A new worker's first samples may come before the daemon
+				// has described it (a second's under emulation).
+				warm := slices.IndexFunc(in, chain)
+				if warm < 0 {
+					warm = len(in)
+				}
+				warmup += warm
+				wn, wok := len(in)-warm, 0
+				for _, smp := range in[warm:] {
+					if chain(smp) {
 						wok++
 					} else {
 						misses[stackOf(smp.trace, php.Kind, "php")]++
@@ -282,16 +330,17 @@ func TestPHPFPM(t *testing.T) {
 				// A worker that served half its 50 requests spun 0.5 s in
 				// them: some 50 samples. The last ones started may serve
 				// a few requests only.
-				if (r >= 25 && wn < 10) || (wn >= 10 && share(wok, wn) < 0.8) {
+				if (r >= 25 && len(in) < 10) || warm > maxWarmupSamples || (wn >= 10 && share(wok, wn) < 0.8) {
 					thin++
-					t.Logf("worker %d: %d requests, %d samples in them, %d with the chain", pid, r, wn, wok)
+					t.Logf("worker %d: %d requests, %d samples in them, %d of warm-up, %d with the chain", pid, r, len(in), warm, wok)
 				}
 			}
-			t.Logf("%d workers served %d requests; %d samples in requests, %.1f%% with the chain", len(served), requests, n, 100*share(ok, n))
+			t.Logf("%d workers served %d requests; %d samples in requests after %d of warm-up, %.1f%% with the chain",
+				len(served), requests, n, warmup, 100*share(ok, n))
 			logTopStacks(t, misses, 4)
 			if len(served) < 8 || share(ok, n) < 0.95 || thin > 0 {
-				t.Errorf("%d workers (want >= 8, recycled), %.1f%% of the samples in requests with the chain (want >= 95%%), %d workers with fewer than 10 samples in 25 requests or 80%% with the chain (want 0)",
-					len(served), 100*share(ok, n), thin)
+				t.Errorf("%d workers (want >= 8, recycled), %.1f%% of the samples in requests with the chain (want >= 95%%), %d workers with fewer than 10 samples in 25 requests, more than %d of warm-up or 80%% with the chain (want 0)",
+					len(served), 100*share(ok, n), thin, maxWarmupSamples)
 			}
 		})
 	}
@@ -367,25 +416,22 @@ func TestPHPEval(t *testing.T) {
 	requireRoot(t)
 	script, hot := phpWorkload(t)
 	included, incHot := markedWorkload(t, "php", "included.php")
-	b, err := phpfetch.PHP(phpfetch.Versions[len(phpfetch.Versions)-1])
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := phpBuild(t, phpfetch.Versions[len(phpfetch.Versions)-1])
 	s := startSession(t, testHz)
-	run := runPHP(t, b, script, "eval", 3*time.Second)
-	s.stop(t)
+	run, _ := runPHP(t, b, s, script, "eval", 3*time.Second)
 	evalFile := fmt.Sprintf("%s(%d) : eval()'d code", included, incHot["eval"])
-	ok := 0
-	misses := map[string]int{}
-	samples := run.hotSamples(t, s.rec)
-	for _, smp := range samples {
+	good := func(smp sample) bool {
 		fs := framesOf(smp.trace, php.Kind)
-		n := len(fs)
-		good := n == 7 && phpChain(fs[:4], script, hot, nil, false) &&
+		return len(fs) == 7 && phpChain(fs[:4], script, hot, nil, false) &&
 			fs[4] == libpf.Frame{Kind: php.Kind, FunctionName: "{eval}", SourceFile: evalFile, SourceLine: 1} &&
 			fs[5] == libpf.Frame{Kind: php.Kind, FunctionName: "{include}", SourceFile: included, SourceLine: incHot["eval"]} &&
 			fs[6] == libpf.Frame{Kind: php.Kind, FunctionName: "{main}", SourceFile: script, SourceLine: hot["require"]}
-		if good {
+	}
+	ok := 0
+	misses := map[string]int{}
+	samples := phpHotSamples(t, run, s.rec, false, good)
+	for _, smp := range samples {
+		if good(smp) {
 			ok++
 		} else {
 			misses[stackOf(smp.trace, php.Kind, "php")]++

@@ -16,8 +16,8 @@ import (
 // "newc" format the kernel unpacks into its root file system
 // (Documentation/driver-api/early-userspace/buffer-format.rst), with
 // /dev/console added: the kernel opens it for PID 1's standard streams
-// before anything could mount devtmpfs. Owners are root and times zero, so
-// the same tree gives the same archive.
+// before anything could mount devtmpfs. Owners are root and every time is
+// archiveTime, so the same tree gives the same archive.
 func writeInitramfs(root, out string) error { return writeArchive(root, out, true) }
 
 // writeArchive writes root as writeInitramfs does, /dev/console only if
@@ -79,6 +79,11 @@ func writeArchive(root, out string, console bool) error {
 	return err
 }
 
+// archiveTime is every entry's modification time (2000-01-01 UTC): fixed,
+// and not zero, which PHP's OPcache takes for a failed stat (it then never
+// caches, nor JIT-compiles, the file).
+const archiveTime = 946684800
+
 // cpioWriter writes "newc" entries; WalkDir's lexical order puts every
 // directory before its contents, as unpacking needs.
 type cpioWriter struct {
@@ -93,7 +98,7 @@ func (c *cpioWriter) entry(name string, mode uint32, rdev uint64, data []byte) e
 		nlink = 2
 	}
 	fields := []uint32{
-		c.ino, mode, 0, 0, uint32(nlink), 0, uint32(len(data)),
+		c.ino, mode, 0, 0, uint32(nlink), archiveTime, uint32(len(data)),
 		0, 0, unix.Major(rdev), unix.Minor(rdev), uint32(len(name) + 1), 0,
 	}
 	var hdr strings.Builder

@@ -44,14 +44,15 @@ var (
 		"TestUnwindWithoutFramePointers", "TestAPMTraceContext", "TestDaemonLocalOutput"}
 	baseSubtests = []string{"C_", "libc", "vDSO", "Go", "cgo"}
 	perlTests    = `^(TestPerlStacks|TestPerlEval|TestPerlSort|TestPerlThreads|TestPerlForks|TestPerlRecursion)$`
+	phpTests     = `^(TestPHPStacks|TestPHPFPM)$`
 	// The runtime tests every arm64 kernel runs (one version of each) and
 	// those fullRuntimesKernel runs (all of them). Not yet the Node tests
 	// (nodeRuntimeOne, nodeRuntimeAll): under emulation a node process's
 	// exit and its workers' start take seconds of the 4 s runs, and the
 	// interrupted PC falls where qemu's translated blocks begin (a
 	// function's entry line).
-	runtimeOne = []string{perlTests + `/^perl_5\.40$`, `^TestPerlStartedBeforeProfiler$`}
-	runtimeAll = []string{perlTests, `^TestPerlStartedBeforeProfiler$`}
+	runtimeOne = []string{perlTests + `/^perl_5\.40$`, `^TestPerlStartedBeforeProfiler$`, phpTests + `/^PHP_8\.4`, `^TestPHPEval$`}
+	runtimeAll = []string{perlTests, `^TestPerlStartedBeforeProfiler$`, phpTests, `^TestPHPEval$`}
 	// The VMs have no unshare(1) for a namespaced workload.
 	nodeRuntimeOne     = []string{`^TestNodeStacks$/^Node_22$`, `^TestNodeProcesses$/^started_before`}
 	nodeRuntimeAll     = []string{`^TestNodeStacks$`, `^TestNodeProcesses$/^(started_before|Node_18_and_24|BPF_entries|with_a_perf_map)`}

@@ -1,6 +1,7 @@
 // Package phpfetch finds the PHP builds the PHP tests run: Debian 12's 8.2
 // (packages install-test-deps.sh installs) and trixie's 8.4, which
-// fetch-php.sh unpacks beside the system with its own libc.
+// fetch-php.sh unpacks beside the system with its own libc; and both
+// built for arm64, which the kernel matrix's arm64 VMs run.
 package phpfetch
 
 import (
@@ -9,11 +10,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
 )
 
 // Versions are the PHP releases the tests run, oldest first.
 var Versions = []string{"8.2", "8.4"}
+
+// system is the release Debian 12 installs; on another architecture it
+// is fetched as the others.
+const system = "8.2"
+
+func isSystem(v, arch string) bool { return v == system && arch == "amd64" }
 
 // Build is one PHP release's programs.
 type Build struct {
@@ -41,43 +47,60 @@ func (b *Build) Command(args ...string) *exec.Cmd {
 // directory.
 var api = map[string]string{"8.2": "20220829", "8.4": "20240924"}
 
-// PHP returns the build of version v: the system's for 8.2, fetch-php.sh's
-// cache otherwise (run it first: install-test-deps.sh does).
-func PHP(v string) (*Build, error) {
+// PHP returns the build of version v for this machine.
+func PHP(v string) (*Build, error) { return For(v, runtime.GOARCH) }
+
+// For returns the build of version v for arch (GOARCH): the system's for
+// 8.2 on amd64, fetch-php.sh's cache otherwise (run it first:
+// install-test-deps.sh does).
+func For(v, arch string) (*Build, error) {
 	if api[v] == "" {
 		return nil, fmt.Errorf("PHP %s is not one of the tested releases %v", v, Versions)
 	}
 	root := "/"
-	if v != "8.2" {
-		root = filepath.Join(cacheDir(v), "root")
+	if !isSystem(v, arch) {
+		root = filepath.Join(Dir(v, arch), "root")
 	}
 	b := &Build{Version: v, CLI: filepath.Join(root, "usr/bin/php"+v), FPM: filepath.Join(root, "usr/sbin/php-fpm"+v),
 		OPcache: filepath.Join(root, "usr/lib/php", api[v], "opcache.so"), Args: []string{"-n"},
 		Headers: filepath.Join(root, "usr/include/php", api[v])}
 	files := []string{b.CLI, b.FPM, b.OPcache, b.Headers}
-	if v != "8.2" {
+	if !isSystem(v, arch) {
 		b.Apache = filepath.Join(root, "usr/lib/apache2/modules/libphp"+v+".so")
-		files = append(files, b.Apache)
+		files = append(files, b.Apache, filepath.Join(Dir(v, arch), ".complete"))
 	}
 	for _, p := range files {
 		if _, err := os.Stat(p); err != nil {
-			return nil, fmt.Errorf("PHP %s: %w (make test-deps installs it)", v, err)
+			fetch := ""
+			if !isSystem(v, arch) {
+				fetch = fmt.Sprintf(": utils/phpfetch/fetch-php.sh %s %s", v, arch)
+			}
+			return nil, fmt.Errorf("PHP %s for %s: %w (make test-deps installs it%s)", v, arch, err, fetch)
 		}
 	}
 	return b, nil
 }
 
-// FetchScript is fetch-php.sh's path.
-func FetchScript() string {
-	_, here, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(here), "fetch-php.sh")
+// Tree returns what a machine of arch needs at the same paths to run a
+// fetched version: its unpacked root.
+func Tree(v, arch string) ([]string, error) {
+	if isSystem(v, arch) {
+		return nil, fmt.Errorf("PHP %s is the system's on %s", v, arch)
+	}
+	if _, err := For(v, arch); err != nil {
+		return nil, err
+	}
+	d := Dir(v, arch)
+	return []string{filepath.Join(d, "root"), filepath.Join(d, ".complete")}, nil
 }
 
-func cacheDir(v string) string {
+// Dir is the cache directory fetch-php.sh unpacks a version for arch
+// into.
+func Dir(v, arch string) string {
 	base := os.Getenv("XDG_CACHE_HOME")
 	if base == "" {
 		home, _ := os.UserHomeDir()
 		base = filepath.Join(home, ".cache")
 	}
-	return filepath.Join(base, "ebpf-profiler", "php-"+strings.ReplaceAll(v, "/", "")+"-amd64")
+	return filepath.Join(base, "ebpf-profiler", "php-"+v+"-"+arch)
 }

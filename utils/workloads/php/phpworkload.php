@@ -1,8 +1,8 @@
 <?php
 // phpworkload.php MODE SECONDS - PHP workloads for the profiler's PHP tests.
 //
-// Prints "hot phase from <unix time>" when the measured phase starts, then
-// spins for SECONDS. Lines marked with a hot comment ("# hot: NAME") are where the tests expect
+// Prints "opcache on|off jit on|off" when OPcache is loaded, and "hot phase
+// from <unix time>" when the measured phase starts, then spins for SECONDS. Lines marked with a hot comment ("# hot: NAME") are where the tests expect
 // each frame; test/integration/php_test.go reads the marks.
 //
 // chain: Shop\Cart::leaf (a method), called by Shop\Cart::mid (a static
@@ -49,6 +49,11 @@ if (\PHP_SAPI === 'fpm-fcgi') {
 
 [, $mode, $seconds] = $argv + [null, 'chain', '5'];
 $deadline = \microtime(true) + (float)$seconds;
+if (\function_exists('opcache_get_status')) {
+    // What a test asked of OPcache may have failed quietly.
+    $status = \opcache_get_status(false);
+    echo "opcache ", $status === false ? 'off' : 'on', " jit ", ($status['jit']['on'] ?? false) ? 'on' : 'off', "\n";
+}
 echo "hot phase from ", \sprintf('%.6f', \microtime(true)), "\n";
 \fflush(\STDOUT);
 switch ($mode) {
@@ -61,4 +66,13 @@ switch ($mode) {
     default:
         \fwrite(\STDERR, "unknown mode $mode\n");
         exit(2);
+}
+// WORKLOAD_HOLD: the process stays, its memory readable, until its
+// standard input ends, after saying so: a test stops profiling first, so
+// that the daemon symbolizes every sample while the process lives.
+if (\getenv('WORKLOAD_HOLD')) {
+    echo "holding\n";
+    \fflush(\STDOUT);
+    while (\fgets(\STDIN) !== false) {
+    }
 }
