@@ -41,17 +41,12 @@ func nodeWorkload(t *testing.T) (script string, hot map[string]uint32) {
 	return script, hot
 }
 
-// runNode runs the workload in one mode to its end.
-func runNode(t *testing.T, node, script, mode string, d time.Duration, flags ...string) scriptRun {
+// runNode runs the workload in one mode and returns once its work is
+// done: it holds, its memory readable, until released (after the session
+// stopped, since under emulation the daemon symbolizes seconds behind).
+func runNode(t *testing.T, node, script, mode string, d time.Duration, flags ...string) *heldRun {
 	t.Helper()
-	cmd := exec.Command(node, append(flags, script, mode, formatSeconds(d))...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr // flags may draw warnings there
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("%s %v %s: %v\n%s%s", node, flags, mode, err, out, stderr.String())
-	}
-	return scriptRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out))}
+	return startHeld(t, exec.Command(node, append(flags, script, mode, formatSeconds(d))...))
 }
 
 // hotFrom reads the workload's "hot phase from <unix seconds>" line.
@@ -65,8 +60,24 @@ func hotFrom(t *testing.T, out string) time.Time {
 	if _, err := fmt.Sscanf(out, "hot phase from %g", &from); err != nil {
 		t.Fatalf("the workload printed %q: %v", out, err)
 	}
-	sec, frac := math.Modf(from)
-	return time.Unix(int64(sec), int64(frac*1e9))
+	return unixTime(from)
+}
+
+// hotTo reads the end of the hot phase where the workload's line gives
+// one ("hot phase from <unix seconds> to <unix seconds>"); zero if not.
+func hotTo(out string) time.Time {
+	var from, to float64
+	if i := strings.Index(out, "hot phase from "); i >= 0 {
+		if _, err := fmt.Sscanf(out[i:], "hot phase from %g to %g", &from, &to); err == nil {
+			return unixTime(to)
+		}
+	}
+	return time.Time{}
+}
+
+func unixTime(sec float64) time.Time {
+	whole, frac := math.Modf(sec)
+	return time.Unix(int64(whole), int64(frac*1e9))
 }
 
 // jsFrames returns a trace's JavaScript function frames, leaf first: V8's
@@ -328,16 +339,22 @@ func TestNodeStacks(t *testing.T) {
 			s := startSession(t, testHz)
 			// A short run first: the daemon has then read this node's
 			// files, as on any host after its first minutes.
-			runNode(t, node, script, "chain", time.Second)
+			runNode(t, node, script, "chain", time.Second).release(t)
 			major, _ := strconv.Atoi(v)
-			runs := make([]scriptRun, len(nodeCases))
+			held := make([]*heldRun, len(nodeCases))
 			for i, c := range nodeCases {
 				if major >= c.from {
-					runs[i] = runNode(t, node, script, c.mode, run, c.flags...)
+					held[i] = runNode(t, node, script, c.mode, run, c.flags...)
 				}
 			}
 			logRuntimeMetrics(t, s, "v8")
 			s.stop(t)
+			runs := make([]scriptRun, len(nodeCases))
+			for i, h := range held {
+				if h != nil {
+					runs[i] = h.release(t)
+				}
+			}
 			for i, c := range nodeCases {
 				if major < c.from {
 					results[v] = append(results[v], math.NaN())
@@ -370,7 +387,7 @@ func startNode(t *testing.T, namespaced bool, node, script, mode string, d time.
 	}
 	args := append(append([]string{}, flags...), script, mode, formatSeconds(d))
 	r, line := startWorkload(t, namespaced, node, args...)
-	return r, scriptRun{pid: r.pid, hotFrom: hotFrom(t, line)}
+	return r, scriptRun{pid: r.pid, hotFrom: hotFrom(t, line), hotTo: hotTo(line)}
 }
 
 // TestNodeProcesses: node processes the daemon meets other than started
@@ -418,8 +435,8 @@ func TestNodeProcesses(t *testing.T) {
 	t.Run("Node 18 and 24 at once", func(t *testing.T) {
 		n18, n24 := node("18"), node("24")
 		s := startSession(t, testHz)
-		runNode(t, n18, script, "chain", time.Second) // the daemon reads their files
-		runNode(t, n24, script, "chain", time.Second)
+		runNode(t, n18, script, "chain", time.Second).release(t) // the daemon reads their files
+		runNode(t, n24, script, "chain", time.Second).release(t)
 		w18, run18 := startNode(t, false, n18, script, "chain", 4*time.Second)
 		w24, run24 := startNode(t, false, n24, script, "chain", 4*time.Second)
 		w18.wait(t)
@@ -442,7 +459,7 @@ func TestNodeProcesses(t *testing.T) {
 		// The V8 unwinder's frames, not the perf map's.
 		n := node("20")
 		s := startSession(t, testHz)
-		runNode(t, n, script, "chain", time.Second)
+		runNode(t, n, script, "chain", time.Second).release(t)
 		w, run := startNode(t, false, n, script, "chain", 4*time.Second, "--perf-basic-prof")
 		w.wait(t)
 		s.stop(t)
@@ -451,7 +468,7 @@ func TestNodeProcesses(t *testing.T) {
 	t.Run("own pid and mount namespace", func(t *testing.T) {
 		n := node("22")
 		s := startSession(t, testHz)
-		runNode(t, n, script, "chain", time.Second)
+		runNode(t, n, script, "chain", time.Second).release(t)
 		w, run := startNode(t, true, n, script, "chain", 4*time.Second)
 		w.wait(t)
 		s.stop(t)
@@ -475,7 +492,7 @@ func TestNodeGC(t *testing.T) {
 	// The functions of v8work.js that run in mode gc.
 	own := map[string]bool{"churn": true, "makeAdder": true, "gc": true, "loop": true, "main": true, v8.AnonymousName: true}
 	s := startSession(t, testHz)
-	run := runNode(t, node, script, "gc", 60*time.Second)
+	run := runNode(t, node, script, "gc", 60*time.Second).release(t)
 	logRuntimeMetrics(t, s, "v8")
 	s.stop(t)
 	samples := mainThread(run.hotSamples(t, s.rec))

@@ -151,8 +151,17 @@ func completeStack(tr *libpf.Trace) bool {
 type scriptRun struct {
 	pid     int
 	hotFrom time.Time
+	// hotTo ends the hot phase where the workload says so ("hot phase
+	// from <unix time> to <unix time>"); zero: at the process's end.
+	hotTo time.Time
 	// output is what the workload printed.
 	output string
+}
+
+// newScriptRun is the run of process pid that printed out.
+func newScriptRun(t *testing.T, pid int, out string) scriptRun {
+	t.Helper()
+	return scriptRun{pid: pid, hotFrom: hotFrom(t, out), hotTo: hotTo(out), output: out}
 }
 
 // runScript runs a script workload to its end; it prints when its hot
@@ -163,7 +172,7 @@ func runScript(t *testing.T, cmd *exec.Cmd) scriptRun {
 	if err != nil {
 		t.Fatalf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, out)
 	}
-	return scriptRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out)), output: string(out)}
+	return newScriptRun(t, cmd.Process.Pid, string(out))
 }
 
 // runScriptHeld runs a workload that, with WORKLOAD_HOLD set, says
@@ -172,6 +181,26 @@ func runScript(t *testing.T, cmd *exec.Cmd) scriptRun {
 // (under emulation the daemon symbolizes a second or more behind).
 func runScriptHeld(t *testing.T, cmd *exec.Cmd, stop func()) scriptRun {
 	t.Helper()
+	h := startHeld(t, cmd)
+	stop()
+	return h.release(t)
+}
+
+// heldRun is a workload started by startHeld, holding once its work is
+// done until release.
+type heldRun struct {
+	cmd   *exec.Cmd
+	stdin io.Closer
+	lines *bufio.Reader
+	out   strings.Builder
+	done  bool
+}
+
+// startHeld starts a workload with WORKLOAD_HOLD set and returns once it
+// says "holding" (or has ended).
+func startHeld(t *testing.T, cmd *exec.Cmd) *heldRun {
+	t.Helper()
+	h := &heldRun{cmd: cmd}
 	cmd.Env = append(cmd.Environ(), "WORKLOAD_HOLD=1")
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -181,30 +210,44 @@ func runScriptHeld(t *testing.T, cmd *exec.Cmd, stop func()) scriptRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
 	cmd.Stdout, cmd.Stderr = w, w
 	err = cmd.Start()
 	w.Close()
 	if err != nil {
+		r.Close()
 		t.Fatal(err)
 	}
-	var out strings.Builder
-	lines := bufio.NewReader(r)
+	h.stdin, h.lines = stdin, bufio.NewReader(r)
+	t.Cleanup(func() {
+		if !h.done {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		r.Close()
+	})
 	for {
-		line, err := lines.ReadString('\n')
-		out.WriteString(line)
+		line, err := h.lines.ReadString('\n')
+		h.out.WriteString(line)
 		if line == "holding\n" || err != nil {
-			break
+			return h
 		}
 	}
-	stop()
-	stdin.Close()
-	rest, _ := io.ReadAll(lines)
-	out.Write(rest)
-	if err := cmd.Wait(); err != nil || !strings.Contains(out.String(), "holding\n") {
-		t.Fatalf("%s: %v (holding: %v)\n%s", strings.Join(cmd.Args, " "), err, strings.Contains(out.String(), "holding\n"), out.String())
+}
+
+// release ends the workload's hold, waits for its exit and returns its
+// run.
+func (h *heldRun) release(t *testing.T) scriptRun {
+	t.Helper()
+	h.stdin.Close()
+	rest, _ := io.ReadAll(h.lines)
+	h.out.Write(rest)
+	err := h.cmd.Wait()
+	h.done = true
+	out := h.out.String()
+	if err != nil || !strings.Contains(out, "holding\n") {
+		t.Fatalf("%s: %v (holding: %v)\n%s", strings.Join(h.cmd.Args, " "), err, strings.Contains(out, "holding\n"), out)
 	}
-	return scriptRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, out.String()), output: out.String()}
+	return newScriptRun(t, h.cmd.Process.Pid, out)
 }
 
 // runPython runs the workload in one mode.
@@ -235,7 +278,7 @@ func (r scriptRun) hotSamples(t *testing.T, rec *recorder) []sample {
 	all := rec.ofPID(r.pid)
 	var hot []sample
 	for _, s := range all {
-		if !s.meta.Time.Before(r.hotFrom) {
+		if !s.meta.Time.Before(r.hotFrom) && (r.hotTo.IsZero() || s.meta.Time.Before(r.hotTo)) {
 			hot = append(hot, s)
 		}
 	}

@@ -8,10 +8,12 @@
 //   workers  two worker threads running different chains (wa*, wb*)
 //   gc       closures allocated in a loop, the garbage collector busy
 //   async    an async function awaiting resolved promises in a loop
-// It prints "hot phase from <unix seconds>": half a second after it
-// starts its hot loop.
+// It prints "hot phase from <unix seconds> to <unix seconds>": from half a
+// second after it starts its hot loop (in workers mode, once both workers
+// are ready to) to its end. With WORKLOAD_HOLD set it then prints
+// "holding" and stays, its memory readable, until its standard input ends.
 'use strict';
-const { Worker, isMainThread, workerData } = require('worker_threads');
+const { Worker, isMainThread, parentPort, workerData } = require('worker_threads');
 
 function leaf(n) {
   let s = 0;
@@ -108,37 +110,76 @@ function loop(deadline, body) {
   return sink;
 }
 
+// announce prints the hot phase of a run that began now and ends at
+// deadline. The first half second is start-up (the profiler attaching,
+// the first tiers of code): the hot phase begins after it.
+function announce(deadline) {
+  const from = (Date.now() + 500) / 1000;
+  console.log('hot phase from ' + from.toFixed(3) + ' to ' + (deadline / 1000).toFixed(3));
+}
+
+// done ends the run, holding first if asked to.
+function done() {
+  if (!process.env.WORKLOAD_HOLD) return;
+  console.log('holding');
+  process.stdin.on('end', () => process.exit(0));
+  process.stdin.resume();
+}
+
+// workers runs the two worker chains for seconds from when both workers
+// are ready: a worker's start (an isolate of its own, deserialized from
+// the snapshot) takes seconds under emulation.
+function workers(seconds) {
+  const ws = ['a', 'b'].map((which) => new Worker(__filename, { workerData: { which } }));
+  let ready = 0;
+  let exited = 0;
+  for (const w of ws) {
+    w.on('error', (e) => { console.error(e); process.exit(1); });
+    w.on('message', () => {
+      if (++ready < ws.length) return;
+      const deadline = Date.now() + seconds * 1000;
+      announce(deadline);
+      for (const x of ws) x.postMessage(deadline);
+    });
+    w.on('exit', () => { if (++exited === ws.length) done(); });
+  }
+}
+
 function main() {
   const mode = process.argv[2];
-  const deadline = Date.now() + Number(process.argv[3] || 5) * 1000;
+  const seconds = Number(process.argv[3] || 5);
   const bodies = {
     chain: top,
     shapes: (n) => new Shape(n).area(n) + arrow(n) + anon(n),
     gc: (n) => churn(n) | 0,
   };
-  // The first half second is start-up (node loading its modules, the
-  // profiler attaching): the hot phase begins after it.
-  console.log('hot phase from ' + ((Date.now() + 500) / 1000).toFixed(3));
   if (mode === 'workers') {
-    const ws = ['a', 'b'].map((which) => new Worker(__filename, { workerData: { which, deadline } }));
-    for (const w of ws) w.on('error', (e) => { console.error(e); process.exit(1); });
+    workers(seconds);
     return;
   }
+  const deadline = Date.now() + seconds * 1000;
   if (mode === 'async') {
-    asyncLoop(deadline).then((s) => { if (s < 0) console.log(s); });
+    announce(deadline);
+    asyncLoop(deadline).then((s) => { if (s < 0) console.log(s); done(); });
     return;
   }
   if (!bodies[mode]) {
     console.error('unknown mode ' + mode);
     process.exit(2);
   }
+  announce(deadline);
   const sink = loop(deadline, bodies[mode]);
   if (sink < 0) console.log(sink);
+  done();
 }
 
 if (isMainThread) {
   main();
 } else {
-  const sink = loop(workerData.deadline, workerData.which === 'a' ? waTop : wbTop);
-  if (sink < 0) console.log(sink);
+  parentPort.postMessage('ready');
+  parentPort.once('message', (deadline) => {
+    const sink = loop(deadline, workerData.which === 'a' ? waTop : wbTop);
+    if (sink < 0) console.log(sink);
+    process.exit(0);
+  });
 }
