@@ -17,13 +17,22 @@ import (
 // §2.2, §5.3). A code object never spans V8's 256 KiB heap pages unless it
 // is a large object, which starts its own page.
 const (
-	codeAlignment = 64
-	heapPage      = 256 << 10
+	heapPage = 256 << 10
 	// scanChunk is read at a time going down from the PC.
 	scanChunk = 16 << 10
 	// maxCodeScan bounds how far below a PC its code may start.
 	maxCodeScan = 1 << 20
 )
+
+// codeAlignment is V8's kCodeAlignment on an architecture (GOARCH): 64
+// bytes on x86_64, for its 64-byte loop headers, 32 on arm64 (internals.md
+// §2.2, §11).
+func codeAlignment(arch string) uint64 {
+	if arch == "amd64" {
+		return 64
+	}
+	return 32
+}
 
 // code is one JIT code object, as the symbolizer knows it.
 type code struct {
@@ -130,14 +139,15 @@ func (s *symbolizer) findCode(pc uint64) (uint64, error) {
 	if pc > maxCodeScan {
 		floor = pc - maxCodeScan
 	}
-	hi := pc &^ (codeAlignment - 1) // the highest instruction start
+	align := codeAlignment(runtime.GOARCH)
+	hi := pc &^ (align - 1) // the highest instruction start
 	for hi >= floor+header {
 		lo := max(hi-min(hi, scanChunk), floor)
 		buf, err := h.r.ReadUpTo(lo, hi-lo+8)
 		if err != nil || uint64(len(buf)) < hi-lo+8 {
 			return 0, fmt.Errorf("%w: %#x: %v", errNoCode, pc, err)
 		}
-		for start := hi; start >= lo+header; start -= codeAlignment {
+		for start := hi; start >= lo+header; start -= align {
 			obj := start - header
 			mapWord := le.Uint64(buf[obj-lo:])
 			if !isHeapObject(mapWord) {
