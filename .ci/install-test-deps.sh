@@ -48,6 +48,8 @@ for v in 11 21 25; do ./utils/jdkfetch/fetch-jdk.sh "$v" >/dev/null; done
 # CRuby 3.1, 3.3 and 3.4, Debian's builds from bookworm, trixie and
 # experimental, which the Ruby tests run (cached).
 for v in 3.1 3.3 3.4; do ./utils/rubyfetch/fetch-ruby.sh "$v" >/dev/null; done
+# And built for arm64: detection is tested on them (cached).
+for v in 3.1 3.3 3.4; do ./utils/rubyfetch/fetch-ruby.sh "$v" arm64 >/dev/null; done
 # CRuby 3.4 with YJIT, which Debian disables, built from the upstream
 # release Debian carries (about 3 minutes on 2 cores; cached).
 # (the kinds rubyfetch.sourceBuilds expects)

@@ -41,6 +41,8 @@ type Binary struct {
 	// which the library reaches ruby_current_ec, the running thread's
 	// rb_execution_context_t: the dynamic loader writes the module id
 	// there, and TLSOffset is the variable's offset in the module's block.
+	// On arm64 it is the TLS descriptor (entry, argument) instead, whose
+	// argument the dynamic loader sets (internals.md §12.4).
 	// A ruby executable with the interpreter linked in (local-exec TLS)
 	// has no GOT pair: TLSIndex is 0 and TLSOffset the variable's offset
 	// from the thread pointer (negative, two's complement).
@@ -82,8 +84,9 @@ func Detect(f *elf.File, dynsym []elf.Symbol, functionRanges func() ([][2]uint64
 	if !ok1 || !ok2 {
 		return nil, ErrNotRuby
 	}
-	if f.Machine != elf.EM_X86_64 {
-		return nil, fmt.Errorf("CRuby on %v: only x86_64 is supported", f.Machine)
+	arm64 := f.Machine == elf.EM_AARCH64
+	if f.Machine != elf.EM_X86_64 && !arm64 {
+		return nil, fmt.Errorf("CRuby on %v: only x86_64 and arm64 are supported", f.Machine)
 	}
 	b := &Binary{}
 	for _, p := range f.Progs {
@@ -102,21 +105,33 @@ func Detect(f *elf.File, dynsym []elf.Symbol, functionRanges func() ([][2]uint64
 	if b.EvalLoop, err = findEvalLoop(f, int(ls.Size), ranges); err != nil {
 		return nil, fmt.Errorf("CRuby %v: %w", b.Version, err)
 	}
-	if b.Exec, err = findCallers(f, b.EvalLoop[0], ranges); err != nil {
+	callers := findCallers
+	if arm64 {
+		callers = findCallersARM64
+	}
+	if b.Exec, err = callers(f, b.EvalLoop[0], ranges); err != nil {
 		return nil, fmt.Errorf("CRuby %v: callers of vm_exec_core: %w", b.Version, err)
 	}
 	tc, ok := syms[threadCurrentSymbol]
 	if !ok {
 		return nil, fmt.Errorf("CRuby %v: no %s", b.Version, threadCurrentSymbol)
 	}
-	if b.TLSIndex, b.TLSOffset, err = findTLSIndex(f, tc, dynsym); err != nil {
+	tls := findTLSIndex
+	if arm64 {
+		tls = findTLSDescriptor
+	}
+	if b.TLSIndex, b.TLSOffset, err = tls(f, tc, dynsym); err != nil {
 		return nil, fmt.Errorf("CRuby %v: execution context: %w", b.Version, err)
 	}
 	id2str, ok := syms[id2strSymbol]
 	if !ok {
 		return nil, fmt.Errorf("CRuby %v: no %s", b.Version, id2strSymbol)
 	}
-	if b.GlobalSymbols, err = findGlobalSymbols(f, id2str, ranges); err != nil {
+	globals := findGlobalSymbols
+	if arm64 {
+		globals = findGlobalSymbolsARM64
+	}
+	if b.GlobalSymbols, err = globals(f, id2str, ranges); err != nil {
 		return nil, fmt.Errorf("CRuby %v: symbol table: %w", b.Version, err)
 	}
 	return b, nil
@@ -247,11 +262,15 @@ func callAt(f *elf.File, fn [2]uint64, at uint64) bool {
 type codePointer struct{ slot, target uint64 }
 
 // codePointers lists, by slot, the pointers a shared library's dynamic
-// relocations make (R_X86_64_RELATIVE) or, in an executable, the aligned
+// relocations make (R_X86_64_RELATIVE, R_AARCH64_RELATIVE) or, in an executable, the aligned
 // words of its read-only data after relocation that could be addresses.
 func codePointers(f *elf.File) ([]codePointer, error) {
 	var out []codePointer
 	if f.Type == elf.ET_DYN {
+		relative := uint64(elf.R_X86_64_RELATIVE)
+		if f.Machine == elf.EM_AARCH64 {
+			relative = uint64(elf.R_AARCH64_RELATIVE)
+		}
 		for _, sec := range f.Sections {
 			if sec.Type != elf.SHT_RELA {
 				continue
@@ -262,7 +281,7 @@ func codePointers(f *elf.File) ([]codePointer, error) {
 			}
 			for i := 0; i+24 <= len(b); i += 24 {
 				info := binary.LittleEndian.Uint64(b[i+8:])
-				if elf.R_X86_64(info&0xffffffff) == elf.R_X86_64_RELATIVE {
+				if info&0xffffffff == relative {
 					out = append(out, codePointer{binary.LittleEndian.Uint64(b[i:]), binary.LittleEndian.Uint64(b[i+16:])})
 				}
 			}
@@ -341,7 +360,7 @@ func findTLSIndex(f *elf.File, fn elf.Symbol, dynsym []elf.Symbol) (index, offse
 	if index == 0 {
 		return 0, 0, fmt.Errorf("%s neither calls __tls_get_addr with a GOT pair nor reads at the thread pointer", fn.Name)
 	}
-	if off, ok, err := dtpoff(f, index+8, dynsym); err != nil {
+	if off, ok, err := relocationAt(f, index+8, uint32(elf.R_X86_64_DTPOFF64), dynsym); err != nil {
 		return 0, 0, err
 	} else if ok {
 		return index, off, nil
@@ -353,9 +372,10 @@ func findTLSIndex(f *elf.File, fn elf.Symbol, dynsym []elf.Symbol) (index, offse
 	return index, binary.LittleEndian.Uint64(b), nil
 }
 
-// dtpoff is the value of an R_X86_64_DTPOFF64 relocation at slot: the
-// offset of its symbol (in dynsym, f's .dynsym) in the module's TLS block.
-func dtpoff(f *elf.File, slot uint64, dynsym []elf.Symbol) (uint64, bool, error) {
+// relocationAt is the value (symbol + addend) of a relocation of type
+// typ at slot: for R_X86_64_DTPOFF64 and R_AARCH64_TLSDESC, the offset of
+// its symbol (in dynsym, f's .dynsym) in the module's TLS block.
+func relocationAt(f *elf.File, slot uint64, typ uint32, dynsym []elf.Symbol) (uint64, bool, error) {
 	for _, sec := range f.Sections {
 		if sec.Type != elf.SHT_RELA {
 			continue
@@ -366,7 +386,7 @@ func dtpoff(f *elf.File, slot uint64, dynsym []elf.Symbol) (uint64, bool, error)
 		}
 		for i := 0; i+24 <= len(b); i += 24 {
 			info := binary.LittleEndian.Uint64(b[i+8:])
-			if binary.LittleEndian.Uint64(b[i:]) != slot || elf.R_X86_64(info&0xffffffff) != elf.R_X86_64_DTPOFF64 {
+			if binary.LittleEndian.Uint64(b[i:]) != slot || uint32(info) != typ {
 				continue
 			}
 			addend := binary.LittleEndian.Uint64(b[i+16:])

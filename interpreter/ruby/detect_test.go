@@ -206,3 +206,46 @@ func dynamicSymbol(t testing.TB, path, name string) uint64 {
 	}
 	return 0
 }
+
+// TestDetectARM64 reads Debian's arm64 libruby builds (fetched, not run
+// here): the instruction loop and its caller, the TLS descriptor of
+// ruby_current_ec with the variable's offset 8 in libruby's block, and the
+// symbol table, where internals.md §12.3-12.5 found them by hand (its
+// tables name the builds by Debian version).
+func TestDetectARM64(t *testing.T) {
+	type want struct {
+		loopStart, exec, desc, globals uint64
+	}
+	known := map[string]want{
+		"3.1.7+really3.1.2-0+deb12u1": {0x23f9e0, 0x244220, 0x37f3e8, 0x380180},
+		"3.1.2-7+deb12u1":             {0x23b6c0, 0x23ff00, 0x37f3e8, 0x380180},
+		"3.3.8-2":                     {0x26f9c8, 0x274c50, 0x44f2d8, 0x450148},
+		"3.3.8-2.2":                   {0x2726ac, 0x2779c8, 0x45f2d8, 0x460148},
+		"3.4.11-1~exp1":               {0x299bd0, 0x29fb20, 0x4cf2f0, 0x4d0150},
+	}
+	for _, v := range rubyfetch.Versions {
+		lib, err := rubyfetch.LibrubyFor(v, "arm64")
+		if err != nil {
+			t.Fatal(err)
+		}
+		deb, err := rubyfetch.DebianVersion(v, "arm64")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := detectFile(t, lib)
+		t.Logf("%s (%s): loop %#x, exec %#x, TLS descriptor %#x offset %d, symbols %#x", v, deb, b.EvalLoop, b.Exec,
+			b.TLSIndex, b.TLSOffset, b.GlobalSymbols)
+		if b.Version.String()[:3] != v || len(b.Exec) != 1 || b.TLSOffset != 8 {
+			t.Errorf("%s: version %v, %d callers of the loop, TLS offset %d; want %s.x, 1, 8", lib, b.Version, len(b.Exec), b.TLSOffset, v)
+		}
+		w, ok := known[deb]
+		if !ok {
+			t.Logf("%s: Debian %s has no addresses checked by hand", lib, deb)
+			continue
+		}
+		if b.EvalLoop[0] != w.loopStart || b.Exec[0][0] != w.exec || b.TLSIndex != w.desc || b.GlobalSymbols != w.globals {
+			t.Errorf("%s: loop %#x, exec %#x, descriptor %#x, symbols %#x; want %#x, %#x, %#x, %#x", lib, b.EvalLoop[0],
+				b.Exec[0][0], b.TLSIndex, b.GlobalSymbols, w.loopStart, w.exec, w.desc, w.globals)
+		}
+	}
+}

@@ -1,11 +1,14 @@
 #!/bin/bash
-# fetch-ruby.sh VERSION - a Debian CRuby build (3.1, 3.3 or 3.4) for the profiler's Ruby tests.
+# fetch-ruby.sh VERSION [ARCH] - a Debian CRuby build (3.1, 3.3 or 3.4) for the profiler's Ruby
+# tests, for this machine or a foreign ARCH (arm64: unpacked here, never run; detection is tested
+# on it and the kernel matrix's arm64 VMs run it).
 #
 # Downloads ruby$VERSION and libruby$VERSION from the Debian suite that carries it (3.1: bookworm
 # with its security updates, 3.3: trixie, 3.4: experimental over sid) with the libraries they link
 # against, and unpacks them with dpkg-deb -x into
-#   ${XDG_CACHE_HOME:-~/.cache}/ebpf-profiler/ruby-VERSION-amd64/root/
-# The newer suites' builds need glibc >= 2.38 (Debian 12 has 2.36): their libc6 is unpacked too and
+#   ${XDG_CACHE_HOME:-~/.cache}/ebpf-profiler/ruby-VERSION-ARCH/root/
+# The newer suites' builds need glibc >= 2.38 (Debian 12 has 2.36), and a foreign architecture's
+# build gets its own suite's C library wherever it is copied to: their libc6 is unpacked too and
 # the ruby executable is pointed at that loader and the unpacked libraries with patchelf (PT_INTERP
 # and DT_RPATH), so the process is the genuine ruby executable mapping the genuine libruby, which is
 # what the profiler keys on. bin/ruby in the cache dir is a wrapper that sets RUBYLIB to the
@@ -16,21 +19,24 @@
 set -euo pipefail
 
 die() { echo "fetch-ruby: $*" >&2; exit 1; }
-[ $# -eq 1 ] || die "usage: $0 3.1|3.3|3.4"
-V=$1
+[ $# -ge 1 ] && [ $# -le 2 ] || die "usage: $0 3.1|3.3|3.4 [amd64|arm64]"
+V=$1 HOST=$(dpkg --print-architecture)
+export RUNTIME_ARCH=${2:-$HOST}
 case $V in
   3.1) SUITE=bookworm SECURITY=1 NEW_LIBC=0 ;;
   3.3) SUITE=trixie SECURITY=0 NEW_LIBC=1 ;;
   3.4) SUITE="sid experimental" SECURITY=0 NEW_LIBC=1 ;;
   *) die "no Debian suite known for Ruby $V" ;;
 esac
-[ "$(dpkg --print-architecture)" = amd64 ] || die "only amd64 is fetched"
+FOREIGN=0
+[ "$RUNTIME_ARCH" = "$HOST" ] || FOREIGN=1 NEW_LIBC=1
 BASE=${XDG_CACHE_HOME:-$HOME/.cache}/ebpf-profiler
-OUT=$BASE/ruby-$V-amd64 ROOT=$BASE/ruby-$V-amd64/root WRAPPER=$BASE/ruby-$V-amd64/bin/ruby
-LIBDIR=$ROOT/usr/lib/x86_64-linux-gnu RUBY=$ROOT/usr/bin/ruby$V
-if [ -f "$OUT/.complete" ] && "$WRAPPER" -e 'exit 0' >/dev/null 2>&1; then echo "$WRAPPER"; exit 0; fi
-
 . "$(dirname "$0")/../debfetch/runtime-debs.sh"
+OUT=$BASE/ruby-$V-$RUNTIME_ARCH ROOT=$BASE/ruby-$V-$RUNTIME_ARCH/root WRAPPER=$BASE/ruby-$V-$RUNTIME_ARCH/bin/ruby
+LIBDIR=$ROOT/usr/lib/$(runtime_triplet) RUBY=$ROOT/usr/bin/ruby$V
+runs() { [ "$FOREIGN" = 1 ] || "$WRAPPER" -e 'exit 0' >/dev/null 2>&1; }
+if [ -f "$OUT/.complete" ] && runs; then echo "$WRAPPER"; exit 0; fi
+
 unpack_runtime "$OUT" "$SUITE" "$SECURITY" "$NEW_LIBC" "ruby$V" "libruby$V" || die "unpacking Ruby $V failed"
 [ -x "$RUBY" ] || die "$RUBY missing after unpacking"
 point_at_root "$RUBY" "$ROOT" "$NEW_LIBC" || die "patchelf $RUBY failed"
@@ -44,6 +50,6 @@ cat >"$WRAPPER" <<W
 RUBYLIB='$ROOT/usr/lib/ruby/vendor_ruby:$ROOT/usr/lib/ruby/$API:$LIBDIR/ruby/$API' exec '$RUBY' "\$@"
 W
 chmod +x "$WRAPPER"
-"$WRAPPER" -e 'puts RUBY_DESCRIPTION' >&2 || die "$WRAPPER does not run"
+[ "$FOREIGN" = 1 ] || "$WRAPPER" -e 'puts RUBY_DESCRIPTION' >&2 || die "$WRAPPER does not run"
 dpkg-deb -f "$(ls "$OUT"/debs/libruby"$V"_*.deb | sort -V | tail -1)" Version >"$OUT/.complete"
 echo "$WRAPPER"

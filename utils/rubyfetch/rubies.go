@@ -7,20 +7,29 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strings"
 )
 
 // Versions lists every tested version, oldest first.
 var Versions = []string{"3.1", "3.3", "3.4"}
 
-// dir is the cache directory fetch-ruby.sh unpacks version into.
-func dir(version string) string {
+// dir is the cache directory fetch-ruby.sh unpacks version into for this
+// machine.
+func dir(version string) string { return dirFor(version, runtime.GOARCH) }
+
+// dirFor is dir of the build for arch (GOARCH).
+func dirFor(version, arch string) string {
 	cache := os.Getenv("XDG_CACHE_HOME")
 	if cache == "" {
 		home, _ := os.UserHomeDir()
 		cache = filepath.Join(home, ".cache")
 	}
-	return filepath.Join(cache, "ebpf-profiler", "ruby-"+version+"-amd64")
+	return filepath.Join(cache, "ebpf-profiler", "ruby-"+version+"-"+arch)
 }
+
+// triplets are the multiarch directories, by GOARCH.
+var triplets = map[string]string{"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
 
 // Ruby returns the wrapper that runs a tested version ("3.1", …), or an
 // error that says how to install it.
@@ -37,11 +46,32 @@ func Libruby(version string) (string, error) {
 	if _, err := Ruby(version); err != nil {
 		return "", err
 	}
-	libs, _ := filepath.Glob(filepath.Join(dir(version), "root", "usr", "lib", "x86_64-linux-gnu", "libruby-"+version+".so."+version+".*"))
+	return LibrubyFor(version, runtime.GOARCH)
+}
+
+// LibrubyFor returns the path of a tested version's libruby built for
+// arch (fetch-ruby.sh VERSION ARCH).
+func LibrubyFor(version, arch string) (string, error) {
+	d := dirFor(version, arch)
+	if _, err := os.Stat(filepath.Join(d, ".complete")); err != nil {
+		return "", fmt.Errorf("no Ruby %s for %s (%w): make test-deps installs it (utils/rubyfetch/fetch-ruby.sh %s %s)",
+			version, arch, err, version, arch)
+	}
+	libs, _ := filepath.Glob(filepath.Join(d, "root", "usr", "lib", triplets[arch], "libruby-"+version+".so."+version+".*"))
 	if len(libs) != 1 {
-		return "", fmt.Errorf("Ruby %s: %d libruby files unpacked, want 1", version, len(libs))
+		return "", fmt.Errorf("Ruby %s for %s: %d libruby files unpacked, want 1", version, arch, len(libs))
 	}
 	return libs[0], nil
+}
+
+// DebianVersion returns the Debian version of a fetched build for arch
+// (its libruby package's).
+func DebianVersion(version, arch string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dirFor(version, arch), ".complete"))
+	if err != nil {
+		return "", fmt.Errorf("no Ruby %s for %s: %w", version, arch, err)
+	}
+	return strings.TrimSpace(string(b)), nil
 }
 
 // ErrNoYJIT is YJIT's error for a version that no tested build runs with
