@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 
 	"golang.org/x/arch/x86/x86asm"
 )
@@ -38,4 +39,17 @@ func ReadELF(f *elf.File, addr, n uint64) ([]byte, error) {
 		return b, nil
 	}
 	return nil, fmt.Errorf("address %#x is not in the file", addr)
+}
+
+// HostMachine is the ELF machine of the architecture the daemon runs on,
+// whose processes it unwinds: EM_X86_64 or EM_AARCH64 (EM_NONE on any
+// other).
+func HostMachine() elf.Machine {
+	switch runtime.GOARCH {
+	case "amd64":
+		return elf.EM_X86_64
+	case "arm64":
+		return elf.EM_AARCH64
+	}
+	return elf.EM_NONE
 }

@@ -15,9 +15,9 @@ import (
 
 // TestNoSectionHeaders extracts real libraries whose section headers are
 // dropped, as sstrip leaves them. The deltas must be the original's
-// without entry points: markEntryPoints finds stop and signal symbols
-// through .symtab and .dynsym, which debug/elf locates only by section
-// headers. The libraries have no .debug_frame, which no segment holds.
+// without entry points and an arm64 PLT's rule: markEntryPoints finds stop
+// and signal symbols through .symtab and .dynsym, and pltLayer the .plt,
+// which debug/elf locates only by section headers. The libraries have no .debug_frame, which no segment holds.
 func TestNoSectionHeaders(t *testing.T) {
 	for _, tt := range []struct{ name, path string }{
 		{"amd64/libc", "/lib/x86_64-linux-gnu/libc.so.6"},
@@ -262,4 +262,23 @@ func FuzzEhFrameSegments(f *testing.F) {
 		}
 		checkDeltas(t, d)
 	})
+}
+
+// TestARM64PLT: an arm64 PLT's entries, which no CFI describes, unwind
+// through the link register with sp and x29 unchanged; the first entry
+// (the lazy-binding trampoline, which pushes) stays unknown.
+func TestARM64PLT(t *testing.T) {
+	f, d := openAndExtract(t, "testdata/cfi-arm64/fixture.so")
+	plt := f.Section(".plt")
+	if plt == nil || plt.Size <= arm64PLT0 {
+		t.Fatal("the fixture has no PLT entries")
+	}
+	if r, ok := d.Lookup(plt.Addr + 4); ok {
+		t.Errorf("PLT0+4: %v, want no rule", r)
+	}
+	for a := plt.Addr + arm64PLT0; a < plt.Addr+plt.Size; a += 4 {
+		if r, ok := d.Lookup(a); !ok || r != (Rule{CFA: CFASP}) {
+			t.Errorf("PLT+%#x: %v, want cfa=sp+0 fp=reg ra=reg", a-plt.Addr, r)
+		}
+	}
 }

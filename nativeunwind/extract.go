@@ -87,6 +87,12 @@ func extract(img elfImage, withGo bool) (d Deltas, st Stats, err error) {
 		return nil, st, err
 	}
 	d = markEntryPoints(img.f, d, &st)
+	// Like entry points, the PLT is found by its section header.
+	if plt := pltLayer(img.f); plt != nil {
+		if d, err = mergeLayers([]layer{layerOf(d), *plt}, &st); err != nil {
+			return nil, st, err
+		}
+	}
 	return d, st, nil
 }
 
@@ -138,6 +144,24 @@ func cfiLayer(img elfImage, name string, arch *archInfo, code []addrRange, st *S
 		return nil, err
 	}
 	return &l, nil
+}
+
+// arm64PLT0 is the size of an arm64 PLT's first entry (binutils'
+// PLT_ENTRY_SIZE in elfnn-aarch64.c), the lazy-binding trampoline, which
+// pushes x16 and x30: the entries after it only branch.
+const arm64PLT0 = 32
+
+// pltLayer returns the rule of an arm64 .plt's entries, or nil for other
+// files. Unlike x86_64's, arm64 linkers write no CFI for them: an entry
+// (adrp x16; ldr x17; add x16; br x17, after a bti c in BTI PLTs) moves
+// neither sp nor x29, and the return address is in the link register.
+func pltLayer(f *elf.File) *layer {
+	sec := f.Section(".plt")
+	if f.Machine != elf.EM_AARCH64 || sec == nil || sec.Size <= arm64PLT0 || sec.Flags&elf.SHF_EXECINSTR == 0 {
+		return nil
+	}
+	l := layerOf(Deltas{{Address: sec.Addr + arm64PLT0, Rule: Rule{CFA: CFASP}}, {Address: sec.Addr + sec.Size}})
+	return &l
 }
 
 // goLayer returns the deltas of a Go executable's .gopclntab, or nil if f

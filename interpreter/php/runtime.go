@@ -1,7 +1,6 @@
 package php
 
 import (
-	"debug/elf"
 	"fmt"
 	"runtime"
 	"slices"
@@ -89,9 +88,6 @@ func readsExecuteData() bool {
 		unsafe.Offsetof(fn.FunctionName) == functionName
 }
 
-// hostMachines are the machines whose engines are unwound, by GOARCH.
-var hostMachines = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
-
 // recognise finds a PHP engine by the symbols every PHP 8 exports.
 func recognise(f *interpreter.File) (interpreter.Binary, error) {
 	b, err := Detect(f.ELF, f.DynamicSymbols)
@@ -107,7 +103,7 @@ func recognise(f *interpreter.File) (interpreter.Binary, error) {
 		layoutErr = fmt.Errorf("PHP %v is a thread-safe (ZTS) build: not supported", b.Version)
 	case !readsExecuteData():
 		layoutErr = fmt.Errorf("PHP %v: frames laid out as the unwinder does not read them", b.Version)
-	case f.ELF.Machine != hostMachines[runtime.GOARCH]:
+	case f.ELF.Machine != interpreter.HostMachine():
 		layoutErr = fmt.Errorf("PHP frames are unwound on x86_64 and arm64 only, not %v on %s", f.ELF.Machine, runtime.GOARCH)
 	}
 	return &phpBinary{Binary: b, layout: layout, err: layoutErr}, nil

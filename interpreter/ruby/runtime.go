@@ -76,8 +76,8 @@ func recognise(f *interpreter.File) (interpreter.Binary, error) {
 	if layoutErr == nil && !readsLayout(layout) {
 		layoutErr = fmt.Errorf("CRuby %v: control frames laid out as the unwinder does not read them", b.Version)
 	}
-	if runtime.GOARCH != "amd64" {
-		layoutErr = fmt.Errorf("CRuby frames are unwound on x86_64 only, not %s", runtime.GOARCH)
+	if f.ELF.Machine != interpreter.HostMachine() {
+		layoutErr = fmt.Errorf("CRuby frames are unwound on x86_64 and arm64 only, not %v on %s", f.ELF.Machine, runtime.GOARCH)
 	}
 	return &rubyBinary{Binary: b, layout: layout, err: layoutErr}, nil
 }

@@ -1,4 +1,4 @@
-// The CRuby unwinder (runtime RUNTIME_RUBY), x86_64. The native unwinder
+// The CRuby unwinder (runtime RUNTIME_RUBY), x86_64 and arm64. The native unwinder
 // hands over at each frame of vm_exec, which pushes nothing itself but
 // runs Ruby frames from the one its caller pushed for it, and of
 // vm_exec_core, the loop it calls to run their instructions, after
@@ -18,6 +18,10 @@
 // thread's DTV (the word at the thread pointer + 8, glibc's tcbhead_t)
 // lists at 16 * module id. A ruby executable with the interpreter linked
 // in keeps it at a constant offset from the thread pointer (local-exec).
+// On arm64 libruby reaches it through a TLS descriptor instead, whose
+// argument the dynamic loader sets: the variable's offset from the thread
+// pointer for a library loaded at start (static TLS), or a pointer to the
+// module id and offset for one loaded later (internals.md §12.4).
 //
 // Its frames: file_id is the method entry (rb_method_entry_t) of a
 // method's frame, which names the method's class, and the instruction
@@ -42,7 +46,8 @@
 struct ruby_proc {
   // The GOT pair (tls_index) libruby reaches ruby_current_ec through:
   // the module id the dynamic loader wrote at tls_index, and the
-  // variable's offset in the module's TLS block; or, for a ruby
+  // variable's offset in the module's TLS block; on arm64 the TLS
+  // descriptor (entry, argument) and that offset; or, for a ruby
   // executable with the interpreter linked in, 0 and the variable's
   // offset from the thread pointer.
   u64 tls_index;
@@ -146,25 +151,63 @@ struct {
 // itself.
 #define RUBY_FRAMES_PER_PROGRAM 24
 
+#if defined(__TARGET_ARCH_x86)
+// The DTV pointer's place in glibc's tcbhead_t, from the thread pointer.
+#  define RUBY_TCB_DTV 8
+#elif defined(__TARGET_ARCH_arm64)
+#  define RUBY_TCB_DTV 0
+#endif
+
+// The address of a module's TLS variable: offset into the block the
+// thread's DTV lists for the module. Returns 0 when it cannot be read.
+static __always_inline u64 ruby_dtv_variable(u64 tp, u64 module, u64 offset)
+{
+  u64 dtv, block;
+  if (!module || module > 0xffff ||
+      bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(tp + RUBY_TCB_DTV)) || !dtv ||
+      bpf_probe_read_user(&block, sizeof(block), (void *)(dtv + 16 * module)) || !block ||
+      block == (u64)-1)
+    return 0;
+  return block + offset;
+}
+
+// The address of the interrupted thread's ruby_current_ec, 0 when it
+// cannot be read.
+static __always_inline u64 ruby_current_ec_address(u64 tp, const struct ruby_proc *proc)
+{
+  // Without a GOT pair or descriptor (an executable's local-exec TLS), the
+  // variable is at its offset from the thread pointer.
+  if (!proc->tls_index)
+    return tp + proc->tls_offset;
+#if defined(__TARGET_ARCH_arm64)
+  // The descriptor's argument: 0 until the dynamic loader has relocated
+  // it; a pointer to {module id, offset} for dynamic TLS, whose offset is
+  // the variable's (a thread-pointer offset is small: never a readable
+  // address); else the variable's offset from the thread pointer.
+  u64 arg, dyn[2];
+  if (bpf_probe_read_user(&arg, sizeof(arg), (void *)(proc->tls_index + 8)) || !arg)
+    return 0;
+  if (!bpf_probe_read_user(dyn, sizeof(dyn), (void *)arg) && dyn[1] == proc->tls_offset && dyn[0] &&
+      dyn[0] < 0x10000)
+    return ruby_dtv_variable(tp, dyn[0], proc->tls_offset);
+  return tp + arg;
+#else
+  u64 module;
+  if (bpf_probe_read_user(&module, sizeof(module), (void *)proc->tls_index))
+    return 0;
+  return ruby_dtv_variable(tp, module, proc->tls_offset);
+#endif
+}
+
 // Finds the interrupted thread's execution context and its current
 // control frame. Returns 0 when found.
 static __always_inline int ruby_start(struct ruby_walk *w, const struct ruby_proc *proc)
 {
-  u64 tp = thread_pointer(), module, dtv, block = tp, ec, stack, size, cfp;
+  u64 tp = thread_pointer(), ec_at, ec, stack, size, cfp;
   if (!tp)
     goto fail;
-  // Without a GOT pair (an executable's local-exec TLS), the variable is
-  // at its offset from the thread pointer.
-  if (proc->tls_index) {
-    if (bpf_probe_read_user(&module, sizeof(module), (void *)proc->tls_index) || !module ||
-        module > 0xffff)
-      goto fail;
-    if (bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(tp + 8)) || !dtv ||
-        bpf_probe_read_user(&block, sizeof(block), (void *)(dtv + 16 * module)) || !block ||
-        block == (u64)-1)
-      goto fail;
-  }
-  if (bpf_probe_read_user(&ec, sizeof(ec), (void *)(block + proc->tls_offset)) || !ec)
+  ec_at = ruby_current_ec_address(tp, proc);
+  if (!ec_at || bpf_probe_read_user(&ec, sizeof(ec), (void *)ec_at) || !ec)
     goto fail;
   if (bpf_probe_read_user(&stack, sizeof(stack), (void *)(ec + proc->ec_vm_stack)) ||
       bpf_probe_read_user(&size, sizeof(size), (void *)(ec + proc->ec_vm_stack_size)) ||
@@ -300,6 +343,22 @@ static __always_inline int ruby_unwind_call(struct unwind_state *state, struct t
 // when found.
 static __always_inline int ruby_step_jit(struct unwind_state *state, const struct ruby_proc *proc)
 {
+#if defined(__TARGET_ARCH_arm64)
+  // On arm64 YJIT's entry always sets up a frame record (stp x29, x30;
+  // mov x29, sp), which its callees keep: step through it (internals.md
+  // §12.8); the words above sp may hold stale pointers into libruby.
+  u64 rec[2];
+  if (!state->fp || bpf_probe_read_user(rec, sizeof(rec), (void *)state->fp))
+    return -1;
+  u64 ret = rec[1] & USER_ADDRESS_MASK;
+  if (ret < proc->text_start || ret >= proc->text_end)
+    return -1;
+  state->pc = ret;
+  state->sp = state->fp + 16;
+  state->fp = rec[0];
+  state->return_address = 1;
+  return 0;
+#else
   u64 words[RUBY_JIT_RETURN_SLOTS];
   if (bpf_probe_read_user(words, sizeof(words), (void *)state->sp))
     return -1;
@@ -312,6 +371,7 @@ static __always_inline int ruby_step_jit(struct unwind_state *state, const struc
     }
   }
   return -1;
+#endif
 }
 
 SEC("perf_event")

@@ -30,6 +30,29 @@ func runRuby(t *testing.T, rb, script, mode string, d time.Duration, flags ...st
 	return runScript(t, exec.Command(rb, append(flags, script, mode, formatSeconds(d))...))
 }
 
+// rubyVersion returns the command that runs a tested version's Debian
+// build with args (no shell, no wrapper: the VMs have neither); it fails t
+// when that is not installed for the workloads' architecture, and lists
+// it for the VM when the run prepares one.
+func rubyVersion(t *testing.T, v string) func(args ...string) *exec.Cmd {
+	t.Helper()
+	requireRuntime(t, func(arch string) ([]string, error) { return rubyfetch.Tree(v, arch) },
+		func() error { _, err := rubyfetch.Command(v); return err })
+	return func(args ...string) *exec.Cmd {
+		cmd, err := rubyfetch.Command(v, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+}
+
+// rubyExecutable returns the command that runs ruby (a build's wrapper or
+// executable) with args.
+func rubyExecutable(rb string) func(args ...string) *exec.Cmd {
+	return func(args ...string) *exec.Cmd { return exec.Command(rb, args...) }
+}
+
 // rubyFrame is a Ruby frame a test expects: its function and the lines
 // it may be at (0 for a C function).
 type rubyFrame struct {
@@ -72,25 +95,31 @@ func TestRubyStacks(t *testing.T) {
 	results := map[string][]float64{}
 	for _, v := range rubyfetch.Versions {
 		for _, jit := range []bool{false, true} {
-			rb, err := rubyfetch.Ruby(v)
-			name, flags := "Ruby "+v, []string(nil)
+			name := "Ruby " + v
 			if jit {
-				if rb, err = rubyfetch.YJIT(v); errors.Is(err, rubyfetch.ErrNoYJIT) {
+				if _, err := rubyfetch.YJITFor(v, targetArch()); errors.Is(err, rubyfetch.ErrNoYJIT) {
 					t.Logf("no Ruby %s with YJIT", v)
 					results[v] = append(results[v], math.NaN())
 					continue
 				}
-				name, flags = name+" --yjit", []string{"--yjit"}
-			}
-			if err != nil {
-				t.Fatal(err)
+				name += " --yjit"
 			}
 			t.Run(name, func(t *testing.T) {
-				share, metrics, n := profileRubyChain(t, rb, flags...)
+				var command func(args ...string) *exec.Cmd
+				if jit {
+					rb, err := rubyfetch.YJIT(v)
+					if err != nil {
+						t.Fatal(err)
+					}
+					command = rubyExecutable(rb)
+				} else {
+					command = rubyVersion(t, v)
+				}
+				share, metrics, n := profileRubyChain(t, command, jit)
 				results[v] = append(results[v], share)
 				// Under YJIT, leaf and mid run as JIT code most of the time.
-				if jit := metrics["ruby_jit_frames"]; flags != nil && jit < uint64(n)/2 {
-					t.Errorf("%d samples in YJIT code of %d, want at least half (is YJIT on? %s)", jit, n, rb)
+				if frames := metrics["ruby_jit_frames"]; jit && frames < uint64(n)/2 {
+					t.Errorf("%d samples in YJIT code of %d, want at least half (is YJIT on?)", frames, n)
 				}
 			})
 		}
@@ -310,28 +339,45 @@ func TestRubyGC(t *testing.T) {
 	}
 }
 
-// profileRubyChain profiles the chain workload under rb with its flags and
-// checks that >= 95% of its samples show the chain; it returns that share,
-// the BPF counters and the samples counted. Under YJIT (--yjit) those of
-// the first 300 ms are left out (logged): YJIT's code is claimed when the
-// daemon reads the process's maps, at attach or once a sample in
-// unclaimed code is reported (at most every unknown-PC report interval,
-// 200 ms).
-func profileRubyChain(t *testing.T, rb string, flags ...string) (float64, map[string]uint64, int) {
+// profileRubyChain profiles the chain workload under command (with --yjit
+// if yjit) and returns the share of its samples that show the chain
+// after the process's warm-up, the runtime's BPF counters and the number
+// of samples. Under YJIT samples count from 300 ms into the hot phase: the
+// JIT's code is claimed from the process's mappings, where the daemon
+// sees it once unclaimed code is reported (at most every unknown-PC report
+// interval, 200 ms).
+func profileRubyChain(t *testing.T, command func(args ...string) *exec.Cmd, yjit bool) (float64, map[string]uint64, int) {
 	t.Helper()
 	script, hot := rubyWorkload(t)
 	s := startSession(t, testHz)
-	run := runRuby(t, rb, script, "chain", 4*time.Second, flags...)
-	metrics := logRuntimeMetrics(t, s, "ruby")
-	s.stop(t)
+	args := []string{script, "chain", formatSeconds(4 * time.Second)}
+	if yjit {
+		args = append([]string{"--yjit"}, args...)
+	}
+	var metrics map[string]uint64
+	run := runScriptHeld(t, command(args...), func() {
+		metrics = logRuntimeMetrics(t, s, "ruby")
+		s.stop(t)
+	})
 	samples := run.hotSamples(t, s.rec)
 	chain := func(smp sample) bool { return rubyChain(framesOf(smp.trace, ruby.Kind), script, hot, rubyMain(hot)) }
-	if slices.Contains(flags, "--yjit") {
+	warm := slices.IndexFunc(samples, chain)
+	if warm < 0 || warm > maxWarmupSamples {
+		stacks := map[string]int{}
+		for _, smp := range samples {
+			stacks[stackOf(smp.trace, ruby.Kind, "rb")]++
+		}
+		logTopStacks(t, stacks, 4)
+		t.Fatalf("%d hot samples before the first with the chain (-1: none of %d), want <= %d", warm, len(samples), maxWarmupSamples)
+	}
+	if yjit {
 		claimed := run.hotFrom.Add(300 * time.Millisecond)
 		first := max(slices.IndexFunc(samples, func(smp sample) bool { return !smp.meta.Time.Before(claimed) }), 0)
 		t.Logf("%d of the %d samples in the first 300 ms show the chain", countFunc(samples[:first], chain), first)
-		samples = samples[first:]
+		warm = max(warm, first)
 	}
+	t.Logf("%d samples of warm-up left out", warm)
+	samples = samples[warm:]
 	ok := 0
 	misses := map[string]int{}
 	for _, smp := range samples {
@@ -370,5 +416,5 @@ func TestRubyStatic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	profileRubyChain(t, rb)
+	profileRubyChain(t, rubyExecutable(rb), false)
 }

@@ -9,7 +9,8 @@
 # the packages then come from the last), with its -security suite if
 # SECURITY is 1, plus two levels of their lib* runtime dependencies (libc6
 # too if NEW_LIBC is 1: the newer suites' builds need glibc >= 2.38, Debian
-# 12 has 2.36), into OUT/debs, and unpacks them all into OUT/root. apt's
+# 12 has 2.36) and the packages RUNTIME_EXTRA_LIBS names (from the suite's
+# default release), into OUT/debs, and unpacks them all into OUT/root. apt's
 # lists are kept in OUT's parent, per suite and architecture. RUNTIME_ARCH
 # (default amd64) picks the Debian architecture: a foreign one (arm64 for
 # the kernel matrix's VMs) is unpacked, never run here.
@@ -28,7 +29,7 @@ unpack_runtime() {
   case $suite in *" "*) rel=/${suite##* } ;; esac
   local l1 libs
   l1=$(runtime_libdeps $core)
-  libs=$(printf '%s\n' $l1 $(runtime_libdeps $l1) | sort -u)
+  libs=$(printf '%s\n' $l1 $(runtime_libdeps $l1) ${RUNTIME_EXTRA_LIBS:-} | sort -u)
   [ "$new_libc" = 1 ] || libs=$(printf '%s\n' $libs | grep -v '^libc6$' || true)
   (cd "$out/debs" && apt-get -q download $(for p in $core; do echo "$p$rel"; done) $libs >&2) || {
     echo "downloading $core $(echo $libs) failed" >&2

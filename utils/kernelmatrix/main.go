@@ -53,8 +53,9 @@ var (
 	// the function's entry position, not its loop's line (Node 22 on 6.12:
 	// the default chain 57-60%, interpreted, baseline-only and unoptimized
 	// tiers 98-100%).
-	runtimeOne = []string{perlTests + `/^perl_5\.40$`, `^TestPerlStartedBeforeProfiler$`, phpTests + `/^PHP_8\.4`, `^TestPHPEval$`}
-	runtimeAll = []string{perlTests, `^TestPerlStartedBeforeProfiler$`, phpTests, `^TestPHPEval$`}
+	runtimeOne = []string{perlTests + `/^perl_5\.40$`, `^TestPerlStartedBeforeProfiler$`, phpTests + `/^PHP_8\.4`, `^TestPHPEval$`,
+		`^TestRubyStacks$/^Ruby_3\.4$`}
+	runtimeAll = []string{perlTests, `^TestPerlStartedBeforeProfiler$`, phpTests, `^TestPHPEval$`, `^TestRubyStacks$`}
 	// The VMs have no unshare(1) for a namespaced workload.
 	nodeRuntimeOne     = []string{`^TestNodeStacks$/^Node_22$`, `^TestNodeProcesses$/^started_before`}
 	nodeRuntimeAll     = []string{`^TestNodeStacks$`, `^TestNodeProcesses$/^(started_before|Node_18_and_24|BPF_entries|with_a_perf_map)`}

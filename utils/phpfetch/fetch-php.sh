@@ -46,10 +46,9 @@ fi
 # runtime_libdeps leaves out zlib1g (not named lib*) and a third level of
 # dependencies (libxml2 -> libicu -> libstdc++, libsystemd -> libgcrypt ->
 # libgpg-error, libedit -> libbsd -> libmd); here the host has its own.
-extra=()
-[ "$FOREIGN" = 0 ] || extra=(zlib1g libstdc++6 libgpg-error0 libmd0)
+[ "$FOREIGN" = 0 ] || export RUNTIME_EXTRA_LIBS="zlib1g libstdc++6 libgpg-error0 libmd0"
 unpack_runtime "$OUT" "$SUITE" "$SECURITY" "$NEW_LIBC" "php$V-cli" "php$V-fpm" "php$V-opcache" "php$V-common" "php$V-dev" \
-  "libapache2-mod-php$V" "${extra[@]}" ||
+  "libapache2-mod-php$V" ||
   die "unpacking PHP $V failed"
 for exe in "$PHP" "$FPM"; do
   [ -x "$exe" ] || die "$exe missing after unpacking"

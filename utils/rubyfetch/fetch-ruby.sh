@@ -11,8 +11,9 @@
 # build gets its own suite's C library wherever it is copied to: their libc6 is unpacked too and
 # the ruby executable is pointed at that loader and the unpacked libraries with patchelf (PT_INTERP
 # and DT_RPATH), so the process is the genuine ruby executable mapping the genuine libruby, which is
-# what the profiler keys on. bin/ruby in the cache dir is a wrapper that sets RUBYLIB to the
-# unpacked standard library (the executable looks for it under /usr) and execs it.
+# what the profiler keys on. rubylib in the cache dir holds the unpacked standard library's
+# directories (the executable looks for it under /usr), which RUBYLIB must name, and bin/ruby is a
+# wrapper that sets it and execs the executable.
 # apt runs under a private APT_CONFIG kept in the cache dir; /etc/apt and dpkg's state are
 # untouched. Idempotent: a finished cache dir is reused without network. Last line of stdout: the
 # wrapper's path.
@@ -35,8 +36,12 @@ BASE=${XDG_CACHE_HOME:-$HOME/.cache}/ebpf-profiler
 OUT=$BASE/ruby-$V-$RUNTIME_ARCH ROOT=$BASE/ruby-$V-$RUNTIME_ARCH/root WRAPPER=$BASE/ruby-$V-$RUNTIME_ARCH/bin/ruby
 LIBDIR=$ROOT/usr/lib/$(runtime_triplet) RUBY=$ROOT/usr/bin/ruby$V
 runs() { [ "$FOREIGN" = 1 ] || "$WRAPPER" -e 'exit 0' >/dev/null 2>&1; }
-if [ -f "$OUT/.complete" ] && runs; then echo "$WRAPPER"; exit 0; fi
+if [ -f "$OUT/.complete" ] && [ -f "$OUT/rubylib" ] && runs; then echo "$WRAPPER"; exit 0; fi
 
+# A foreign architecture's tree holds every library the programs load, and
+# runtime_libdeps leaves out zlib1g (not named lib*) and libbsd's libmd; here
+# the host has its own.
+[ "$FOREIGN" = 0 ] || export RUNTIME_EXTRA_LIBS="zlib1g libmd0"
 unpack_runtime "$OUT" "$SUITE" "$SECURITY" "$NEW_LIBC" "ruby$V" "libruby$V" || die "unpacking Ruby $V failed"
 [ -x "$RUBY" ] || die "$RUBY missing after unpacking"
 point_at_root "$RUBY" "$ROOT" "$NEW_LIBC" || die "patchelf $RUBY failed"
@@ -44,6 +49,7 @@ point_at_root "$RUBY" "$ROOT" "$NEW_LIBC" || die "patchelf $RUBY failed"
 API=$(ls "$ROOT/usr/lib/ruby" | grep -E "^$V\.[0-9]+$" | head -1)
 [ -n "$API" ] || die "no standard library directory for $V under $ROOT/usr/lib/ruby"
 mkdir -p "$(dirname "$WRAPPER")"
+echo "$ROOT/usr/lib/ruby/vendor_ruby:$ROOT/usr/lib/ruby/$API:$LIBDIR/ruby/$API" >"$OUT/rubylib"
 cat >"$WRAPPER" <<W
 #!/bin/sh
 # CRuby $V from Debian $SUITE with its own libraries (written by fetch-ruby.sh).

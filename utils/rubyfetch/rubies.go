@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -39,6 +40,35 @@ func Ruby(version string) (string, error) {
 		return "", fmt.Errorf("no Ruby %s (%w): make test-deps installs it (utils/rubyfetch/fetch-ruby.sh %s)", version, err, version)
 	}
 	return ruby, nil
+}
+
+// Command returns a command that runs a tested version here with args:
+// its ruby executable with RUBYLIB naming its unpacked standard library
+// (what the wrapper Ruby returns does, without a shell).
+func Command(version string, args ...string) (*exec.Cmd, error) {
+	d := dir(version)
+	lib, err := os.ReadFile(filepath.Join(d, "rubylib"))
+	if err != nil {
+		return nil, fmt.Errorf("no Ruby %s (%w): make test-deps installs it (utils/rubyfetch/fetch-ruby.sh %s %s)",
+			version, err, version, runtime.GOARCH)
+	}
+	cmd := exec.Command(filepath.Join(d, "root", "usr", "bin", "ruby"+version), args...)
+	cmd.Env = append(os.Environ(), "RUBYLIB="+strings.TrimSpace(string(lib)))
+	return cmd, nil
+}
+
+// Tree returns what a machine of arch needs at the same paths to run a
+// fetched version (Command): the unpacked root and its library path.
+func Tree(version, arch string) ([]string, error) {
+	d := dirFor(version, arch)
+	paths := []string{filepath.Join(d, "root"), filepath.Join(d, "rubylib"), filepath.Join(d, ".complete")}
+	for _, p := range paths {
+		if _, err := os.Stat(p); err != nil {
+			return nil, fmt.Errorf("no Ruby %s for %s (%w): make test-deps installs it (utils/rubyfetch/fetch-ruby.sh %s %s)",
+				version, arch, err, version, arch)
+		}
+	}
+	return paths, nil
 }
 
 // Libruby returns the path of a tested version's libruby.
@@ -107,7 +137,14 @@ func sourceBuild(version string) (root, kind string, err error) {
 // Debian's build for 3.1, the source builds for 3.3 and 3.4. It returns an
 // error that says how to build it if it is missing, and one wrapping
 // ErrNoYJIT for versions without any YJIT build.
-func YJIT(version string) (string, error) {
+func YJIT(version string) (string, error) { return YJITFor(version, runtime.GOARCH) }
+
+// YJITFor is YJIT for a build of arch: only x86_64 builds have YJIT
+// (Debian's arm64 3.1 runs --yjit interpreted; internals.md §12.8).
+func YJITFor(version, arch string) (string, error) {
+	if arch != "amd64" {
+		return "", fmt.Errorf("Ruby %s for %s: %w", version, arch, ErrNoYJIT)
+	}
 	if version == "3.1" {
 		return Ruby(version)
 	}

@@ -89,3 +89,11 @@ when "gc"
 when "threads"
   4.times.map { |i| Thread.new { Thread.current.name = "t#{i}"; send(:"t#{i}_top", deadline) } }.each(&:join)
 end
+# WORKLOAD_HOLD: the process stays, its memory readable, until its
+# standard input ends, after saying so: a test stops profiling first, so
+# that the daemon symbolizes every sample while the process lives.
+if ENV["WORKLOAD_HOLD"]
+  STDOUT.puts "holding"
+  STDOUT.flush
+  STDIN.read
+end
