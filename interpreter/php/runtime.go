@@ -166,7 +166,7 @@ type process struct {
 // a sample in it reports the PHP frames of the execute_ex call the code
 // runs in.
 func (p *process) Update(h interpreter.Host) (bool, error) {
-	jit := jitAreas(h.Mappings(), p.jit)
+	jit := jitAreas(h.Mappings())
 	if slices.Equal(jit, p.jit) {
 		return false, nil
 	}
@@ -177,29 +177,25 @@ func (p *process) Update(h interpreter.Host) (bool, error) {
 	return false, nil
 }
 
-// jitAreas are OPcache's JIT buffers among a process's mappings: OPcache
-// maps its shared memory as anonymous shared memory, which the kernel
-// shows as a deleted /dev/zero, and makes the JIT buffer at its end
-// executable. While it compiles, a non-thread-safe build has the buffer
-// writable and not executable (zend_jit_unprotect, ext/opcache/jit/
-// zend_jit.c), often merged into one mapping with the rest: an area
-// claimed before (claimed) stays claimed while shared memory still holds
-// it.
-func jitAreas(ms []interpreter.Mapping, claimed []interpreter.Region) []interpreter.Region {
+// jitAreas are where OPcache's JIT code may run: its shared memory, which
+// the kernel shows as a deleted /dev/zero, whose end OPcache makes
+// executable as the JIT buffer. While it compiles, a non-thread-safe build
+// has the buffer writable and not executable (zend_jit_unprotect,
+// ext/opcache/jit/zend_jit.c), and the kernel merges it with the rest into
+// one mapping: so the whole of each run of adjacent /dev/zero mappings is
+// claimed, the same whether the buffer is executable when the maps are
+// read or not (no PC falls in the data part).
+func jitAreas(ms []interpreter.Mapping) []interpreter.Region {
 	var out []interpreter.Region
 	for _, m := range ms {
 		if m.Path != "/dev/zero" {
 			continue
 		}
-		if m.Executable {
-			out = append(out, interpreter.Region{Start: m.Start, End: m.End, Unwind: true})
+		if n := len(out); n > 0 && out[n-1].End == m.Start {
+			out[n-1].End = m.End
 			continue
 		}
-		for _, r := range claimed {
-			if r.Start >= m.Start && r.End <= m.End {
-				out = append(out, r)
-			}
-		}
+		out = append(out, interpreter.Region{Start: m.Start, End: m.End, Unwind: true})
 	}
 	return out
 }

@@ -26,32 +26,25 @@ func TestUnwinderStructs(t *testing.T) {
 	}
 }
 
-// TestJITAreas: OPcache's JIT buffer (the executable end of its anonymous
-// shared memory, a deleted /dev/zero) is claimed, nothing else; and it
-// stays claimed while OPcache has it writable to compile into, merged
-// with the rest of its shared memory, until that is gone.
+// TestJITAreas: OPcache's shared memory (a deleted /dev/zero), whose
+// executable end is the JIT buffer, is claimed whole, nothing else; the
+// same while OPcache has the buffer writable to compile into, merged with
+// the rest into one mapping.
 func TestJITAreas(t *testing.T) {
 	exe := interpreter.Mapping{Start: 0x1000, End: 0x2000, Path: "/usr/bin/php8.2", Executable: true}
 	anon := interpreter.Mapping{Start: 0x7f0000000000, End: 0x7f0000001000, Executable: true}
-	ms := []interpreter.Mapping{
-		exe,
+	want := []interpreter.Region{{Start: 0x40000000, End: 0x4c000000, Unwind: true}}
+	running := []interpreter.Mapping{exe,
 		{Start: 0x40000000, End: 0x48000000, Path: "/dev/zero"},
 		{Start: 0x48000000, End: 0x4c000000, Path: "/dev/zero", Executable: true},
-		anon,
-	}
-	want := []interpreter.Region{{Start: 0x48000000, End: 0x4c000000, Unwind: true}}
-	got := jitAreas(ms, nil)
-	if !slices.Equal(got, want) {
-		t.Errorf("jitAreas = %v, want %v", got, want)
-	}
+		anon}
 	compiling := []interpreter.Mapping{exe, {Start: 0x40000000, End: 0x4c000000, Path: "/dev/zero"}, anon}
-	if got := jitAreas(compiling, want); !slices.Equal(got, want) {
-		t.Errorf("while compiling: jitAreas = %v, want %v", got, want)
+	for name, ms := range map[string][]interpreter.Mapping{"running": running, "compiling": compiling} {
+		if got := jitAreas(ms); !slices.Equal(got, want) {
+			t.Errorf("%s: jitAreas = %v, want %v", name, got, want)
+		}
 	}
-	if got := jitAreas(compiling, nil); len(got) != 0 {
-		t.Errorf("writable shared memory never seen executable: jitAreas = %v, want none", got)
-	}
-	if got := jitAreas([]interpreter.Mapping{exe, anon}, want); len(got) != 0 {
-		t.Errorf("shared memory unmapped: jitAreas = %v, want none", got)
+	if got := jitAreas([]interpreter.Mapping{exe, anon}); len(got) != 0 {
+		t.Errorf("no shared memory: jitAreas = %v, want none", got)
 	}
 }
