@@ -4,6 +4,7 @@ import (
 	"debug/elf"
 	"encoding/binary"
 	"fmt"
+	"slices"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 )
@@ -107,7 +108,7 @@ func findCallersARM64(f *elf.File, target uint64, ranges [][2]uint64) ([][2]uint
 				continue
 			}
 			r := interpreter.FunctionAt(ranges, in.pc)
-			if r < 0 || containsRange(out, ranges[r]) {
+			if r < 0 || slices.Contains(out, ranges[r]) {
 				continue
 			}
 			if out = append(out, ranges[r]); len(out) > maxCallers {
@@ -119,15 +120,6 @@ func findCallersARM64(f *elf.File, target uint64, ranges [][2]uint64) ([][2]uint
 		return nil, fmt.Errorf("no function calls %#x", target)
 	}
 	return out, nil
-}
-
-func containsRange(rs [][2]uint64, r [2]uint64) bool {
-	for _, x := range rs {
-		if x == r {
-			return true
-		}
-	}
-	return false
 }
 
 // findTLSDescriptor finds the TLS descriptor through which

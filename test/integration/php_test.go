@@ -51,32 +51,6 @@ func runPHP(t *testing.T, b *phpfetch.Build, s *session, script, mode string, d 
 	return run, metrics
 }
 
-// phpHotSamples are a run's samples from its first that ok accepts (the
-// process's warm-up, at most maxWarmupSamples, is left out) and, under
-// the JIT, from 300 ms into its hot phase: the JIT buffer is claimed
-// when the daemon reads the process's mappings, after its first samples.
-func phpHotSamples(t *testing.T, run scriptRun, rec *recorder, jit bool, ok func(sample) bool) []sample {
-	t.Helper()
-	samples := run.hotSamples(t, rec)
-	warm := slices.IndexFunc(samples, ok)
-	if warm < 0 || warm > maxWarmupSamples {
-		stacks := map[string]int{}
-		for _, smp := range samples {
-			stacks[stackOf(smp.trace, php.Kind, "php")]++
-		}
-		logTopStacks(t, stacks, 4)
-		t.Fatalf("%d hot samples before the first with the expected frames (-1: none of %d), want <= %d", warm, len(samples), maxWarmupSamples)
-	}
-	if jit {
-		claimed := run.hotFrom.Add(300 * time.Millisecond)
-		first := max(slices.IndexFunc(samples, func(smp sample) bool { return !smp.meta.Time.Before(claimed) }), 0)
-		t.Logf("%d of the %d samples in the first 300 ms show the expected frames", countFunc(samples[:first], ok), first)
-		warm = max(warm, first)
-	}
-	t.Logf("%d samples of warm-up left out", warm)
-	return samples[warm:]
-}
-
 // phpFrame is a PHP frame a test expects: its function and the lines it
 // may be at (0 for a C function, which has no file).
 type phpFrame struct {
@@ -167,7 +141,7 @@ func profilePHPChain(t *testing.T, b *phpfetch.Build, flags ...string) (float64,
 	chain := func(smp sample) bool {
 		return phpChain(framesOf(smp.trace, php.Kind), script, hot, phpMain(hot), flags != nil)
 	}
-	samples := phpHotSamples(t, run, s.rec, flags != nil, chain)
+	samples := warmSamples(t, run, s.rec, flags != nil, chain, php.Kind, "php")
 	ok := 0
 	misses := map[string]int{}
 	for _, smp := range samples {
@@ -429,7 +403,7 @@ func TestPHPEval(t *testing.T) {
 	}
 	ok := 0
 	misses := map[string]int{}
-	samples := phpHotSamples(t, run, s.rec, false, good)
+	samples := warmSamples(t, run, s.rec, false, good, php.Kind, "php")
 	for _, smp := range samples {
 		if good(smp) {
 			ok++

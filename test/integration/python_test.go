@@ -286,6 +286,33 @@ func (r scriptRun) hotSamples(t *testing.T, rec *recorder) []sample {
 	return hot
 }
 
+// warmSamples are a run's hot samples from its first that ok accepts (the
+// process's warm-up, at most maxWarmupSamples, is left out) and, with jit,
+// from 300 ms into its hot phase: JIT code is claimed when the daemon
+// reads the process's mappings, after its first samples. kind and tag
+// name the runtime's frames in the failure's stacks.
+func warmSamples(t *testing.T, run scriptRun, rec *recorder, jit bool, ok func(sample) bool, kind libpf.FrameKind, tag string) []sample {
+	t.Helper()
+	samples := run.hotSamples(t, rec)
+	warm := slices.IndexFunc(samples, ok)
+	if warm < 0 || warm > maxWarmupSamples {
+		stacks := map[string]int{}
+		for _, smp := range samples {
+			stacks[stackOf(smp.trace, kind, tag)]++
+		}
+		logTopStacks(t, stacks, 4)
+		t.Fatalf("%d hot samples before the first with the expected frames (-1: none of %d), want <= %d", warm, len(samples), maxWarmupSamples)
+	}
+	if jit {
+		claimed := run.hotFrom.Add(300 * time.Millisecond)
+		first := max(slices.IndexFunc(samples, func(smp sample) bool { return !smp.meta.Time.Before(claimed) }), 0)
+		t.Logf("%d of the %d samples in the first 300 ms show the expected frames", countFunc(samples[:first], ok), first)
+		warm = max(warm, first)
+	}
+	t.Logf("%d samples of warm-up left out", warm)
+	return samples[warm:]
+}
+
 // share is n of total as a fraction, 0 for no samples.
 func share(n, total int) float64 { return float64(n) / float64(max(total, 1)) }
 

@@ -359,25 +359,8 @@ func profileRubyChain(t *testing.T, command func(args ...string) *exec.Cmd, yjit
 		metrics = logRuntimeMetrics(t, s, "ruby")
 		s.stop(t)
 	})
-	samples := run.hotSamples(t, s.rec)
 	chain := func(smp sample) bool { return rubyChain(framesOf(smp.trace, ruby.Kind), script, hot, rubyMain(hot)) }
-	warm := slices.IndexFunc(samples, chain)
-	if warm < 0 || warm > maxWarmupSamples {
-		stacks := map[string]int{}
-		for _, smp := range samples {
-			stacks[stackOf(smp.trace, ruby.Kind, "rb")]++
-		}
-		logTopStacks(t, stacks, 4)
-		t.Fatalf("%d hot samples before the first with the chain (-1: none of %d), want <= %d", warm, len(samples), maxWarmupSamples)
-	}
-	if yjit {
-		claimed := run.hotFrom.Add(300 * time.Millisecond)
-		first := max(slices.IndexFunc(samples, func(smp sample) bool { return !smp.meta.Time.Before(claimed) }), 0)
-		t.Logf("%d of the %d samples in the first 300 ms show the chain", countFunc(samples[:first], chain), first)
-		warm = max(warm, first)
-	}
-	t.Logf("%d samples of warm-up left out", warm)
-	samples = samples[warm:]
+	samples := warmSamples(t, run, s.rec, yjit, chain, ruby.Kind, "rb")
 	ok := 0
 	misses := map[string]int{}
 	for _, smp := range samples {
