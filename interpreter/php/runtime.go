@@ -166,7 +166,12 @@ type process struct {
 // a sample in it reports the PHP frames of the execute_ex call the code
 // runs in.
 func (p *process) Update(h interpreter.Host) (bool, error) {
-	jit := jitAreas(h.Mappings())
+	// All mappings: the buffer is not executable while OPcache compiles.
+	ms, err := h.ReadMappings()
+	if err != nil {
+		return false, err
+	}
+	jit := jitAreas(ms)
 	if slices.Equal(jit, p.jit) {
 		return false, nil
 	}

@@ -48,3 +48,38 @@ func TestJITAreas(t *testing.T) {
 		t.Errorf("no shared memory: jitAreas = %v, want none", got)
 	}
 }
+
+// mappingsHost is a process whose maps are all (ReadMappings) or only the
+// executable ones (Mappings), and records the regions claimed.
+type mappingsHost struct {
+	interpreter.Host
+	all     []interpreter.Mapping
+	regions []interpreter.Region
+}
+
+func (h *mappingsHost) Mappings() []interpreter.Mapping {
+	return slices.DeleteFunc(slices.Clone(h.all), func(m interpreter.Mapping) bool { return !m.Executable })
+}
+func (h *mappingsHost) ReadMappings() ([]interpreter.Mapping, error) { return h.all, nil }
+func (h *mappingsHost) SetRegions(rs []interpreter.Region) error {
+	h.regions = rs
+	return nil
+}
+
+// TestUpdateWhileCompiling: an update while OPcache compiles, when no
+// /dev/zero mapping is executable, keeps the JIT buffer claimed.
+func TestUpdateWhileCompiling(t *testing.T) {
+	exe := interpreter.Mapping{Start: 0x1000, End: 0x2000, Path: "/usr/bin/php8.2", Executable: true}
+	want := []interpreter.Region{{Start: 0x40000000, End: 0x4c000000, Unwind: true}}
+	h := &mappingsHost{all: []interpreter.Mapping{exe,
+		{Start: 0x40000000, End: 0x48000000, Path: "/dev/zero"},
+		{Start: 0x48000000, End: 0x4c000000, Path: "/dev/zero", Executable: true}}}
+	p := &process{}
+	if _, err := p.Update(h); err != nil || !slices.Equal(h.regions, want) {
+		t.Fatalf("running: Update = %v, claimed %v, want %v", err, h.regions, want)
+	}
+	h.all = []interpreter.Mapping{exe, {Start: 0x40000000, End: 0x4c000000, Path: "/dev/zero"}}
+	if _, err := p.Update(h); err != nil || !slices.Equal(h.regions, want) {
+		t.Errorf("compiling: Update = %v, claimed %v, want %v", err, h.regions, want)
+	}
+}

@@ -75,14 +75,18 @@ type eventLog struct {
 }
 
 type pidEvent struct {
-	kind string // "trace", "exit" or "exec"
+	kind string // "trace", "exit", "exec" or "unknown-pc"
 	pid  libpf.PID
+	at   time.Time
+	pc   uint64 // of an unknown-pc event
 }
 
-func (l *eventLog) record(kind string, pid libpf.PID) {
+func (l *eventLog) record(kind string, pid libpf.PID) { l.recordPC(kind, pid, 0) }
+
+func (l *eventLog) recordPC(kind string, pid libpf.PID, pc uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.events = append(l.events, pidEvent{kind, pid})
+	l.events = append(l.events, pidEvent{kind, pid, time.Now(), pc})
 }
 
 func (l *eventLog) HandleTrace(raw *support.Trace) {
@@ -101,8 +105,22 @@ func (l *eventLog) ProcessExeced(pid libpf.PID, program support.FileKey) {
 }
 
 func (l *eventLog) UnknownPC(pid libpf.PID, pc uint64) {
-	l.record("unknown-pc", pid)
+	l.recordPC("unknown-pc", pid, pc)
 	l.Handler.UnknownPC(pid, pc)
+}
+
+// unknownPCs describes the unknown-PC reports for pid, each at its time
+// from since: where code was not yet mapped for the unwinder.
+func (l *eventLog) unknownPCs(pid int, since time.Time) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, e := range l.events {
+		if int(e.pid) == pid && e.kind == "unknown-pc" {
+			out = append(out, fmt.Sprintf("%+dms:%#x", e.at.Sub(since).Milliseconds(), e.pc))
+		}
+	}
+	return strings.Join(out, " ")
 }
 
 // of returns the kinds of events for one pid, in order.

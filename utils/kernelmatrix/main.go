@@ -48,17 +48,15 @@ var (
 	// compiling nothing, output) takes 4-6% of the samples in requests,
 	// next to the 20 ms the chain spins (94.6-96.4% with the chain).
 	phpTests = `^TestPHPStacks$`
-	// The runtime tests every arm64 kernel runs (one version of each, PHP
-	// without its JIT: on 6.1 the JIT buffer is claimed only seconds into
-	// a run, not yet understood) and those fullRuntimesKernel runs (all of
-	// them). Not yet the Node tests
+	// The runtime tests every arm64 kernel runs (one version of each) and
+	// those fullRuntimesKernel runs (all of them). Not yet the Node tests
 	// (nodeRuntimeOne, nodeRuntimeAll): under emulation the interrupted PC
 	// falls where qemu's translated blocks begin, and in optimized code
 	// (TurboFan, inlined functions most) many of those instructions carry
 	// the function's entry position, not its loop's line (Node 22 on 6.12:
 	// the default chain 57-60%, interpreted, baseline-only and unoptimized
 	// tiers 98-100%).
-	runtimeOne = []string{perlTests + `/^perl_5\.40$`, `^TestPerlStartedBeforeProfiler$`, phpTests + `/^PHP_8\.4$`, `^TestPHPEval$`,
+	runtimeOne = []string{perlTests + `/^perl_5\.40$`, `^TestPerlStartedBeforeProfiler$`, phpTests + `/^PHP_8\.4`, `^TestPHPEval$`,
 		`^TestRubyStacks$/^Ruby_3\.4$`}
 	runtimeAll = []string{perlTests, `^TestPerlStartedBeforeProfiler$`, phpTests, `^TestPHPEval$`, `^TestRubyStacks$`}
 	// The VMs have no unshare(1) for a namespaced workload.
