@@ -6,6 +6,7 @@
 package hotspot
 
 import (
+	"debug/elf"
 	"errors"
 	"fmt"
 	"path"
@@ -57,25 +58,29 @@ func recognise(f *interpreter.File) (interpreter.Binary, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &jvmBinary{syms: syms}, nil
+	b := &jvmBinary{syms: syms}
+	// The BPF unwinder knows the frames of x86_64 and arm64 (internals.md
+	// and its section "arm64"), of the host's architecture.
+	if m := interpreter.HostMachine(); f.ELF.Machine != m || m == elf.EM_NONE {
+		b.err = fmt.Errorf("HotSpot frames are unwound on x86_64 and arm64 only, not %v on %s", f.ELF.Machine, runtime.GOARCH)
+	}
+	return b, nil
 }
 
 // jvmBinary is a libjvm.so.
 type jvmBinary struct {
 	syms tableSymbols
+	err  error
 }
 
 // Version is known only once a process runs it.
-func (b *jvmBinary) Version() string { return "" }
-func (b *jvmBinary) Unsupported() error {
-	// The BPF unwinder knows x86_64's frames only (internals.md).
-	if runtime.GOARCH != "amd64" {
-		return fmt.Errorf("HotSpot frames are unwound on x86_64 only, not %s", runtime.GOARCH)
-	}
-	return nil
-}
+func (b *jvmBinary) Version() string         { return "" }
+func (b *jvmBinary) Unsupported() error      { return b.err }
 func (b *jvmBinary) CodeRanges() [][2]uint64 { return nil }
 func (b *jvmBinary) Attach(h interpreter.Host) (interpreter.Process, error) {
+	if b.err != nil {
+		return nil, b.err
+	}
 	mem, err := h.Memory()
 	if err != nil {
 		return nil, err

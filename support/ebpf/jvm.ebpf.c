@@ -1,4 +1,4 @@
-// The HotSpot JVM unwinder (runtime RUNTIME_JVM), x86_64. User space
+// The HotSpot JVM unwinder (runtime RUNTIME_JVM), x86_64 and arm64. User space
 // claims the JVM's code cache; the native unwinder hands over at a PC in
 // it. This program walks the Java frames there, interpreted, compiled and
 // stubs, until a return address leaves the code cache (the call stub
@@ -8,8 +8,12 @@
 // Facts (see interpreter/hotspot/internals.md): a PC's CodeBlob is found
 // through its code heap's segment map; the template interpreter's code is
 // one range; interpreted frames keep Method* at fp-3 words and the bytecode
-// pointer at fp-8, the caller's unextended sp at fp-1; compiled frames keep
-// no frame pointer, their size in words is in the blob.
+// pointer at fp-8 (x86_64) or fp-9 (arm64), the caller's unextended sp at
+// fp-1; compiled frames keep no frame pointer, their size in words, the
+// saved frame pointer and return address at its top included, is in the
+// blob. On arm64 code without a frame of its own (adapters, most stubs, a
+// method before its prologue or after its epilogue) keeps its return
+// address in the link register (internals.md, "arm64").
 //
 // Its frames: the top two bits of addr say what the frame is
 // (enum jvm_frame_type). Interpreted: file_id is the Method*, addr the
@@ -136,9 +140,17 @@ static __always_inline int jvm_heap_of(const struct jvm_proc *p, u64 pc)
 #  define JVM_BCP_REGISTER(r) ((r)->regs[22])
 #endif
 
+// The interpreted frame's slot of the bytecode pointer, in words below fp
+// (frame_<cpu>.hpp, interpreter_frame_bcp_offset).
+#if defined(__TARGET_ARCH_x86)
+#  define JVM_BCP_SLOT 8
+#elif defined(__TARGET_ARCH_arm64)
+#  define JVM_BCP_SLOT 9
+#endif
+
 // The bytecode pointer of the interrupted interpreted frame: the template
-// interpreter keeps it in a register and stores it in the frame (at fp-8
-// words) only when it calls out, so the frame's slot is stale. The
+// interpreter keeps it in a register and stores it in the frame (at
+// JVM_BCP_SLOT) only when it calls out, so the frame's slot is stale. The
 // register's value is taken where it points into the method's bytecodes
 // (it does not in the method's entry code), the slot otherwise.
 static __always_inline u64 jvm_top_bcp(const struct jvm_proc *p, u64 method, u64 slot, u64 reg)
@@ -215,6 +227,168 @@ static __always_inline int jvm_read_blob(const struct jvm_proc *p, struct jvm_bl
   return 0;
 }
 
+// How the walk leaves a frame (jvm_top_frame).
+enum jvm_walk {
+  // By its layout: a compiled frame by its size, a stub by its frame
+  // pointer.
+  JVM_WALK_FRAME,
+  // As jvm_top_frame found it.
+  JVM_WALK_DONE,
+  JVM_WALK_ERROR,
+};
+
+#if defined(__TARGET_ARCH_x86)
+
+// The caller of the interrupted code of blob b, where its frame is not
+// (yet, or any more) laid out as its size says: in its prologue, where
+// only the return address is pushed (rbp is saved by the instruction that
+// completes the frame, or still in rbp), or in its epilogue, past the add
+// to rsp. A stub without a frame size keeps rbp as its frame pointer.
+static __always_inline int jvm_top_frame(const struct unwind_state *state, const struct jvm_blob *b,
+                                         u64 *pc, u64 *sp, u64 *fp)
+{
+  u64 at = state->pc;
+  if (b->frame_size <= 0)
+    return JVM_WALK_FRAME;
+  *fp = state->fp;
+  u8 insn = 0;
+  if (!(b->frame_complete > 0 && at < b->code + b->frame_complete)) {
+    jvm_read(&insn, sizeof(insn), at);
+    if (insn == 0x5d) { // pop rbp
+      if (jvm_read(fp, 8, state->sp) || jvm_read(pc, 8, state->sp + 8))
+        return JVM_WALK_ERROR;
+      *sp = state->sp + 16;
+      return JVM_WALK_DONE;
+    }
+    if (insn != 0xc3) // ret: all but the return address popped
+      return JVM_WALK_FRAME;
+  }
+  return frameless_return(state, pc, sp) ? JVM_WALK_ERROR : JVM_WALK_DONE;
+}
+
+// What a call from compiled code left on the stack below its frame: none.
+static __always_inline u64 jvm_call_padding(u64 pc) { return 0; }
+
+#elif defined(__TARGET_ARCH_arm64)
+
+// A64 instruction words the walk recognises (internals.md, arm64 A.8).
+#  define A64_RET              0xd65f03c0U
+#  define A64_AUTIAZ           0xd503239fU
+#  define A64_CMP_SP_X8        0xeb2863ffU
+#  define A64_STP_FP_LR_PRE16  0xa9bf7bfdU // stp x29, x30, [sp, #-16]!
+#  define A64_LDP_FP_LR_POST16 0xa8c17bfdU // ldp x29, x30, [sp], #16
+#  define A64_LDP_FP_LR_SP     0xa9407bfdU // ldp x29, x30, [sp, #imm7 * 8]
+#  define A64_PAIR_IMM_MASK    0xffc07fffU
+#  define A64_SUB_SP_IMM       0xd10003ffU // sub sp, sp, #imm12
+#  define A64_ADD_SP_IMM       0x910003ffU // add sp, sp, #imm12
+#  define A64_SP_IMM_MASK      0xffc003ffU
+#  define A64_LDR_X8_X28       0xf9400388U // ldr x8, [x28, #imm12 * 8]: a poll
+#  define A64_LDR_IMM_MASK     0xffc003ffU
+#  define A64_LDR_WZR_X8       0xb940011fU // ldr wzr, [x8]: JDK 11's poll
+#  define A64_B_HI             0x54000008U // b.hi
+#  define A64_B_COND_MASK      0xff00001fU
+// stp xzr, x9, [sp, #-16]!; blr x8 (as one little-endian u64): C2's call
+// of a C function outside the code cache leaves this "breadcrumb" pair
+// below its frame (JDK 11-21).
+#  define A64_BREADCRUMB_CALL  0xd63f0100a9bf27ffULL
+
+// Words of a prologue scanned for the instructions that move sp.
+#  define JVM_PROLOGUE_WORDS   32
+// Words before the PC scanned for the end of an epilogue.
+#  define JVM_EPILOGUE_WORDS   6
+
+// Whether word w is part of the return poll after an epilogue (or its
+// pointer authentication).
+static __always_inline int a64_return_poll(u32 w)
+{
+  return w == A64_AUTIAZ || w == A64_CMP_SP_X8 || w == A64_LDR_WZR_X8 ||
+         (w & A64_LDR_IMM_MASK) == A64_LDR_X8_X28 || (w & A64_B_COND_MASK) == A64_B_HI;
+}
+
+// The caller of the interrupted code of blob b, where its return address
+// is in the link register (internals.md, arm64 A.4 and A.5):
+// - a stub or adapter without a frame size, unless it made a frame record
+//   (enter): the record holds the link register's value if it was just
+//   made, and the link register points back into the blob once it called;
+// - a frame in its prologue: sp moved by the instructions before the PC,
+//   unless the link register points back into the blob (the nmethod entry
+//   barrier called out, the frame complete);
+// - a frame past its epilogue (ldp x29, x30; add sp, or add sp; ldp ...,
+//   #16), in its return poll or at its ret: sp is the caller's; on the
+//   large form's ldp the record is still at sp.
+static __always_inline int jvm_top_frame(const struct unwind_state *state, const struct jvm_blob *b,
+                                         u64 *pc, u64 *sp, u64 *fp)
+{
+  u64 at = state->pc, lr = state->lr & USER_ADDRESS_MASK;
+  int called = lr >= b->code && lr <= at;
+  *fp = state->fp;
+  if (b->frame_size <= 0) {
+    u64 saved = 0;
+    if (called ||
+        (state->fp >= state->sp && state->fp < state->sp + 4096 &&
+         !jvm_read(&saved, sizeof(saved), state->fp + 8) && (saved & USER_ADDRESS_MASK) == lr))
+      return JVM_WALK_FRAME;
+    *pc = lr;
+    *sp = state->sp;
+    return JVM_WALK_DONE;
+  }
+  if (b->frame_complete > 0 && at < b->code + b->frame_complete) {
+    if (called)
+      return JVM_WALK_FRAME;
+    u32 words[JVM_PROLOGUE_WORDS];
+    if (jvm_read(words, sizeof(words), b->code))
+      return JVM_WALK_ERROR;
+    u64 n = (at - b->code) / 4, moved = 0;
+    for (int i = 0; i < JVM_PROLOGUE_WORDS && i < n; i++) {
+      u32 w = words[i];
+      if ((w & A64_SP_IMM_MASK) == A64_SUB_SP_IMM)
+        moved += (w >> 10) & 0xfff;
+      else if (w == A64_STP_FP_LR_PRE16)
+        moved += 16;
+    }
+    *pc = lr;
+    *sp = state->sp + moved;
+    return JVM_WALK_DONE;
+  }
+  // words[JVM_EPILOGUE_WORDS] is the word at the PC.
+  u32 words[JVM_EPILOGUE_WORDS + 1];
+  if (jvm_read(words, sizeof(words), at - 4 * JVM_EPILOGUE_WORDS))
+    return JVM_WALK_ERROR;
+  u32 w = words[JVM_EPILOGUE_WORDS];
+  if (w == A64_LDP_FP_LR_POST16) {
+    if (jvm_read(fp, 8, state->sp) || jvm_read(pc, 8, state->sp + 8))
+      return JVM_WALK_ERROR;
+    *sp = state->sp + 16;
+    return JVM_WALK_DONE;
+  }
+  int gone = w == A64_RET || w == A64_CMP_SP_X8;
+  for (int i = JVM_EPILOGUE_WORDS - 1; i > 0 && !gone; i--) {
+    w = words[i];
+    if (w == A64_LDP_FP_LR_POST16 || ((w & A64_SP_IMM_MASK) == A64_ADD_SP_IMM &&
+                                      (words[i - 1] & A64_PAIR_IMM_MASK) == A64_LDP_FP_LR_SP))
+      gone = 1;
+    else if (!a64_return_poll(w))
+      break;
+  }
+  if (!gone)
+    return JVM_WALK_FRAME;
+  *pc = lr;
+  *sp = state->sp;
+  return JVM_WALK_DONE;
+}
+
+// What a call from compiled code at return address pc left on the stack
+// below its frame: the breadcrumb pair of C2's calls out of the code
+// cache.
+static __always_inline u64 jvm_call_padding(u64 pc)
+{
+  u64 call = 0;
+  jvm_read(&call, sizeof(call), pc - 8);
+  return call == A64_BREADCRUMB_CALL ? 16 : 0;
+}
+
+#endif
+
 SEC("perf_event")
 int unwind_jvm(struct bpf_perf_event_data *ctx)
 {
@@ -237,13 +411,13 @@ int unwind_jvm(struct bpf_perf_event_data *ctx)
       return tail_call_next(ctx, r, PROG_UNWIND_NATIVE);
     u64 next_pc, next_sp, next_fp;
     if (pc >= p->interp_lo && pc < p->interp_hi) {
-      u64 slots[2]; // fp-8 words: bcp; fp-3: Method*
+      u64 slots[2]; // fp-JVM_BCP_SLOT words: bcp; fp-3: Method*
       u64 sender_sp;
       if (fp <= sp || jvm_read(&sender_sp, sizeof(sender_sp), fp - 8)) {
         increment_runtime_metric(RUNTIME_JVM, METRIC_ERR_JVM_BAD_FRAME);
         goto give_up;
       }
-      if (jvm_read(&slots[0], sizeof(slots[0]), fp - 64) ||
+      if (jvm_read(&slots[0], sizeof(slots[0]), fp - 8 * JVM_BCP_SLOT) ||
           jvm_read(&slots[1], sizeof(slots[1]), fp - 24) || jvm_read(&next_fp, 8, fp) ||
           jvm_read(&next_pc, 8, fp + 8))
         goto read_error;
@@ -289,53 +463,35 @@ int unwind_jvm(struct bpf_perf_event_data *ctx)
         increment_runtime_metric(RUNTIME_JVM, METRIC_ERR_JVM_BAD_FRAME);
         goto give_up_after;
       }
-      if (b.frame_size <= 0) {
-        // Hand-written stubs (the call stub, adapters) keep rbp as a
-        // frame pointer when they have a frame at all.
-        if (fp <= sp)
+      int walk = top ? jvm_top_frame(state, &b, &next_pc, &next_sp, &next_fp) : JVM_WALK_FRAME;
+      if (walk == JVM_WALK_ERROR)
+        goto read_error;
+      if (walk == JVM_WALK_DONE) {
+        // next_* set.
+      } else if (b.frame_size <= 0) {
+        // Hand-written stubs (the call stub, adapters) keep a frame
+        // pointer when they have a frame at all (fp == sp: just made).
+        if (fp < sp)
           goto give_up;
         if (jvm_read(&next_fp, 8, fp) || jvm_read(&next_pc, 8, fp + 8))
           goto read_error;
         next_sp = fp + 16;
-      } else if (top && b.frame_complete > 0 && pc < b.code + b.frame_complete) {
-        // In the prologue: only the return address is pushed (the
-        // frame's rbp is saved in the same instruction that completes
-        // it, or is still in rbp).
-        if (jvm_read(&next_pc, 8, sp))
-          goto read_error;
-        next_sp = sp + 8;
-        next_fp = fp;
       } else {
-        u8 insn = 0;
-        if (top)
-          jvm_read(&insn, sizeof(insn), pc);
-        if (insn == 0xc3) { // ret: the epilogue popped all but the return address
-          if (jvm_read(&next_pc, 8, sp))
-            goto read_error;
-          next_sp = sp + 8;
-          next_fp = fp;
-        } else if (insn == 0x5d) { // pop rbp
-          if (jvm_read(&next_fp, 8, sp) || jvm_read(&next_pc, 8, sp + 8))
-            goto read_error;
-          next_sp = sp + 16;
-        } else {
-          next_sp = sp + (u64)b.frame_size * 8;
-          if (jvm_read(&next_pc, 8, next_sp - 8) || jvm_read(&next_fp, 8, next_sp - 16))
-            goto read_error;
-          // Java code is called only from code in the code cache (other
-          // methods, the interpreter, the call stub, adapters): a return
-          // address elsewhere says the interrupted frame is being torn
-          // down between its pop rbp and its ret (a safepoint poll), so
-          // the return address is at sp.
-          if (b.nmethod && jvm_heap_of(p, next_pc & USER_ADDRESS_MASK) < 0) {
-            if (!top || jvm_read(&next_pc, 8, sp) ||
-                jvm_heap_of(p, next_pc & USER_ADDRESS_MASK) < 0) {
-              increment_runtime_metric(RUNTIME_JVM, METRIC_ERR_JVM_BAD_FRAME);
-              goto give_up_after;
-            }
-            next_sp = sp + 8;
-            next_fp = fp;
+        next_sp = sp + jvm_call_padding(pc) + (u64)b.frame_size * 8;
+        if (jvm_read(&next_pc, 8, next_sp - 8) || jvm_read(&next_fp, 8, next_sp - 16))
+          goto read_error;
+        // Java code is called only from code in the code cache (other
+        // methods, the interpreter, the call stub, adapters): a return
+        // address elsewhere says the interrupted frame is being torn
+        // down (a safepoint poll between its epilogue and its return),
+        // so it returns as code without a frame.
+        if (b.nmethod && jvm_heap_of(p, next_pc & USER_ADDRESS_MASK) < 0) {
+          if (!top || frameless_return(state, &next_pc, &next_sp) ||
+              jvm_heap_of(p, next_pc & USER_ADDRESS_MASK) < 0) {
+            increment_runtime_metric(RUNTIME_JVM, METRIC_ERR_JVM_BAD_FRAME);
+            goto give_up_after;
           }
+          next_fp = fp;
         }
       }
     }

@@ -308,6 +308,24 @@ static __always_inline u64 thread_pointer(void)
   return tp;
 }
 
+// The return address of the interrupted function while it has no frame
+// of its own (a leaf or stub that builds none, or one before its prologue
+// or past its epilogue), and its caller's sp: at sp, popped by the return
+// (x86_64); in the link register, sp unchanged (arm64). For the
+// interrupted (top) frame only. Returns 0 when found.
+static __always_inline int frameless_return(const struct unwind_state *state, u64 *ret,
+                                            u64 *caller_sp)
+{
+#if defined(__TARGET_ARCH_x86)
+  *caller_sp = state->sp + 8;
+  return bpf_probe_read_user(ret, sizeof(*ret), (void *)state->sp);
+#elif defined(__TARGET_ARCH_arm64)
+  *caller_sp = state->sp;
+  *ret = state->lr & USER_ADDRESS_MASK;
+  return 0;
+#endif
+}
+
 // Counts one event of a runtime: counter metric of its enum <name>_metric.
 static __always_inline void increment_runtime_metric(u32 runtime, u32 metric)
 {

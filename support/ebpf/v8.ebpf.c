@@ -121,19 +121,6 @@ volatile const struct v8_btf_exports {
 #  define V8_ENTRY_SAVED_WORDS 18
 #endif
 
-// The return address of the interrupted code when it has no frame of its
-// own (a builtin the top JavaScript frame called): on the stack at sp
-// (x86_64), in the link register (arm64). Returns 0 when read.
-static __always_inline int v8_frameless_return(const struct unwind_state *state, u64 *ret)
-{
-#if defined(__TARGET_ARCH_x86)
-  return bpf_probe_read_user(ret, sizeof(*ret), (void *)state->sp);
-#elif defined(__TARGET_ARCH_arm64)
-  *ret = state->lr & USER_ADDRESS_MASK;
-  return 0;
-#endif
-}
-
 // Bytecode offsets are below this: a register that holds a larger one
 // does not hold the offset.
 #define V8_MAX_BYTECODES (1 << 24)
@@ -269,8 +256,8 @@ int unwind_v8(struct bpf_perf_event_data *ctx)
                                  (u32)bytecode))
           goto full;
       } else {
-        u64 ret;
-        if (top && off >= 0 && !v8_frameless_return(state, &ret) && v8_in_jit(p, ret)) {
+        u64 ret, caller_sp;
+        if (top && off >= 0 && !frameless_return(state, &ret, &caller_sp) && v8_in_jit(p, ret)) {
           // A builtin without a frame of its own, called from the
           // function's JIT code: both are reported (user space checks
           // the return address is the function's).

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -17,17 +16,26 @@ import (
 	"github.com/hostprof/ebpf-profiler/utils/jdkfetch"
 )
 
-// javaWorkload compiles utils/workloads/java/JWorkload.java into a
-// temporary directory and returns it, the source's base name and the line
-// of each "// hot: NAME" marker in it.
+// javaWorkload compiles utils/workloads/java/JWorkload.java and returns
+// the directory of its classes and the line of each "// hot: NAME" marker
+// in it. The VMs have no javac: the prepare step compiles them beside the
+// scripts.
 func javaWorkload(t *testing.T) (classes string, hot map[string]uint32) {
 	t.Helper()
-	_, here, _, _ := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(here), "..", "..", "utils", "workloads", "java", "JWorkload.java")
-	classes = t.TempDir()
-	javac := filepath.Join(filepath.Dir(jdkfetch.SystemJava), "javac")
-	if out, err := exec.Command(javac, "--release", "11", "-d", classes, src).CombinedOutput(); err != nil {
-		t.Fatalf("javac: %v\n%s", err, out)
+	src := scriptPath(t, "java", "JWorkload.java")
+	switch {
+	case preparing():
+		classes = filepath.Join(os.Getenv(prepareEnv), scriptsDir, "java", "classes")
+	case os.Getenv(prebuiltEnv) != "":
+		classes = filepath.Join(filepath.Dir(src), "classes")
+	default:
+		classes = t.TempDir()
+	}
+	if os.Getenv(prebuiltEnv) == "" || preparing() {
+		javac := filepath.Join(filepath.Dir(jdkfetch.SystemJava), "javac")
+		if out, err := exec.Command(javac, "--release", "11", "-d", classes, src).CombinedOutput(); err != nil {
+			t.Fatalf("javac: %v\n%s", err, out)
+		}
 	}
 	f, err := os.Open(src)
 	if err != nil {
@@ -44,11 +52,24 @@ func javaWorkload(t *testing.T) (classes string, hot map[string]uint32) {
 	return classes, hot
 }
 
+// javaBuild returns the java executable of a tested JDK for the workloads'
+// architecture, and lists it for the VM when the run prepares one.
+func javaBuild(t *testing.T, v string) string {
+	t.Helper()
+	requireRuntime(t, func(arch string) ([]string, error) { return jdkfetch.Tree(v, arch) },
+		func() error { _, err := jdkfetch.Java(v); return err })
+	java, err := jdkfetch.For(v, targetArch())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return java
+}
+
 // javaFile is the source file the workload's frames name.
 const javaFile = "JWorkload.java"
 
-// runJava runs the workload in one mode to its end; its hot phase begins
-// when it says so.
+// runJava runs the workload in one mode to its end; its hot phase is
+// where it says.
 func runJava(t *testing.T, java, classes, mode string, d time.Duration, flags ...string) scriptRun {
 	t.Helper()
 	// quiet: CompileCommand would otherwise print each command first.
@@ -58,7 +79,7 @@ func runJava(t *testing.T, java, classes, mode string, d time.Duration, flags ..
 	if err != nil {
 		t.Fatalf("%s %s: %v\n%s", java, mode, err, out)
 	}
-	return scriptRun{pid: cmd.Process.Pid, hotFrom: hotFrom(t, string(out))}
+	return newScriptRun(t, cmd.Process.Pid, string(out))
 }
 
 // javaFrames returns a trace's Java method frames, leaf first: the JVM's
@@ -404,16 +425,12 @@ var javaCases = []javaCase{
 // entry, and which thread they belong to.
 func TestJavaStacks(t *testing.T) {
 	requireRoot(t)
-	skipIfPreparing(t)
 	classes, hot := javaWorkload(t)
 	const run = 4 * time.Second
 	results := map[string][]float64{}
 	for _, v := range jdkfetch.Versions() {
 		t.Run("JDK "+v, func(t *testing.T) {
-			java, err := jdkfetch.Java(v)
-			if err != nil {
-				t.Fatal(err)
-			}
+			java := javaBuild(t, v)
 			s := startSession(t, testHz)
 			// A short run first: the daemon has then read this JDK's
 			// files, as on any host after its first minutes.
@@ -465,13 +482,7 @@ func TestJavaProcesses(t *testing.T) {
 	requireRoot(t)
 	skipIfPreparing(t)
 	classes, hot := javaWorkload(t)
-	java := func(v string) string {
-		j, err := jdkfetch.Java(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return j
-	}
+	java := func(v string) string { return javaBuild(t, v) }
 	excludeMid := "-XX:CompileCommand=exclude,JWorkload::mid"
 	check := func(t *testing.T, s *session, run scriptRun) {
 		t.Helper()

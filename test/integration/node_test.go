@@ -63,12 +63,18 @@ func hotFrom(t *testing.T, out string) time.Time {
 	return unixTime(from)
 }
 
-// hotTo reads the end of the hot phase where the workload's line gives
-// one ("hot phase from <unix seconds> to <unix seconds>"); zero if not.
+// hotTo reads the end of the hot phase where the workload gives one
+// ("hot phase from <unix seconds> to <unix seconds>", or a line "hot phase
+// to <unix seconds>" of its own); zero if not.
 func hotTo(out string) time.Time {
 	var from, to float64
 	if i := strings.Index(out, "hot phase from "); i >= 0 {
 		if _, err := fmt.Sscanf(out[i:], "hot phase from %g to %g", &from, &to); err == nil {
+			return unixTime(to)
+		}
+	}
+	if i := strings.Index(out, "hot phase to "); i >= 0 {
+		if _, err := fmt.Sscanf(out[i:], "hot phase to %g", &to); err == nil {
 			return unixTime(to)
 		}
 	}

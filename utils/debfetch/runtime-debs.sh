@@ -9,8 +9,8 @@
 # the packages then come from the last), with its -security suite if
 # SECURITY is 1, plus two levels of their lib* runtime dependencies (libc6
 # too if NEW_LIBC is 1: the newer suites' builds need glibc >= 2.38, Debian
-# 12 has 2.36) and the packages RUNTIME_EXTRA_LIBS names (from the suite's
-# default release), into OUT/debs, and unpacks them all into OUT/root. apt's
+# 12 has 2.36; none if RUNTIME_LIBDEPS is 0) and the packages
+# RUNTIME_EXTRA_LIBS names (from the suite's default release), into OUT/debs, and unpacks them all into OUT/root. apt's
 # lists are kept in OUT's parent, per suite and architecture. RUNTIME_ARCH
 # (default amd64) picks the Debian architecture: a foreign one (arm64 for
 # the kernel matrix's VMs) is unpacked, never run here.
@@ -28,8 +28,12 @@ unpack_runtime() {
   }
   case $suite in *" "*) rel=/${suite##* } ;; esac
   local l1 libs
-  l1=$(runtime_libdeps $core)
-  libs=$(printf '%s\n' $l1 $(runtime_libdeps $l1) ${RUNTIME_EXTRA_LIBS:-} | sort -u)
+  if [ "${RUNTIME_LIBDEPS:-1}" = 0 ]; then
+    libs=$(printf '%s\n' ${RUNTIME_EXTRA_LIBS:-} | sort -u)
+  else
+    l1=$(runtime_libdeps $core)
+    libs=$(printf '%s\n' $l1 $(runtime_libdeps $l1) ${RUNTIME_EXTRA_LIBS:-} | sort -u)
+  fi
   [ "$new_libc" = 1 ] || libs=$(printf '%s\n' $libs | grep -v '^libc6$' || true)
   (cd "$out/debs" && apt-get -q download $(for p in $core; do echo "$p$rel"; done) $libs >&2) || {
     echo "downloading $core $(echo $libs) failed" >&2
@@ -48,14 +52,16 @@ runtime_libdeps() {
 }
 
 # point_at_root EXECUTABLE ROOT NEW_LIBC: makes EXECUTABLE load its
-# libraries from ROOT's (DT_RPATH) and, if NEW_LIBC is 1, start through
+# libraries from ROOT's (DT_RPATH, after the directories its own RUNPATH or
+# RPATH names) and, if NEW_LIBC is 1, start through
 # ROOT's dynamic loader (PT_INTERP), so the process is the genuine
 # executable mapping the genuine libraries. Suites before trixie keep the C
 # library in /lib, not /usr/lib: both are searched.
 point_at_root() {
-  local exe=$1 triplet loader dir rpath=""
+  local exe=$1 triplet loader dir rpath
   triplet=$(runtime_triplet) loader=$(runtime_loader)
   command -v patchelf >/dev/null || { echo "patchelf missing (install-test-deps.sh installs it)" >&2; return 1; }
+  rpath=$(patchelf --print-rpath "$exe")
   for dir in "$2/usr/lib/$triplet" "$2/lib/$triplet"; do
     [ -d "$dir" ] && rpath=${rpath:+$rpath:}$dir
   done

@@ -2,7 +2,7 @@
 // tests: java JWorkload.java MODE SECONDS (or compiled: java -cp DIR
 // JWorkload MODE SECONDS). Compiles with --release 11 and runs on JDK 11
 // and later. Prints "hot phase from T" (T in Unix seconds) once it starts
-// its hot phase.
+// its hot phase and "hot phase to T" once it ends it, before the JVM exits.
 //
 // Each hot loop sits on one line, which the tests look up by the marker
 // comment at its end ("// hot: NAME").
@@ -253,7 +253,11 @@ public class JWorkload {
     public static void main(String[] args) throws Exception {
         String mode = args[0];
         long deadline = System.nanoTime() + (long) (Double.parseDouble(args[1]) * 1e9);
-        System.out.println("hot phase from " + System.currentTimeMillis() / 1000.0);
+        // The first run of the line's string concatenation links it (a
+        // bootstrap method) and loads the classes that format a double:
+        // done before the clock is read.
+        phaseLine("from", System.currentTimeMillis());
+        System.out.println(phaseLine("from", System.currentTimeMillis()));
         System.out.flush();
         switch (mode) {
             case "chain":
@@ -268,5 +272,11 @@ public class JWorkload {
             case "zlib": zlibTop(deadline); break;
             default: throw new IllegalArgumentException("unknown mode " + mode);
         }
+        System.out.println(phaseLine("to", System.currentTimeMillis()));
+        System.out.flush();
+    }
+
+    static String phaseLine(String edge, long millis) {
+        return "hot phase " + edge + " " + millis / 1000.0;
     }
 }
