@@ -314,7 +314,7 @@ func logShareTable(t *testing.T, head string, versions, cases []string, results 
 	for _, v := range versions {
 		fmt.Fprintf(&table, "| %s |", v)
 		for _, r := range results[v] {
-			if math.IsNaN(r) { // the case does not apply to the version
+			if math.IsNaN(r) { // the case does not apply to the version, or was not run
 				table.WriteString(" n/a |")
 				continue
 			}

@@ -123,8 +123,8 @@ func nativeBelow(tr *libpf.Trace, lib string) bool {
 // completeStack reports whether a trace reaches the root of its thread:
 // the outermost frame is the process's entry point (_start) or, for a
 // thread, the C library's thread start (clone3, which a stripped libc does
-// not name; the unwinder stops there at its end-of-stack CFI), below a
-// runtime's frames.
+// not name; the unwinder stops there at its end-of-stack CFI; before glibc
+// 2.34, start_thread in libpthread), below a runtime's frames.
 func completeStack(tr *libpf.Trace) bool {
 	n := len(tr.Frames)
 	if n < 2 || tr.Truncated {
@@ -140,7 +140,14 @@ func completeStack(tr *libpf.Trace) bool {
 		return true
 	}
 	inLibc := func(f *libpf.Frame) bool {
-		return f.Mapping != nil && strings.HasPrefix(filepath.Base(f.Mapping.Path), "libc.so")
+		base := ""
+		if f.Mapping != nil {
+			base = filepath.Base(f.Mapping.Path)
+		}
+		// Before glibc 2.34 the files are named libc-2.NN.so and
+		// libpthread-2.NN.so.
+		return strings.HasPrefix(base, "libc.so") || strings.HasPrefix(base, "libc-2.") ||
+			strings.HasPrefix(base, "libpthread") && f.FunctionName == "start_thread"
 	}
 	return inLibc(last) && slices.ContainsFunc(tr.Frames, func(f libpf.Frame) bool { return f.Kind.IsRuntime() })
 }

@@ -1,8 +1,9 @@
 // Java workloads with known hot stacks, for the profiler's integration
-// tests: java JWorkload.java MODE SECONDS (or compiled: java -cp DIR
-// JWorkload MODE SECONDS). Compiles with --release 11 and runs on JDK 11
-// and later. Prints "hot phase from T" (T in Unix seconds) once it starts
-// its hot phase and "hot phase to T" once it ends it, before the JVM exits.
+// tests: java JWorkload.java MODE SECONDS [WARMUP] (or compiled: java -cp
+// DIR JWorkload MODE SECONDS [WARMUP]). Compiles with --release 11 and
+// runs on JDK 11 and later. Prints "hot phase from T" (T in Unix seconds)
+// once it starts its hot phase and "hot phase to T" once it ends it,
+// before the JVM exits.
 //
 // Each hot loop sits on one line, which the tests look up by the marker
 // comment at its end ("// hot: NAME").
@@ -252,6 +253,11 @@ public class JWorkload {
 
     public static void main(String[] args) throws Exception {
         String mode = args[0];
+        // An optional warm-up first (seconds): the mode runs that long
+        // before its hot phase, which then starts with its code compiled.
+        if (args.length > 2) {
+            run(mode, System.nanoTime() + (long) (Double.parseDouble(args[2]) * 1e9));
+        }
         long deadline = System.nanoTime() + (long) (Double.parseDouble(args[1]) * 1e9);
         // The first run of the line's string concatenation links it (a
         // bootstrap method) and loads the classes that format a double:
@@ -259,6 +265,12 @@ public class JWorkload {
         phaseLine("from", System.currentTimeMillis());
         System.out.println(phaseLine("from", System.currentTimeMillis()));
         System.out.flush();
+        run(mode, deadline);
+        System.out.println(phaseLine("to", System.currentTimeMillis()));
+        System.out.flush();
+    }
+
+    static void run(String mode, long deadline) throws Exception {
         switch (mode) {
             case "chain":
             case "inline":
@@ -272,8 +284,6 @@ public class JWorkload {
             case "zlib": zlibTop(deadline); break;
             default: throw new IllegalArgumentException("unknown mode " + mode);
         }
-        System.out.println(phaseLine("to", System.currentTimeMillis()));
-        System.out.flush();
     }
 
     static String phaseLine(String edge, long millis) {
