@@ -53,3 +53,17 @@ func HostMachine() elf.Machine {
 	}
 	return elf.EM_NONE
 }
+
+// CheckMachine says why runtime name's BPF unwinder cannot unwind a file:
+// it is built for another architecture than the host's, or the host is
+// neither x86_64 nor arm64, the two the unwinders know. Nil if it can.
+func CheckMachine(name string, f *File) error {
+	host := HostMachine()
+	switch {
+	case host == elf.EM_NONE:
+		return fmt.Errorf("%s frames are unwound on x86_64 and arm64 only, not on %s", name, runtime.GOARCH)
+	case f.ELF.Machine != host:
+		return fmt.Errorf("%s: %s is built for %v, not for this host's %v", name, f.Path, f.ELF.Machine, host)
+	}
+	return nil
+}

@@ -6,11 +6,9 @@
 package hotspot
 
 import (
-	"debug/elf"
 	"errors"
 	"fmt"
 	"path"
-	"runtime"
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
@@ -58,13 +56,9 @@ func recognise(f *interpreter.File) (interpreter.Binary, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &jvmBinary{syms: syms}
 	// The BPF unwinder knows the frames of x86_64 and arm64 (internals.md
-	// and its section "arm64"), of the host's architecture.
-	if m := interpreter.HostMachine(); f.ELF.Machine != m || m == elf.EM_NONE {
-		b.err = fmt.Errorf("HotSpot frames are unwound on x86_64 and arm64 only, not %v on %s", f.ELF.Machine, runtime.GOARCH)
-	}
-	return b, nil
+	// and its section "arm64").
+	return &jvmBinary{syms: syms, err: interpreter.CheckMachine("HotSpot", f)}, nil
 }
 
 // jvmBinary is a libjvm.so.

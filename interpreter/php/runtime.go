@@ -2,7 +2,6 @@ package php
 
 import (
 	"fmt"
-	"runtime"
 	"slices"
 	"time"
 	"unsafe"
@@ -103,8 +102,9 @@ func recognise(f *interpreter.File) (interpreter.Binary, error) {
 		layoutErr = fmt.Errorf("PHP %v is a thread-safe (ZTS) build: not supported", b.Version)
 	case !readsExecuteData():
 		layoutErr = fmt.Errorf("PHP %v: frames laid out as the unwinder does not read them", b.Version)
-	case f.ELF.Machine != interpreter.HostMachine():
-		layoutErr = fmt.Errorf("PHP frames are unwound on x86_64 and arm64 only, not %v on %s", f.ELF.Machine, runtime.GOARCH)
+	}
+	if err := interpreter.CheckMachine("PHP", f); err != nil {
+		layoutErr = err
 	}
 	return &phpBinary{Binary: b, layout: layout, err: layoutErr}, nil
 }

@@ -2,7 +2,6 @@ package ruby
 
 import (
 	"fmt"
-	"runtime"
 	"slices"
 	"time"
 	"unsafe"
@@ -76,8 +75,8 @@ func recognise(f *interpreter.File) (interpreter.Binary, error) {
 	if layoutErr == nil && !readsLayout(layout) {
 		layoutErr = fmt.Errorf("CRuby %v: control frames laid out as the unwinder does not read them", b.Version)
 	}
-	if f.ELF.Machine != interpreter.HostMachine() {
-		layoutErr = fmt.Errorf("CRuby frames are unwound on x86_64 and arm64 only, not %v on %s", f.ELF.Machine, runtime.GOARCH)
+	if err := interpreter.CheckMachine("CRuby", f); err != nil {
+		layoutErr = err
 	}
 	return &rubyBinary{Binary: b, layout: layout, err: layoutErr}, nil
 }
