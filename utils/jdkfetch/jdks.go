@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+
+	"github.com/hostprof/ebpf-profiler/utils/fetchcache"
 )
 
 // SystemJava is the JDK Debian 12 ships, installed on every test machine.
@@ -69,12 +71,7 @@ func Tree(v, arch string) ([]string, error) {
 
 // Dir is the cache directory fetch-jdk.sh unpacks a version for arch into.
 func Dir(v, arch string) string {
-	base := os.Getenv("XDG_CACHE_HOME")
-	if base == "" {
-		home, _ := os.UserHomeDir()
-		base = filepath.Join(home, ".cache")
-	}
-	return filepath.Join(base, "ebpf-profiler", "jdk-"+v+"-"+arch)
+	return fetchcache.Dir("jdk-" + v + "-" + arch)
 }
 
 // Versions lists every tested version, oldest first.

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+
+	"github.com/hostprof/ebpf-profiler/utils/fetchcache"
 )
 
 // SystemNode is the machine's Node.js 20.
@@ -25,16 +27,11 @@ func isSystem(version, arch string) bool { return version == "20" && arch == "am
 
 // dir is where fetch-node.sh unpacks a version for arch (GOARCH).
 func dir(version, arch string) string {
-	cache := os.Getenv("XDG_CACHE_HOME")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache")
-	}
 	npmArch := map[string]string{"amd64": "x64"}[arch]
 	if npmArch == "" {
 		npmArch = arch
 	}
-	return filepath.Join(cache, "ebpf-profiler", "node-"+version+"-"+npmArch)
+	return fetchcache.Dir("node-" + version + "-" + npmArch)
 }
 
 // Node returns the node executable of a tested major version ("18", "20",

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+
+	"github.com/hostprof/ebpf-profiler/utils/fetchcache"
 )
 
 // Versions lists every tested version, oldest first.
@@ -25,12 +27,7 @@ func isSystem(version, arch string) bool { return version == system && arch == "
 // Dir is the cache directory fetch-perl.sh unpacks a version for arch
 // (GOARCH) into.
 func Dir(version, arch string) string {
-	cache := os.Getenv("XDG_CACHE_HOME")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache")
-	}
-	return filepath.Join(cache, "ebpf-profiler", "perl-"+version+"-"+arch)
+	return fetchcache.Dir("perl-" + version + "-" + arch)
 }
 
 // fetched checks that fetch-perl.sh finished a version for arch.

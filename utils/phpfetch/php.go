@@ -10,6 +10,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+
+	"github.com/hostprof/ebpf-profiler/utils/fetchcache"
 )
 
 // Versions are the PHP releases the tests run, oldest first.
@@ -97,10 +99,5 @@ func Tree(v, arch string) ([]string, error) {
 // Dir is the cache directory fetch-php.sh unpacks a version for arch
 // into.
 func Dir(v, arch string) string {
-	base := os.Getenv("XDG_CACHE_HOME")
-	if base == "" {
-		home, _ := os.UserHomeDir()
-		base = filepath.Join(home, ".cache")
-	}
-	return filepath.Join(base, "ebpf-profiler", "php-"+v+"-"+arch)
+	return fetchcache.Dir("php-" + v + "-" + arch)
 }

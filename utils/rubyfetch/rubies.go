@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+
+	"github.com/hostprof/ebpf-profiler/utils/fetchcache"
 )
 
 // Versions lists every tested version, oldest first.
@@ -21,12 +23,7 @@ func dir(version string) string { return dirFor(version, runtime.GOARCH) }
 
 // dirFor is dir of the build for arch (GOARCH).
 func dirFor(version, arch string) string {
-	cache := os.Getenv("XDG_CACHE_HOME")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache")
-	}
-	return filepath.Join(cache, "ebpf-profiler", "ruby-"+version+"-"+arch)
+	return fetchcache.Dir("ruby-" + version + "-" + arch)
 }
 
 // triplets are the multiarch directories, by GOARCH.
