@@ -47,7 +47,7 @@ func Extract(f *elf.File) (Deltas, error) {
 // change that makes Extract return other deltas for the same file, so that
 // deltas an older daemon cached on disk (unwindmaps.DeltaCache) are
 // extracted again.
-const ExtractVersion = 1
+const ExtractVersion = 2
 
 // ExtractReader is Extract for an ELF file read from r.
 // Large sections are used in place when r is an open file
@@ -87,6 +87,7 @@ func extract(img elfImage, withGo bool) (d Deltas, st Stats, err error) {
 		return nil, st, err
 	}
 	d = markEntryPoints(img.f, d, &st)
+	d = markFramelessLeaves(img.f, d)
 	// Like entry points, the PLT is found by its section header.
 	if plt := pltLayer(img.f); plt != nil {
 		if d, err = mergeLayers([]layer{layerOf(d), *plt}, &st); err != nil {
