@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -252,6 +253,9 @@ type javaCase struct {
 	// check returns the share of samples that show what they must, and
 	// the share required.
 	check func(t *testing.T, samples []sample, hot map[string]uint32) (got, want float64)
+	// runsOn says whether the case applies to the architecture and JDK
+	// (nil: all).
+	runsOn func(arch string, jdk int) bool
 }
 
 var javaChain = []string{"JWorkload.leaf", "JWorkload.mid", "JWorkload.top", "JWorkload$Worker.run"}
@@ -412,7 +416,7 @@ func checkJavaZlib(t *testing.T, samples []sample, hot map[string]uint32) (float
 // javaCases are the workloads TestJavaStacks runs on each JDK.
 var javaCases = []javaCase{
 	// The chain: mid interpreted between compiled leaf and top.
-	{"chain, mid interpreted", "chain", []string{"-XX:CompileCommand=exclude,JWorkload::mid"}, checkJavaChain},
+	{"chain, mid interpreted", "chain", []string{"-XX:CompileCommand=exclude,JWorkload::mid"}, checkJavaChain, nil},
 	// The JIT compiles and recompiles the chain as it runs: C2's debug
 	// info may put leaf's loop on its header line, and top's own lines
 	// (System.nanoTime) take a share that moves with the machine's speed
@@ -421,12 +425,18 @@ var javaCases = []javaCase{
 	{"chain, JIT's choice", "chain", nil, func(t *testing.T, samples []sample, hot map[string]uint32) (float64, float64) {
 		got, _ := checkJavaChain(t, samples, hot)
 		return got, 0.9
-	}},
-	{"chain, -Xint", "chain", []string{"-Xint"}, checkJavaChain},
-	{"inlined helper", "inline", []string{"-XX:CompileCommand=dontinline,JWorkload::inlineLeaf"}, checkJavaInline},
-	{"recursion 40", "recursion", nil, checkJavaRecursion},
-	{"4 threads", "threads", nil, checkJavaThreads},
-	{"zlib (libz beneath)", "zlib", nil, checkJavaZlib},
+	}, nil},
+	{"chain, -Xint", "chain", []string{"-Xint"}, checkJavaChain, nil},
+	{"inlined helper", "inline", []string{"-XX:CompileCommand=dontinline,JWorkload::inlineLeaf"}, checkJavaInline, nil},
+	{"recursion 40", "recursion", nil, checkJavaRecursion, nil},
+	{"4 threads", "threads", nil, checkJavaThreads, nil},
+	{"zlib (libz beneath)", "zlib", nil, checkJavaZlib, nil},
+	// Return addresses signed (PAC) in every Java frame and stub: the
+	// chain as without (the flag is arm64's; of the JDKs tested, 21 and
+	// 25 have it). The JVM warns where the CPU lacks PAC, which fails the
+	// case (TestJavaStacks).
+	{"chain, pac-ret", "chain", []string{"-XX:CompileCommand=exclude,JWorkload::mid", "-XX:UseBranchProtection=pac-ret"},
+		checkJavaChain, func(arch string, jdk int) bool { return arch == "arm64" && jdk >= 21 }},
 }
 
 // TestJavaStacks profiles each workload of JWorkload.java under every
@@ -451,9 +461,16 @@ func TestJavaStacks(t *testing.T) {
 			// Each case runs in its subtest, which a VM's selection
 			// (go test -run) may leave out.
 			results[v] = slices.Repeat([]float64{math.NaN()}, len(javaCases)) // n/a where left out
+			major, _ := strconv.Atoi(v)
 			for i, c := range javaCases {
+				if c.runsOn != nil && !c.runsOn(targetArch(), major) {
+					continue
+				}
 				t.Run(c.name, func(t *testing.T) {
 					r := runJava(t, java, classes, c.mode, run, c.flags...)
+					if strings.Contains(r.output, "ROP-protection") {
+						t.Fatalf("the JVM did not sign return addresses:\n%s", r.output)
+					}
 					s.waitExited(t, r.pid)
 					got, want := c.check(t, r.hotSamples(t, s.rec), hot)
 					results[v][i] = got

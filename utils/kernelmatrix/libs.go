@@ -40,7 +40,7 @@ var targets = map[string]target{
 		// is much faster to emulate than the architected QARMA.
 		qemu:    []string{"qemu-system-aarch64", "-M", "virt", "-cpu", "max,pauth-impdef=on"},
 		console: "ttyAMA0",
-		memory:  "3G",
+		memory:  "5G",
 	},
 }
 

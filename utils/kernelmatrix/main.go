@@ -48,20 +48,32 @@ var (
 	// compiling nothing, output) takes 4-6% of the samples in requests,
 	// next to the 20 ms the chain spins (94.6-96.4% with the chain).
 	phpTests = `^TestPHPStacks$`
+	// Java: the chain (compiled leaf and top, interpreted mid) of one JDK
+	// on every kernel, of every JDK on fullRuntimesKernel, and there the
+	// other cases of the newest but recursion, which emulation skews to
+	// the JIT's own work (counter overflows, compiles: 86-91%).
+	javaChain = `^TestJavaStacks$/^JDK_%s$/^chain,_mid_interpreted$`
+	javaRest  = `^TestJavaStacks$/^JDK_25$/^(chain,|inlined|4_threads|zlib)`
+	// Node: the chain in each tier but inlined TurboFan code, whose
+	// samples emulation skews: the interrupted PC falls where qemu's
+	// translated blocks begin, and in a loop inlined by TurboFan those
+	// are mostly its interrupt checks, which carry the inlined function's
+	// entry position, not its loop's line (Node 22 on 6.12: the default
+	// chain 57-60%, --no-turbo-inlining, interpreted, baseline-only and
+	// unoptimized tiers 96.6-100%). Optimized and baseline code on every
+	// version, the interpreter and Maglev on one each. The VMs have no
+	// unshare(1) for a namespaced workload.
+	nodeChain = `^TestNodeStacks$/^Node_%s$/^chain,_(--no-turbo-inlining|Sparkplug_only)$`
+	nodeRest  = []string{`^TestNodeStacks$/^Node_22$/^chain,_--jitless$`, `^TestNodeStacks$/^Node_24$/^chain,_--no-turbofan$`}
 	// The runtime tests every arm64 kernel runs (one version of each) and
-	// those fullRuntimesKernel runs (all of them). Not yet the Node tests
-	// (nodeRuntimeOne, nodeRuntimeAll): under emulation the interrupted PC
-	// falls where qemu's translated blocks begin, and in optimized code
-	// (TurboFan, inlined functions most) many of those instructions carry
-	// the function's entry position, not its loop's line (Node 22 on 6.12:
-	// the default chain 57-60%, interpreted, baseline-only and unoptimized
-	// tiers 98-100%).
+	// those fullRuntimesKernel runs (all of them). Every Perl version
+	// runs TestPerlStacks; its other tests, whose workloads differ by what
+	// they call, not by version, run one.
 	runtimeOne = []string{perlTests + `/^perl_5\.40$`, `^TestPerlStartedBeforeProfiler$`, phpTests + `/^PHP_8\.4`, `^TestPHPEval$`,
-		`^TestRubyStacks$/^Ruby_3\.4$`}
-	runtimeAll = []string{perlTests, `^TestPerlStartedBeforeProfiler$`, phpTests, `^TestPHPEval$`, `^TestRubyStacks$`}
-	// The VMs have no unshare(1) for a namespaced workload.
-	nodeRuntimeOne     = []string{`^TestNodeStacks$/^Node_22$`, `^TestNodeProcesses$/^started_before`}
-	nodeRuntimeAll     = []string{`^TestNodeStacks$`, `^TestNodeProcesses$/^(started_before|Node_18_and_24|BPF_entries|with_a_perf_map)`}
+		`^TestRubyStacks$/^Ruby_3\.4$`, fmt.Sprintf(javaChain, "21"), fmt.Sprintf(nodeChain, "22"), `^TestNodeProcesses$/^started_before`}
+	runtimeAll = []string{perlTests + `/^perl_5\.40$`, `^TestPerlStacks$`, `^TestPerlStartedBeforeProfiler$`, phpTests, `^TestPHPEval$`,
+		`^TestRubyStacks$`, fmt.Sprintf(javaChain, "[0-9]+"), javaRest,
+		fmt.Sprintf(nodeChain, "[0-9]+"), nodeRest[0], nodeRest[1], `^TestNodeProcesses$/^(started_before|Node_18_and_24)`}
 	runtimeArches      = map[string]bool{"arm64": true}
 	fullRuntimesKernel = "6.12"
 )
