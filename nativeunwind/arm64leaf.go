@@ -41,7 +41,10 @@ func markFramelessLeaves(f *elf.File, d Deltas) Deltas {
 		if !readCode(f, s.Value, code) || !framelessLeaf(code) {
 			continue
 		}
-		d = overlay(d, s.Value, s.Value+s.Size, func(Rule) Rule { return Rule{CFA: CFASP} })
+		// RASigned: the function may sign the link register first
+		// (6.1's vDSO starts with paciasp); stripping an unsigned user
+		// address leaves it as it was.
+		d = overlay(d, s.Value, s.Value+s.Size, func(Rule) Rule { return Rule{CFA: CFASP, RASigned: true} })
 	}
 	return d
 }
