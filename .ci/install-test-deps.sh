@@ -52,11 +52,17 @@ for v in 11 17 21 25; do ./utils/jdkfetch/fetch-jdk.sh "$v" arm64 >/dev/null; do
 for v in 3.1 3.3 3.4; do ./utils/rubyfetch/fetch-ruby.sh "$v" >/dev/null; done
 # And built for arm64: detection is tested on them (cached).
 for v in 3.1 3.3 3.4; do ./utils/rubyfetch/fetch-ruby.sh "$v" arm64 >/dev/null; done
-# CRuby 3.4 with YJIT, which Debian disables, built from the upstream
-# release Debian carries (about 3 minutes on 2 cores; cached).
-# (the kinds rubyfetch.sourceBuilds expects)
-./utils/rubyfetch/build-ruby-yjit.sh 3.3 static >/dev/null
-./utils/rubyfetch/build-ruby-yjit.sh 3.4 >/dev/null
+# CRuby 3.3 (static) and 3.4 with YJIT, which Debian disables, built from
+# the upstream releases Debian carries (the kinds rubyfetch.sourceBuilds
+# expects; about 3 minutes each on 2 cores; cached). The builds are
+# CPU-bound and the fetches below mostly wait on the network and on
+# unpacking, so the builds run meanwhile (cold, 2 cores: the whole script
+# took 9 m 25 s one after the other).
+(
+  ./utils/rubyfetch/build-ruby-yjit.sh 3.3 static >/dev/null
+  ./utils/rubyfetch/build-ruby-yjit.sh 3.4 >/dev/null
+) &
+yjit_builds=$!
 
 # PHP 8.4 from Debian trixie, which the PHP tests run beside Debian 12's 8.2,
 # and both built for arm64, which the kernel matrix's arm64 VMs run (cached).
@@ -89,3 +95,5 @@ done
 
 # Builds the collector once and caches it; prints its path.
 ./utils/collector/build.sh
+
+wait "$yjit_builds" || { echo "install-test-deps: the CRuby YJIT builds failed (above)" >&2; exit 1; }

@@ -5,14 +5,15 @@
 #   SERIES  5.10 (bullseye), 6.1 (bookworm), 6.12 (bookworm), 7.2 (sid)
 # The newest package of the series that the mirror actually serves is used
 # (its index lists some files it answers with 404). Kernels are cached in
-# $KERNEL_CACHE (default ~/.cache/ebpf-profiler/kernels): a cached series
+# $KERNEL_CACHE (default ${XDG_CACHE_HOME:-~/.cache}/ebpf-profiler/kernels,
+# where the other fetch scripts cache too): a cached series
 # needs no network. Apt runs with a private configuration under the cache,
 # so the system's sources and architectures are left alone. Needs root.
 set -euo pipefail
 
 arch=${1:?usage: fetch-kernel.sh ARCH SERIES}
 series=${2:?usage: fetch-kernel.sh ARCH SERIES}
-cache=${KERNEL_CACHE:-$HOME/.cache/ebpf-profiler/kernels}
+cache=${KERNEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ebpf-profiler/kernels}
 
 # Which packages hold a series' kernel: the cloud flavour (small, and has
 # everything the tests need built in). From 7.x on, sid ships the image in
