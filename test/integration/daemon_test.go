@@ -51,7 +51,7 @@ func TestDaemonLocalOutput(t *testing.T) {
 // on, or takes the one make integration-test built.
 func buildDaemon(t *testing.T) string {
 	t.Helper()
-	if bin := os.Getenv("EBPF_PROFILER_TEST_BIN"); bin != "" && !preparing() && os.Getenv(prebuiltEnv) == "" {
+	if bin := os.Getenv("EBPF_PROFILER_TEST_BIN"); bin != "" && !preparing() && !inVM() {
 		return bin
 	}
 	goarch := targetToolchain(t).goarch

@@ -28,12 +28,12 @@ func javaWorkload(t *testing.T) (classes string, hot map[string]uint32) {
 	switch {
 	case preparing():
 		classes = filepath.Join(os.Getenv(prepareEnv), scriptsDir, "java", "classes")
-	case os.Getenv(prebuiltEnv) != "":
+	case inVM():
 		classes = filepath.Join(filepath.Dir(src), "classes")
 	default:
 		classes = t.TempDir()
 	}
-	if os.Getenv(prebuiltEnv) == "" || preparing() {
+	if !inVM() || preparing() {
 		javac := filepath.Join(filepath.Dir(jdkfetch.SystemJava), "javac")
 		if out, err := exec.Command(javac, "--release", "11", "-d", classes, src).CombinedOutput(); err != nil {
 			t.Fatalf("javac: %v\n%s", err, out)
@@ -80,7 +80,7 @@ func runJava(t *testing.T, java, classes, mode string, d time.Duration, flags ..
 	// quiet: CompileCommand would otherwise print each command first.
 	args := append([]string{"-XX:CompileCommand=quiet"}, flags...)
 	args = append(args, "-cp", classes, "JWorkload", mode, formatSeconds(d))
-	if os.Getenv(prebuiltEnv) != "" {
+	if inVM() {
 		// In a VM: under emulation the JIT takes seconds to compile the
 		// workload, left out as its warm-up (here it takes a few samples).
 		args = append(args, formatSeconds(vmJavaWarmup))
@@ -447,7 +447,7 @@ func TestJavaStacks(t *testing.T) {
 	requireRoot(t)
 	classes, hot := javaWorkload(t)
 	run := 4 * time.Second
-	if os.Getenv(prebuiltEnv) != "" {
+	if inVM() {
 		run = 3 * time.Second // in a VM, after its warm-up (vmJavaWarmup)
 	}
 	results := map[string][]float64{}

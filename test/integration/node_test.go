@@ -399,7 +399,7 @@ func TestNodeProcesses(t *testing.T) {
 	// In a VM without inlining: emulation skews the samples of inlined
 	// TurboFan code to its interrupt checks (see utils/kernelmatrix).
 	var flags []string
-	if os.Getenv(prebuiltEnv) != "" {
+	if inVM() {
 		flags = []string{"--no-turbo-inlining"}
 	}
 	// check takes the script as the process names it: inside a mount

@@ -135,12 +135,9 @@ func TestRubyThreads(t *testing.T) {
 	script, hot := rubyWorkload(t)
 	for _, v := range rubyfetch.Versions {
 		t.Run("Ruby "+v, func(t *testing.T) {
-			rb, err := rubyfetch.Ruby(v)
-			if err != nil {
-				t.Fatal(err)
-			}
+			command := rubyVersion(t, v)
 			s := startSession(t, testHz)
-			run := runRuby(t, rb, script, "threads", 4*time.Second)
+			run := runScript(t, command(script, "threads", formatSeconds(4*time.Second)))
 			s.stop(t)
 			var n, ok, foreign int
 			misses := map[string]int{}
@@ -182,11 +179,11 @@ func TestRubyThreads(t *testing.T) {
 func TestRubyStartedBeforeProfiler(t *testing.T) {
 	requireRoot(t)
 	script, hot := rubyWorkload(t)
-	rb, err := rubyfetch.Ruby(rubyfetch.Versions[len(rubyfetch.Versions)-1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(rb, script, "chain", "5")
+	command := rubyVersion(t, rubyfetch.Versions[len(rubyfetch.Versions)-1])
+	skipIfPreparing(t)
+	// Killed by the test; the daemon may take seconds to start under
+	// emulation.
+	cmd := command(script, "chain", "60")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -194,7 +191,7 @@ func TestRubyStartedBeforeProfiler(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Process.Kill()
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
 	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
@@ -231,14 +228,11 @@ func TestRubyStartedBeforeProfiler(t *testing.T) {
 func TestRubyForkingServer(t *testing.T) {
 	requireRoot(t)
 	script, hot := rubyWorkload(t)
-	rb, err := rubyfetch.Ruby(rubyfetch.Versions[len(rubyfetch.Versions)-1])
-	if err != nil {
-		t.Fatal(err)
-	}
+	cmd := rubyVersion(t, rubyfetch.Versions[len(rubyfetch.Versions)-1])(script, "fork", "6")
 	s := startSession(t, testHz)
-	out, err := exec.Command(rb, script, "fork", "6").CombinedOutput()
+	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("%s fork: %v\n%s", rb, err, out)
+		t.Fatalf("%s fork: %v\n%s", cmd, err, out)
 	}
 	s.stop(t)
 	// A worker goes on from the block it was forked with.

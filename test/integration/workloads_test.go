@@ -39,6 +39,10 @@ const (
 	treesFile    = "trees"
 )
 
+// inVM says whether the tests run in a kernel-matrix VM, on the workloads
+// built ahead for it.
+func inVM() bool { return os.Getenv(prebuiltEnv) != "" }
+
 // preparing reports whether this run only builds workloads.
 func preparing() bool { return os.Getenv(prepareEnv) != "" }
 
@@ -92,7 +96,7 @@ func workloadPath(t *testing.T, binName string, recipe ...string) (path string, 
 			t.Fatal(err)
 		}
 		return filepath.Join(dir, binName), true
-	case os.Getenv(prebuiltEnv) != "":
+	case inVM():
 		path = filepath.Join(os.Getenv(prebuiltEnv), key, binName)
 		if _, err := os.Stat(path); err != nil {
 			t.Fatalf("workload %s %q was not prepared for this run: %v", binName, recipe, err)
@@ -152,7 +156,7 @@ func buildRecursion(t *testing.T) (string, *symbolTable) {
 // dependencies), for this machine only.
 func buildRust(t *testing.T) (string, *symbolTable) {
 	t.Helper()
-	if preparing() || os.Getenv(prebuiltEnv) != "" {
+	if preparing() || inVM() {
 		t.Fatal("the Rust workload is built only where it runs (no cross build)")
 	}
 	if _, err := exec.LookPath("cargo"); err != nil {
@@ -226,7 +230,7 @@ func scriptPath(t *testing.T, elem ...string) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case os.Getenv(prebuiltEnv) != "":
+	case inVM():
 		return filepath.Join(os.Getenv(prebuiltEnv), scriptsDir, rel)
 	}
 	return src
@@ -337,7 +341,7 @@ func readSymbols(t *testing.T, bin string) *symbolTable {
 // workloads keep the symbols beside them.
 func stripCopy(t *testing.T, bin string) *symbolTable {
 	t.Helper()
-	if os.Getenv(prebuiltEnv) != "" && !preparing() {
+	if inVM() && !preparing() {
 		return loadSymbols(t, bin+symbolSuffix)
 	}
 	syms := readSymbols(t, bin)

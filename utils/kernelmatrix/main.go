@@ -26,6 +26,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -54,6 +55,10 @@ var (
 	// the JIT's own work (counter overflows, compiles: 86-91%).
 	javaChain = `^TestJavaStacks$/^JDK_%s$/^chain,_mid_interpreted$`
 	javaRest  = `^TestJavaStacks$/^JDK_25$/^(chain,|inlined|4_threads|zlib)`
+	// Ruby: threads, a forking server and a process started before the
+	// daemon, with the newest version (the layouts they read are those
+	// TestRubyStacks reads for every version).
+	rubyRest = `^(TestRubyThreads|TestRubyForkingServer|TestRubyStartedBeforeProfiler)$`
 	// Node: the chain in each tier but inlined TurboFan code, whose
 	// samples emulation skews: the interrupted PC falls where qemu's
 	// translated blocks begin, and in a loop inlined by TurboFan those
@@ -75,7 +80,7 @@ var (
 	runtimeOne = []string{perlTests + `/^perl_5\.40$`, `^TestPerlStartedBeforeProfiler$`, phpTests + `/^PHP_8\.4`, `^TestPHPEval$`,
 		`^TestRubyStacks$/^Ruby_3\.4$`, fmt.Sprintf(javaChain, "21"), nodeOne}
 	runtimeAll = []string{perlTests + `/^perl_5\.40$`, `^TestPerlStacks$`, `^TestPerlStartedBeforeProfiler$`, phpTests, `^TestPHPEval$`,
-		`^TestRubyStacks$`, fmt.Sprintf(javaChain, "[0-9]+"), javaRest,
+		`^TestRubyStacks$`, rubyRest + `/^Ruby_3\.4$`, fmt.Sprintf(javaChain, "[0-9]+"), javaRest,
 		fmt.Sprintf(nodeChain, "[0-9]+"), nodeRest[0], nodeRest[1], `^TestNodeProcesses$/^started_before`}
 	runtimeArches      = map[string]bool{"arm64": true}
 	fullRuntimesKernel = "6.12"
@@ -144,6 +149,7 @@ func main() {
 	arches := flag.String("arch", "amd64,arm64", "architectures (comma-separated)")
 	run := flag.String("run", "", "the tests to run in every VM (go test -run; default: each VM's selection, see runFor)")
 	vmTimeout := flag.Duration("vm-timeout", 20*time.Minute, "longest one VM may run")
+	parallel := flag.Int("parallel", 2, "VMs run at once (1 with -v)")
 	work := flag.String("work", "", "directory for initramfs trees and serial logs (default: a new temporary one, removed when all pass)")
 	verbose := flag.Bool("v", false, "print each VM's serial console as it runs")
 	flag.Parse()
@@ -151,13 +157,16 @@ func main() {
 		fmt.Fprintf(os.Stderr, "kernelmatrix: unexpected arguments %q\n", flag.Args())
 		os.Exit(2)
 	}
-	if err := matrix(*kernels, *arches, *run, *work, *vmTimeout, *verbose); err != nil {
+	if *verbose || *parallel < 1 {
+		*parallel = 1 // one serial console on stdout at a time
+	}
+	if err := matrix(*kernels, *arches, *run, *work, *vmTimeout, *parallel, *verbose); err != nil {
 		fmt.Fprintf(os.Stderr, "kernelmatrix: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func matrix(kernels, arches, run, work string, vmTimeout time.Duration, verbose bool) error {
+func matrix(kernels, arches, run, work string, vmTimeout time.Duration, parallel int, verbose bool) error {
 	start := time.Now()
 	if _, err := os.Stat("go.mod"); err != nil {
 		return errors.New("run from the repository's top directory")
@@ -169,7 +178,7 @@ func matrix(kernels, arches, run, work string, vmTimeout time.Duration, verbose 
 			return err
 		}
 	}
-	var results []result
+	var jobs []vmJob
 	for _, arch := range strings.Split(arches, ",") {
 		tg, ok := targets[arch]
 		if !ok {
@@ -189,11 +198,14 @@ func matrix(kernels, arches, run, work string, vmTimeout time.Duration, verbose 
 		}
 		fmt.Printf("kernelmatrix: %s initramfs ready in %.1fs: %d tests prepared\n", arch, time.Since(t0).Seconds(), len(vm.prepared))
 		for _, series := range strings.Split(kernels, ",") {
-			r := boot(vm, series, runs[series], filepath.Join(work, fmt.Sprintf("serial-%s-%s.log", series, arch)), vmTimeout, verbose)
-			fmt.Printf("kernelmatrix: %s %s: %s\n", series, arch, r.summary())
-			results = append(results, r)
+			jobs = append(jobs, vmJob{vm, series, runs[series], filepath.Join(work, fmt.Sprintf("serial-%s-%s.log", series, arch))})
 		}
 	}
+	results := runVMs(jobs, parallel, func(j vmJob) result {
+		r := boot(j.vm, j.series, j.run, j.log, vmTimeout, verbose)
+		fmt.Printf("kernelmatrix: %s %s: %s\n", j.series, j.vm.goarch, r.summary())
+		return r
+	})
 	printTable(os.Stdout, results)
 	fmt.Printf("\nkernelmatrix: %d VMs in %.0fs\n", len(results), time.Since(start).Seconds())
 	failed := 0
@@ -210,6 +222,44 @@ func matrix(kernels, arches, run, work string, vmTimeout time.Duration, verbose 
 		os.RemoveAll(work)
 	}
 	return nil
+}
+
+// vmJob is one VM to boot: a kernel series, the tests it runs and where
+// its serial log goes.
+type vmJob struct {
+	vm               *vm
+	series, run, log string
+}
+
+// runVMs boots the jobs' VMs, parallel at a time, and returns their
+// results in the jobs' order. A VM keeps about 1.2 of its 2 emulated CPUs'
+// worth of host CPU busy (tests start processes one after another), so
+// two at once on 2 cores take less wall time than one after the other.
+// The VMs with the most tests start first, so that the longest does not
+// come last.
+func runVMs(jobs []vmJob, parallel int, run func(vmJob) result) []result {
+	order := make([]int, len(jobs))
+	for i := range order {
+		order[i] = i
+	}
+	size := func(i int) int { return len(jobs[i].vm.expected(jobs[i].run)) }
+	slices.SortStableFunc(order, func(a, b int) int { return size(b) - size(a) })
+	results := make([]result, len(jobs))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(parallel, len(jobs)) {
+		wg.Go(func() {
+			for i := range next {
+				results[i] = run(jobs[i])
+			}
+		})
+	}
+	for _, i := range order {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return results
 }
 
 // vm is an architecture's initramfs images, one per selection (each with
@@ -379,9 +429,15 @@ func testResults(out []byte) map[string][]string {
 	return res
 }
 
+// fetchKernelMu serializes fetch-kernel.sh: the runs for one
+// architecture share its private apt lists.
+var fetchKernelMu sync.Mutex
+
 // fetchKernel returns the path of a series' kernel for arch and the
 // package it came from.
 func fetchKernel(arch, series string) (path, pkg string, err error) {
+	fetchKernelMu.Lock()
+	defer fetchKernelMu.Unlock()
 	out, err := command(nil, "utils/kernelmatrix/fetch-kernel.sh", arch, series)
 	if err != nil {
 		return "", "", err
