@@ -150,7 +150,8 @@ func main() {
 	run := flag.String("run", "", "the tests to run in every VM (go test -run; default: each VM's selection, see runFor)")
 	vmTimeout := flag.Duration("vm-timeout", 20*time.Minute, "longest one VM may run")
 	parallel := flag.Int("parallel", 2, "VMs run at once (1 with -v)")
-	work := flag.String("work", "", "directory for initramfs trees and serial logs (default: a new temporary one, removed when all pass)")
+	work := flag.String("work", "", "directory for the initramfs trees (default: a new temporary one, removed when all pass)")
+	logs := flag.String("logs", "out/kernelmatrix", "directory for the VMs' serial logs (emptied first; kept, where the figures of passing runs are read)")
 	verbose := flag.Bool("v", false, "print each VM's serial console as it runs")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -160,13 +161,13 @@ func main() {
 	if *verbose || *parallel < 1 {
 		*parallel = 1 // one serial console on stdout at a time
 	}
-	if err := matrix(*kernels, *arches, *run, *work, *vmTimeout, *parallel, *verbose); err != nil {
+	if err := matrix(*kernels, *arches, *run, *work, *logs, *vmTimeout, *parallel, *verbose); err != nil {
 		fmt.Fprintf(os.Stderr, "kernelmatrix: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func matrix(kernels, arches, run, work string, vmTimeout time.Duration, parallel int, verbose bool) error {
+func matrix(kernels, arches, run, work, logs string, vmTimeout time.Duration, parallel int, verbose bool) error {
 	start := time.Now()
 	if _, err := os.Stat("go.mod"); err != nil {
 		return errors.New("run from the repository's top directory")
@@ -177,6 +178,12 @@ func matrix(kernels, arches, run, work string, vmTimeout time.Duration, parallel
 		if work, err = os.MkdirTemp("", "kernelmatrix-"); err != nil {
 			return err
 		}
+	}
+	if err := os.RemoveAll(logs); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(logs, 0o755); err != nil {
+		return err
 	}
 	var jobs []vmJob
 	for _, arch := range strings.Split(arches, ",") {
@@ -198,7 +205,7 @@ func matrix(kernels, arches, run, work string, vmTimeout time.Duration, parallel
 		}
 		fmt.Printf("kernelmatrix: %s initramfs ready in %.1fs: %d tests prepared\n", arch, time.Since(t0).Seconds(), len(vm.prepared))
 		for _, series := range strings.Split(kernels, ",") {
-			jobs = append(jobs, vmJob{vm, series, runs[series], filepath.Join(work, fmt.Sprintf("serial-%s-%s.log", series, arch))})
+			jobs = append(jobs, vmJob{vm, series, runs[series], filepath.Join(logs, fmt.Sprintf("serial-%s-%s.log", series, arch))})
 		}
 	}
 	results := runVMs(jobs, parallel, func(j vmJob) result {
@@ -216,7 +223,7 @@ func matrix(kernels, arches, run, work string, vmTimeout time.Duration, parallel
 		}
 	}
 	if failed > 0 {
-		return fmt.Errorf("%d of %d kernels failed (serial logs in %s)", failed, len(results), work)
+		return fmt.Errorf("%d of %d kernels failed (serial logs in %s, initramfs trees in %s)", failed, len(results), logs, work)
 	}
 	if !keep {
 		os.RemoveAll(work)
