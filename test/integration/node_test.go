@@ -473,7 +473,7 @@ func TestNodeProcesses(t *testing.T) {
 		n := node("22")
 		s := startSession(t, testHz)
 		runNode(t, n, script, "chain", time.Second).release(t)
-		w, run := startNode(t, true, n, script, "chain", 4*time.Second)
+		w, run := startNode(t, true, n, script, "chain", 4*time.Second, flags...)
 		w.wait(t)
 		s.stop(t)
 		check(t, s, run, namespacedPath(script))

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -43,19 +42,18 @@ func startPerfMapWorkload(t *testing.T, namespaced bool, name string, args ...st
 // the host's /tmp.
 func startWorkload(t *testing.T, namespaced bool, name string, args ...string) (*workloadRun, string) {
 	t.Helper()
-	var cmd *exec.Cmd
+	cmd := exec.Command(name, args...)
 	if namespaced {
 		// What the tmpfs hides (the workload, the checkout: either may
 		// be under /tmp) stays reachable under /mnt.
-		script := `mount --bind /tmp /mnt && mount -t tmpfs tmpfs /tmp && exec "$0" "$@"`
 		var nsArgs []string
 		for _, a := range append([]string{name}, args...) {
 			nsArgs = append(nsArgs, namespacedPath(a))
 		}
-		cmd = exec.Command("unshare", append([]string{"--mount", "--pid", "--fork", "--mount-proc",
-			"sh", "-c", script}, nsArgs...)...)
-	} else {
-		cmd = exec.Command(name, args...)
+		var err error
+		if cmd, err = namespacedCommand(nsArgs...); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cmd.Stderr = os.Stderr
 	cmd.Dir = t.TempDir() // where node --perf-basic-prof writes its isolate logs
@@ -81,14 +79,6 @@ func startWorkload(t *testing.T, namespaced bool, name string, args ...string) (
 	}
 	r := &workloadRun{cmd: cmd, pid: cmd.Process.Pid}
 	if namespaced {
-		// unshare forked the shell that exec'd the workload.
-		children, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", r.pid, r.pid))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.pid, err = strconv.Atoi(strings.TrimSpace(string(children))); err != nil {
-			t.Fatalf("children of unshare: %q: %v", children, err)
-		}
 		status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", r.pid))
 		if !regexp.MustCompile(`(?m)^NSpid:\s+\d+\s+1$`).Match(status) {
 			t.Fatalf("process %d is not pid 1 of its own namespace:\n%s", r.pid, status)

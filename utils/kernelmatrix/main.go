@@ -68,8 +68,7 @@ var (
 	// unoptimized tiers 96.6-100%). Optimized and baseline code on every
 	// version, the interpreter and Maglev on one each, optimized code on
 	// the other kernels. Not two versions at once: under emulation their
-	// clock reads and recompiles take 5-6% of the samples. The VMs have
-	// no unshare(1) for a namespaced workload.
+	// clock reads and recompiles take 5-6% of the samples.
 	nodeChain = `^TestNodeStacks$/^Node_%s$/^chain,_(--no-turbo-inlining|Sparkplug_only)$`
 	nodeOne   = `^TestNodeStacks$/^Node_22$/^chain,_--no-turbo-inlining$`
 	nodeRest  = []string{`^TestNodeStacks$/^Node_22$/^chain,_--jitless$`, `^TestNodeStacks$/^Node_24$/^chain,_--no-turbofan$`}
@@ -81,7 +80,8 @@ var (
 		`^TestRubyStacks$/^Ruby_3\.4$`, fmt.Sprintf(javaChain, "21"), nodeOne}
 	runtimeAll = []string{perlTests + `/^perl_5\.40$`, `^TestPerlStacks$`, `^TestPerlStartedBeforeProfiler$`, phpTests, `^TestPHPEval$`,
 		`^TestRubyStacks$`, rubyRest + `/^Ruby_3\.4$`, fmt.Sprintf(javaChain, "[0-9]+"), javaRest,
-		fmt.Sprintf(nodeChain, "[0-9]+"), nodeRest[0], nodeRest[1], `^TestNodeProcesses$/^started_before`}
+		fmt.Sprintf(nodeChain, "[0-9]+"), nodeRest[0], nodeRest[1], `^TestNodeProcesses$/^(started_before|own_pid)`,
+		`^TestJavaProcesses$/^own_pid`}
 	runtimeArches      = map[string]bool{"arm64": true}
 	fullRuntimesKernel = "6.12"
 )
