@@ -77,6 +77,17 @@ const vmJavaWarmup = 2 * time.Second
 // where it says.
 func runJava(t *testing.T, java, classes, mode string, d time.Duration, flags ...string) scriptRun {
 	t.Helper()
+	cmd := exec.Command(java, javaArgs(classes, mode, d, flags)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", java, mode, err, out)
+	}
+	return newScriptRun(t, cmd.Process.Pid, string(out))
+}
+
+// javaArgs are the java command's arguments that run the workload in
+// mode for d, with the JVM's flags.
+func javaArgs(classes, mode string, d time.Duration, flags []string) []string {
 	// quiet: CompileCommand would otherwise print each command first.
 	args := append([]string{"-XX:CompileCommand=quiet"}, flags...)
 	args = append(args, "-cp", classes, "JWorkload", mode, formatSeconds(d))
@@ -85,12 +96,7 @@ func runJava(t *testing.T, java, classes, mode string, d time.Duration, flags ..
 		// workload, left out as its warm-up (here it takes a few samples).
 		args = append(args, formatSeconds(vmJavaWarmup))
 	}
-	cmd := exec.Command(java, args...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", java, mode, err, out)
-	}
-	return newScriptRun(t, cmd.Process.Pid, string(out))
+	return args
 }
 
 // javaFrames returns a trace's Java method frames, leaf first: the JVM's
@@ -498,9 +504,7 @@ func startJava(t *testing.T, namespaced bool, java, classes, mode string, d time
 	if namespaced {
 		cp = namespacedPath(classes)
 	}
-	args := append([]string{"-XX:CompileCommand=quiet"}, flags...)
-	args = append(args, "-cp", cp, "JWorkload", mode, formatSeconds(d))
-	r, line := startWorkload(t, namespaced, java, args...)
+	r, line := startWorkload(t, namespaced, java, javaArgs(cp, mode, d, flags)...)
 	return r, scriptRun{pid: r.pid, hotFrom: hotFrom(t, line)}
 }
 
@@ -510,9 +514,14 @@ func startJava(t *testing.T, namespaced bool, java, classes, mode string, d time
 // chain (mid interpreted) in >= 95% of its worker's samples.
 func TestJavaProcesses(t *testing.T) {
 	requireRoot(t)
-	skipIfPreparing(t)
 	classes, hot := javaWorkload(t)
 	java := func(v string) string { return javaBuild(t, v) }
+	if preparing() {
+		for _, v := range []string{"11", "17", "21", "25"} { // the versions below
+			java(v)
+		}
+		skipIfPreparing(t)
+	}
 	excludeMid := "-XX:CompileCommand=exclude,JWorkload::mid"
 	check := func(t *testing.T, s *session, run scriptRun) {
 		t.Helper()

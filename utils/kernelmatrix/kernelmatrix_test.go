@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -239,5 +240,51 @@ func TestSelections(t *testing.T) {
 	}
 	if got := splitTop(`^(a|b/c)$/^[x/y]/z`, '/'); len(got) != 3 || got[0] != `^(a|b/c)$` || got[1] != `^[x/y]` {
 		t.Errorf("splitTop: %q", got)
+	}
+}
+
+// TestRunVMs: a VM that runs alone has no other beside it, the others run
+// at most parallel at a time, the one with the most tests first, and the
+// results keep the jobs' order.
+func TestRunVMs(t *testing.T) {
+	small := &vm{prepared: []string{"A"}}
+	big := &vm{prepared: []string{"A", "B", "C"}}
+	jobs := []vmJob{{vm: small, series: "s1", run: "A"}, {vm: big, series: "b", run: "A|B|C"},
+		{vm: big, series: "full", run: "A", alone: true}, {vm: small, series: "s2", run: "A"}}
+	var mu sync.Mutex
+	var running, most int
+	var started []string
+	release := make(chan struct{})
+	results := runVMs(jobs, 2, func(j vmJob) result {
+		mu.Lock()
+		running++
+		most = max(most, running)
+		started = append(started, j.series)
+		n := len(started)
+		if j.alone && running > 1 {
+			t.Errorf("%s ran beside another VM", j.series)
+		}
+		if n == 3 {
+			close(release) // the first two after full have both started
+		}
+		mu.Unlock()
+		if n == 2 {
+			<-release
+		}
+		mu.Lock()
+		running--
+		mu.Unlock()
+		return result{series: j.series}
+	})
+	if started[0] != "full" || started[1] != "b" {
+		t.Errorf("started %v, want full alone, then b (most tests)", started)
+	}
+	if most != 2 {
+		t.Errorf("at most %d VMs at once, want 2", most)
+	}
+	for i, r := range results {
+		if r.series != jobs[i].series {
+			t.Errorf("result %d is %s's, want %s's", i, r.series, jobs[i].series)
+		}
 	}
 }
