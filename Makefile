@@ -75,8 +75,9 @@ integration-test: build
 
 # The BPF integration tests on every supported kernel (5.10, 6.1, 6.12, 7.2)
 # for amd64 and arm64, each booted under qemu (utils/kernelmatrix; kernels
-# are downloaded once and cached), two VMs at a time; their serial logs
-# are kept in out/kernelmatrix. KERNEL_MATRIX_ARGS narrows it, e.g.
+# are downloaded once and cached), the arm64 VMs (runtime tests) one at a
+# time, the amd64 VMs two at a time; their serial logs are kept in
+# out/kernelmatrix. KERNEL_MATRIX_ARGS narrows it, e.g.
 # "-kernels 5.10 -arch arm64 -v".
 KERNEL_MATRIX_ARGS ?=
 kernel-matrix:

@@ -170,9 +170,9 @@ var goRuntimeStack = userStack(`((internal/)?runtime[./][^;]*;)*runtime\.(mstart
 
 // maxWarmupSamples bounds the samples of a new process before its first
 // fully unwound one: a second of CPU at testHz; two in a kernel-matrix VM,
-// where the emulated daemon sets a process up many times slower and two
-// VMs share the host's CPUs (kernelmatrix -parallel 2: up to 109 samples,
-// against 30 with one VM at a time).
+// where the emulated daemon sets a process up many times slower and the
+// amd64 VMs share the host's CPUs two at a time (two VMs at once: up to
+// 109 samples, against 30 with one VM alone).
 var maxWarmupSamples = func() int {
 	if inVM() {
 		return 2 * testHz
