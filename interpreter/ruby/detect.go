@@ -20,6 +20,7 @@ import (
 	"strings"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
+	"github.com/hostprof/ebpf-profiler/interpreter/internal/tlsvar"
 	"golang.org/x/arch/x86/x86asm"
 )
 
@@ -116,13 +117,14 @@ func Detect(f *elf.File, dynsym []elf.Symbol, functionRanges func() ([][2]uint64
 	if !ok {
 		return nil, fmt.Errorf("CRuby %v: no %s", b.Version, threadCurrentSymbol)
 	}
-	tls := findTLSIndex
-	if arm64 {
-		tls = findTLSDescriptor
-	}
-	if b.TLSIndex, b.TLSOffset, err = tls(f, tc, dynsym); err != nil {
+	// rb_thread_current, or on arm64 the function it calls first
+	// (rb_current_ec, 3.3+), reads ruby_current_ec (internals.md §1.4,
+	// §12.4).
+	ec, err := tlsvar.Find(f, tc, dynsym)
+	if err != nil {
 		return nil, fmt.Errorf("CRuby %v: execution context: %w", b.Version, err)
 	}
+	b.TLSIndex, b.TLSOffset = ec.Index, ec.Offset
 	id2str, ok := syms[id2strSymbol]
 	if !ok {
 		return nil, fmt.Errorf("CRuby %v: no %s", b.Version, id2strSymbol)
@@ -307,102 +309,6 @@ func codePointers(f *elf.File) ([]codePointer, error) {
 
 // maxDecode bounds the instructions decoded per function.
 const maxDecode = 256
-
-// findTLSIndex finds the GOT pair through which rb_thread_current reads
-// ruby_current_ec: its code is "lea PAIR(%rip),%rdi; call __tls_get_addr;
-// mov (%rax),%rax" (general-dynamic TLS, internals.md §1.4). The offset
-// word is in the file (a constant the linker resolved) or relocated
-// against the exported TLS symbol (R_X86_64_DTPOFF64). In an executable
-// the code reads the variable at a constant offset from the thread
-// pointer instead (local-exec TLS): "mov %fs:OFF,%rax", or "mov $OFF,%rax;
-// mov %fs:(%rax),%rax"; the index is then 0 and the offset OFF.
-func findTLSIndex(f *elf.File, fn elf.Symbol, dynsym []elf.Symbol) (index, offset uint64, err error) {
-	code, err := interpreter.ReadELF(f, fn.Value, min(max(fn.Size, 16), 512))
-	if err != nil {
-		return 0, 0, err
-	}
-	var lea uint64
-	imm := map[x86asm.Reg]uint64{} // registers loaded with a constant
-	for pc, n := uint64(0), 0; pc < uint64(len(code)) && n < maxDecode; n++ {
-		in, err := interpreter.DecodeAMD64(code[pc:])
-		if err != nil {
-			return 0, 0, fmt.Errorf("%s+%#x: %w", fn.Name, pc, err)
-		}
-		next := pc + uint64(in.Len)
-		if m, ok := in.Args[1].(x86asm.Mem); ok && in.Op == x86asm.MOV && m.Segment == x86asm.FS && m.Index == 0 {
-			if m.Base == 0 {
-				return 0, uint64(m.Disp), nil
-			}
-			if v, ok := imm[m.Base]; ok {
-				return 0, v + uint64(m.Disp), nil
-			}
-		}
-		if r, ok := in.Args[0].(x86asm.Reg); ok && in.Op == x86asm.MOV {
-			if v, ok := in.Args[1].(x86asm.Imm); ok {
-				imm[r] = uint64(int64(v))
-			} else {
-				delete(imm, r)
-			}
-		}
-		switch {
-		case in.Op == x86asm.LEA && in.Args[0] == x86asm.RDI:
-			if m, ok := in.Args[1].(x86asm.Mem); ok && m.Base == x86asm.RIP && m.Index == 0 {
-				lea = fn.Value + next + uint64(m.Disp)
-			}
-		case in.Op == x86asm.CALL && lea != 0:
-			index = lea
-		}
-		if index != 0 || in.Op == x86asm.RET {
-			break
-		}
-		pc = next
-	}
-	if index == 0 {
-		return 0, 0, fmt.Errorf("%s neither calls __tls_get_addr with a GOT pair nor reads at the thread pointer", fn.Name)
-	}
-	if off, ok, err := relocationAt(f, index+8, uint32(elf.R_X86_64_DTPOFF64), dynsym); err != nil {
-		return 0, 0, err
-	} else if ok {
-		return index, off, nil
-	}
-	b, err := interpreter.ReadELF(f, index+8, 8)
-	if err != nil {
-		return 0, 0, fmt.Errorf("reading the TLS offset at %#x: %w", index+8, err)
-	}
-	return index, binary.LittleEndian.Uint64(b), nil
-}
-
-// relocationAt is the value (symbol + addend) of a relocation of type
-// typ at slot: for R_X86_64_DTPOFF64 and R_AARCH64_TLSDESC, the offset of
-// its symbol (in dynsym, f's .dynsym) in the module's TLS block.
-func relocationAt(f *elf.File, slot uint64, typ uint32, dynsym []elf.Symbol) (uint64, bool, error) {
-	for _, sec := range f.Sections {
-		if sec.Type != elf.SHT_RELA {
-			continue
-		}
-		b, err := sec.Data()
-		if err != nil {
-			return 0, false, fmt.Errorf("reading %s: %w", sec.Name, err)
-		}
-		for i := 0; i+24 <= len(b); i += 24 {
-			info := binary.LittleEndian.Uint64(b[i+8:])
-			if binary.LittleEndian.Uint64(b[i:]) != slot || uint32(info) != typ {
-				continue
-			}
-			addend := binary.LittleEndian.Uint64(b[i+16:])
-			idx := info >> 32
-			if idx == 0 {
-				return addend, true, nil
-			}
-			// Symbol index 0 is the null symbol, which DynamicSymbols omits.
-			if idx > uint64(len(dynsym)) {
-				return 0, false, fmt.Errorf("TLS relocation against symbol %d of %d", idx, len(dynsym))
-			}
-			return dynsym[idx-1].Value + addend, true, nil
-		}
-	}
-	return 0, false, nil
-}
 
 // findGlobalSymbols finds ruby_global_symbols from rb_id2str: it, or the
 // function it jumps or calls to first (get_id_serial_entry), compares the
