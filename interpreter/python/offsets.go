@@ -9,9 +9,9 @@ import (
 )
 
 // The table in offsets_table.go is compiled from the CPython headers that
-// pyenv installed (3.6-3.13) and from Debian unstable's libpython3.14-dev,
-// which utils/pyfetch fetches; see utils/pyoffsets.
-//go:generate go run ../../utils/pyoffsets -fetched 3.14 -out offsets_table.go
+// pyenv installed (3.6-3.13) and from Debian unstable's libpython3.X-dev of
+// the releases utils/pyfetch fetches (pyfetch.Fetched); see utils/pyoffsets.
+//go:generate go run ../../utils/pyoffsets -out offsets_table.go
 
 // Version is a CPython minor release line: Patch is always 0 (the micro
 // release is Interpreter.Micro), and it is printed with MajorMinor. The

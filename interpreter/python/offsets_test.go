@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/hostprof/ebpf-profiler/utils/pyfetch"
 )
 
 func TestOffsetsFor(t *testing.T) {
@@ -167,7 +169,7 @@ func offTableVersions() []Version {
 // offFetchedVersions are the releases utils/pyoffsets takes by default
 // from utils/pyfetch's cache of Debian's packages (its -fetched flag):
 // those pyenv has no headers for here.
-var offFetchedVersions = []string{"3.14"}
+var offFetchedVersions = pyfetch.Fetched
 
 // offFetchPython runs utils/pyfetch/fetch-python.sh for CPython version
 // on the Debian architecture arch (amd64 and arm64 are named as in Go) and

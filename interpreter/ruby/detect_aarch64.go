@@ -2,7 +2,7 @@ package ruby
 
 import (
 	"debug/elf"
-		"fmt"
+	"fmt"
 	"slices"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/interpreter/python"
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/utils/pyfetch"
 )
 
 // pythonInterpreter is a CPython the tests profile.
@@ -44,18 +44,16 @@ func pythonInterpreters(t *testing.T) []pythonInterpreter {
 			out = append(out, pythonInterpreter{filepath.Base(v), bin})
 		}
 	}
-	// CPython 3.14 from Debian unstable (make test-deps fetches it): a
-	// static python3.14 run through its own C library's loader.
-	cache := os.Getenv("XDG_CACHE_HOME")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache")
+	// The releases pyenv lacks, from Debian unstable (make test-deps
+	// fetches them): Debian's python executable run through its own C
+	// library's loader.
+	for _, v := range pyfetch.Fetched {
+		py, err := pyfetch.Python(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, pythonInterpreter{v + " (Debian sid)", py})
 	}
-	sid := filepath.Join(cache, "ebpf-profiler", "python-3.14-"+runtime.GOARCH, "bin", "python3")
-	if _, err := os.Stat(sid); err != nil {
-		t.Fatalf("no CPython 3.14 (%v): run ./utils/pyfetch/fetch-python.sh 3.14", err)
-	}
-	out = append(out, pythonInterpreter{"3.14 (Debian sid)", sid})
 	if len(out) == 0 {
 		t.Fatal("no CPython 3 found (python3 on PATH or pyenv versions)")
 	}

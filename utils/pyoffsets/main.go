@@ -33,6 +33,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/hostprof/ebpf-profiler/utils/pyfetch"
 )
 
 func main() {
@@ -41,7 +43,7 @@ func main() {
 		"directory holding one CPython installation per release (3.X.Y); \"\" for none")
 	cache := flag.String("cache", filepath.Join(envOr("XDG_CACHE_HOME", filepath.Join(home, ".cache")), "ebpf-profiler"),
 		"utils/pyfetch's cache directory")
-	fetched := flag.String("fetched", "3.14",
+	fetched := flag.String("fetched", strings.Join(pyfetch.Fetched, ","),
 		"comma-separated CPython versions to take from utils/pyfetch's cache (python-VERSION-ARCH)")
 	var trees []tree
 	flag.Func("headers", "a Debian-style include directory (/usr/include) of one CPython release, "+

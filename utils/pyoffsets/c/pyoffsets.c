@@ -14,11 +14,11 @@
 //   PyFrameObject   frameobject.h (3.6-3.8), cpython/frameobject.h (3.9, 3.10)
 //   _PyCFrame       cpython/pystate.h (CFrame in 3.10, _PyCFrame 3.11, 3.12)
 //   _PyInterpreterFrame, enum _frameowner  internal/pycore_frame.h
-//                   (3.11-3.13), internal/pycore_interpframe_structs.h (3.14)
+//                   (3.11-3.13), internal/pycore_interpframe_structs.h (3.14+)
 //   PyCodeObject    code.h (3.6-3.8), cpython/code.h (3.9+)
 //   _PyRuntimeState internal/pystate.h (3.7), internal/pycore_pystate.h
 //                   (3.8), internal/pycore_runtime.h (3.9-3.13),
-//                   internal/pycore_runtime_structs.h (3.14)
+//                   internal/pycore_runtime_structs.h (3.14+)
 //   PyInterpreterState  pystate.h (3.6, 3.7), internal/pycore_pystate.h
 //                   (3.8), internal/pycore_interp.h (3.9+)
 //   Py_tss_t        pythread.h (3.7-3.10), cpython/pythread.h (3.11+)
@@ -28,7 +28,7 @@
 //   PyASCIIObject, PyCompactUnicodeObject, PyUnicodeObject
 //                   unicodeobject.h (3.6, 3.7), cpython/unicodeobject.h (3.8+)
 //   _Py_DebugOffsets internal/pycore_runtime.h (3.13),
-//                   internal/pycore_debug_offsets.h (3.14)
+//                   internal/pycore_debug_offsets.h (3.14+)
 //
 // 3.14's f_executable is a _PyStackRef (internal/pycore_structs.h): a union
 // of one uintptr_t whose low bits are tags (Py_TAG_BITS, 3 with the GIL).
@@ -96,7 +96,12 @@ __attribute__((used)) const struct pyoffset pyoffsets[] = {
   NONE("Runtime.InterpretersHead"),
   NONE("Runtime.InterpretersMain"),
 #endif
-#if PY_VERSION_HEX >= 0x030C0000
+#if PY_VERSION_HEX >= 0x030F0000
+  // 3.15 binds a thread's state for the GILState API in a thread-local
+  // variable (_Py_tss_gilstate, Python/pystate.c), no longer a pthread key.
+  NONE("Runtime.TStateCurrent"),
+  NONE("Runtime.AutoTSSKey"),
+#elif PY_VERSION_HEX >= 0x030C0000
   NONE("Runtime.TStateCurrent"),
   OFF("Runtime.AutoTSSKey", _PyRuntimeState, autoTSSkey),
 #elif PY_VERSION_HEX >= 0x03070000
@@ -202,7 +207,9 @@ __attribute__((used)) const struct pyoffset pyoffsets[] = {
   NONE("InterpreterFrame.OwnedByGenerator"),
   NONE("InterpreterFrame.OwnedByFrameObject"),
 #endif
-#if PY_VERSION_HEX >= 0x030C0000
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030F0000
+  // 3.15 dropped FRAME_OWNED_BY_CSTACK: entry frames are owned by the
+  // interpreter, as from 3.14.
   ENUM("InterpreterFrame.OwnedByCStack", enum _frameowner, FRAME_OWNED_BY_CSTACK),
 #else
   NONE("InterpreterFrame.OwnedByCStack"),
