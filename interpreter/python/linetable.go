@@ -24,7 +24,7 @@ const (
 	// unsigned range length in bytes and a signed line delta, -128 marking a
 	// range without a line (advance() in 3.10's Objects/codeobject.c).
 	LineTableRanges
-	// LineTableLocations is co_linetable of CPython 3.11 to 3.14: the
+	// LineTableLocations is co_linetable of CPython 3.11 to 3.15: the
 	// location table, entries of one to eight 2-byte code units with
 	// variable-length line and column deltas (Objects/locations.md in 3.11
 	// and 3.12, InternalDocs/locations.md since).
@@ -60,11 +60,11 @@ func LineTableFormatFor(v Version) (LineTableFormat, error) {
 			return LineTableLnotab, nil
 		case v.Minor == 10:
 			return LineTableRanges, nil
-		case v.Minor >= 11 && v.Minor <= 14:
+		case v.Minor >= 11 && v.Minor <= 15:
 			return LineTableLocations, nil
 		}
 	}
-	return 0, fmt.Errorf("python %v (3.6 to 3.14 are known): %w", v.MajorMinor(), ErrLineTableVersion)
+	return 0, fmt.Errorf("python %v (3.6 to 3.15 are known): %w", v.MajorMinor(), ErrLineTableVersion)
 }
 
 // LineForOffset returns the source line of the instruction offset bytes

@@ -11,6 +11,9 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/hostprof/ebpf-profiler/utils/fetchcache"
+	"github.com/hostprof/ebpf-profiler/utils/pyfetch"
 )
 
 // ltDumpScript prints the line tables of a corpus of code objects and the
@@ -38,9 +41,14 @@ type ltDumpCode struct {
 	Pos     []*int `json:"pos"`
 }
 
-// ltPythons finds one CPython per minor version 3.6 to 3.14: a pyenv
+// ltNewestMinor is the newest minor version the line tables are checked
+// for.
+const ltNewestMinor = 15
+
+// ltPythons finds one CPython per minor version 3.6 to 3.15: a pyenv
 // installation ($PYENV_ROOT, or ~/.pyenv) first, else python3.X on PATH
-// (not a pyenv shim, which fails for a version that is not installed).
+// (not a pyenv shim, which fails for a version that is not installed),
+// else the release utils/pyfetch fetched.
 func ltPythons() map[int]string {
 	root := os.Getenv("PYENV_ROOT")
 	if root == "" {
@@ -49,13 +57,15 @@ func ltPythons() map[int]string {
 		}
 	}
 	found := map[int]string{}
-	for minor := 6; minor <= 14; minor++ {
+	for minor := 6; minor <= ltNewestMinor; minor++ {
 		name := fmt.Sprintf("python3.%d", minor)
 		matches, _ := filepath.Glob(filepath.Join(root, "versions", fmt.Sprintf("3.%d.*", minor), "bin", name))
 		sort.Strings(matches)
 		if len(matches) > 0 {
 			found[minor] = matches[len(matches)-1]
 		} else if p, err := exec.LookPath(name); err == nil && !strings.Contains(p, "/shims/") {
+			found[minor] = p
+		} else if p, err := pyfetch.Python(name[len("python"):]); err == nil {
 			found[minor] = p
 		}
 	}
@@ -69,13 +79,13 @@ func ltPythons() map[int]string {
 func TestLineTableAgainstCPython(t *testing.T) {
 	pythons := ltPythons()
 	if len(pythons) == 0 {
-		t.Fatal("no CPython 3.6 to 3.14 found: install one with pyenv or as python3.X on PATH")
+		t.Fatal("no CPython 3.6 to 3.15 found: install one with pyenv or as python3.X on PATH")
 	}
-	for minor := 6; minor <= 14; minor++ {
+	for minor := 6; minor <= ltNewestMinor; minor++ {
 		t.Run(fmt.Sprintf("3.%d", minor), func(t *testing.T) {
 			path, ok := pythons[minor]
 			if !ok {
-				t.Skipf("no python3.%d", minor)
+				t.Fatalf("no python3.%d: pyenv installs 3.6-3.13, make test-deps fetches the newer ones (utils/pyfetch)", minor)
 			}
 			t.Parallel()
 			ltCheckAgainst(t, path, minor)
@@ -84,7 +94,14 @@ func TestLineTableAgainstCPython(t *testing.T) {
 }
 
 func ltCheckAgainst(t *testing.T, python string, minor int) {
-	out, err := exec.Command(python, "-I", "-c", ltDumpScript).Output()
+	// Isolated from the environment, but for a fetched release, whose
+	// wrapper finds its standard library through PYTHONHOME: only without
+	// the user's site directory.
+	isolate := "-I"
+	if strings.HasPrefix(python, fetchcache.Dir("")) {
+		isolate = "-s"
+	}
+	out, err := exec.Command(python, isolate, "-c", ltDumpScript).Output()
 	if err != nil {
 		t.Fatalf("%s: %v", python, err)
 	}

@@ -170,7 +170,7 @@ func TestLineTableFormatFor(t *testing.T) {
 		{3, 6, LineTableLnotab}, {3, 9, LineTableLnotab},
 		{3, 10, LineTableRanges},
 		{3, 11, LineTableLocations}, {3, 13, LineTableLocations}, {3, 14, LineTableLocations},
-		{3, 15, 0}, {4, 0, 0},
+		{3, 15, LineTableLocations}, {3, 16, 0}, {4, 0, 0},
 	}
 	for _, tt := range tests {
 		got, err := LineTableFormatFor(Version{Major: tt.major, Minor: tt.minor})

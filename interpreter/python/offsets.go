@@ -89,6 +89,12 @@ const (
 	// GILState API, bind_gilstate_tstate in Python/pystate.c; before 3.12
 	// the first one bound).
 	ThreadStateFromTLS
+	// ThreadStateFromGILStateTLS (3.15+): no pthread key is left; the
+	// thread-local _Py_tss_gilstate (Python/pystate.c, static) holds the
+	// thread state last bound for the GILState API, what the key held
+	// before, and, unlike _Py_tss_tstate, keeps it while the thread has
+	// released the GIL. PyGILState_GetThisThreadState, exported, reads it.
+	ThreadStateFromGILStateTLS
 )
 
 // Symbols the offsets above are relative to.
@@ -97,6 +103,9 @@ const (
 	CurrentThreadStateSymbol = "_PyThreadState_Current" // 3.6, exported
 	TLSKeySymbol             = "autoTLSkey"             // 3.6, static
 	ThreadLocalStateSymbol   = "_Py_tss_tstate"         // 3.12+, TLS
+	// GILStateReaderSymbol is the exported function that reads
+	// _Py_tss_gilstate (3.15+).
+	GILStateReaderSymbol = "PyGILState_GetThisThreadState"
 )
 
 // RuntimeOffsets is _PyRuntimeState, the type of the global _PyRuntime
@@ -351,7 +360,9 @@ func versionSemantics(v Version) (ThreadStateSource, int) {
 		return ThreadStateFromRuntime, 2
 	case v.Minor == 11:
 		return ThreadStateFromRuntime, 0
-	default:
+	case v.Minor <= 14:
 		return ThreadStateFromTLS, 0
+	default:
+		return ThreadStateFromGILStateTLS, 0
 	}
 }

@@ -30,6 +30,7 @@ func TestOffsetsFor(t *testing.T) {
 		{Version{Major: 3, Minor: 12}, ThreadStateFromTLS, 0},
 		{Version{Major: 3, Minor: 13}, ThreadStateFromTLS, 0},
 		{Version{Major: 3, Minor: 14}, ThreadStateFromTLS, 0},
+		{Version{Major: 3, Minor: 15}, ThreadStateFromGILStateTLS, 0},
 	}
 	for _, tt := range tests {
 		o, err := OffsetsFor(tt.v)
@@ -42,7 +43,7 @@ func TestOffsetsFor(t *testing.T) {
 				tt.v.MajorMinor(), o.Version.MajorMinor(), o.Arch, o.ThreadStateFrom, o.LastiUnit, tt.v.MajorMinor(), runtime.GOARCH, tt.from, tt.lastiUnit)
 		}
 	}
-	for _, v := range []Version{{Major: 2, Minor: 7}, {Major: 3, Minor: 5}, {Major: 3, Minor: 15}, {Major: 4, Minor: 0}} {
+	for _, v := range []Version{{Major: 2, Minor: 7}, {Major: 3, Minor: 5}, {Major: 3, Minor: 16}, {Major: 4, Minor: 0}} {
 		_, err := OffsetsFor(v)
 		if !errors.Is(err, ErrNoOffsets) || !strings.Contains(err.Error(), v.MajorMinor()) {
 			t.Errorf("OffsetsFor(%s) error = %v, want ErrNoOffsets naming %s", v.MajorMinor(), err, v.MajorMinor())
@@ -118,8 +119,8 @@ func offProblems(o *Offsets) []string {
 			"3.11/3.12 frame fields missing")
 		check(ts.Frame == NoField && f.Executable == NoField && f.InstrPtr == NoField, "fields of other versions set")
 	default:
-		check(set(ts.CurrentFrame, f.Executable, f.InstrPtr, f.Previous, f.OwnedByCStack, o.Code.CodeAdaptive,
-			o.Debug.Size), "3.13+ frame fields missing")
+		check(set(ts.CurrentFrame, f.Executable, f.InstrPtr, f.Previous, o.Code.CodeAdaptive, o.Debug.Size) &&
+			(set(f.OwnedByCStack) || set(f.OwnedByInterpreter)), "3.13+ frame fields missing")
 		check(ts.Frame == NoField && ts.CFrame == NoField && f.Code == NoField, "fields of other versions set")
 	}
 	check(set(o.Code.Lnotab) != set(o.Code.Linetable), "not exactly one line table")
@@ -133,6 +134,8 @@ func offProblems(o *Offsets) []string {
 		check(set(o.Runtime.TStateCurrent, o.Runtime.AutoTSSKey, o.TSS.Key), "_PyRuntime thread state fields missing")
 	case ThreadStateFromTLS:
 		check(set(o.Runtime.AutoTSSKey, o.TSS.Key) && o.Runtime.TStateCurrent == NoField, "3.12+ runtime fields")
+	case ThreadStateFromGILStateTLS:
+		check(o.Runtime.AutoTSSKey == NoField && o.Runtime.TStateCurrent == NoField, "3.15+ runtime fields")
 	default:
 		ps = append(ps, "no thread state source")
 	}

@@ -82,7 +82,7 @@ func (b *Binary) NewProcess(mem io.ReaderAt, bias uint64, tsd libc.TSDLayout) (*
 	if b.Err != nil {
 		return nil, b.Err
 	}
-	if b.keyLoc.KeySize != 4 {
+	if b.keyLoc.TLS == nil && b.keyLoc.KeySize != 4 {
 		return nil, fmt.Errorf("thread state key of %d bytes", b.keyLoc.KeySize)
 	}
 	sym, err := NewSymbolizer(mem, b.Offsets)
@@ -93,9 +93,17 @@ func (b *Binary) NewProcess(mem io.ReaderAt, bias uint64, tsd libc.TSDLayout) (*
 	if err != nil {
 		return nil, err
 	}
-	u.KeyAddr = b.keyLoc.Key + bias
-	if b.keyLoc.Initialized != 0 {
-		u.KeyReadyAddr = b.keyLoc.Initialized + bias
+	switch {
+	case b.keyLoc.TLS != nil:
+		u.TStateTLSOffset = b.keyLoc.TLS.Offset
+		if b.keyLoc.TLS.Index != 0 {
+			u.TStateTLSIndex = b.keyLoc.TLS.Index + bias
+		}
+	default:
+		u.KeyAddr = b.keyLoc.Key + bias
+		if b.keyLoc.Initialized != 0 {
+			u.KeyReadyAddr = b.keyLoc.Initialized + bias
+		}
 	}
 	u.TSDSelfOffset = tsd.SelfOffset
 	u.TSDBlockOffset = tsd.FirstBlockOffset
@@ -127,9 +135,9 @@ func (o *Offsets) frameLayout() (FrameLayout, error) {
 		return Frames311, nil
 	case o.Version.Minor == 12:
 		return Frames312, nil
-	case o.Version.Minor <= 14:
-		// 3.14 links frames as 3.13 does; its f_executable carries tag
-		// bits, which the unwinder clears for every version.
+	case o.Version.Minor <= 15:
+		// 3.14 and 3.15 link frames as 3.13 does; their f_executable
+		// carries tag bits, which the unwinder clears for every version.
 		return Frames313, nil
 	}
 	return 0, fmt.Errorf("CPython %v: no frame layout for the unwinder", o.Version.MajorMinor())
@@ -179,10 +187,13 @@ func (o *Offsets) unwinderProc() (UnwinderProc, error) {
 	if layout >= Frames312 {
 		need("_PyInterpreterFrame.owner", f.Owner, &u.FrameOwner)
 		// The lowest owner value of an entry frame: 3.14 gives entry
-		// frames FRAME_OWNED_BY_INTERPRETER, one below CSTACK.
-		entry := f.OwnedByCStack
-		if f.OwnedByInterpreter != NoField {
-			entry = min(entry, f.OwnedByInterpreter)
+		// frames FRAME_OWNED_BY_INTERPRETER, one below CSTACK, which 3.15
+		// dropped.
+		entry := -1
+		for _, v := range []int{f.OwnedByCStack, f.OwnedByInterpreter} {
+			if v != NoField && (entry < 0 || v < entry) {
+				entry = v
+			}
 		}
 		if entry < 0 || entry > 0xff {
 			return UnwinderProc{}, fmt.Errorf("CPython %v: entry frame owner %d", o.Version.MajorMinor(), entry)

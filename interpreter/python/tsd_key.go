@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/hostprof/ebpf-profiler/interpreter/internal/tlsvar"
 	"github.com/hostprof/ebpf-profiler/interpreter/libc"
 )
 
@@ -16,8 +17,12 @@ import (
 var ErrNoThreadStateKey = errors.New("CPython's thread state key is not created")
 
 // ThreadStateKeyLocation is where a CPython binary keeps the pthread key
-// its threads bind their PyThreadState to, as file virtual addresses.
+// its threads bind their PyThreadState to, as file virtual addresses, or
+// (3.15+) the thread-local variable that holds it.
 type ThreadStateKeyLocation struct {
+	// TLS is the thread-local variable (3.15+); the fields below are then
+	// unset.
+	TLS *tlsvar.Ref
 	// Key is the key: Py_tss_t._key in _PyRuntime (3.7+), an unsigned
 	// pthread_key_t; the static int autoTLSkey (3.6), -1 until created
 	// (Python/pystate.c).
@@ -30,8 +35,13 @@ type ThreadStateKeyLocation struct {
 
 // FindThreadStateKey says where the interpreter in f keeps its thread state
 // key. 3.6 keeps it in a static variable that only .symtab names: a
-// stripped 3.6 gives an error.
+// stripped 3.6 gives an error. 3.15+ keeps the thread state itself in a
+// thread-local variable, found in the code of the exported function that
+// reads it.
 func FindThreadStateKey(f *elf.File, in *Interpreter, off *Offsets) (ThreadStateKeyLocation, error) {
+	if off.ThreadStateFrom == ThreadStateFromGILStateTLS {
+		return findGILStateTLS(f, off)
+	}
 	if off.Version.Minor <= 6 {
 		syms, err := f.Symbols()
 		if err != nil {
@@ -63,6 +73,27 @@ func FindThreadStateKey(f *elf.File, in *Interpreter, off *Offsets) (ThreadState
 		KeySize:     off.TSS.KeySize,
 		Initialized: tss + uint64(off.TSS.IsInitialized),
 	}, nil
+}
+
+// findGILStateTLS finds _Py_tss_gilstate from the code of
+// PyGILState_GetThisThreadState, which returns it.
+func findGILStateTLS(f *elf.File, off *Offsets) (ThreadStateKeyLocation, error) {
+	dynsym, err := f.DynamicSymbols()
+	if err != nil {
+		return ThreadStateKeyLocation{}, fmt.Errorf("CPython %v: reading .dynsym: %w", off.Version.MajorMinor(), err)
+	}
+	for _, s := range dynsym {
+		if s.Name != GILStateReaderSymbol || s.Section == elf.SHN_UNDEF || elf.ST_TYPE(s.Info) != elf.STT_FUNC {
+			continue
+		}
+		ref, err := tlsvar.Find(f, s, dynsym)
+		if err != nil {
+			return ThreadStateKeyLocation{}, fmt.Errorf("CPython %v: the thread state's thread-local variable: %w",
+				off.Version.MajorMinor(), err)
+		}
+		return ThreadStateKeyLocation{TLS: &ref}, nil
+	}
+	return ThreadStateKeyLocation{}, fmt.Errorf("CPython %v: no %s", off.Version.MajorMinor(), GILStateReaderSymbol)
 }
 
 // ThreadStateKey reads the pthread key of the interpreter's thread states

@@ -4,6 +4,8 @@ package python
 // what the BPF CPython unwinder needs of one process, its entry in the
 // runtimes' configuration map.
 type UnwinderProc struct {
+	TStateTLSIndex     uint64
+	TStateTLSOffset    uint64
 	KeyAddr            uint64
 	KeyReadyAddr       uint64
 	TSDSelfOffset      int64

@@ -30,10 +30,16 @@ enum python_frame_layout {
 // What the Python unwinder needs of a CPython process (its entry in
 // runtime_procs); user space fills it from package python's tables.
 struct python_proc {
-  // CPython's pthread key for thread states, a u32 at key_addr: it exists
-  // once the int at key_ready_addr is 1 (3.7+: Py_tss_t._is_initialized)
-  // or, where key_ready_addr is 0 (3.6), once the key is not -1. The
-  // interpreter creates it while starting, so it is read per sample.
+  // 3.15+: the thread-local variable that holds the thread's PyThreadState
+  // (_Py_tss_gilstate), as tls_variable_address takes it; key_addr is then
+  // 0.
+  u64 tstate_tls_index;
+  u64 tstate_tls_offset;
+  // 3.6-3.14: CPython's pthread key for thread states, a u32 at key_addr:
+  // it exists once the int at key_ready_addr is 1 (3.7+:
+  // Py_tss_t._is_initialized) or, where key_ready_addr is 0 (3.6), once
+  // the key is not -1. The interpreter creates it while starting, so it is
+  // read per sample.
   u64 key_addr;
   u64 key_ready_addr;
   // The interrupted thread's PyThreadState is the value bound to the key,
@@ -146,33 +152,49 @@ struct {
 // Python frames one run of this program walks before it tail-calls itself.
 #define PYTHON_FRAMES_PER_PROGRAM 32
 
-// Finds the current Python frame of the interrupted thread: its
-// PyThreadState is the value bound to CPython's pthread key, found as
-// pthread_getspecific finds it (struct python_proc). A thread that never
-// ran Python has none. Returns 0 when found.
-static __always_inline int python_start(struct python_walk *w, const struct python_proc *proc)
+// The interrupted thread's PyThreadState: the value bound to CPython's
+// pthread key, found as pthread_getspecific finds it, or (3.15+) its
+// thread-local variable (struct python_proc). A thread that never ran
+// Python has none. Returns 0 when it cannot be read.
+static __always_inline u64 python_thread_state(u64 tp, const struct python_proc *proc)
 {
-  u64 tp = thread_pointer(), base = tp, block, tstate, frame;
+  u64 base = tp, block, tstate;
   u32 key;
   s32 ready = 1;
-  if (!tp || bpf_probe_read_user(&key, sizeof(key), (void *)proc->key_addr))
-    goto fail;
+  if (!proc->key_addr) {
+    block = tls_variable_address(tp, proc->tstate_tls_index, proc->tstate_tls_offset);
+    if (!block || bpf_probe_read_user(&tstate, sizeof(tstate), (void *)block))
+      return 0;
+    return tstate;
+  }
+  if (bpf_probe_read_user(&key, sizeof(key), (void *)proc->key_addr))
+    return 0;
   if (proc->key_ready_addr) {
     if (bpf_probe_read_user(&ready, sizeof(ready), (void *)proc->key_ready_addr))
-      goto fail;
+      return 0;
   } else if ((s32)key == -1) {
     ready = 0;
   }
   if (ready != 1 || key >= proc->tsd_max_key)
-    goto fail;
+    return 0;
   if (proc->tsd_self_deref &&
       bpf_probe_read_user(&base, sizeof(base), (void *)(tp + proc->tsd_self_offset)))
-    goto fail;
+    return 0;
   block = base + proc->tsd_block_offset;
   if (proc->tsd_block_deref && bpf_probe_read_user(&block, sizeof(block), (void *)block))
-    goto fail;
+    return 0;
   block += (u64)key * proc->tsd_entry_size + proc->tsd_data_offset;
-  if (bpf_probe_read_user(&tstate, sizeof(tstate), (void *)block) || !tstate)
+  if (bpf_probe_read_user(&tstate, sizeof(tstate), (void *)block))
+    return 0;
+  return tstate;
+}
+
+// Finds the current Python frame of the interrupted thread, from its
+// PyThreadState. Returns 0 when found.
+static __always_inline int python_start(struct python_walk *w, const struct python_proc *proc)
+{
+  u64 tp = thread_pointer(), tstate, frame;
+  if (!tp || !(tstate = python_thread_state(tp, proc)))
     goto fail;
   if (bpf_probe_read_user(&frame, sizeof(frame), (void *)(tstate + proc->tstate_frame)))
     goto fail;

@@ -12,16 +12,7 @@
 // (interpreter/ruby/internals.md).
 //
 // The thread's rb_execution_context_t is ruby_current_ec, a thread-local
-// variable of libruby reached as __tls_get_addr does (general-dynamic
-// TLS): the dynamic loader writes libruby's module id into a GOT pair,
-// and the variable is at an offset in the module's block, which the
-// thread's DTV (the word at the thread pointer + 8, glibc's tcbhead_t)
-// lists at 16 * module id. A ruby executable with the interpreter linked
-// in keeps it at a constant offset from the thread pointer (local-exec).
-// On arm64 libruby reaches it through a TLS descriptor instead, whose
-// argument the dynamic loader sets: the variable's offset from the thread
-// pointer for a library loaded at start (static TLS), or a pointer to the
-// module id and offset for one loaded later (internals.md §12.4).
+// variable of libruby (tls_variable_address; internals.md §1.4, §12.4).
 //
 // Its frames: file_id is the method entry (rb_method_entry_t) of a
 // method's frame, which names the method's class, and the instruction
@@ -151,54 +142,6 @@ struct {
 // itself.
 #define RUBY_FRAMES_PER_PROGRAM 24
 
-#if defined(__TARGET_ARCH_x86)
-// The DTV pointer's place in glibc's tcbhead_t, from the thread pointer.
-#  define RUBY_TCB_DTV 8
-#elif defined(__TARGET_ARCH_arm64)
-#  define RUBY_TCB_DTV 0
-#endif
-
-// The address of a module's TLS variable: offset into the block the
-// thread's DTV lists for the module. Returns 0 when it cannot be read.
-static __always_inline u64 ruby_dtv_variable(u64 tp, u64 module, u64 offset)
-{
-  u64 dtv, block;
-  if (!module || module > 0xffff ||
-      bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(tp + RUBY_TCB_DTV)) || !dtv ||
-      bpf_probe_read_user(&block, sizeof(block), (void *)(dtv + 16 * module)) || !block ||
-      block == (u64)-1)
-    return 0;
-  return block + offset;
-}
-
-// The address of the interrupted thread's ruby_current_ec, 0 when it
-// cannot be read.
-static __always_inline u64 ruby_current_ec_address(u64 tp, const struct ruby_proc *proc)
-{
-  // Without a GOT pair or descriptor (an executable's local-exec TLS), the
-  // variable is at its offset from the thread pointer.
-  if (!proc->tls_index)
-    return tp + proc->tls_offset;
-#if defined(__TARGET_ARCH_arm64)
-  // The descriptor's argument: 0 until the dynamic loader has relocated
-  // it; a pointer to {module id, offset} for dynamic TLS, whose offset is
-  // the variable's (a thread-pointer offset is small: never a readable
-  // address); else the variable's offset from the thread pointer.
-  u64 arg, dyn[2];
-  if (bpf_probe_read_user(&arg, sizeof(arg), (void *)(proc->tls_index + 8)) || !arg)
-    return 0;
-  if (!bpf_probe_read_user(dyn, sizeof(dyn), (void *)arg) && dyn[1] == proc->tls_offset && dyn[0] &&
-      dyn[0] < 0x10000)
-    return ruby_dtv_variable(tp, dyn[0], proc->tls_offset);
-  return tp + arg;
-#else
-  u64 module;
-  if (bpf_probe_read_user(&module, sizeof(module), (void *)proc->tls_index))
-    return 0;
-  return ruby_dtv_variable(tp, module, proc->tls_offset);
-#endif
-}
-
 // Finds the interrupted thread's execution context and its current
 // control frame. Returns 0 when found.
 static __always_inline int ruby_start(struct ruby_walk *w, const struct ruby_proc *proc)
@@ -206,7 +149,7 @@ static __always_inline int ruby_start(struct ruby_walk *w, const struct ruby_pro
   u64 tp = thread_pointer(), ec_at, ec, stack, size, cfp;
   if (!tp)
     goto fail;
-  ec_at = ruby_current_ec_address(tp, proc);
+  ec_at = tls_variable_address(tp, proc->tls_index, proc->tls_offset);
   if (!ec_at || bpf_probe_read_user(&ec, sizeof(ec), (void *)ec_at) || !ec)
     goto fail;
   if (bpf_probe_read_user(&stack, sizeof(stack), (void *)(ec + proc->ec_vm_stack)) ||

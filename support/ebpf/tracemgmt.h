@@ -308,6 +308,62 @@ static __always_inline u64 thread_pointer(void)
   return tp;
 }
 
+#if defined(__TARGET_ARCH_x86)
+// The DTV pointer's place in glibc's tcbhead_t, from the thread pointer.
+#  define TCB_DTV 8
+#elif defined(__TARGET_ARCH_arm64)
+#  define TCB_DTV 0
+#endif
+
+// The address of a module's TLS variable: offset into the block the
+// thread's DTV lists for the module. Returns 0 when it cannot be read.
+static __always_inline u64 tls_dtv_variable(u64 tp, u64 module, u64 offset)
+{
+  u64 dtv, block;
+  if (!module || module > 0xffff ||
+      bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(tp + TCB_DTV)) || !dtv ||
+      bpf_probe_read_user(&block, sizeof(block), (void *)(dtv + 16 * module)) || !block ||
+      block == (u64)-1)
+    return 0;
+  return block + offset;
+}
+
+// The address of a thread-local variable of the thread whose thread
+// pointer is tp, as package tlsvar's Ref describes it: index 0, offset
+// from the thread pointer (an executable's local-exec TLS); else, on
+// x86_64, index is the GOT pair (tls_index) holding the module id the
+// dynamic loader wrote, and offset the variable's in the module's block,
+// which the thread's DTV (the word at the thread pointer + 8, glibc's
+// tcbhead_t) lists at 16 * module id; on arm64, index is the TLS
+// descriptor (entry, argument), whose argument the dynamic loader sets:
+// the variable's offset from the thread pointer for a library loaded at
+// start (static TLS), or a pointer to the module id and offset for one
+// loaded later. index is a process address (load bias added). Returns 0
+// when it cannot be read.
+static __always_inline u64 tls_variable_address(u64 tp, u64 index, u64 offset)
+{
+  if (!index)
+    return tp + offset;
+#if defined(__TARGET_ARCH_arm64)
+  // The descriptor's argument: 0 until the dynamic loader has relocated
+  // it; a pointer to {module id, offset} for dynamic TLS, whose offset is
+  // the variable's (a thread-pointer offset is small: never a readable
+  // address); else the variable's offset from the thread pointer.
+  u64 arg, dyn[2];
+  if (bpf_probe_read_user(&arg, sizeof(arg), (void *)(index + 8)) || !arg)
+    return 0;
+  if (!bpf_probe_read_user(dyn, sizeof(dyn), (void *)arg) && dyn[1] == offset && dyn[0] &&
+      dyn[0] < 0x10000)
+    return tls_dtv_variable(tp, dyn[0], offset);
+  return tp + arg;
+#else
+  u64 module;
+  if (bpf_probe_read_user(&module, sizeof(module), (void *)index))
+    return 0;
+  return tls_dtv_variable(tp, module, offset);
+#endif
+}
+
 // The return address of the interrupted function while it has no frame
 // of its own (a leaf or stub that builds none, or one before its prologue
 // or past its epilogue), and its caller's sp: at sp, popped by the return
