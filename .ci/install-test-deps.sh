@@ -36,10 +36,12 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# CPython 3.14 from Debian unstable, which pyenv lacks: the Python tests
-# run it, and its headers give the offset table (cached).
-./utils/pyfetch/fetch-python.sh 3.14 amd64 >/dev/null
-./utils/pyfetch/fetch-python.sh 3.14 arm64 >/dev/null
+# CPython 3.14 and 3.15 from Debian unstable, which pyenv lacks (the list
+# is utils/pyfetch's Fetched): the Python tests run them, and their
+# headers give the offset table (cached).
+for v in 3.14 3.15; do
+  for a in amd64 arm64; do ./utils/pyfetch/fetch-python.sh "$v" "$a" >/dev/null; done
+done
 
 # OpenJDK 11, 21 and 25 from Debian's bullseye and trixie, which the HotSpot
 # tests run beside the system's 17, and all four built for arm64, which the

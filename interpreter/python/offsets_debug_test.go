@@ -234,3 +234,42 @@ func offELFSymbol(path, symbol string) (value, vaddr0 uint64, ok bool) {
 	}
 	return 0, 0, false
 }
+
+// TestBinaryOffsetsPublished: a binary's offsets are those its
+// _Py_DebugOffsets publish where it has them. Debian sid's 3.15 debug build
+// publishes a _PyRuntime larger than the table's (the only difference) and
+// is read with it; its 3.14 debug build is refused, naming what is missing.
+func TestBinaryOffsetsPublished(t *testing.T) {
+	base, _ := offFetchPython(t, "3.15", runtime.GOARCH)
+	b := offOpenBinary(t, filepath.Join(base, "root", "usr", "bin", "python3.15d"))
+	if b.Err != nil {
+		t.Fatalf("3.15 debug build: %v", b.Err)
+	}
+	table, err := OffsetsFor(b.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Offsets.Runtime.Size <= table.Runtime.Size {
+		t.Errorf("3.15 debug build: _PyRuntime of %d bytes, want the published size, larger than the table's %d",
+			b.Offsets.Runtime.Size, table.Runtime.Size)
+	}
+	base, _ = offFetchPython(t, "3.14", runtime.GOARCH)
+	b = offOpenBinary(t, filepath.Join(base, "root", "usr", "bin", "python3.14d"))
+	if b.Err == nil || !strings.Contains(b.Err.Error(), "debug build") || !strings.Contains(b.Err.Error(), "3.14") {
+		t.Errorf("3.14 debug build: error %v, want a refusal naming the version and the debug build", b.Err)
+	}
+}
+
+func offOpenBinary(t *testing.T, path string) *Binary {
+	t.Helper()
+	f, err := elf.Open(path)
+	if err != nil {
+		t.Fatalf("%v: make test-deps fetches it (utils/pyfetch)", err)
+	}
+	t.Cleanup(func() { f.Close() })
+	b, err := NewBinary(f, func() ([][2]uint64, error) { return nil, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/libc"
 )
 
@@ -46,11 +47,7 @@ func newBinary(f *elf.File, in *Interpreter, functions func() ([][2]uint64, erro
 		// entry, where every call starts.
 		b.EvalRanges, _ = evalParts(f, in, fns)
 	}
-	if in.Debug {
-		b.Err = fmt.Errorf("CPython %v is a debug build (Py_DEBUG): the offsets table describes release builds", in.Version.MajorMinor())
-		return b
-	}
-	if b.Offsets, b.Err = OffsetsFor(in.Version); b.Err != nil {
+	if b.Offsets, b.Err = binaryOffsets(f, in); b.Err != nil {
 		b.Offsets = nil
 		return b
 	}
@@ -64,6 +61,49 @@ func newBinary(f *elf.File, in *Interpreter, functions func() ([][2]uint64, erro
 	}
 	b.keyLoc = key
 	return b
+}
+
+// binaryOffsets is the layout of the interpreter in f: the table's for its
+// version, with, from 3.13 on, every offset the interpreter publishes in
+// its _Py_DebugOffsets (which its _PyRuntime's static initializer holds,
+// so the file has them) in place of the table's. So a patch release or a
+// build whose structs differ from the table's is read as it describes
+// itself, and one whose self-description does not decode is refused. A
+// debug build (Py_DEBUG) is read only where nothing the table alone
+// supplies depends on its build: from 3.15, whose thread state is found
+// from code; before, its thread state key's place in _PyRuntime is not
+// published.
+func binaryOffsets(f *elf.File, in *Interpreter) (*Offsets, error) {
+	o, err := OffsetsFor(in.Version)
+	if err != nil {
+		return nil, err
+	}
+	if o.Debug.Size == NoField {
+		if in.Debug {
+			return nil, fmt.Errorf("CPython %v is a debug build (Py_DEBUG): the offsets table describes release builds, and it publishes no _Py_DebugOffsets",
+				in.Version.MajorMinor())
+		}
+		return o, nil
+	}
+	if in.Runtime == 0 {
+		return nil, fmt.Errorf("CPython %v without %s", in.Version.MajorMinor(), RuntimeSymbol)
+	}
+	raw, err := interpreter.ReadELF(f, in.Runtime+uint64(o.Runtime.DebugOffsets), uint64(o.Debug.Size))
+	if err != nil {
+		return nil, fmt.Errorf("CPython %v: reading _Py_DebugOffsets: %w", in.Version.MajorMinor(), err)
+	}
+	published, err := DecodeDebugOffsets(raw)
+	if err != nil {
+		return nil, fmt.Errorf("CPython %v: %w", in.Version.MajorMinor(), err)
+	}
+	if published.Version != in.Version {
+		return nil, fmt.Errorf("CPython %v publishes _Py_DebugOffsets of %v", in.Version.MajorMinor(), published.Version.MajorMinor())
+	}
+	if in.Debug && published.ThreadStateFrom != ThreadStateFromGILStateTLS {
+		return nil, fmt.Errorf("CPython %v is a debug build (Py_DEBUG): its thread state key's place in _PyRuntime is not in _Py_DebugOffsets",
+			in.Version.MajorMinor())
+	}
+	return published, nil
 }
 
 // Process is a process that runs a Binary: it describes the process to

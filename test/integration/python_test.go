@@ -559,33 +559,63 @@ func TestPythonStartedBeforeProfiler(t *testing.T) {
 	checkPythonChain(t, s.rec.ofPID(cmd.Process.Pid), script, hot)
 }
 
-// TestPythonDebugBuild: a debug build of CPython (Debian's python3-dbg),
-// whose struct layouts the table does not describe, is known as CPython
-// but not unwound: its samples keep their native frames.
+// TestPythonDebugBuild profiles debug builds (Py_DEBUG), whose structs
+// may differ from the release builds the offset table describes: Debian
+// 12's 3.11 publishes no offsets and is refused (no Python frames, an
+// interpreter error counted); sid's 3.14 publishes its offsets in
+// _Py_DebugOffsets but not its thread state key's place, and is refused
+// too; sid's 3.15, whose _PyRuntime differs from the table's (its size)
+// and whose thread state is found from code, is read as it describes
+// itself: its chains as a release build's.
 func TestPythonDebugBuild(t *testing.T) {
 	requireRoot(t)
 	debugs, _ := filepath.Glob("/usr/bin/python3.*d")
 	if len(debugs) == 0 {
 		t.Fatal("no Debian debug interpreter (/usr/bin/python3.Xd; make test-deps installs python3-dbg)")
 	}
-	script, _ := pythonWorkload(t)
-	s := startSession(t, testHz)
-	run := runPython(t, pythonInterpreter{"debug", debugs[0]}, script, "chain", time.Second)
-	s.stop(t)
-	samples := run.hotSamples(t, s.rec)
-	if len(samples) < testHz/2 {
-		t.Fatalf("%d samples of %s", len(samples), debugs[0])
+	py314, err := pyfetch.DebugPython("3.14")
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, smp := range samples {
-		if p := smp.meta.Process; p.RuntimeName != "CPython" {
-			t.Fatalf("runtime %q %q, want CPython, in a sample %v into the hot phase: %+v %v",
-				p.RuntimeName, p.RuntimeVersion, smp.meta.Time.Sub(run.hotFrom), *p, functionNames(smp.trace))
-		}
-		if len(framesOf(smp.trace, python.Kind)) != 0 {
-			t.Fatalf("Python frames in a debug build's sample: %v", functionNames(smp.trace))
-		}
+	py315, err := pyfetch.DebugPython("3.15")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if n := s.pm.Stats().InterpreterErrors; n == 0 {
-		t.Errorf("no interpreter error counted for the debug build")
+	script, hot := pythonWorkload(t)
+	for _, tt := range []struct {
+		name, path string
+		unwound    bool
+	}{
+		{"Debian 12 " + filepath.Base(debugs[0]), debugs[0], false},
+		{"3.14 debug (Debian sid)", py314, false},
+		{"3.15 debug (Debian sid)", py315, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := startSession(t, testHz)
+			run := runPython(t, pythonInterpreter{tt.name, tt.path}, script, "chain", 2*time.Second)
+			s.stop(t)
+			samples := run.hotSamples(t, s.rec)
+			if len(samples) < testHz/2 {
+				t.Fatalf("%d samples of %s", len(samples), tt.path)
+			}
+			if tt.unwound {
+				if r := checkPythonChain(t, samples, script, hot); r.expected < 0.95 {
+					t.Errorf("%.1f%% of the samples show the chain, want >= 95%%", 100*r.expected)
+				}
+				return
+			}
+			for _, smp := range samples {
+				if p := smp.meta.Process; p.RuntimeName != "CPython" {
+					t.Fatalf("runtime %q %q, want CPython, in a sample %v into the hot phase: %+v %v",
+						p.RuntimeName, p.RuntimeVersion, smp.meta.Time.Sub(run.hotFrom), *p, functionNames(smp.trace))
+				}
+				if len(framesOf(smp.trace, python.Kind)) != 0 {
+					t.Fatalf("Python frames in a refused debug build's sample: %v", functionNames(smp.trace))
+				}
+			}
+			if n := s.pm.Stats().InterpreterErrors; n == 0 {
+				t.Errorf("no interpreter error counted for the debug build")
+			}
+		})
 	}
 }

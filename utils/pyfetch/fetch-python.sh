@@ -9,6 +9,8 @@
 # unpacked dynamic loader. So the process maps the genuine interpreter ELF, which is what the profiler
 # keys on, and the -dev headers (root/usr/include/pythonVERSION/internal/) are at hand for offsets.
 # apt runs under a private APT_CONFIG kept in the cache dir; /etc/apt and dpkg's state are untouched.
+# For this machine's architecture, Debian's debug build (python$VERSION-dbg, libpython$VERSION-dbg:
+# Py_DEBUG, with its own extension modules) is unpacked into the same root, run by bin/python3d.
 # Idempotent: a finished cache dir is reused without network. Last line of stdout: the wrapper's path.
 # Env: PYFETCH_SUITE (default sid). A foreign ARCH is fetched and unpacked but cannot run here.
 set -euo pipefail
@@ -34,6 +36,7 @@ libdeps() {
   apt-cache depends --no-recommends --no-suggests --no-conflicts --no-breaks --no-replaces --no-enhances "$@" |
     awk '/Depends:/ && $2 ~ /^lib/ && $2 !~ /-dev$|gconv/ {print $2}' | sort -u
 }
+[ "$ARCH" != "$(dpkg --print-architecture)" ] || CORE="$CORE python$V-dbg libpython$V-dbg"
 L1=$(libdeps $CORE)
 PKGS=$(printf '%s\n' $CORE $L1 $(libdeps $L1) | sort -u)
 (cd "$OUT/debs" && apt-get -q download $PKGS >&2) || die "downloading $(echo $PKGS) failed"
@@ -55,5 +58,13 @@ cat >"$WRAPPER" <<EOF
 PYTHONHOME='$OUT/root/usr' exec '$LDSO' --library-path '$(dirname "$LDSO")' --argv0 '$WRAPPER' '$PY' "\$@"
 EOF
 chmod +x "$WRAPPER"
+if [ -x "$OUT/root/usr/bin/python${V}d" ]; then
+  cat >"$OUT/bin/python3d" <<EOF
+#!/bin/sh
+# CPython $V's debug build from Debian $SUITE, run by its own loader and libraries (written by fetch-python.sh).
+PYTHONHOME='$OUT/root/usr' exec '$LDSO' --library-path '$(dirname "$LDSO")' --argv0 '$OUT/bin/python3d' '$OUT/root/usr/bin/python${V}d' "\$@"
+EOF
+  chmod +x "$OUT/bin/python3d"
+fi
 dpkg-deb -f "$(ls "$OUT"/debs/python"$V"-minimal_*.deb | sort -V | tail -1)" Version >"$OUT/.complete"
 echo "$WRAPPER"

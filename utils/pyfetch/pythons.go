@@ -36,3 +36,14 @@ func Python(version string) (string, error) {
 	}
 	return filepath.Join(d, "bin", "python3"), nil
 }
+
+// DebugPython returns the wrapper that runs a fetched version's debug build
+// (Py_DEBUG) here, or an error that says how to install it.
+func DebugPython(version string) (string, error) {
+	p := filepath.Join(Dir(version, runtime.GOARCH), "bin", "python3d")
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("no CPython %s debug build (%w): make test-deps installs it (utils/pyfetch/fetch-python.sh %s)",
+			version, err, version)
+	}
+	return p, nil
+}
