@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/hostprof/ebpf-profiler/utils/pyfetch"
 )
 
 // offEncodeDebug lays the table's values for o out the way a process of
@@ -240,8 +242,8 @@ func offELFSymbol(path, symbol string) (value, vaddr0 uint64, ok bool) {
 // publishes a _PyRuntime larger than the table's (the only difference) and
 // is read with it; its 3.14 debug build is refused, naming what is missing.
 func TestBinaryOffsetsPublished(t *testing.T) {
-	base, _ := offFetchPython(t, "3.15", runtime.GOARCH)
-	b := offOpenBinary(t, filepath.Join(base, "root", "usr", "bin", "python3.15d"))
+	offFetchPython(t, "3.15", runtime.GOARCH)
+	b := offOpenBinary(t, filepath.Join(pyfetch.Dir("3.15", runtime.GOARCH), "root", "usr", "bin", "python3.15d"))
 	if b.Err != nil {
 		t.Fatalf("3.15 debug build: %v", b.Err)
 	}
@@ -253,8 +255,8 @@ func TestBinaryOffsetsPublished(t *testing.T) {
 		t.Errorf("3.15 debug build: _PyRuntime of %d bytes, want the published size, larger than the table's %d",
 			b.Offsets.Runtime.Size, table.Runtime.Size)
 	}
-	base, _ = offFetchPython(t, "3.14", runtime.GOARCH)
-	b = offOpenBinary(t, filepath.Join(base, "root", "usr", "bin", "python3.14d"))
+	offFetchPython(t, "3.14", runtime.GOARCH)
+	b = offOpenBinary(t, filepath.Join(pyfetch.Dir("3.14", runtime.GOARCH), "root", "usr", "bin", "python3.14d"))
 	if b.Err == nil || !strings.Contains(b.Err.Error(), "debug build") || !strings.Contains(b.Err.Error(), "3.14") {
 		t.Errorf("3.14 debug build: error %v, want a refusal naming the version and the debug build", b.Err)
 	}
