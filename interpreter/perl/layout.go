@@ -17,10 +17,9 @@ import (
 // 5.42 were checked against Debian's builds (perl-debug's DWARF, live
 // processes; 5.32-5.40 also offsetof against their own CORE headers and
 // config.h), 5.34 and 5.38 only against the tags' headers with a borrowed
-// config.h. x86_64 and
-// arm64 differ only in struct interpreter's size (its JMPENV, after what
-// we read, is larger on arm64; perl-debug's DWARF of Debian's arm64
-// builds, internals.md §11).
+// config.h. x86_64 and arm64 differ only in struct interpreter's size (its
+// JMPENV, after what we read, is larger on arm64; perl-debug's DWARF of
+// Debian's arm64 builds, internals.md §11).
 type Layout struct {
 	// struct interpreter: Icurcop and Icurstackinfo (§3), and its size in
 	// the Debian build checked for the architecture (PL_interp_size; 0
