@@ -77,10 +77,10 @@ for v in 18 22 24; do ./utils/nodefetch/fetch-node.sh "$v" >/dev/null; done
 # And all four built for arm64, which the kernel matrix's arm64 VMs run.
 for v in 18 20 22 24; do ./utils/nodefetch/fetch-node.sh "$v" arm64 >/dev/null; done
 
-# Perl: Debian 12's perl 5.36 with its libperl (the Perl tests run it both
-# ways), bullseye's 5.32 and trixie's 5.40 beside it, all three built for
-# arm64 (the kernel matrix's arm64 VMs run them), and the DWARF of the six
-# builds from perl-debug, unpacked, never installed (cached).
+# Perl: Debian 12's perl 5.36 with its libperl, bullseye's 5.32, trixie's
+# 5.40 and sid's 5.42 beside it (the Perl tests run each both ways), all four
+# built for arm64 (the kernel matrix's arm64 VMs run them), and the DWARF of
+# the eight builds from perl-debug, unpacked, never installed (cached).
 perl_missing=()
 for p in perl libperl5.36; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || perl_missing+=("$p")
@@ -89,8 +89,8 @@ if ((${#perl_missing[@]})); then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${perl_missing[@]}"
 fi
-for v in 5.32 5.40; do ./utils/perlfetch/fetch-perl.sh "$v" >/dev/null; done
-for v in 5.32 5.36 5.40; do
+for v in 5.32 5.40 5.42; do ./utils/perlfetch/fetch-perl.sh "$v" >/dev/null; done
+for v in 5.32 5.36 5.40 5.42; do
   ./utils/perlfetch/fetch-perl.sh "$v" arm64 >/dev/null
   for a in amd64 arm64; do ./utils/perlfetch/fetch-perl-debug.sh "$v" "$a" >/dev/null; done
 done

@@ -1,8 +1,8 @@
-// Package perl unwinds Perl 5 stacks (5.32 to 5.40, threaded builds such
-// as Debian's, x86_64). This part reads what a libperl.so, or a perl
-// executable with the interpreter linked in, says of itself: its version,
-// its runops loops and where the pthread key of the thread's interpreter
-// is. internals.md says what each step rests on.
+// Package perl unwinds Perl 5 stacks (5.32 to 5.42, threaded builds such
+// as Debian's, x86_64 and arm64). This part reads what a libperl.so, or a
+// perl executable with the interpreter linked in, says of itself: its
+// version, its runops loops and where the pthread key of the thread's
+// interpreter is. internals.md says what each step rests on.
 package perl
 
 import (

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hostprof/ebpf-profiler/interpreter/libc"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/utils/perlfetch"
 )
@@ -38,11 +40,13 @@ func TestDetectNotPerl(t *testing.T) {
 		t.Fatal(err)
 	}
 	files := []string{exe}
-	_, launcher, err := perlfetch.Libperl("5.36")
-	if err != nil {
-		t.Fatal(err)
+	for _, v := range perlfetch.Versions {
+		_, launcher, err := perlfetch.Libperl(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, launcher)
 	}
-	files = append(files, launcher)
 	for _, f := range files {
 		if _, err := detectFile(t, f); !errors.Is(err, ErrNotPerl) {
 			t.Errorf("%s: %v, want ErrNotPerl", f, err)
@@ -67,11 +71,18 @@ func perlFiles(t testing.TB) []perlFile {
 		}
 		out = append(out, perlFile{v, v, runtime.GOARCH, exe, pl})
 	}
-	lib, launcher, err := perlfetch.Libperl("5.36")
-	if err != nil {
-		t.Fatal(err)
+	for _, v := range perlfetch.Versions {
+		lib, _, err := perlfetch.Libperl(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pl, err := perlfetch.LibperlPerl(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, perlFile{v + " libperl", v, runtime.GOARCH, lib, pl})
 	}
-	return append(out, perlFile{"5.36 libperl", "5.36", runtime.GOARCH, lib, launcher})
+	return out
 }
 
 // arm64Files are the arm64 builds of the tested versions (the kernel
@@ -83,7 +94,11 @@ func arm64Files(t testing.TB) []perlFile {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, perlFile{v + " arm64", v, "arm64", exe, ""})
+		lib, _, err := perlfetch.LibperlFor(v, "arm64")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, perlFile{v + " arm64", v, "arm64", exe, ""}, perlFile{v + " arm64 libperl", v, "arm64", lib, ""})
 	}
 	return out
 }
@@ -165,4 +180,44 @@ func mapped(t testing.TB, pid int, name string) (uint64, string) {
 	}
 	t.Fatalf("%s is not mapped in %d", name, pid)
 	return 0, ""
+}
+
+// TestArm64ThreadData: the unwinder finds a thread's interpreter through
+// PL_thr_key and the C library's thread-specific data (internals.md §1.4,
+// §11): the pthread_getspecific of each arm64 build's own C library
+// (libpthread's before glibc 2.34) decodes to glibc's layout, its key
+// blocks below the thread pointer (TLS variant I).
+func TestArm64ThreadData(t *testing.T) {
+	for _, v := range perlfetch.Versions {
+		t.Run(v, func(t *testing.T) {
+			tree, err := perlfetch.Tree(v, "arm64")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var found []string
+			for _, dir := range []string{"usr/lib/aarch64-linux-gnu", "lib/aarch64-linux-gnu"} {
+				for _, name := range []string{"libc.so.6", "libpthread.so.0"} {
+					path := filepath.Join(tree[0], dir, name)
+					f, err := elf.Open(path)
+					if err != nil {
+						continue
+					}
+					defer f.Close()
+					l, err := libc.TSDLayoutFromLibc(f)
+					if err != nil {
+						continue // the other library has pthread_getspecific
+					}
+					found = append(found, path)
+					t.Logf("%s: %+v", path, l)
+					if l.Libc != libc.LibcGlibc || l.SelfDeref || l.BlockDeref || l.EntrySize != 16 || l.DataOffset != 8 ||
+						l.MaxFastKey != 32 || l.FirstBlockOffset >= 0 || l.FirstBlockOffset < -4096 {
+						t.Errorf("%s: %+v, want glibc's key blocks below the thread pointer", path, l)
+					}
+				}
+			}
+			if len(found) != 1 {
+				t.Errorf("%d C libraries in %s with a pthread_getspecific decoded (%q), want 1", len(found), tree[0], found)
+			}
+		})
+	}
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/hostprof/ebpf-profiler/utils/perlfetch"
 )
 
-// TestLayoutFromDWARF checks the offset tables of 5.32, 5.36 and 5.40
+// TestLayoutFromDWARF checks the offset tables of 5.32, 5.36, 5.40 and 5.42
 // against the DWARF of Debian's x86_64 and arm64 builds (perl-debug's dwz
 // file of libperl, which holds the types the build's objects share). 5.34
 // and 5.38 have no Debian build (internals.md §9).

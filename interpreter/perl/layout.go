@@ -2,21 +2,24 @@ package perl
 
 import (
 	"fmt"
+	"maps"
 	"runtime"
+	"slices"
+	"strings"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 )
 
 // Layout is where a Perl version keeps what the unwinder and the
 // symbolizer read: byte offsets into its structs, LP64 with ithreads.
-// Sources: internals.md §3-§6, which cite the headers (intrpvar.h, cop.h,
-// sv.h, cv.h, gv.h, hv.h) at each release tag; 5.32, 5.36 and 5.40 were
-// checked against Debian's builds (offsetof against their own CORE
-// headers and config.h, perl-debug's DWARF, live processes), 5.34 and 5.38
-// only against the tags' headers with a borrowed config.h. x86_64 and
-// arm64 differ only in struct interpreter's size (its JMPENV, after what
-// we read, is larger on arm64; perl-debug's DWARF of Debian's arm64
-// builds, internals.md §11).
+// Sources: internals.md §3-§6 and §12, which cite the headers (intrpvar.h,
+// cop.h, sv.h, cv.h, gv.h, hv.h) at each release tag; 5.32, 5.36, 5.40 and
+// 5.42 were checked against Debian's builds (perl-debug's DWARF, live
+// processes; 5.32-5.40 also offsetof against their own CORE headers and
+// config.h), 5.34 and 5.38 only against the tags' headers with a borrowed
+// config.h. x86_64 and arm64 differ only in struct interpreter's size (its
+// JMPENV, after what we read, is larger on arm64; perl-debug's DWARF of
+// Debian's arm64 builds, internals.md §11).
 type Layout struct {
 	// struct interpreter: Icurcop and Icurstackinfo (§3), and its size in
 	// the Debian build checked for the architecture (PL_interp_size; 0
@@ -43,7 +46,7 @@ type Layout struct {
 	HvAuxBody, HvMax, AuxName, AuxNameCount uint64
 }
 
-// Values every Perl 5.32-5.40 shares (internals.md §4-§6).
+// Values every Perl 5.32-5.42 shares (internals.md §4-§6, §12).
 const (
 	// SV head: sv_any, sv_refcnt (u32), sv_flags (u32), sv_u.
 	svAny   = 0
@@ -93,6 +96,10 @@ func init() {
 		36: {0xd0, 0xe0, 32, map[string]uint64{"amd64": 3768, "arm64": 3864}},
 		38: {0xd0, 0xe0, 32, nil},
 		40: {0xd0, 0xe0, 32, map[string]uint64{"amd64": 3768, "arm64": 3864}},
+		// 5.42 moved nothing the unwinder reads: intrpvar.h@v5.42.3 drops
+		// Xpv and adds env_mutex_depth after curstackinfo, and the size
+		// stays (§12).
+		42: {0xd0, 0xe0, 32, map[string]uint64{"amd64": 3768, "arm64": 3864}},
 	} {
 		for arch, byMinor := range layouts {
 			lt := common
@@ -114,5 +121,16 @@ func layoutFor(arch string, v interpreter.Version) (*Layout, error) {
 	if l, ok := byMinor[v.Minor]; ok && v.Major == 5 {
 		return l, nil
 	}
-	return nil, fmt.Errorf("perl %v: no struct layout (5.32 to 5.40 have one)", v)
+	return nil, fmt.Errorf("perl %v: no struct layout (%s have one)", v, knownVersions(byMinor))
+}
+
+// knownVersions lists the versions a table has a layout for: "5.32, …,
+// 5.42".
+func knownVersions(byMinor map[int]*Layout) string {
+	minors := slices.Sorted(maps.Keys(byMinor))
+	names := make([]string, len(minors))
+	for i, m := range minors {
+		names[i] = fmt.Sprintf("5.%d", m)
+	}
+	return strings.Join(names, ", ")
 }

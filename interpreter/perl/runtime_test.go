@@ -1,8 +1,10 @@
 package perl
 
 import (
+	"strings"
 	"testing"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -30,6 +32,34 @@ func TestUnwinderStructs(t *testing.T) {
 		for minor, l := range byMinor {
 			if !readsLayout(l) {
 				t.Errorf("5.%d on %s: run levels and contexts not laid out as the unwinder reads them: %+v", minor, arch, l)
+			}
+		}
+	}
+}
+
+// TestUnknownVersionRefused: a perl whose layout the tables do not have
+// (an older one, a newer one, Perl 7) is not unwound, and the reason names
+// its version; the versions with a layout are accepted on both
+// architectures.
+func TestUnknownVersionRefused(t *testing.T) {
+	for _, tc := range []struct {
+		v    interpreter.Version
+		want string // "" for accepted
+	}{
+		{interpreter.Version{Major: 5, Minor: 30, Patch: 3}, "perl 5.30.3: no struct layout (5.32, 5.34, 5.36, 5.38, 5.40, 5.42 have one)"},
+		{interpreter.Version{Major: 5, Minor: 44, Patch: 0}, "perl 5.44.0: no struct layout (5.32, 5.34, 5.36, 5.38, 5.40, 5.42 have one)"},
+		{interpreter.Version{Major: 7, Minor: 42}, "perl 7.42.0: no struct layout"},
+		{interpreter.Version{Major: 5, Minor: 42, Patch: 3}, ""},
+	} {
+		for _, arch := range []string{"amd64", "arm64"} {
+			l, _ := layoutFor(arch, interpreter.Version{Major: 5, Minor: 42})
+			b := &Binary{Version: tc.v, ThrKey: 0x1000, InterpSize: l.InterpSize}
+			err := b.checkFor(arch)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("%v on %s: %v, want accepted", tc.v, arch, err)
+			case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.want)):
+				t.Errorf("%v on %s: %v, want %q", tc.v, arch, err, tc.want)
 			}
 		}
 	}

@@ -207,7 +207,7 @@ func TestSymbolizeReusedAddress(t *testing.T) {
 // TestSymbolizeGarbage: random memory and random addresses give errors or
 // frames, never a panic.
 func TestSymbolizeGarbage(t *testing.T) {
-	for _, v := range []interpreter.Version{{Major: 5, Minor: 32, Patch: 1}, {Major: 5, Minor: 36}, {Major: 5, Minor: 40, Patch: 1}} {
+	for _, v := range []interpreter.Version{{Major: 5, Minor: 32, Patch: 1}, {Major: 5, Minor: 36}, {Major: 5, Minor: 40, Patch: 1}, {Major: 5, Minor: 42, Patch: 3}} {
 		for seed := uint64(1); seed <= 2000; seed++ {
 			s, err := NewSymbolizer(memtest.Random{Seed: seed}, v)
 			if err != nil {

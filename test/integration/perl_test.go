@@ -60,13 +60,16 @@ func perlChain(script string, hot map[string]uint32) []perlFrame {
 }
 
 // perlCase is a way to run a tested perl: the executable with the
-// interpreter linked in, or (launcher set) Debian's launcher that runs it
-// from libperl.
-type perlCase struct{ name, version, launcher string }
+// interpreter linked in, or (libperl) Debian's launcher that runs it from
+// libperl.so (perlfetch.Libperl).
+type perlCase struct {
+	name, version string
+	libperl       bool
+}
 
 // perlVersion is the case of a tested version's executable.
 func perlVersion(t *testing.T, v string) perlCase {
-	c := perlCase{"perl " + v, v, ""}
+	c := perlCase{name: "perl " + v, version: v}
 	c.require(t)
 	return c
 }
@@ -76,8 +79,11 @@ func perlVersion(t *testing.T, v string) perlCase {
 // one.
 func (c perlCase) require(t *testing.T) {
 	t.Helper()
-	if c.launcher != "" {
-		return // the system's, found by perlCases
+	if c.libperl {
+		if _, _, err := perlfetch.Libperl(c.version); err != nil {
+			t.Fatal(err)
+		}
+		return
 	}
 	requireRuntime(t, func(arch string) ([]string, error) { return perlfetch.Tree(c.version, arch) },
 		func() error { _, err := perlfetch.Executable(c.version); return err })
@@ -86,10 +92,11 @@ func (c perlCase) require(t *testing.T) {
 // command returns the command that runs the case with args.
 func (c perlCase) command(t *testing.T, args ...string) *exec.Cmd {
 	t.Helper()
-	if c.launcher != "" {
-		return exec.Command(c.launcher, args...)
+	command := perlfetch.Command
+	if c.libperl {
+		command = perlfetch.LibperlCommand
 	}
-	cmd, err := perlfetch.Command(c.version, args...)
+	cmd, err := command(c.version, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,19 +104,18 @@ func (c perlCase) command(t *testing.T, args ...string) *exec.Cmd {
 }
 
 // perlCases lists the ways to run the tested perls (each subtest calls
-// require).
+// require): every version's executable, and here, not in the kernel
+// matrix's VMs, every version through its libperl too.
 func perlCases(t *testing.T) []perlCase {
 	var out []perlCase
 	for _, v := range perlfetch.Versions {
-		out = append(out, perlCase{"perl " + v, v, ""})
+		out = append(out, perlCase{name: "perl " + v, version: v})
 	}
-	if targetArch() != runtime.GOARCH {
+	if targetArch() != runtime.GOARCH || inVM() {
 		return out
 	}
 	for _, v := range perlfetch.Versions {
-		if _, launcher, err := perlfetch.Libperl(v); err == nil {
-			out = append(out, perlCase{"perl " + v + " libperl", v, launcher})
-		}
+		out = append(out, perlCase{name: "perl " + v + " libperl", version: v, libperl: true})
 	}
 	return out
 }

@@ -1,11 +1,11 @@
 #!/bin/bash
-# fetch-perl-debug.sh VERSION [ARCH] - Debian's perl-debug for a tested perl (5.32, 5.36 or 5.40): the
+# fetch-perl-debug.sh VERSION [ARCH] - Debian's perl-debug for a tested perl (5.32, 5.36, 5.40 or 5.42): the
 # detached DWARF of perl-base's build, whose struct layouts interpreter/perl's offset tables are
 # checked against (TestLayoutFromDWARF).
 #
 # perl-debug depends on the exact perl it was built with, so it is never installed: it is
 # downloaded from its suite (5.32: bullseye, 5.36: bookworm, both with their security updates;
-# 5.40: trixie) and unpacked with dpkg-deb -x; only the dwz files, which hold the types every
+# 5.40: trixie; 5.42: sid) and unpacked with dpkg-deb -x; only the dwz files, which hold the types every
 # object of the build shares, are kept in
 #   ${XDG_CACHE_HOME:-~/.cache}/ebpf-profiler/perl-debug-VERSION-ARCH/
 # (ARCH: this machine's by default, or arm64).
@@ -15,12 +15,13 @@
 set -euo pipefail
 
 die() { echo "fetch-perl-debug: $*" >&2; exit 1; }
-[ $# -ge 1 ] && [ $# -le 2 ] || die "usage: $0 5.32|5.36|5.40 [amd64|arm64]"
+[ $# -ge 1 ] && [ $# -le 2 ] || die "usage: $0 5.32|5.36|5.40|5.42 [amd64|arm64]"
 V=$1 ARCH=${2:-$(dpkg --print-architecture)}
 case $V in
   5.32) SUITE=bullseye SECURITY=1 ;;
   5.36) SUITE=bookworm SECURITY=1 ;;
   5.40) SUITE=trixie SECURITY=0 ;;
+  5.42) SUITE=sid SECURITY=0 ;;
   *) die "no Debian suite known for perl $V" ;;
 esac
 case $ARCH in
