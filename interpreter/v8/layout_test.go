@@ -27,7 +27,7 @@ func TestNodeLayouts(t *testing.T) {
 		"24": {[2]int{13, 6}, 40, 40, 56, 52, 8, 16, 24, 32, false},
 	}
 	for _, arch := range []string{"amd64", "arm64"} {
-		for _, v := range nodefetch.Versions() {
+		for _, v := range nodefetch.VersionsFor(arch) {
 			w := want[v]
 			if arch == "arm64" && v == "18" {
 				// V8 10.2's Code header is 96 bytes on arm64, 128 on

@@ -339,7 +339,8 @@ func TestNodeStacks(t *testing.T) {
 	script, hot := nodeWorkload(t)
 	const run = 4 * time.Second
 	results := map[string][]float64{}
-	for _, v := range nodefetch.Versions() {
+	versions := nodefetch.VersionsFor(targetArch())
+	for _, v := range versions {
 		t.Run("Node "+v, func(t *testing.T) {
 			node := nodeVersion(t, v)
 			s := startSession(t, testHz)
@@ -372,7 +373,7 @@ func TestNodeStacks(t *testing.T) {
 	for _, c := range nodeCases {
 		names = append(names, c.name)
 	}
-	logShareTable(t, "Node", nodefetch.Versions(), names, results)
+	logShareTable(t, "Node", versions, names, results)
 }
 
 // startNode starts the workload in mode for d, in a pid and mount
