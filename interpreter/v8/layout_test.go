@@ -25,6 +25,8 @@ func TestNodeLayouts(t *testing.T) {
 		"20": {[2]int{11, 3}, 32, 40, 56, 48, 16, 24, 32, 16, false},
 		"22": {[2]int{12, 4}, 32, 40, 52, 48, 8, 16, 24, 32, false},
 		"24": {[2]int{13, 6}, 40, 40, 56, 52, 8, 16, 24, 32, false},
+		"25": {[2]int{14, 1}, 40, 40, 56, 52, 8, 16, 24, 32, false},
+		"26": {[2]int{14, 6}, 40, 40, 56, 52, 8, 16, 24, 32, false},
 	}
 	for _, arch := range []string{"amd64", "arm64"} {
 		for _, v := range nodefetch.VersionsFor(arch) {
