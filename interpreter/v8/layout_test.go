@@ -2,6 +2,9 @@ package v8
 
 import (
 	"debug/elf"
+	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/hostprof/ebpf-profiler/utils/nodefetch"
@@ -71,4 +74,30 @@ func checkNodeLayout(t *testing.T, v, arch string, want nodeLayout) {
 	t.Logf("V8 %v: %d builtins, blob %#x (%d bytes), entry [%#x, %#x), handlers [%#x, %#x), frame types %d",
 		info.Version, len(info.Builtins), info.BlobAddr, info.BlobSize, info.EntryLo, info.EntryHi,
 		info.HandlersLo, info.HandlersHi, l.FrameTypes)
+}
+
+// TestNodeLayoutUnknownVersion: a V8 the version table does not hold is
+// refused, the error naming it, even where its metadata reads like a
+// known one's (Node 26's metadata as a V8 14.7's).
+func TestNodeLayoutUnknownVersion(t *testing.T) {
+	path, err := nodefetch.NodeFor("26", "amd64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := elf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	info, err := readBinary(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range [][3]int{{14, 7, 1}, {13, 7, 0}, {15, 0, 0}} {
+		_, err := NewLayout(info.md, v)
+		name := fmt.Sprintf("V8 %d.%d.%d", v[0], v[1], v[2])
+		if !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), name) {
+			t.Errorf("NewLayout(%v) = %v, want %v naming %s", v, err, ErrLayout, name)
+		}
+	}
 }
