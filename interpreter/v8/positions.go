@@ -25,7 +25,8 @@ const (
 	// flags, is_statement in bit 0 (V8 14.1 and 14.6: [N25], [N26] dis
 	// SourcePositionTableIterator::Advance takes the delta as the VLQ
 	// shifted right by 2, is_statement as bit 0 and a second flag as
-	// bit 1, and decodes the position delta as before).
+	// bit 1, and decodes the position delta as before; internals.md
+	// §4.2). A later V8 uses three flag bits ([15.0]): another format.
 	positionsFlagged
 )
 
