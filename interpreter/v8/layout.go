@@ -77,7 +77,7 @@ type Layout struct {
 func (l *Layout) MaglevKind() uint32   { return l.KindBaseline + 1 }
 func (l *Layout) TurbofanKind() uint32 { return l.KindBaseline + 2 }
 
-// versionTable completes the metadata of the V8 versions Node 18-24 ship
+// versionTable completes the metadata of the V8 versions Node 18-26 ship
 // (major, minor): the values a build does not export, by the name the
 // layout resolver asks for. The sources of each are in internals.md: [V]
 // is V8 V's source, [NX] a disassembly of Node X's binary.
