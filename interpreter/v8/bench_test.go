@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"runtime"
 	"strconv"
 	"testing"
 
@@ -33,12 +34,12 @@ console.log('ready');
 setInterval(() => {}, 1000);
 `
 
-// liveNode starts the system node on liveScript and returns a process
-// reading it, top's SharedFunctionInfo and TurboFan code object and
-// leaf's SharedFunctionInfo.
-func liveNode(tb testing.TB) (p *process, top, topCode, leaf uint64) {
+// liveNode starts node on liveScript and returns a process reading it,
+// top's SharedFunctionInfo and TurboFan code object and leaf's
+// SharedFunctionInfo.
+func liveNode(tb testing.TB, node string) (p *process, top, topCode, leaf uint64) {
 	tb.Helper()
-	f, err := elf.Open(nodefetch.SystemNode)
+	f, err := elf.Open(node)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -51,7 +52,7 @@ func liveNode(tb testing.TB) (p *process, top, topCode, leaf uint64) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cmd := exec.Command(nodefetch.SystemNode, "--allow-natives-syntax", "--no-concurrent-recompilation", "-e", liveScript)
+	cmd := exec.Command(node, "--allow-natives-syntax", "--no-concurrent-recompilation", "-e", liveScript)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		tb.Fatal(err)
@@ -61,7 +62,8 @@ func liveNode(tb testing.TB) (p *process, top, topCode, leaf uint64) {
 	}
 	tb.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	sfi := regexp.MustCompile(`shared_info: (0x[0-9a-f]+) <SharedFunctionInfo (\w+)>`)
-	code := regexp.MustCompile(`- code: (0x[0-9a-f]+) <Code TURBOFAN>`)
+	// TURBOFAN_JS from V8 13.
+	code := regexp.MustCompile(`- code: (0x[0-9a-f]+) <Code TURBOFAN(?:_JS)?>`)
 	sc := bufio.NewScanner(out)
 	for sc.Scan() && sc.Text() != "ready" {
 		if m := sfi.FindStringSubmatch(sc.Text()); m != nil {
@@ -84,21 +86,31 @@ func liveNode(tb testing.TB) (p *process, top, topCode, leaf uint64) {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { mem.Close() })
-	b := &v8Binary{info: info, layout: l, path: nodefetch.SystemNode}
+	b := &v8Binary{info: info, layout: l, path: node}
 	return &process{bin: b, sym: newSymbolizer(procmem.New(mem), l, &info.BytecodeSizes)}, top, topCode, leaf
 }
 
-// liveFrames returns the frames BPF would report of the live node: top's
-// TurboFan frame at each return address whose position has an inlined
-// function, and leaf's interpreted frame at its first bytecode.
+// liveFrames returns the frames BPF would report of a live system node:
+// top's TurboFan frame at each return address whose position has an
+// inlined function, and leaf's interpreted frame at its first bytecode.
 func liveFrames(tb testing.TB) (*process, []support.Frame, support.Frame) {
-	p, top, topCode, leaf := liveNode(tb)
+	return liveFramesOf(tb, nodefetch.SystemNode)
+}
+
+// liveFramesOf is liveFrames of node.
+func liveFramesOf(tb testing.TB, node string) (*process, []support.Frame, support.Frame) {
+	p, top, topCode, leaf := liveNode(tb, node)
 	c, err := p.sym.readCode(topCode)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	var compiled []support.Frame
 	for _, row := range c.positions {
+		if row.codeOffset >= int64(c.size) {
+			// A table decoded in the wrong format (V8 14's, read as
+			// 13's, gave offsets up to 1.5 times the code's size).
+			tb.Errorf("position table row at code offset %d, beyond top's %d bytes", row.codeOffset, c.size)
+		}
 		if inliningID(row.position) >= 0 && row.codeOffset >= 0 {
 			compiled = append(compiled, support.Frame{Kind: Kind, ReturnAddress: true, FileID: top,
 				Addr: frameCode<<frameTypeShift | (c.start + uint64(row.codeOffset) + 1)})
@@ -116,11 +128,23 @@ func liveFrames(tb testing.TB) (*process, []support.Frame, support.Frame) {
 	return p, compiled, interpreted
 }
 
-// TestLiveSymbolize names the frames of a live node: top's optimized frame
-// shows leaf and mid inlined into it, innermost first, in the right
-// script; leaf's interpreted frame is leaf.
+// TestLiveSymbolize names the frames of a live node of every tested
+// version: top's optimized frame shows leaf and mid inlined into it,
+// innermost first, in the right script; leaf's interpreted frame is leaf.
 func TestLiveSymbolize(t *testing.T) {
-	p, compiled, interpreted := liveFrames(t)
+	for _, v := range nodefetch.VersionsFor(runtime.GOARCH) {
+		t.Run("Node "+v, func(t *testing.T) {
+			node, err := nodefetch.Node(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkLiveSymbolize(t, node)
+		})
+	}
+}
+
+func checkLiveSymbolize(t *testing.T, node string) {
+	p, compiled, interpreted := liveFramesOf(t, node)
 	var names [][]string
 	for _, f := range compiled {
 		out, err := p.Symbolize(f, nil)

@@ -224,7 +224,7 @@ func (s *symbolizer) readOptimized(c *code) error {
 	}
 	if table, err := h.field(c.obj, l.CodePositionTable); err == nil && isHeapObject(table) {
 		if b, err := h.byteArray(table); err == nil {
-			c.positions, _ = decodePositions(b)
+			c.positions, _ = decodePositions(b, l.PositionFormat)
 		}
 	}
 	literals, err := h.element(deopt, l.DeoptLiterals)

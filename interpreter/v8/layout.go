@@ -58,6 +58,8 @@ type Layout struct {
 	SFIWrapperSFI                                 int64
 	BytecodeArrayPositionTable, BytecodeArrayData int64
 	InterpreterDataBytecode                       int64
+	// PositionFormat is how position tables write code offsets.
+	PositionFormat positionFormat
 
 	FixedArrayLength, FixedArrayData int64
 
@@ -75,7 +77,7 @@ type Layout struct {
 func (l *Layout) MaglevKind() uint32   { return l.KindBaseline + 1 }
 func (l *Layout) TurbofanKind() uint32 { return l.KindBaseline + 2 }
 
-// versionTable completes the metadata of the V8 versions Node 18-24 ship
+// versionTable completes the metadata of the V8 versions Node 18-26 ship
 // (major, minor): the values a build does not export, by the name the
 // layout resolver asks for. The sources of each are in internals.md: [V]
 // is V8 V's source, [NX] a disassembly of Node X's binary.
@@ -118,6 +120,26 @@ var versionTable = map[[2]int]map[string]int64{
 		"InstructionStream.code":           8,  // [15.0] src/objects/instruction-stream.h:130-150
 		"BytecodeArray.position_table":     24, // [N24] dis BytecodeArray::SourcePosition
 		"InterpreterData.bytecode":         8,
+		"SharedFunctionInfoWrapper.sfi":    8,
+	},
+	// Node 25: the fills of 13.6, each read again from this build.
+	{14, 1}: {
+		"SharedFunctionInfo.function_data": 8,  // [N25] dis SharedFunctionInfo::GetBytecodeArray<Isolate>
+		"Code.deoptimization_data":         8,  // [N25] dis Code::Inlines
+		"Code.source_position_table":       16, // [N25] dis Code::SourcePosition
+		"InstructionStream.code":           8,  // [N25] dis InstructionStream::InstructionStreamPrint
+		"BytecodeArray.position_table":     24, // [N25] dis BytecodeArray::SourcePosition
+		"InterpreterData.bytecode":         8,  // [N25] dis SharedFunctionInfo::GetBytecodeArray<Isolate>
+		"SharedFunctionInfoWrapper.sfi":    8,
+	},
+	// Node 26: the same again.
+	{14, 6}: {
+		"SharedFunctionInfo.function_data": 8,  // [N26] dis SharedFunctionInfo::GetActiveBytecodeArray
+		"Code.deoptimization_data":         8,  // [N26] dis Code::Inlines
+		"Code.source_position_table":       16, // [N26] dis Code::SourcePosition
+		"InstructionStream.code":           8,  // [N26] dis InstructionStream::InstructionStreamPrint
+		"BytecodeArray.position_table":     24, // [N26] dis BytecodeArray::SourcePosition
+		"InterpreterData.bytecode":         8,  // [N26] dis SharedFunctionInfo::GetActiveBytecodeArray
 		"SharedFunctionInfoWrapper.sfi":    8,
 	},
 }
@@ -254,6 +276,11 @@ func NewLayout(md Metadata, version [3]int) (*Layout, error) {
 	l.BytecodeArrayPositionTable = r.offset("BytecodeArray", "position_table", "source_position_table")
 	l.BytecodeArrayData = r.offset("BytecodeArray", "", "data")
 	l.InterpreterDataBytecode = r.offset("InterpreterData", "bytecode", "bytecode_array")
+	// Not in the metadata: V8 14 writes position tables' code offsets
+	// unsigned with two flag bits (positions.go).
+	if version[0] >= 14 {
+		l.PositionFormat = positionsFlagged
+	}
 
 	l.FixedArrayLength = r.offset("FixedArrayBase", "", "length")
 	l.FixedArrayData = r.offset("FixedArray", "", "data")

@@ -2,6 +2,9 @@ package v8
 
 import (
 	"debug/elf"
+	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/hostprof/ebpf-profiler/utils/nodefetch"
@@ -25,9 +28,11 @@ func TestNodeLayouts(t *testing.T) {
 		"20": {[2]int{11, 3}, 32, 40, 56, 48, 16, 24, 32, 16, false},
 		"22": {[2]int{12, 4}, 32, 40, 52, 48, 8, 16, 24, 32, false},
 		"24": {[2]int{13, 6}, 40, 40, 56, 52, 8, 16, 24, 32, false},
+		"25": {[2]int{14, 1}, 40, 40, 56, 52, 8, 16, 24, 32, false},
+		"26": {[2]int{14, 6}, 40, 40, 56, 52, 8, 16, 24, 32, false},
 	}
 	for _, arch := range []string{"amd64", "arm64"} {
-		for _, v := range nodefetch.Versions() {
+		for _, v := range nodefetch.VersionsFor(arch) {
 			w := want[v]
 			if arch == "arm64" && v == "18" {
 				// V8 10.2's Code header is 96 bytes on arm64, 128 on
@@ -69,4 +74,30 @@ func checkNodeLayout(t *testing.T, v, arch string, want nodeLayout) {
 	t.Logf("V8 %v: %d builtins, blob %#x (%d bytes), entry [%#x, %#x), handlers [%#x, %#x), frame types %d",
 		info.Version, len(info.Builtins), info.BlobAddr, info.BlobSize, info.EntryLo, info.EntryHi,
 		info.HandlersLo, info.HandlersHi, l.FrameTypes)
+}
+
+// TestNodeLayoutUnknownVersion: a V8 the version table does not hold is
+// refused, the error naming it, even where its metadata reads like a
+// known one's (Node 26's metadata as a V8 14.7's).
+func TestNodeLayoutUnknownVersion(t *testing.T) {
+	path, err := nodefetch.NodeFor("26", "amd64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := elf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	info, err := readBinary(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range [][3]int{{14, 7, 1}, {13, 7, 0}, {15, 0, 0}} {
+		_, err := NewLayout(info.md, v)
+		name := fmt.Sprintf("V8 %d.%d.%d", v[0], v[1], v[2])
+		if !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), name) {
+			t.Errorf("NewLayout(%v) = %v, want %v naming %s", v, err, ErrLayout, name)
+		}
+	}
 }

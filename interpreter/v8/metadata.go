@@ -21,7 +21,7 @@ const metadataPrefix = "v8dbg_"
 // ErrNotV8 says a file exports no V8 metadata.
 var ErrNotV8 = errors.New("no V8 post-mortem metadata (v8dbg_* symbols)")
 
-// maxMetadata bounds the symbols kept (Node 18-24 export 457-531).
+// maxMetadata bounds the symbols kept (Node 18-26 export 457-531).
 const maxMetadata = 4096
 
 // Metadata is a build's v8dbg_* values, by name without the prefix.

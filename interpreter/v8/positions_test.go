@@ -28,22 +28,49 @@ type testRow struct {
 	statement  bool
 }
 
+// appendUVLQ appends v unsigned, 7 bits a byte, least significant first.
+func appendUVLQ(b []byte, u uint64) []byte {
+	for u >= 0x80 {
+		b = append(b, byte(u)|0x80)
+		u >>= 7
+	}
+	return append(b, byte(u))
+}
+
 // encodePositions writes rows as V8 does: deltas from code offset -1 and
-// position 0, a non-statement's code delta d written as -d-1.
-func encodePositions(rows []testRow) []byte {
+// position 0; V8 10.2-13.6 write a non-statement's code delta d as -d-1,
+// V8 14 writes d<<2 with is_statement in bit 0 and its second flag (set
+// here on every other row) in bit 1.
+func encodePositions(rows []testRow) []byte { return encodePositionsIn(rows, positionsSigned) }
+
+func encodePositionsIn(rows []testRow, f positionFormat) []byte {
 	var b []byte
 	code, pos := int64(-1), int64(0)
-	for _, r := range rows {
+	for i, r := range rows {
 		d := r.codeOffset - code
-		if !r.statement {
-			d = -d - 1
+		switch {
+		case f == positionsFlagged:
+			u := uint64(d) << 2
+			if r.statement {
+				u |= 1
+			}
+			if i%2 == 1 {
+				u |= 2
+			}
+			b = appendUVLQ(b, u)
+		case !r.statement:
+			b = appendVLQ(b, -d-1)
+		default:
+			b = appendVLQ(b, d)
 		}
-		b = appendVLQ(b, d)
 		b = appendVLQ(b, int64(r.position)-pos)
 		code, pos = r.codeOffset, int64(r.position)
 	}
 	return b
 }
+
+// decode is decodePositions of the format V8 10.2-13.6 write.
+func decode(b []byte) ([]posEntry, error) { return decodePositions(b, positionsSigned) }
 
 // sourcePosition builds SourcePosition's value (internals.md §4.1); -1
 // stands for no offset and not inlined.
@@ -115,24 +142,37 @@ func TestDecodePositions(t *testing.T) {
 		{200, sourcePosition(1<<20, 3), true},
 		{70000, sourcePosition(7, -1), false},
 	}
-	got, err := decodePositions(encodePositions(rows))
-	if err != nil {
-		t.Fatalf("decodePositions: %v", err)
-	}
 	want := make([]posEntry, len(rows))
 	for i, r := range rows {
 		want[i] = posEntry{codeOffset: r.codeOffset, position: r.position}
 	}
-	if !slices.Equal(got, want) {
-		t.Errorf("decodePositions = %+v, want %+v", got, want)
+	for _, f := range []positionFormat{positionsSigned, positionsFlagged} {
+		got, err := decodePositions(encodePositionsIn(rows, f), f)
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("format %d: decodePositions = %+v, %v; want %+v", f, got, err, want)
+		}
+	}
+	got, _ := decode(encodePositions(rows))
+	// The formats differ: a V8 14 table read the old way is wrong.
+	if other, err := decode(encodePositionsIn(rows, positionsFlagged)); err == nil && slices.Equal(other, want) {
+		t.Errorf("a V8 14 table decodes as an older one's")
+	}
+	// The first rows of a table Node 26 (V8 14.6) wrote for top's
+	// TurboFan code in bench_test's liveScript: top at offset 135 from
+	// code offset 11 (V8's --print-opt-code lists 0xb), leaf inlined
+	// (inlining id 1) at offset 49 from 25 (0x19).
+	v14 := []byte{0x32, 0xa0, 0x04, 0x3a, 0xa8, 0xfd, 0xff, 0xff, 0x1f}
+	wantV14 := []posEntry{{11, sourcePosition(135, -1)}, {25, sourcePosition(49, 1)}}
+	if rows, err := decodePositions(v14, positionsFlagged); err != nil || !slices.Equal(rows, wantV14) {
+		t.Errorf("decodePositions(% x) = %+v, %v; want %+v", v14, rows, err, wantV14)
 	}
 
 	// The function entry row V8 writes at offset -1, and an empty table.
 	entry := []testRow{{-1, sourcePosition(0, -1), true}, {3, sourcePosition(4, -1), true}}
-	if got, err := decodePositions(encodePositions(entry)); err != nil || len(got) != 2 || got[0].codeOffset != -1 {
+	if got, err := decode(encodePositions(entry)); err != nil || len(got) != 2 || got[0].codeOffset != -1 {
 		t.Errorf("decodePositions(entry row) = %+v, %v; want first row at -1", got, err)
 	}
-	if got, err := decodePositions(nil); err != nil || len(got) != 0 {
+	if got, err := decode(nil); err != nil || len(got) != 0 {
 		t.Errorf("decodePositions(nil) = %+v, %v; want no rows", got, err)
 	}
 
@@ -202,14 +242,18 @@ func TestDecodePositionsMalformed(t *testing.T) {
 	}
 	for name, in := range cases {
 		t.Run(name, func(t *testing.T) {
-			got, err := decodePositions(in)
+			got, err := decode(in)
 			if !errors.Is(err, ErrTable) || got != nil {
 				t.Errorf("decodePositions = %d rows, %v; want nil, %v", len(got), err, ErrTable)
 			}
 		})
 	}
+	// A V8 14 code delta beyond an int32 (V8 reads it into one).
+	if got, err := decodePositions(append(appendUVLQ(nil, 1<<34), 0), positionsFlagged); !errors.Is(err, ErrTable) {
+		t.Errorf("decodePositions(delta 1<<32) = %+v, %v; want %v", got, err, ErrTable)
+	}
 	// maxPositions rows exactly still decode.
-	if got, err := decodePositions(make([]byte, 2*maxPositions)); err != nil || len(got) != maxPositions {
+	if got, err := decode(make([]byte, 2*maxPositions)); err != nil || len(got) != maxPositions {
 		t.Errorf("decodePositions(%d rows) = %d rows, %v; want all", maxPositions, len(got), err)
 	}
 }
@@ -218,12 +262,17 @@ func TestDecodePositionsMalformed(t *testing.T) {
 // with at most maxPositions rows or ErrTable, never panic, and looking
 // rows up must not panic either.
 func FuzzDecodePositions(f *testing.F) {
-	f.Add(encodePositions([]testRow{{0, sourcePosition(10, -1), true}, {5, sourcePosition(3, 1), false}}), int64(3))
-	f.Add(encodePositions([]testRow{{-1, sourcePosition(0, -1), true}, {1 << 40, sourcePosition(1<<29, 0xfffe), true}}), int64(-1))
-	f.Add([]byte{0x80, 0x80, 0x01, 0x7f}, int64(1<<20))
-	f.Add(append(bytes.Repeat([]byte{0xff}, 9), 0x01, 0x01), int64(math.MaxInt64))
-	f.Fuzz(func(t *testing.T, table []byte, offset int64) {
-		rows, err := decodePositions(table)
+	f.Add(encodePositions([]testRow{{0, sourcePosition(10, -1), true}, {5, sourcePosition(3, 1), false}}), int64(3), false)
+	f.Add(encodePositions([]testRow{{-1, sourcePosition(0, -1), true}, {1 << 40, sourcePosition(1<<29, 0xfffe), true}}), int64(-1), false)
+	f.Add(encodePositionsIn([]testRow{{0, sourcePosition(10, -1), true}, {5, sourcePosition(3, 1), false}}, positionsFlagged), int64(3), true)
+	f.Add([]byte{0x80, 0x80, 0x01, 0x7f}, int64(1<<20), true)
+	f.Add(append(bytes.Repeat([]byte{0xff}, 9), 0x01, 0x01), int64(math.MaxInt64), false)
+	f.Fuzz(func(t *testing.T, table []byte, offset int64, flagged bool) {
+		format := positionsSigned
+		if flagged {
+			format = positionsFlagged
+		}
+		rows, err := decodePositions(table, format)
 		if err != nil {
 			if !errors.Is(err, ErrTable) || rows != nil {
 				t.Fatalf("decodePositions = %d rows, %v; want nil, %v", len(rows), err, ErrTable)

