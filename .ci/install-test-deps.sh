@@ -60,9 +60,12 @@ for v in 3.1 3.3 3.4; do ./utils/rubyfetch/fetch-ruby.sh "$v" arm64 >/dev/null; 
 # CPU-bound and the fetches below mostly wait on the network and on
 # unpacking, so the builds run meanwhile (cold, 2 cores: the whole script
 # took 9 m 25 s one after the other).
+# CPython 3.14 with the tail-calling interpreter (clang 19; its source from
+# the Go module proxy; about 2 minutes) is built after them.
 (
   ./utils/rubyfetch/build-ruby-yjit.sh 3.3 static >/dev/null
   ./utils/rubyfetch/build-ruby-yjit.sh 3.4 >/dev/null
+  ./utils/pyfetch/build-python-tailcall.sh 3.14 >/dev/null
 ) &
 yjit_builds=$!
 
@@ -99,4 +102,4 @@ done
 # Builds the collector once and caches it; prints its path.
 ./utils/collector/build.sh
 
-wait "$yjit_builds" || { echo "install-test-deps: the CRuby YJIT builds failed (above)" >&2; exit 1; }
+wait "$yjit_builds" || { echo "install-test-deps: the CRuby YJIT or CPython tail-calling builds failed (above)" >&2; exit 1; }

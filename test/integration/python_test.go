@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -53,6 +54,17 @@ func pythonInterpreters(t *testing.T) []pythonInterpreter {
 			t.Fatal(err)
 		}
 		out = append(out, pythonInterpreter{v + " (Debian sid)", py})
+	}
+	// Builds of the tail-calling interpreter, whose eval loop is one
+	// function per instruction (utils/pyfetch/build-python-tailcall.sh).
+	if runtime.GOARCH == "amd64" {
+		for _, v := range pyfetch.TailCalled {
+			py, err := pyfetch.TailCallPython(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, pythonInterpreter{v + " tail-calling (clang 19)", py})
+		}
 	}
 	if len(out) == 0 {
 		t.Fatal("no CPython 3 found (python3 on PATH or pyenv versions)")

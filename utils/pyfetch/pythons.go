@@ -47,3 +47,21 @@ func DebugPython(version string) (string, error) {
 	}
 	return p, nil
 }
+
+// TailCalled lists the releases build-python-tailcall.sh builds with the
+// tail-calling interpreter (amd64 only).
+var TailCalled = []string{"3.14"}
+
+// TailCallPython returns a tail-calling build of version (amd64), or an
+// error that says how to build it.
+func TailCallPython(version string) (string, error) {
+	d := fetchcache.Dir("python-" + version + "-tailcall-amd64")
+	p := filepath.Join(d, "root", "bin", "python"+version)
+	for _, f := range []string{filepath.Join(d, ".complete"), p} {
+		if _, err := os.Stat(f); err != nil {
+			return "", fmt.Errorf("no tail-calling CPython %s (%w): make test-deps builds it (utils/pyfetch/build-python-tailcall.sh %s)",
+				version, err, version)
+		}
+	}
+	return p, nil
+}
