@@ -1,7 +1,7 @@
 // Package tlsvar finds where a thread-local variable of an ELF file is,
 // from the code of a function that reads it: runtimes keep the state of
-// the running thread in one (CRuby's execution context, CPython's thread
-// state), and their unwinders read it per sample from the thread pointer
+// the running thread in one (an execution context, a thread state), and
+// their unwinders read it per sample from the thread pointer
 // (support/ebpf/tracemgmt.h's tls_variable_address takes a Ref).
 //
 // The code the compiler and linker leave for each TLS model (Ulrich
