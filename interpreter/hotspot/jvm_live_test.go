@@ -41,7 +41,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// compileWorkload compiles JWorkload.java once per test binary.
+// compileWorkload compiles JWorkload.java once per test binary, for JDK 8
+// and later.
 var compileOnce sync.Once
 
 func compileWorkload(t testing.TB) string {
@@ -52,7 +53,7 @@ func compileWorkload(t testing.TB) string {
 		_, here, _, _ := runtime.Caller(0)
 		src := filepath.Join(filepath.Dir(here), "..", "..", "utils", "workloads", "java", "JWorkload.java")
 		javac := filepath.Join(filepath.Dir(jdkfetch.SystemJava), "javac")
-		out, err = exec.Command(javac, "--release", "11", "-d", workloadClasses, src).CombinedOutput()
+		out, err = exec.Command(javac, "--release", "8", "-d", workloadClasses, src).CombinedOutput()
 	})
 	if err != nil {
 		t.Fatalf("javac: %v\n%s", err, out)

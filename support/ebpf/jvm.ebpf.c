@@ -8,8 +8,8 @@
 // Facts (see interpreter/hotspot/internals.md): a PC's CodeBlob is found
 // through its code heap's segment map; the template interpreter's code is
 // one range; interpreted frames keep Method* at fp-3 words and the bytecode
-// pointer at fp-8 (x86_64) or fp-9 (arm64), the caller's unextended sp at
-// fp-1; compiled frames keep no frame pointer, their size in words, the
+// pointer at fp-8 (x86_64) or fp-9 (arm64; JDK 8: fp-7 on both), the
+// caller's unextended sp at fp-1; compiled frames keep no frame pointer, their size in words, the
 // saved frame pointer and return address at its top included, is in the
 // blob. On arm64 code without a frame of its own (adapters, most stubs, a
 // method before its prologue or after its epilogue) keeps its return
@@ -76,7 +76,10 @@ struct jvm_proc {
   u8 code_relative;
   u8 has_kind;
   u8 kind_nmethod;
-  u8 pad;
+  // The interpreted frame's slot of the bytecode pointer, in words below
+  // its frame pointer (frame::interpreter_frame_bcp_offset, which no table
+  // exports: user space knows it by version and architecture).
+  u8 bcp_slot;
 };
 _Static_assert(sizeof(struct jvm_proc) <= RUNTIME_PROC_SIZE, "jvm_proc too large");
 
@@ -140,17 +143,9 @@ static __always_inline int jvm_heap_of(const struct jvm_proc *p, u64 pc)
 #  define JVM_BCP_REGISTER(r) ((r)->regs[22])
 #endif
 
-// The interpreted frame's slot of the bytecode pointer, in words below fp
-// (frame_<cpu>.hpp, interpreter_frame_bcp_offset).
-#if defined(__TARGET_ARCH_x86)
-#  define JVM_BCP_SLOT 8
-#elif defined(__TARGET_ARCH_arm64)
-#  define JVM_BCP_SLOT 9
-#endif
-
 // The bytecode pointer of the interrupted interpreted frame: the template
 // interpreter keeps it in a register and stores it in the frame (at
-// JVM_BCP_SLOT) only when it calls out, so the frame's slot is stale. The
+// bcp_slot) only when it calls out, so the frame's slot is stale. The
 // register's value is taken where it points into the method's bytecodes
 // (it does not in the method's entry code), the slot otherwise.
 static __always_inline u64 jvm_top_bcp(const struct jvm_proc *p, u64 method, u64 slot, u64 reg)
@@ -411,13 +406,13 @@ int unwind_jvm(struct bpf_perf_event_data *ctx)
       return tail_call_next(ctx, r, PROG_UNWIND_NATIVE);
     u64 next_pc, next_sp, next_fp;
     if (pc >= p->interp_lo && pc < p->interp_hi) {
-      u64 slots[2]; // fp-JVM_BCP_SLOT words: bcp; fp-3: Method*
+      u64 slots[2]; // fp-bcp_slot words: bcp; fp-3: Method*
       u64 sender_sp;
       if (fp <= sp || jvm_read(&sender_sp, sizeof(sender_sp), fp - 8)) {
         increment_runtime_metric(RUNTIME_JVM, METRIC_ERR_JVM_BAD_FRAME);
         goto give_up;
       }
-      if (jvm_read(&slots[0], sizeof(slots[0]), fp - 8 * JVM_BCP_SLOT) ||
+      if (jvm_read(&slots[0], sizeof(slots[0]), fp - 8 * (u64)(p->bcp_slot & 15)) ||
           jvm_read(&slots[1], sizeof(slots[1]), fp - 24) || jvm_read(&next_fp, 8, fp) ||
           jvm_read(&next_pc, 8, fp + 8))
         goto read_error;

@@ -19,7 +19,8 @@ import (
 )
 
 // javaWorkload compiles utils/workloads/java/JWorkload.java and returns
-// the directory of its classes and the line of each "// hot: NAME" marker
+// the directory of its classes (javaClasses: for JDK 11 and later, and
+// below it for JDK 8) and the line of each "// hot: NAME" marker
 // in it. The VMs have no javac: the prepare step compiles them beside the
 // scripts.
 func javaWorkload(t *testing.T) (classes string, hot map[string]uint32) {
@@ -35,8 +36,11 @@ func javaWorkload(t *testing.T) (classes string, hot map[string]uint32) {
 	}
 	if !inVM() || preparing() {
 		javac := filepath.Join(filepath.Dir(jdkfetch.SystemJava), "javac")
-		if out, err := exec.Command(javac, "--release", "11", "-d", classes, src).CombinedOutput(); err != nil {
-			t.Fatalf("javac: %v\n%s", err, out)
+		for _, release := range []string{"11", "8"} {
+			out, err := exec.Command(javac, "--release", release, "-d", javaClasses(classes, release), src).CombinedOutput()
+			if err != nil {
+				t.Fatalf("javac --release %s: %v\n%s", release, err, out)
+			}
 		}
 	}
 	f, err := os.Open(src)
@@ -52,6 +56,31 @@ func javaWorkload(t *testing.T) (classes string, hot map[string]uint32) {
 		}
 	}
 	return classes, hot
+}
+
+// javaClasses is where javaWorkload compiled the workload for JDK v:
+// JDK 8 cannot load the class files of 11, which the others run.
+func javaClasses(classes, v string) string {
+	if v == "8" {
+		return filepath.Join(classes, "release8")
+	}
+	return classes
+}
+
+// javaVersionFlags are the JVM flags a JDK version's workloads run with.
+// JDK 8's C2 records debug information only at safepoints and leaves no
+// safepoint poll in a counted loop, so no PC of the workload's hot loops
+// tells their line or the methods inlined there, to HotSpot itself or to
+// any profiler (without it: the leaf at its method's first line or not
+// there at all, in 0-75% of the samples). DebugNonSafepoints has C2 record
+// it everywhere, as JDK 8 profilers ask (async-profiler sets it through
+// JVMTI); the code is the same. JDK 10 and later keep a poll in such loops
+// (loop strip mining, JDK-8186027), so their code has what the tests need.
+func javaVersionFlags(v string) []string {
+	if v == "8" {
+		return []string{"-XX:+UnlockDiagnosticVMOptions", "-XX:+DebugNonSafepoints"}
+	}
+	return nil
 }
 
 // javaBuild returns the java executable of a tested JDK for the workloads'
@@ -460,6 +489,7 @@ func TestJavaStacks(t *testing.T) {
 	for _, v := range jdkfetch.Versions() {
 		t.Run("JDK "+v, func(t *testing.T) {
 			java := javaBuild(t, v)
+			classes := javaClasses(classes, v)
 			s := startSession(t, testHz)
 			// A short run first: the daemon has then read this JDK's
 			// files, as on any host after its first minutes.
@@ -473,7 +503,7 @@ func TestJavaStacks(t *testing.T) {
 					continue
 				}
 				t.Run(c.name, func(t *testing.T) {
-					r := runJava(t, java, classes, c.mode, run, c.flags...)
+					r := runJava(t, java, classes, c.mode, run, append(javaVersionFlags(v), c.flags...)...)
 					if strings.Contains(r.output, "ROP-protection") {
 						t.Fatalf("the JVM did not sign return addresses:\n%s", r.output)
 					}
@@ -609,9 +639,10 @@ func TestJavaChurn(t *testing.T) {
 				t.Fatal(err)
 			}
 			flags := []string{"-XX:+UnlockDiagnosticVMOptions"}
-			if v != "11" {
+			if v != "8" && v != "11" {
 				flags = append(flags, "-XX:+DeoptimizeNMethodBarriersALot")
 			}
+			classes := javaClasses(classes, v)
 			s := startSession(t, testHz)
 			runJava(t, java, classes, "chain", time.Second)
 			run := runJava(t, java, classes, "churn", 4*time.Second, flags...)

@@ -1,12 +1,14 @@
 // Java workloads with known hot stacks, for the profiler's integration
 // tests: java JWorkload.java MODE SECONDS [WARMUP] (or compiled: java -cp
-// DIR JWorkload MODE SECONDS [WARMUP]). Compiles with --release 11 and
-// runs on JDK 11 and later. Prints "hot phase from T" (T in Unix seconds)
+// DIR JWorkload MODE SECONDS [WARMUP]). Compiles with --release 8 and
+// runs on JDK 8 and later (the tests compile it with --release 11 for JDK
+// 11 and later). Prints "hot phase from T" (T in Unix seconds)
 // once it starts its hot phase and "hot phase to T" once it ends it,
 // before the JVM exits.
 //
 // Each hot loop sits on one line, which the tests look up by the marker
 // comment at its end ("// hot: NAME").
+import java.io.ByteArrayOutputStream;
 import java.io.InputStream;
 import java.util.ArrayList;
 import java.util.List;
@@ -104,10 +106,13 @@ public class JWorkload {
     }
 
     static void churnTop(long deadline) throws Exception {
-        byte[] bytes;
+        // Read by hand: InputStream.readAllBytes is JDK 9's.
+        ByteArrayOutputStream buf = new ByteArrayOutputStream();
         try (InputStream in = JWorkload.class.getResourceAsStream("JWorkload$Churn.class")) {
-            bytes = in.readAllBytes();
+            byte[] chunk = new byte[4096];
+            for (int n; (n = in.read(chunk)) > 0; ) { buf.write(chunk, 0, n); }
         }
+        byte[] bytes = buf.toByteArray();
         long s = 0;
         for (int round = 1; System.nanoTime() < deadline; round++) {
             Class<?> c = new ChurnLoader(bytes).loadClass(Churn.class.getName());
