@@ -234,31 +234,93 @@ enum jvm_walk {
 
 #if defined(__TARGET_ARCH_x86)
 
-// The caller of the interrupted code of blob b, where its frame is not
-// (yet, or any more) laid out as its size says: in its prologue, where
-// only the return address is pushed (rbp is saved by the instruction that
-// completes the frame, or still in rbp), or in its epilogue, past the add
-// to rsp. A stub without a frame size keeps rbp as its frame pointer.
-static __always_inline int jvm_top_frame(const struct unwind_state *state, const struct jvm_blob *b,
-                                         u64 *pc, u64 *sp, u64 *fp)
+// x86-64 instruction bytes of the prologues (MacroAssembler::verified_entry
+// for C2, C1_MacroAssembler::build_frame for C1, enter for stubs).
+#  define X86_PUSH_RBP  0x55
+#  define X86_POP_RBP   0x5d
+#  define X86_RET       0xc3
+#  define X86_REX_W     0x48
+#  define X86_SUB_IMM8  0x83        // 48 83 ec ib: sub rsp, imm8
+#  define X86_SUB_IMM32 0x81        // 48 81 ec id: sub rsp, imm32
+#  define X86_MODRM_RSP 0xec        // the /5 (sub) form on rsp
+#  define X86_MOV_RBP   0xe5894800U // 48 89 e5: mov rbp, rsp (the low three bytes)
+
+// Where the prologue that ends at the blob's frame complete offset has got
+// to at the PC, as the instructions just before it say (with a stack bang:
+// push rbp, then sub rsp, imm8 or imm32; without: sub rsp, imm32, then rbp
+// saved under the return address; a stub: push rbp; mov rbp, rsp): the
+// offset from sp of the return address, and 1 if the caller's rbp is saved
+// (in the word below it), else 0.
+static __always_inline int x86_prologue(u64 at, u64 *ret_at)
 {
-  u64 at = state->pc;
-  if (b->frame_size <= 0)
+  u8 w[8];
+  *ret_at = 0;
+  if (jvm_read(w, sizeof(w), at - 8))
+    return 0;
+  u32 imm32 = w[4] | (u32)w[5] << 8 | (u32)w[6] << 16 | (u32)w[7] << 24;
+  if (w[7] == X86_PUSH_RBP) {
+    *ret_at = 8;
+    return 1;
+  }
+  if (w[4] == X86_REX_W && w[5] == X86_SUB_IMM8 && w[6] == X86_MODRM_RSP) {
+    // After push rbp (C2 with a stack bang, C1).
+    *ret_at = w[7] + 8;
+    return 1;
+  }
+  if (w[1] == X86_REX_W && w[2] == X86_SUB_IMM32 && w[3] == X86_MODRM_RSP) {
+    // After push rbp, or without it: rbp is saved by the next instruction.
+    *ret_at = imm32 + (w[0] == X86_PUSH_RBP ? 8 : 0);
+    return w[0] == X86_PUSH_RBP;
+  }
+  if (w[4] == X86_PUSH_RBP && (imm32 >> 8) == (X86_MOV_RBP >> 8)) {
+    *ret_at = 8;
+    return 1;
+  }
+  return 0; // nothing pushed yet: the return address is at sp
+}
+
+// The caller of the interrupted code of blob b, where its frame is not
+// (yet, or any more) laid out as its size says: in its prologue (up to the
+// frame complete offset: x86_prologue), or in its epilogue, at the pop of
+// rbp or the ret. A stub without a frame size keeps rbp as its frame
+// pointer once it made a frame record (enter); vtable and itable stubs,
+// method handle intrinsics and most leaf stubs make none, and their return
+// address, into the Java code that called them, is at rsp (rbp is then
+// the caller's, an interpreted frame's or any value in compiled code).
+// Java code is called from the code cache only: a return address found
+// elsewhere says the guess was wrong, and the frame is walked by its size.
+static __always_inline int jvm_top_frame(const struct jvm_proc *p, const struct unwind_state *state,
+                                         const struct jvm_blob *b, u64 *pc, u64 *sp, u64 *fp)
+{
+  u64 at = state->pc, ret_at = 0;
+  int saved = 0;
+  if (b->frame_size <= 0) {
+    if (state->fp == state->sp)
+      return JVM_WALK_FRAME;
+  } else if (b->frame_complete > 0 && at < b->code + b->frame_complete) {
+    saved = x86_prologue(at, &ret_at);
+    if (ret_at + 8 > (u64)b->frame_size * 8)
+      return JVM_WALK_FRAME;
+  } else {
+    u8 insn = 0;
+    jvm_read(&insn, sizeof(insn), at);
+    if (insn == X86_POP_RBP) {
+      ret_at = 8;
+      saved = 1;
+    } else if (insn != X86_RET) {
+      return JVM_WALK_FRAME;
+    }
+  }
+  u64 ret;
+  if (jvm_read(&ret, sizeof(ret), state->sp + ret_at) ||
+      jvm_heap_of(p, ret & USER_ADDRESS_MASK) < 0)
     return JVM_WALK_FRAME;
   *fp = state->fp;
-  u8 insn = 0;
-  if (!(b->frame_complete > 0 && at < b->code + b->frame_complete)) {
-    jvm_read(&insn, sizeof(insn), at);
-    if (insn == 0x5d) { // pop rbp
-      if (jvm_read(fp, 8, state->sp) || jvm_read(pc, 8, state->sp + 8))
-        return JVM_WALK_ERROR;
-      *sp = state->sp + 16;
-      return JVM_WALK_DONE;
-    }
-    if (insn != 0xc3) // ret: all but the return address popped
-      return JVM_WALK_FRAME;
-  }
-  return frameless_return(state, pc, sp) ? JVM_WALK_ERROR : JVM_WALK_DONE;
+  if (saved && jvm_read(fp, 8, state->sp + ret_at - 8))
+    return JVM_WALK_ERROR;
+  *pc = ret;
+  *sp = state->sp + ret_at + 8;
+  return JVM_WALK_DONE;
 }
 
 // What a call from compiled code left on the stack below its frame: none.
@@ -311,8 +373,8 @@ static __always_inline int a64_return_poll(u32 w)
 // - a frame past its epilogue (ldp x29, x30; add sp, or add sp; ldp ...,
 //   #16), in its return poll or at its ret: sp is the caller's; on the
 //   large form's ldp the record is still at sp.
-static __always_inline int jvm_top_frame(const struct unwind_state *state, const struct jvm_blob *b,
-                                         u64 *pc, u64 *sp, u64 *fp)
+static __always_inline int jvm_top_frame(const struct jvm_proc *p, const struct unwind_state *state,
+                                         const struct jvm_blob *b, u64 *pc, u64 *sp, u64 *fp)
 {
   u64 at = state->pc, lr = state->lr & USER_ADDRESS_MASK;
   int called = lr >= b->code && lr <= at;
@@ -458,7 +520,7 @@ int unwind_jvm(struct bpf_perf_event_data *ctx)
         increment_runtime_metric(RUNTIME_JVM, METRIC_ERR_JVM_BAD_FRAME);
         goto give_up_after;
       }
-      int walk = top ? jvm_top_frame(state, &b, &next_pc, &next_sp, &next_fp) : JVM_WALK_FRAME;
+      int walk = top ? jvm_top_frame(p, state, &b, &next_pc, &next_sp, &next_fp) : JVM_WALK_FRAME;
       if (walk == JVM_WALK_ERROR)
         goto read_error;
       if (walk == JVM_WALK_DONE) {

@@ -448,6 +448,55 @@ func checkJavaZlib(t *testing.T, samples []sample, hot map[string]uint32) (float
 	return share(withLib, n), 0.9
 }
 
+// checkJavaDispatch: the worker's samples show the methods the dispatch
+// code called, or that code, above dispatchTop and Worker.run, complete;
+// those in the dispatch code itself (stubs and method handle intrinsics
+// that make no frame, their return address at sp) too.
+func checkJavaDispatch(t *testing.T, samples []sample, hot map[string]uint32) (float64, float64) {
+	t.Helper()
+	worker := ofThread(samples, "worker")
+	callee := func(f libpf.Frame) bool {
+		switch f.FunctionName {
+		case "JWorkload$Add.apply", "JWorkload$Mul.apply", "JWorkload$Xor.apply", "JWorkload.viaHandle":
+			return f.SourceFile == javaFile
+		}
+		return strings.HasPrefix(f.FunctionName, "java.lang.invoke.")
+	}
+	right := func(s sample) bool {
+		fs := javaFrames(s.trace)
+		i := slices.IndexFunc(fs, func(f libpf.Frame) bool { return f.FunctionName == "JWorkload.dispatchTop" })
+		return i >= 0 && !slices.ContainsFunc(fs[:i], func(f libpf.Frame) bool { return !callee(f) }) &&
+			javaFramesAre(fs[i:], []string{"JWorkload.dispatchTop", "JWorkload$Worker.run"}) && completeStack(s.trace)
+	}
+	// The samples whose leaf is the dispatch code: a stub's frame or a
+	// method handle's intrinsic (a native method of MethodHandle).
+	var inDispatch []sample
+	for _, s := range worker {
+		i := slices.IndexFunc(s.trace.Frames, func(f libpf.Frame) bool { return f.Kind == hotspot.Kind })
+		if i < 0 {
+			continue
+		}
+		f := s.trace.Frames[i]
+		if strings.HasPrefix(f.FunctionName, "[") ||
+			strings.HasPrefix(f.FunctionName, "java.lang.invoke.MethodHandle.") && f.Tier == hotspot.TierNative {
+			inDispatch = append(inDispatch, s)
+		}
+	}
+	ok, misses := tally(worker, right)
+	okDispatch, _ := tally(inDispatch, right)
+	t.Logf("%d samples of the worker thread, %.1f%% show a callee or none above dispatchTop and Thread.run, complete; "+
+		"%d with the dispatch code as their leaf, %.1f%% of those so", len(worker), 100*share(ok, len(worker)),
+		len(inDispatch), 100*share(okDispatch, len(inDispatch)))
+	if len(worker) < testHz {
+		t.Errorf("only %d samples of the worker thread", len(worker))
+	}
+	if len(inDispatch) < testHz/20 {
+		t.Errorf("only %d samples in the dispatch code: the test tests little", len(inDispatch))
+	}
+	logJavaExamples(t, "miss", misses)
+	return share(ok, len(worker)), 0.95
+}
+
 // javaCases are the workloads TestJavaStacks runs on each JDK.
 var javaCases = []javaCase{
 	// The chain: mid interpreted between compiled leaf and top.
@@ -466,6 +515,9 @@ var javaCases = []javaCase{
 	{"recursion 40", "recursion", nil, checkJavaRecursion, nil},
 	{"4 threads", "threads", nil, checkJavaThreads, nil},
 	{"zlib (libz beneath)", "zlib", nil, checkJavaZlib, nil},
+	// Interface calls through itable stubs and method handles through
+	// their intrinsics, code without a frame of its own.
+	{"dispatch stubs", "dispatch", nil, checkJavaDispatch, nil},
 	// Return addresses signed (PAC) in every Java frame and stub: the
 	// chain as without (the flag is arm64's; of the JDKs tested, 21 and
 	// 25 have it). The JVM warns where the CPU lacks PAC, which fails the

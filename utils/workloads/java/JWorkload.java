@@ -10,6 +10,9 @@
 // comment at its end ("// hot: NAME").
 import java.io.ByteArrayOutputStream;
 import java.io.InputStream;
+import java.lang.invoke.MethodHandle;
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.MethodType;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.zip.Deflater;
@@ -125,7 +128,45 @@ public class JWorkload {
         sink = s;
     }
 
-    // The thread of chain, inline and churn.
+    // dispatch: calls through the JVM's dispatch code, which makes no frame
+    // of its own: an interface call with three receiver classes, which C2
+    // leaves to an itable stub, and a method handle read from a field, which
+    // it calls through the handle's invokeBasic and linkToStatic intrinsics.
+    // The callees are tiny, so that a good share of the samples is in that
+    // code.
+    static final class Add implements LongOp {
+        @Override
+        public long apply(long x) { return x + 1; }
+    }
+
+    static final class Mul implements LongOp {
+        @Override
+        public long apply(long x) { return x * 3; }
+    }
+
+    static final class Xor implements LongOp {
+        @Override
+        public long apply(long x) { return x ^ 5; }
+    }
+
+    static long viaHandle(long x) { return x - 7; }
+
+    // Not final: the JIT cannot take it for a constant and inline the call.
+    static MethodHandle handle;
+
+    static void dispatchTop(long deadline) throws Throwable {
+        LongOp[] ops = {new Add(), new Mul(), new Xor()};
+        handle = MethodHandles.lookup().findStatic(JWorkload.class, "viaHandle",
+                MethodType.methodType(long.class, long.class));
+        long s = 0;
+        for (int n = 1; (n & 1023) != 0 || System.nanoTime() < deadline; n++) {
+            s += ops[n % 3].apply(s);
+            s += (long) handle.invokeExact(s);
+        }
+        sink = s;
+    }
+
+    // The thread of chain, inline, churn and dispatch.
     static final class Worker implements Runnable {
         final String mode;
         final long deadline;
@@ -141,9 +182,10 @@ public class JWorkload {
                 switch (mode) {
                     case "chain": top(deadline); break;
                     case "inline": inlineTop(deadline); break;
+                    case "dispatch": dispatchTop(deadline); break;
                     default: churnTop(deadline); break;
                 }
-            } catch (Exception e) {
+            } catch (Throwable e) {
                 throw new RuntimeException(e);
             }
         }
@@ -280,6 +322,7 @@ public class JWorkload {
             case "chain":
             case "inline":
             case "churn":
+            case "dispatch":
                 Thread w = new Thread(new Worker(mode, deadline), "worker");
                 w.start();
                 w.join();
