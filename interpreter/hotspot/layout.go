@@ -333,7 +333,8 @@ func NewLayout(vs *VMStructs, version [4]int32) (*Layout, error) {
 
 	var ok bool
 	if l.BCPSlot, ok = bcpSlot(version[0], runtime.GOARCH); !ok {
-		r.missing = append(r.missing, "the interpreter's frame layout on "+runtime.GOARCH)
+		r.missing = append(r.missing, "the interpreter's frame layout on "+runtime.GOARCH+
+			" (known for JDK 8 and for 11 and later)")
 	}
 	l.BCPMayBeIndex = version[0] == 8
 

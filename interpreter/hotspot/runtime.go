@@ -1,5 +1,5 @@
 // Package hotspot unwinds and names the Java frames of HotSpot JVMs
-// (OpenJDK, JDK 11 and later) from the tables libjvm.so exports for
+// (OpenJDK 8, and 11 and later) from the tables libjvm.so exports for
 // debuggers: no agent, no JVM flag, and no offset table kept by hand.
 // internals.md beside this file gathers the facts about HotSpot's
 // structures and frames it relies on, with their sources.
