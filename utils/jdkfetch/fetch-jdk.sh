@@ -30,7 +30,7 @@ case $V in
   11) SUITE=bullseye NEW_LIBC=0 ;;
   17) SUITE=bookworm NEW_LIBC=0 ;;
   21 | 25) SUITE=trixie NEW_LIBC=1 ;;
-  # Only sid carries these two (8 came back there as a legacy package); sid has no -security.
+  # Only sid carries these two among the suites here; sid has no -security suite.
   8 | 26) SUITE=sid NEW_LIBC=1 SECURITY=0 ;;
   *) die "no suite known for OpenJDK $V" ;;
 esac
