@@ -82,6 +82,12 @@ func readCodeCache(r *procmem.Reader, l *Layout) (*CodeCache, error) {
 	return cc, nil
 }
 
+// contStatics are the addresses of the statics that say where a virtual
+// thread's frames return to when their callers are still frozen (JDK 19+).
+type contStatics struct {
+	barrier, returnPC uint64
+}
+
 // codeHeaps returns the addresses of the code cache's CodeHeaps.
 func codeHeaps(r *procmem.Reader, l *Layout) ([]uint64, error) {
 	if l.CodeCacheHeaps == 0 {
@@ -147,10 +153,14 @@ type UnwinderProc struct {
 	HasKind            uint8
 	KindNmethod        uint8
 	BCPSlot            uint8
+	ContReturnPC       int32
+	ContBarrier        uint64
 }
 
-// unwinderProc describes a JVM to the BPF unwinder.
-func unwinderProc(l *Layout, cc *CodeCache) (UnwinderProc, error) {
+// unwinderProc describes a JVM to the BPF unwinder; cont are the addresses
+// in the process of StubRoutines::_cont_returnBarrier and
+// ContinuationEntry::_return_pc, zero where unknown.
+func unwinderProc(l *Layout, cc *CodeCache, cont contStatics) (UnwinderProc, error) {
 	u := UnwinderProc{
 		InterpLow:          cc.InterpLow,
 		InterpHigh:         cc.InterpHigh,
@@ -162,6 +172,9 @@ func unwinderProc(l *Layout, cc *CodeCache) (UnwinderProc, error) {
 		HasKind:            b2u8(l.Blob.HasKind),
 		KindNmethod:        l.Blob.KindNmethod,
 		BCPSlot:            l.BCPSlot,
+	}
+	if d := int64(cont.returnPC - cont.barrier); cont.barrier != 0 && cont.returnPC != 0 && d == int64(int32(d)) {
+		u.ContBarrier, u.ContReturnPC = cont.barrier, int32(d)
 	}
 	for i, h := range cc.Heaps {
 		if h.Log2Segment != cc.Heaps[0].Log2Segment {

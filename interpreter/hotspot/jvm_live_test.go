@@ -221,7 +221,7 @@ func TestCodeCacheLive(t *testing.T) {
 			if !inHeap || cc.InterpHigh <= cc.InterpLow {
 				t.Errorf("interpreter [%#x, %#x) in no heap of %+v", cc.InterpLow, cc.InterpHigh, cc.Heaps)
 			}
-			u, err := unwinderProc(l, cc)
+			u, err := unwinderProc(l, cc, contStatics{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -55,6 +55,10 @@ type Layout struct {
 	BCPSlot       uint8
 	BCPMayBeIndex bool
 
+	// ContReturnPC is the address of ContinuationEntry::_return_pc where
+	// the tables export it (JDK 25+), else 0.
+	ContReturnPC uint64
+
 	// Unsigned5Bias is 1 where HotSpot's compressed integers never use
 	// the byte 0 (JDK 20+, JDK-8292758), else 0. No table says so.
 	Unsigned5Bias uint8
@@ -337,6 +341,9 @@ func NewLayout(vs *VMStructs, version [4]int32) (*Layout, error) {
 			" (known for JDK 8 and for 11 and later)")
 	}
 	l.BCPMayBeIndex = version[0] == 8
+	if f, ok := vs.Fields["ContinuationEntry::_return_pc"]; ok && f.IsStatic {
+		l.ContReturnPC = f.Address
+	}
 
 	if len(r.missing) > 0 {
 		return nil, fmt.Errorf("%w: JDK %d.%d.%d lacks %s", ErrLayout, version[0], version[1], version[2],

@@ -80,6 +80,14 @@ struct jvm_proc {
   // its frame pointer (frame::interpreter_frame_bcp_offset, which no table
   // exports: user space knows it by version and architecture).
   u8 bcp_slot;
+  // Where a virtual thread's frames return instead of into its frames
+  // still frozen (JDK 21+, where libjvm.so names it; else 0): the address
+  // of StubRoutines::_cont_returnBarrier, which holds the return barrier's
+  // address, and the offset from it of ContinuationEntry::_return_pc, which
+  // holds the return address into Continuation.enterSpecial the barrier
+  // stands for.
+  s32 cont_return_pc;
+  u64 cont_barrier;
 };
 _Static_assert(sizeof(struct jvm_proc) <= RUNTIME_PROC_SIZE, "jvm_proc too large");
 
@@ -446,6 +454,25 @@ static __always_inline u64 jvm_call_padding(u64 pc)
 
 #endif
 
+// The caller of the frame that returned into pc with its caller's sp at
+// sp, if pc is the continuation return barrier: a virtual thread's frames
+// thawed onto its carrier's stack return there in place of the frames
+// still frozen in the heap, onto the Continuation.enterSpecial frame
+// (whose ContinuationEntry is at sp, internals.md 4.7). The walk goes on
+// as HotSpot's does, with that frame at ContinuationEntry::_return_pc,
+// then the carrier's own frames; the frozen ones are not on the stack.
+// Returns 1 if so.
+static __always_inline int jvm_cont_bottom(const struct jvm_proc *p, u64 pc, u64 *next_pc)
+{
+  u64 barrier = 0, ret = 0;
+  if (!p->cont_barrier || jvm_read(&barrier, sizeof(barrier), p->cont_barrier) || !barrier ||
+      barrier != pc || jvm_read(&ret, sizeof(ret), p->cont_barrier + (s64)p->cont_return_pc) ||
+      jvm_heap_of(p, ret) < 0)
+    return 0;
+  *next_pc = ret;
+  return 1;
+}
+
 SEC("perf_event")
 int unwind_jvm(struct bpf_perf_event_data *ctx)
 {
@@ -526,13 +553,18 @@ int unwind_jvm(struct bpf_perf_event_data *ctx)
       if (walk == JVM_WALK_DONE) {
         // next_* set.
       } else if (b.frame_size <= 0) {
-        // Hand-written stubs (the call stub, adapters) keep a frame
-        // pointer when they have a frame at all (fp == sp: just made).
-        if (fp < sp)
-          goto give_up;
-        if (jvm_read(&next_fp, 8, fp) || jvm_read(&next_pc, 8, fp + 8))
-          goto read_error;
-        next_sp = fp + 16;
+        if (!top && jvm_cont_bottom(p, pc, &next_pc)) {
+          next_sp = sp;
+          next_fp = fp;
+        } else {
+          // Hand-written stubs (the call stub, adapters) keep a frame
+          // pointer when they have a frame at all (fp == sp: just made).
+          if (fp < sp)
+            goto give_up;
+          if (jvm_read(&next_fp, 8, fp) || jvm_read(&next_pc, 8, fp + 8))
+            goto read_error;
+          next_sp = fp + 16;
+        }
       } else {
         next_sp = sp + jvm_call_padding(pc) + (u64)b.frame_size * 8;
         if (jvm_read(&next_pc, 8, next_sp - 8) || jvm_read(&next_fp, 8, next_sp - 16))

@@ -497,6 +497,46 @@ func checkJavaDispatch(t *testing.T, samples []sample, hot map[string]uint32) (f
 	return share(ok, len(worker)), 0.95
 }
 
+// checkJavaVThreads: the samples of the virtual threads in vLeaf show
+// vLeaf, vMid and vTop above their carrier's own frames (from
+// Continuation.run down to ForkJoinWorkerThread.run), complete: past the
+// continuation return barrier that the oldest thawed frame returns into.
+// The frames still frozen in the heap (the virtual thread's lambda and
+// VirtualThread.run) are not on the stack and not asked for.
+func checkJavaVThreads(t *testing.T, samples []sample, hot map[string]uint32) (float64, float64) {
+	t.Helper()
+	chain := []string{"JWorkload.vLeaf", "JWorkload.vMid", "JWorkload.vTop"}
+	var inLeaf []sample
+	for _, s := range samples {
+		if names := javaNames(s.trace); len(names) > 0 && names[0] == chain[0] {
+			inLeaf = append(inLeaf, s)
+		}
+	}
+	ok, misses := tally(inLeaf, func(s sample) bool {
+		fs := javaFrames(s.trace)
+		return len(fs) > len(chain) && hasChain(javaNames(s.trace)[:len(chain)], chain) &&
+			fs[0].SourceLine == hot["vLeaf"] && fs[0].SourceFile == javaFile &&
+			slices.ContainsFunc(fs, func(f libpf.Frame) bool { return f.FunctionName == "jdk.internal.vm.Continuation.run" }) &&
+			fs[len(fs)-1].FunctionName == "java.util.concurrent.ForkJoinWorkerThread.run" && completeStack(s.trace)
+	})
+	barrier, _ := tally(inLeaf, func(s sample) bool {
+		return slices.ContainsFunc(s.trace.Frames, func(f libpf.Frame) bool {
+			return f.Kind == hotspot.Kind && strings.HasPrefix(f.FunctionName, "[StubRoutines (continuation")
+		})
+	})
+	t.Logf("%d samples in vLeaf, %.1f%% show %v at line %d above the carrier's frames, complete; %.1f%% through the return barrier",
+		len(inLeaf), 100*share(ok, len(inLeaf)), chain, hot["vLeaf"], 100*share(barrier, len(inLeaf)))
+	logTiers(t, inLeaf, chain)
+	if len(inLeaf) < testHz {
+		t.Errorf("only %d samples in vLeaf", len(inLeaf))
+	}
+	if barrier < testHz/10 {
+		t.Errorf("only %d samples through the return barrier: the test tests little", barrier)
+	}
+	logJavaExamples(t, "miss", misses)
+	return share(ok, len(inLeaf)), 0.9
+}
+
 // javaCases are the workloads TestJavaStacks runs on each JDK.
 var javaCases = []javaCase{
 	// The chain: mid interpreted between compiled leaf and top.
@@ -518,6 +558,8 @@ var javaCases = []javaCase{
 	// Interface calls through itable stubs and method handles through
 	// their intrinsics, code without a frame of its own.
 	{"dispatch stubs", "dispatch", nil, checkJavaDispatch, nil},
+	// Virtual threads (JDK 21+) yielding and mounted again.
+	{"virtual threads", "vthreads", nil, checkJavaVThreads, func(arch string, jdk int) bool { return jdk >= 21 }},
 	// Return addresses signed (PAC) in every Java frame and stub: the
 	// chain as without (the flag is arm64's; of the JDKs tested, 21 and
 	// 25 have it). The JVM warns where the CPU lacks PAC, which fails the

@@ -280,6 +280,50 @@ public class JWorkload {
         for (Thread t : ts) { t.join(); }
     }
 
+    // vthreads: four virtual threads (JDK 21+; started through reflection,
+    // the workload compiles for JDK 8) each run vTop -> vMid -> vLeaf and
+    // sleep now and then. Mounted again, a virtual thread's frames are
+    // thawed onto its carrier's stack lazily: the oldest thawed one returns
+    // into the continuation return barrier, not into its caller, which
+    // stays frozen in the heap.
+    static long vLeaf(long seed) {
+        long x = seed;
+        for (int i = 0; i < LOOP; i++) { x = x * 47 + (i ^ (x >>> 9)); } // hot: vLeaf
+        return x;
+    }
+
+    static long vMid(long seed) { return vLeaf(seed) + 1; }
+
+    static void vTop(long deadline) {
+        long s = 0;
+        for (int n = 1; System.nanoTime() < deadline; n++) {
+            s += vMid(s);
+            if ((n & 63) == 0) { sleepBriefly(); }
+        }
+        sink = s;
+    }
+
+    // A virtual thread sleeping is unmounted, and mounted again on a free
+    // carrier once its time is up.
+    static void sleepBriefly() {
+        try {
+            Thread.sleep(0, 1000);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+    }
+
+    static void vthreads(long deadline) throws Exception {
+        Object builder = Thread.class.getMethod("ofVirtual").invoke(null);
+        java.lang.reflect.Method start = Class.forName("java.lang.Thread$Builder").getMethod("start", Runnable.class);
+        List<Thread> ts = new ArrayList<>();
+        for (int i = 0; i < 4; i++) {
+            Runnable r = () -> vTop(deadline);
+            ts.add((Thread) start.invoke(builder, r));
+        }
+        for (Thread t : ts) { t.join(); }
+    }
+
     // zlib: Java calls into the JDK's native zip library (JNI), which
     // calls zlib: native frames beneath a Java frame.
     static void compress(byte[] in, byte[] out) {
@@ -329,6 +373,7 @@ public class JWorkload {
                 break;
             case "recursion": recursionTop(deadline); break;
             case "threads": threads(deadline); break;
+            case "vthreads": vthreads(deadline); break;
             case "zlib": zlibTop(deadline); break;
             default: throw new IllegalArgumentException("unknown mode " + mode);
         }
