@@ -361,6 +361,8 @@ func NewLayout(vs *VMStructs, version [4]int32) (*Layout, error) {
 //     above it (src/hotspot/cpu/x86/frame_x86.hpp), -9 on aarch64, with a
 //     padding or extended sp slot too (cpu/aarch64/frame_aarch64.hpp;
 //     internals.md, "arm64" A.3); JDK 26's -8 measured on x86_64 (-Xint).
+//
+// 9 and 10, never measured, are refused with the other versions not listed.
 func bcpSlot(major int32, arch string) (uint8, bool) {
 	switch {
 	case major == 8:
