@@ -43,11 +43,11 @@ for v in 3.14 3.15; do
   for a in amd64 arm64; do ./utils/pyfetch/fetch-python.sh "$v" "$a" >/dev/null; done
 done
 
-# OpenJDK 11, 21 and 25 from Debian's bullseye and trixie, which the HotSpot
-# tests run beside the system's 17, and all four built for arm64, which the
-# kernel matrix's arm64 VMs run (cached).
-for v in 11 21 25; do ./utils/jdkfetch/fetch-jdk.sh "$v" >/dev/null; done
-for v in 11 17 21 25; do ./utils/jdkfetch/fetch-jdk.sh "$v" arm64 >/dev/null; done
+# OpenJDK 8, 11, 21, 25 and 26 from Debian's sid, bullseye and trixie, which
+# the HotSpot tests run beside the system's 17, and all six built for arm64,
+# which the kernel matrix's arm64 VMs run (cached).
+for v in 8 11 21 25 26; do ./utils/jdkfetch/fetch-jdk.sh "$v" >/dev/null; done
+for v in 8 11 17 21 25 26; do ./utils/jdkfetch/fetch-jdk.sh "$v" arm64 >/dev/null; done
 
 # CRuby 3.1, 3.3 and 3.4, Debian's builds from bookworm, trixie and
 # experimental, which the Ruby tests run (cached).

@@ -32,32 +32,14 @@ type CodeCache struct {
 // readCodeCache reads where the code cache and the interpreter are. The
 // heaps are reserved when the JVM starts and never move.
 func readCodeCache(r *procmem.Reader, l *Layout) (*CodeCache, error) {
-	arr, err := r.Ptr(l.CodeCacheHeaps)
-	if err != nil {
-		return nil, fmt.Errorf("reading CodeCache::_heaps: %w", err)
-	}
-	if arr == 0 {
-		return nil, fmt.Errorf("%w: no code cache yet", interpreter.ErrStarting)
-	}
-	n, err := r.U32(arr + uint64(l.ArrayLen))
-	if err != nil {
-		return nil, err
-	}
-	if n == 0 {
-		return nil, fmt.Errorf("%w: no code heap yet", interpreter.ErrStarting)
-	}
-	if n > maxHeaps {
-		return nil, fmt.Errorf("the code cache has %d heaps, want 1 to %d", n, maxHeaps)
-	}
-	data, err := r.Ptr(arr + uint64(l.ArrayData))
+	heaps, err := codeHeaps(r, l)
 	if err != nil {
 		return nil, err
 	}
 	cc := &CodeCache{}
-	for i := range uint64(n) {
-		heap, err := r.Ptr(data + 8*i)
-		if err != nil {
-			return nil, err
+	for i, heap := range heaps {
+		if heap == 0 {
+			return nil, fmt.Errorf("%w: code heap %d not made yet", interpreter.ErrStarting, i)
 		}
 		var h CodeHeap
 		if h.Low, err = r.Ptr(heap + uint64(l.HeapMemory+l.VSLow)); err != nil {
@@ -100,6 +82,51 @@ func readCodeCache(r *procmem.Reader, l *Layout) (*CodeCache, error) {
 	return cc, nil
 }
 
+// contStatics are the addresses of the statics that say where a virtual
+// thread's frames return to when their callers are still frozen (JDK 19+).
+type contStatics struct {
+	barrier, returnPC uint64
+}
+
+// codeHeaps returns the addresses of the code cache's CodeHeaps.
+func codeHeaps(r *procmem.Reader, l *Layout) ([]uint64, error) {
+	if l.CodeCacheHeaps == 0 {
+		heap, err := r.Ptr(l.CodeCacheHeap)
+		if err != nil {
+			return nil, fmt.Errorf("reading CodeCache::_heap: %w", err)
+		}
+		return []uint64{heap}, nil
+	}
+	arr, err := r.Ptr(l.CodeCacheHeaps)
+	if err != nil {
+		return nil, fmt.Errorf("reading CodeCache::_heaps: %w", err)
+	}
+	if arr == 0 {
+		return nil, fmt.Errorf("%w: no code cache yet", interpreter.ErrStarting)
+	}
+	n, err := r.U32(arr + uint64(l.ArrayLen))
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("%w: no code heap yet", interpreter.ErrStarting)
+	}
+	if n > maxHeaps {
+		return nil, fmt.Errorf("the code cache has %d heaps, want 1 to %d", n, maxHeaps)
+	}
+	data, err := r.Ptr(arr + uint64(l.ArrayData))
+	if err != nil {
+		return nil, err
+	}
+	heaps := make([]uint64, n)
+	for i := range heaps {
+		if heaps[i], err = r.Ptr(data + 8*uint64(i)); err != nil {
+			return nil, err
+		}
+	}
+	return heaps, nil
+}
+
 // UnwinderProc mirrors struct jvm_proc in support/ebpf/jvm.ebpf.c; the
 // tracer checks it against the object's BTF.
 type UnwinderProc struct {
@@ -125,11 +152,15 @@ type UnwinderProc struct {
 	CodeRelative       uint8
 	HasKind            uint8
 	KindNmethod        uint8
-	_                  uint8
+	BCPSlot            uint8
+	ContReturnPC       int32
+	ContBarrier        uint64
 }
 
-// unwinderProc describes a JVM to the BPF unwinder.
-func unwinderProc(l *Layout, cc *CodeCache) (UnwinderProc, error) {
+// unwinderProc describes a JVM to the BPF unwinder; cont are the addresses
+// in the process of StubRoutines::_cont_returnBarrier and
+// ContinuationEntry::_return_pc, zero where unknown.
+func unwinderProc(l *Layout, cc *CodeCache, cont contStatics) (UnwinderProc, error) {
 	u := UnwinderProc{
 		InterpLow:          cc.InterpLow,
 		InterpHigh:         cc.InterpHigh,
@@ -140,6 +171,10 @@ func unwinderProc(l *Layout, cc *CodeCache) (UnwinderProc, error) {
 		CodeRelative:       b2u8(l.Blob.CodeRelative),
 		HasKind:            b2u8(l.Blob.HasKind),
 		KindNmethod:        l.Blob.KindNmethod,
+		BCPSlot:            l.BCPSlot,
+	}
+	if d := int64(cont.returnPC - cont.barrier); cont.barrier != 0 && cont.returnPC != 0 && d == int64(int32(d)) {
+		u.ContBarrier, u.ContReturnPC = cont.barrier, int32(d)
 	}
 	for i, h := range cc.Heaps {
 		if h.Log2Segment != cc.Heaps[0].Log2Segment {

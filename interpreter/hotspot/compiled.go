@@ -185,7 +185,12 @@ func (s *symbolizer) debugInfo(nm uint64) (pcs, scopes, metadata []byte, err err
 	if l.ScopesInBlob {
 		// [metadata][scopes data][PcDescs][dependencies], in the blob.
 		var scopesBegin, pcsOff, depOff, metaOff uint64
-		if scopesBegin, err = r.Ptr(nm + uint64(l.ScopesDataBegin)); err != nil {
+		if l.ScopesDataRelative {
+			if scopesBegin, err = i32(l.ScopesDataBegin); err != nil {
+				return
+			}
+			scopesBegin += nm
+		} else if scopesBegin, err = r.Ptr(nm + uint64(l.ScopesDataBegin)); err != nil {
 			return
 		}
 		if pcsOff, err = i32(l.ScopesPCs); err != nil {

@@ -41,7 +41,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// compileWorkload compiles JWorkload.java once per test binary.
+// compileWorkload compiles JWorkload.java once per test binary, for JDK 8
+// and later.
 var compileOnce sync.Once
 
 func compileWorkload(t testing.TB) string {
@@ -52,7 +53,7 @@ func compileWorkload(t testing.TB) string {
 		_, here, _, _ := runtime.Caller(0)
 		src := filepath.Join(filepath.Dir(here), "..", "..", "utils", "workloads", "java", "JWorkload.java")
 		javac := filepath.Join(filepath.Dir(jdkfetch.SystemJava), "javac")
-		out, err = exec.Command(javac, "--release", "11", "-d", workloadClasses, src).CombinedOutput()
+		out, err = exec.Command(javac, "--release", "8", "-d", workloadClasses, src).CombinedOutput()
 	})
 	if err != nil {
 		t.Fatalf("javac: %v\n%s", err, out)
@@ -220,7 +221,7 @@ func TestCodeCacheLive(t *testing.T) {
 			if !inHeap || cc.InterpHigh <= cc.InterpLow {
 				t.Errorf("interpreter [%#x, %#x) in no heap of %+v", cc.InterpLow, cc.InterpHigh, cc.Heaps)
 			}
-			u, err := unwinderProc(l, cc)
+			u, err := unwinderProc(l, cc, contStatics{})
 			if err != nil {
 				t.Fatal(err)
 			}

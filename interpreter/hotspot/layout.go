@@ -3,8 +3,11 @@ package hotspot
 import (
 	"errors"
 	"fmt"
+	"runtime"
+	"strconv"
 	"strings"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
 )
 
@@ -20,9 +23,10 @@ type Layout struct {
 
 	// CodeCacheHeaps is the address of CodeCache::_heaps, a
 	// GrowableArray<CodeHeap*>*; its length and data are at
-	// ArrayLen and ArrayData.
-	CodeCacheHeaps      uint64
-	ArrayLen, ArrayData uint32
+	// ArrayLen and ArrayData. JDK 8 has one heap instead, whose
+	// CodeHeap* is at CodeCacheHeap (CodeCache::_heap).
+	CodeCacheHeaps, CodeCacheHeap uint64
+	ArrayLen, ArrayData           uint32
 	// A CodeHeap's code and segment map are VirtualSpaces (HeapMemory,
 	// HeapSegmap) from VSLow; VSHigh is the end of what the heap reserved
 	// (_high_boundary: it commits memory up to it as it fills).
@@ -44,6 +48,16 @@ type Layout struct {
 	StubBuffer, BufferLimit uint32
 
 	Method MethodLayout
+
+	// BCPSlot is the interpreted frame's slot of the bytecode pointer, in
+	// words below its frame pointer; in JDK 8 (BCPMayBeIndex) the slot
+	// holds the bytecode's index instead while the collector runs.
+	BCPSlot       uint8
+	BCPMayBeIndex bool
+
+	// ContReturnPC is the address of ContinuationEntry::_return_pc where
+	// the tables export it (JDK 25+), else 0.
+	ContReturnPC uint64
 
 	// Unsigned5Bias is 1 where HotSpot's compressed integers never use
 	// the byte 0 (JDK 20+, JDK-8292758), else 0. No table says so.
@@ -74,12 +88,13 @@ type NMethodLayout struct {
 	// handlers start (from the blob).
 	StubOffset uint32
 	// Scopes says where the debug information is: ScopesInBlob (JDK
-	// 11-22) with _scopes_data_begin (a pointer), _scopes_pcs_offset,
+	// 8-22) with _scopes_data_begin (a pointer; JDK 8: ScopesDataRelative,
+	// _scopes_data_offset from the blob), _scopes_pcs_offset,
 	// _dependencies_offset and _metadata_offset from the blob; or in
 	// _immutable_data (JDK 23+), ImmutableData, with the PcDescs at
 	// ScopesPCs and the scopes at ScopesData from it, and the metadata
 	// at _mutable_data + _relocation_size (JDK 25+).
-	ScopesInBlob                             bool
+	ScopesInBlob, ScopesDataRelative         bool
 	ScopesDataBegin, ScopesPCs, Dependencies uint32
 	Metadata, ScopesData, ImmutableData      uint32
 	MutableData, RelocationSize              uint32
@@ -210,9 +225,15 @@ func NewLayout(vs *VMStructs, version [4]int32) (*Layout, error) {
 		l.Unsigned5Bias = 1
 	}
 
-	l.CodeCacheHeaps = r.address("CodeCache::_heaps")
-	l.ArrayLen = r.offset("GrowableArrayBase::_len", "GenericGrowableArray::_len")
-	l.ArrayData = r.offset("GrowableArray<int>::_data")
+	if r.has("CodeCache::_heaps") {
+		l.CodeCacheHeaps = r.address("CodeCache::_heaps")
+		l.ArrayLen = r.offset("GrowableArrayBase::_len", "GenericGrowableArray::_len")
+		l.ArrayData = r.offset("GrowableArray<int>::_data")
+	} else {
+		// JDK 8: one heap (the segmented code cache is JDK 9's,
+		// JEP 197).
+		l.CodeCacheHeap = r.address("CodeCache::_heap")
+	}
 	l.HeapMemory = r.offset("CodeHeap::_memory")
 	l.HeapSegmap = r.offset("CodeHeap::_segmap")
 	l.HeapLog2Segment = r.offset("CodeHeap::_log2_segment_size")
@@ -246,7 +267,11 @@ func NewLayout(vs *VMStructs, version [4]int32) (*Layout, error) {
 	n.StubOffset = r.offset("nmethod::_stub_offset")
 	n.ScopesPCs = r.offset("nmethod::_scopes_pcs_offset")
 	if n.ScopesInBlob = !r.has("nmethod::_immutable_data"); n.ScopesInBlob {
-		n.ScopesDataBegin = r.offset("CompiledMethod::_scopes_data_begin", "nmethod::_scopes_data_begin")
+		if n.ScopesDataRelative = r.has("nmethod::_scopes_data_offset"); n.ScopesDataRelative {
+			n.ScopesDataBegin = r.offset("nmethod::_scopes_data_offset")
+		} else {
+			n.ScopesDataBegin = r.offset("CompiledMethod::_scopes_data_begin", "nmethod::_scopes_data_begin")
+		}
 		n.Dependencies = r.offset("nmethod::_dependencies_offset")
 		n.Metadata = r.offset("nmethod::_metadata_offset")
 	} else {
@@ -310,6 +335,16 @@ func NewLayout(vs *VMStructs, version [4]int32) (*Layout, error) {
 	}
 	m.SymbolBody = r.offset("Symbol::_body", "Symbol::_body[0]")
 
+	var ok bool
+	if l.BCPSlot, ok = bcpSlot(version[0], runtime.GOARCH); !ok {
+		r.missing = append(r.missing, "the interpreter's frame layout on "+runtime.GOARCH+
+			" (known for JDK 8 and for 11 and later)")
+	}
+	l.BCPMayBeIndex = version[0] == 8
+	if f, ok := vs.Fields["ContinuationEntry::_return_pc"]; ok && f.IsStatic {
+		l.ContReturnPC = f.Address
+	}
+
 	if len(r.missing) > 0 {
 		return nil, fmt.Errorf("%w: JDK %d.%d.%d lacks %s", ErrLayout, version[0], version[1], version[2],
 			strings.Join(r.missing, ", "))
@@ -317,8 +352,31 @@ func NewLayout(vs *VMStructs, version [4]int32) (*Layout, error) {
 	return l, nil
 }
 
+// bcpSlot is the interpreted frame's slot of the bytecode pointer, in
+// words below its frame pointer, which no table exports
+// (frame::interpreter_frame_bcp_offset, bcx_offset in JDK 8):
+//   - JDK 8: -7 on x86_64 and aarch64 (jdk8u hotspot/src/cpu/x86/vm/frame_x86.hpp,
+//     and the aarch64 port's hotspot/src/cpu/aarch64/vm/frame_aarch64.hpp);
+//   - JDK 9 and later: -8 on x86_64, where the method's mirror took a slot
+//     above it (src/hotspot/cpu/x86/frame_x86.hpp), -9 on aarch64, with a
+//     padding or extended sp slot too (cpu/aarch64/frame_aarch64.hpp;
+//     internals.md, "arm64" A.3); JDK 26's -8 measured on x86_64 (-Xint).
+//
+// 9 and 10, never measured, are refused with the other versions not listed.
+func bcpSlot(major int32, arch string) (uint8, bool) {
+	switch {
+	case major == 8:
+		return 7, arch == "amd64" || arch == "arm64"
+	case major >= 11 && arch == "amd64":
+		return 8, true
+	case major >= 11 && arch == "arm64":
+		return 9, true
+	}
+	return 0, false
+}
+
 // versionFields are the static ints of the JVM's version, in Layout.Version
-// order.
+// order: JDK 9 and later number the VM as the JDK.
 var versionFields = []string{
 	"Abstract_VM_Version::_vm_major_version",
 	"Abstract_VM_Version::_vm_minor_version",
@@ -329,6 +387,9 @@ var versionFields = []string{
 // readVersion reads the JVM's version from its static fields.
 func readVersion(mem *procmem.Reader, vs *VMStructs) ([4]int32, error) {
 	var v [4]int32
+	if _, ok := vs.Fields[versionFields[2]]; !ok {
+		return readVersion8(mem, vs)
+	}
 	for i, name := range versionFields {
 		f, ok := vs.Fields[name]
 		if !ok || !f.IsStatic {
@@ -341,7 +402,60 @@ func readVersion(mem *procmem.Reader, vs *VMStructs) ([4]int32, error) {
 		v[i] = int32(n)
 	}
 	if v[0] < 9 {
-		return v, fmt.Errorf("JDK %d: only JDK 9 and later are supported", v[0])
+		return v, fmt.Errorf("%w: a VM numbered %d.%d.%d without the JDK 8 version fields", ErrLayout, v[0], v[1], v[2])
 	}
 	return v, nil
+}
+
+// readVersion8 reads the version of a JVM whose VM has numbers of its own
+// (HotSpot 25.504-b01 in JDK 8u504), which JDK 9 gave up (JEP 223): the
+// major from JDK_Version::_current, the update from the VM's release
+// string, which has no field of its own (jdk8u
+// hotspot/src/share/vm/runtime/vm_version.cpp, java.hpp).
+func readVersion8(mem *procmem.Reader, vs *VMStructs) ([4]int32, error) {
+	var v [4]int32
+	cur, ok := vs.Fields["JDK_Version::_current"]
+	major, ok2 := vs.Fields["JDK_Version::_major"]
+	if !ok || !ok2 || !cur.IsStatic || major.IsStatic {
+		return v, fmt.Errorf("%w: neither %s nor JDK_Version::_current", ErrLayout, versionFields[2])
+	}
+	m, err := mem.U8(cur.Address + major.Offset)
+	if err != nil {
+		return v, fmt.Errorf("reading JDK_Version::_current: %w", err)
+	}
+	v[0] = int32(m)
+	if v[0] == 0 || v[0] > 8 {
+		// Set once the JDK's libraries start; 9 and later number the VM.
+		return v, fmt.Errorf("%w: JDK_Version::_current is %d", interpreter.ErrStarting, v[0])
+	}
+	if f, ok := vs.Fields["Abstract_VM_Version::_s_vm_release"]; ok && f.IsStatic {
+		if p, err := mem.Ptr(f.Address); err == nil && p != 0 {
+			if rel, err := mem.CString(p, 64); err == nil {
+				v[2] = vmReleaseUpdate(rel)
+			}
+		}
+	}
+	if f, ok := vs.Fields[versionFields[3]]; ok && f.IsStatic {
+		if n, err := mem.U32(f.Address); err == nil {
+			v[3] = int32(n)
+		}
+	}
+	return v, nil
+}
+
+// vmReleaseUpdate is the update of a JDK 8 VM's release string: 504 in
+// "25.504-b01", 0 where it has none.
+func vmReleaseUpdate(rel string) int32 {
+	_, rest, ok := strings.Cut(rel, ".")
+	if !ok {
+		return 0
+	}
+	if i := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
+		rest = rest[:i]
+	}
+	n, err := strconv.Atoi(rest)
+	if err != nil || n > 1<<20 {
+		return 0
+	}
+	return int32(n)
 }

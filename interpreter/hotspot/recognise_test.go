@@ -2,6 +2,7 @@ package hotspot
 
 import (
 	"debug/elf"
+	"os"
 	"path/filepath"
 	"runtime"
 	"testing"
@@ -20,7 +21,7 @@ func TestRecogniseBuilds(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			path := filepath.Join(filepath.Dir(filepath.Dir(java)), "lib", "server", "libjvm.so")
+			path := libjvmOf(java, arch)
 			f, err := elf.Open(path)
 			if err != nil {
 				t.Fatal(err)
@@ -37,4 +38,17 @@ func TestRecogniseBuilds(t *testing.T) {
 			}
 		}
 	}
+}
+
+// libjvmOf is the libjvm.so of a JDK's java executable (JAVA_HOME/bin/java):
+// in lib/server, or for JDK 8 in jre/lib/ARCH/server (ARCH as OpenJDK 8
+// names it: amd64, aarch64).
+func libjvmOf(java, arch string) string {
+	home := filepath.Dir(filepath.Dir(java))
+	path := filepath.Join(home, "lib", "server", "libjvm.so")
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	dir := map[string]string{"amd64": "amd64", "arm64": "aarch64"}[arch]
+	return filepath.Join(home, "jre", "lib", dir, "server", "libjvm.so")
 }

@@ -1,11 +1,12 @@
 // Package hotspot unwinds and names the Java frames of HotSpot JVMs
-// (OpenJDK, JDK 11 and later) from the tables libjvm.so exports for
+// (OpenJDK 8, and 11 and later) from the tables libjvm.so exports for
 // debuggers: no agent, no JVM flag, and no offset table kept by hand.
 // internals.md beside this file gathers the facts about HotSpot's
 // structures and frames it relies on, with their sources.
 package hotspot
 
 import (
+	"debug/elf"
 	"errors"
 	"fmt"
 	"path"
@@ -58,12 +59,48 @@ func recognise(f *interpreter.File) (interpreter.Binary, error) {
 	}
 	// The BPF unwinder knows the frames of x86_64 and arm64 (internals.md
 	// and its section "arm64").
-	return &jvmBinary{syms: syms, err: interpreter.CheckMachine("HotSpot", f)}, nil
+	return &jvmBinary{syms: syms, cont: contSymbols(f.ELF), err: interpreter.CheckMachine("HotSpot", f)}, nil
+}
+
+// The statics that say where a virtual thread's frames return to when
+// their callers are still frozen (JDK 19+): StubRoutines::_cont_returnBarrier,
+// which no table exports, and ContinuationEntry::_return_pc, which JDK 25
+// and later export. Builds that keep their symbol table (Debian's) name
+// both there.
+const (
+	contBarrierName  = "_ZN12StubRoutines19_cont_returnBarrierE"
+	contReturnPCName = "_ZN17ContinuationEntry10_return_pcE"
+)
+
+// contSymbols returns the file addresses of contBarrierName and
+// contReturnPCName, zero where the file has no symbol table or not the
+// symbol: then a virtual thread's stack ends where its frozen frames are.
+func contSymbols(f *elf.File) contStatics {
+	var c contStatics
+	syms, err := f.Symbols()
+	if err != nil {
+		return c
+	}
+	for _, s := range syms {
+		if elf.ST_TYPE(s.Info) != elf.STT_OBJECT || s.Size != 8 {
+			continue
+		}
+		switch s.Name {
+		case contBarrierName:
+			c.barrier = s.Value
+		case contReturnPCName:
+			c.returnPC = s.Value
+		}
+	}
+	return c
 }
 
 // jvmBinary is a libjvm.so.
 type jvmBinary struct {
 	syms tableSymbols
+	// cont are the file addresses of contBarrierName and
+	// contReturnPCName, zero where unknown.
+	cont contStatics
 	err  error
 }
 
@@ -96,7 +133,15 @@ func (b *jvmBinary) Attach(h interpreter.Host) (interpreter.Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := unwinderProc(l, cc)
+	var cont contStatics
+	if b.cont.barrier != 0 {
+		cont.barrier = b.cont.barrier + h.Bias()
+		cont.returnPC = l.ContReturnPC
+		if cont.returnPC == 0 && b.cont.returnPC != 0 {
+			cont.returnPC = b.cont.returnPC + h.Bias()
+		}
+	}
+	cfg, err := unwinderProc(l, cc, cont)
 	if err != nil {
 		return nil, interpreter.Refuse("layout", err)
 	}

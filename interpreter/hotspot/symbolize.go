@@ -92,7 +92,13 @@ func (s *symbolizer) symbolize(f support.Frame, out []libpf.Frame) ([]libpf.Fram
 			return out, err
 		}
 		bci := int64(-1)
-		if f.Addr != 0 {
+		switch {
+		case f.Addr == 0:
+		case s.l.BCPMayBeIndex && f.Addr < uint64(m.codeSize):
+			// JDK 8's collector turns each frame's bytecode pointer into
+			// its index while it runs (frame::gc_prologue).
+			bci = int64(f.Addr)
+		default:
 			bci = int64(f.Addr) - int64(m.constMethod+uint64(s.l.Method.ConstMethodSize))
 		}
 		if m.codeSize == 0 && (f.Addr == 0 || bci == 0) {

@@ -17,7 +17,7 @@ import (
 // one whose name is null; the layout of an entry is itself exported, as
 // the offsets of its members and the array's stride
 // (gHotSpotVMStructEntryTypeNameOffset, …), all set when the JVM starts
-// (src/hotspot/share/runtime/vmStructs.{hpp,cpp}, JDK 8 to 25). Reading them
+// (src/hotspot/share/runtime/vmStructs.{hpp,cpp}, JDK 8 to 26). Reading them
 // from the target's memory makes every JDK version describe itself: no
 // offset table is kept by hand.
 

@@ -8,8 +8,8 @@
 // Facts (see interpreter/hotspot/internals.md): a PC's CodeBlob is found
 // through its code heap's segment map; the template interpreter's code is
 // one range; interpreted frames keep Method* at fp-3 words and the bytecode
-// pointer at fp-8 (x86_64) or fp-9 (arm64), the caller's unextended sp at
-// fp-1; compiled frames keep no frame pointer, their size in words, the
+// pointer at fp-8 (x86_64) or fp-9 (arm64; JDK 8: fp-7 on both), the
+// caller's unextended sp at fp-1; compiled frames keep no frame pointer, their size in words, the
 // saved frame pointer and return address at its top included, is in the
 // blob. On arm64 code without a frame of its own (adapters, most stubs, a
 // method before its prologue or after its epilogue) keeps its return
@@ -76,7 +76,18 @@ struct jvm_proc {
   u8 code_relative;
   u8 has_kind;
   u8 kind_nmethod;
-  u8 pad;
+  // The interpreted frame's slot of the bytecode pointer, in words below
+  // its frame pointer (frame::interpreter_frame_bcp_offset, which no table
+  // exports: user space knows it by version and architecture).
+  u8 bcp_slot;
+  // Where a virtual thread's frames return instead of into its frames
+  // still frozen (JDK 21+, where libjvm.so names it; else 0): the address
+  // of StubRoutines::_cont_returnBarrier, which holds the return barrier's
+  // address, and the offset from it of ContinuationEntry::_return_pc, which
+  // holds the return address into Continuation.enterSpecial the barrier
+  // stands for.
+  s32 cont_return_pc;
+  u64 cont_barrier;
 };
 _Static_assert(sizeof(struct jvm_proc) <= RUNTIME_PROC_SIZE, "jvm_proc too large");
 
@@ -140,17 +151,9 @@ static __always_inline int jvm_heap_of(const struct jvm_proc *p, u64 pc)
 #  define JVM_BCP_REGISTER(r) ((r)->regs[22])
 #endif
 
-// The interpreted frame's slot of the bytecode pointer, in words below fp
-// (frame_<cpu>.hpp, interpreter_frame_bcp_offset).
-#if defined(__TARGET_ARCH_x86)
-#  define JVM_BCP_SLOT 8
-#elif defined(__TARGET_ARCH_arm64)
-#  define JVM_BCP_SLOT 9
-#endif
-
 // The bytecode pointer of the interrupted interpreted frame: the template
 // interpreter keeps it in a register and stores it in the frame (at
-// JVM_BCP_SLOT) only when it calls out, so the frame's slot is stale. The
+// bcp_slot) only when it calls out, so the frame's slot is stale. The
 // register's value is taken where it points into the method's bytecodes
 // (it does not in the method's entry code), the slot otherwise.
 static __always_inline u64 jvm_top_bcp(const struct jvm_proc *p, u64 method, u64 slot, u64 reg)
@@ -239,31 +242,93 @@ enum jvm_walk {
 
 #if defined(__TARGET_ARCH_x86)
 
-// The caller of the interrupted code of blob b, where its frame is not
-// (yet, or any more) laid out as its size says: in its prologue, where
-// only the return address is pushed (rbp is saved by the instruction that
-// completes the frame, or still in rbp), or in its epilogue, past the add
-// to rsp. A stub without a frame size keeps rbp as its frame pointer.
-static __always_inline int jvm_top_frame(const struct unwind_state *state, const struct jvm_blob *b,
-                                         u64 *pc, u64 *sp, u64 *fp)
+// x86-64 instruction bytes of the prologues (MacroAssembler::verified_entry
+// for C2, C1_MacroAssembler::build_frame for C1, enter for stubs).
+#  define X86_PUSH_RBP  0x55
+#  define X86_POP_RBP   0x5d
+#  define X86_RET       0xc3
+#  define X86_REX_W     0x48
+#  define X86_SUB_IMM8  0x83        // 48 83 ec ib: sub rsp, imm8
+#  define X86_SUB_IMM32 0x81        // 48 81 ec id: sub rsp, imm32
+#  define X86_MODRM_RSP 0xec        // the /5 (sub) form on rsp
+#  define X86_MOV_RBP   0xe5894800U // 48 89 e5: mov rbp, rsp (the low three bytes)
+
+// Where the prologue that ends at the blob's frame complete offset has got
+// to at the PC, as the instructions just before it say (with a stack bang:
+// push rbp, then sub rsp, imm8 or imm32; without: sub rsp, imm32, then rbp
+// saved under the return address; a stub: push rbp; mov rbp, rsp): the
+// offset from sp of the return address, and 1 if the caller's rbp is saved
+// (in the word below it), else 0.
+static __always_inline int x86_prologue(u64 at, u64 *ret_at)
 {
-  u64 at = state->pc;
-  if (b->frame_size <= 0)
+  u8 w[8];
+  *ret_at = 0;
+  if (jvm_read(w, sizeof(w), at - 8))
+    return 0;
+  u32 imm32 = w[4] | (u32)w[5] << 8 | (u32)w[6] << 16 | (u32)w[7] << 24;
+  if (w[7] == X86_PUSH_RBP) {
+    *ret_at = 8;
+    return 1;
+  }
+  if (w[4] == X86_REX_W && w[5] == X86_SUB_IMM8 && w[6] == X86_MODRM_RSP) {
+    // After push rbp (C2 with a stack bang, C1).
+    *ret_at = w[7] + 8;
+    return 1;
+  }
+  if (w[1] == X86_REX_W && w[2] == X86_SUB_IMM32 && w[3] == X86_MODRM_RSP) {
+    // After push rbp, or without it: rbp is saved by the next instruction.
+    *ret_at = imm32 + (w[0] == X86_PUSH_RBP ? 8 : 0);
+    return w[0] == X86_PUSH_RBP;
+  }
+  if (w[4] == X86_PUSH_RBP && (imm32 >> 8) == (X86_MOV_RBP >> 8)) {
+    *ret_at = 8;
+    return 1;
+  }
+  return 0; // nothing pushed yet: the return address is at sp
+}
+
+// The caller of the interrupted code of blob b, where its frame is not
+// (yet, or any more) laid out as its size says: in its prologue (up to the
+// frame complete offset: x86_prologue), or in its epilogue, at the pop of
+// rbp or the ret. A stub without a frame size keeps rbp as its frame
+// pointer once it made a frame record (enter); vtable and itable stubs,
+// method handle intrinsics and most leaf stubs make none, and their return
+// address, into the Java code that called them, is at rsp (rbp is then
+// the caller's, an interpreted frame's or any value in compiled code).
+// Java code is called from the code cache only: a return address found
+// elsewhere says the guess was wrong, and the frame is walked by its size.
+static __always_inline int jvm_top_frame(const struct jvm_proc *p, const struct unwind_state *state,
+                                         const struct jvm_blob *b, u64 *pc, u64 *sp, u64 *fp)
+{
+  u64 at = state->pc, ret_at = 0;
+  int saved = 0;
+  if (b->frame_size <= 0) {
+    if (state->fp == state->sp)
+      return JVM_WALK_FRAME;
+  } else if (b->frame_complete > 0 && at < b->code + b->frame_complete) {
+    saved = x86_prologue(at, &ret_at);
+    if (ret_at + 8 > (u64)b->frame_size * 8)
+      return JVM_WALK_FRAME;
+  } else {
+    u8 insn = 0;
+    jvm_read(&insn, sizeof(insn), at);
+    if (insn == X86_POP_RBP) {
+      ret_at = 8;
+      saved = 1;
+    } else if (insn != X86_RET) {
+      return JVM_WALK_FRAME;
+    }
+  }
+  u64 ret;
+  if (jvm_read(&ret, sizeof(ret), state->sp + ret_at) ||
+      jvm_heap_of(p, ret & USER_ADDRESS_MASK) < 0)
     return JVM_WALK_FRAME;
   *fp = state->fp;
-  u8 insn = 0;
-  if (!(b->frame_complete > 0 && at < b->code + b->frame_complete)) {
-    jvm_read(&insn, sizeof(insn), at);
-    if (insn == 0x5d) { // pop rbp
-      if (jvm_read(fp, 8, state->sp) || jvm_read(pc, 8, state->sp + 8))
-        return JVM_WALK_ERROR;
-      *sp = state->sp + 16;
-      return JVM_WALK_DONE;
-    }
-    if (insn != 0xc3) // ret: all but the return address popped
-      return JVM_WALK_FRAME;
-  }
-  return frameless_return(state, pc, sp) ? JVM_WALK_ERROR : JVM_WALK_DONE;
+  if (saved && jvm_read(fp, 8, state->sp + ret_at - 8))
+    return JVM_WALK_ERROR;
+  *pc = ret;
+  *sp = state->sp + ret_at + 8;
+  return JVM_WALK_DONE;
 }
 
 // What a call from compiled code left on the stack below its frame: none.
@@ -316,8 +381,8 @@ static __always_inline int a64_return_poll(u32 w)
 // - a frame past its epilogue (ldp x29, x30; add sp, or add sp; ldp ...,
 //   #16), in its return poll or at its ret: sp is the caller's; on the
 //   large form's ldp the record is still at sp.
-static __always_inline int jvm_top_frame(const struct unwind_state *state, const struct jvm_blob *b,
-                                         u64 *pc, u64 *sp, u64 *fp)
+static __always_inline int jvm_top_frame(const struct jvm_proc *p, const struct unwind_state *state,
+                                         const struct jvm_blob *b, u64 *pc, u64 *sp, u64 *fp)
 {
   u64 at = state->pc, lr = state->lr & USER_ADDRESS_MASK;
   int called = lr >= b->code && lr <= at;
@@ -389,6 +454,25 @@ static __always_inline u64 jvm_call_padding(u64 pc)
 
 #endif
 
+// The caller of the frame that returned into pc with its caller's sp at
+// sp, if pc is the continuation return barrier: a virtual thread's frames
+// thawed onto its carrier's stack return there in place of the frames
+// still frozen in the heap, onto the Continuation.enterSpecial frame
+// (whose ContinuationEntry is at sp, internals.md 4.7). The walk goes on
+// as HotSpot's does, with that frame at ContinuationEntry::_return_pc,
+// then the carrier's own frames; the frozen ones are not on the stack.
+// Returns 1 if so.
+static __always_inline int jvm_cont_bottom(const struct jvm_proc *p, u64 pc, u64 *next_pc)
+{
+  u64 barrier = 0, ret = 0;
+  if (!p->cont_barrier || jvm_read(&barrier, sizeof(barrier), p->cont_barrier) || !barrier ||
+      barrier != pc || jvm_read(&ret, sizeof(ret), p->cont_barrier + (s64)p->cont_return_pc) ||
+      jvm_heap_of(p, ret) < 0)
+    return 0;
+  *next_pc = ret;
+  return 1;
+}
+
 SEC("perf_event")
 int unwind_jvm(struct bpf_perf_event_data *ctx)
 {
@@ -411,13 +495,13 @@ int unwind_jvm(struct bpf_perf_event_data *ctx)
       return tail_call_next(ctx, r, PROG_UNWIND_NATIVE);
     u64 next_pc, next_sp, next_fp;
     if (pc >= p->interp_lo && pc < p->interp_hi) {
-      u64 slots[2]; // fp-JVM_BCP_SLOT words: bcp; fp-3: Method*
+      u64 slots[2]; // fp-bcp_slot words: bcp; fp-3: Method*
       u64 sender_sp;
       if (fp <= sp || jvm_read(&sender_sp, sizeof(sender_sp), fp - 8)) {
         increment_runtime_metric(RUNTIME_JVM, METRIC_ERR_JVM_BAD_FRAME);
         goto give_up;
       }
-      if (jvm_read(&slots[0], sizeof(slots[0]), fp - 8 * JVM_BCP_SLOT) ||
+      if (jvm_read(&slots[0], sizeof(slots[0]), fp - 8 * (u64)(p->bcp_slot & 15)) ||
           jvm_read(&slots[1], sizeof(slots[1]), fp - 24) || jvm_read(&next_fp, 8, fp) ||
           jvm_read(&next_pc, 8, fp + 8))
         goto read_error;
@@ -463,19 +547,24 @@ int unwind_jvm(struct bpf_perf_event_data *ctx)
         increment_runtime_metric(RUNTIME_JVM, METRIC_ERR_JVM_BAD_FRAME);
         goto give_up_after;
       }
-      int walk = top ? jvm_top_frame(state, &b, &next_pc, &next_sp, &next_fp) : JVM_WALK_FRAME;
+      int walk = top ? jvm_top_frame(p, state, &b, &next_pc, &next_sp, &next_fp) : JVM_WALK_FRAME;
       if (walk == JVM_WALK_ERROR)
         goto read_error;
       if (walk == JVM_WALK_DONE) {
         // next_* set.
       } else if (b.frame_size <= 0) {
-        // Hand-written stubs (the call stub, adapters) keep a frame
-        // pointer when they have a frame at all (fp == sp: just made).
-        if (fp < sp)
-          goto give_up;
-        if (jvm_read(&next_fp, 8, fp) || jvm_read(&next_pc, 8, fp + 8))
-          goto read_error;
-        next_sp = fp + 16;
+        if (!top && jvm_cont_bottom(p, pc, &next_pc)) {
+          next_sp = sp;
+          next_fp = fp;
+        } else {
+          // Hand-written stubs (the call stub, adapters) keep a frame
+          // pointer when they have a frame at all (fp == sp: just made).
+          if (fp < sp)
+            goto give_up;
+          if (jvm_read(&next_fp, 8, fp) || jvm_read(&next_pc, 8, fp + 8))
+            goto read_error;
+          next_sp = fp + 16;
+        }
       } else {
         next_sp = sp + jvm_call_padding(pc) + (u64)b.frame_size * 8;
         if (jvm_read(&next_pc, 8, next_sp - 8) || jvm_read(&next_fp, 8, next_sp - 16))

@@ -19,7 +19,8 @@ import (
 )
 
 // javaWorkload compiles utils/workloads/java/JWorkload.java and returns
-// the directory of its classes and the line of each "// hot: NAME" marker
+// the directory of its classes (javaClasses: for JDK 11 and later, and
+// below it for JDK 8) and the line of each "// hot: NAME" marker
 // in it. The VMs have no javac: the prepare step compiles them beside the
 // scripts.
 func javaWorkload(t *testing.T) (classes string, hot map[string]uint32) {
@@ -35,8 +36,11 @@ func javaWorkload(t *testing.T) (classes string, hot map[string]uint32) {
 	}
 	if !inVM() || preparing() {
 		javac := filepath.Join(filepath.Dir(jdkfetch.SystemJava), "javac")
-		if out, err := exec.Command(javac, "--release", "11", "-d", classes, src).CombinedOutput(); err != nil {
-			t.Fatalf("javac: %v\n%s", err, out)
+		for _, release := range []string{"11", "8"} {
+			out, err := exec.Command(javac, "--release", release, "-d", javaClasses(classes, release), src).CombinedOutput()
+			if err != nil {
+				t.Fatalf("javac --release %s: %v\n%s", release, err, out)
+			}
 		}
 	}
 	f, err := os.Open(src)
@@ -52,6 +56,31 @@ func javaWorkload(t *testing.T) (classes string, hot map[string]uint32) {
 		}
 	}
 	return classes, hot
+}
+
+// javaClasses is where javaWorkload compiled the workload for JDK v:
+// JDK 8 cannot load the class files of 11, which the others run.
+func javaClasses(classes, v string) string {
+	if v == "8" {
+		return filepath.Join(classes, "release8")
+	}
+	return classes
+}
+
+// javaVersionFlags are the JVM flags a JDK version's workloads run with.
+// JDK 8's C2 records debug information only at safepoints and leaves no
+// safepoint poll in a counted loop, so no PC of the workload's hot loops
+// tells their line or the methods inlined there, to HotSpot itself or to
+// any profiler (without it: the leaf at its method's first line or not
+// there at all, in 0-75% of the samples). DebugNonSafepoints has C2 record
+// it everywhere, as JDK 8 profilers ask (async-profiler sets it through
+// JVMTI); the code is the same. JDK 10 and later keep a poll in such loops
+// (loop strip mining, JDK-8186027), so their code has what the tests need.
+func javaVersionFlags(v string) []string {
+	if v == "8" {
+		return []string{"-XX:+UnlockDiagnosticVMOptions", "-XX:+DebugNonSafepoints"}
+	}
+	return nil
 }
 
 // javaBuild returns the java executable of a tested JDK for the workloads'
@@ -419,6 +448,95 @@ func checkJavaZlib(t *testing.T, samples []sample, hot map[string]uint32) (float
 	return share(withLib, n), 0.9
 }
 
+// checkJavaDispatch: the worker's samples show the methods the dispatch
+// code called, or that code, above dispatchTop and Worker.run, complete;
+// those in the dispatch code itself (stubs and method handle intrinsics
+// that make no frame, their return address at sp) too.
+func checkJavaDispatch(t *testing.T, samples []sample, hot map[string]uint32) (float64, float64) {
+	t.Helper()
+	worker := ofThread(samples, "worker")
+	callee := func(f libpf.Frame) bool {
+		switch f.FunctionName {
+		case "JWorkload$Add.apply", "JWorkload$Mul.apply", "JWorkload$Xor.apply", "JWorkload.viaHandle":
+			return f.SourceFile == javaFile
+		}
+		return strings.HasPrefix(f.FunctionName, "java.lang.invoke.")
+	}
+	right := func(s sample) bool {
+		fs := javaFrames(s.trace)
+		i := slices.IndexFunc(fs, func(f libpf.Frame) bool { return f.FunctionName == "JWorkload.dispatchTop" })
+		return i >= 0 && !slices.ContainsFunc(fs[:i], func(f libpf.Frame) bool { return !callee(f) }) &&
+			javaFramesAre(fs[i:], []string{"JWorkload.dispatchTop", "JWorkload$Worker.run"}) && completeStack(s.trace)
+	}
+	// The samples whose leaf is the dispatch code: a stub's frame or a
+	// method handle's intrinsic (a native method of MethodHandle).
+	var inDispatch []sample
+	for _, s := range worker {
+		i := slices.IndexFunc(s.trace.Frames, func(f libpf.Frame) bool { return f.Kind == hotspot.Kind })
+		if i < 0 {
+			continue
+		}
+		f := s.trace.Frames[i]
+		if strings.HasPrefix(f.FunctionName, "[") ||
+			strings.HasPrefix(f.FunctionName, "java.lang.invoke.MethodHandle.") && f.Tier == hotspot.TierNative {
+			inDispatch = append(inDispatch, s)
+		}
+	}
+	ok, misses := tally(worker, right)
+	okDispatch, _ := tally(inDispatch, right)
+	t.Logf("%d samples of the worker thread, %.1f%% show a callee or none above dispatchTop and Thread.run, complete; "+
+		"%d with the dispatch code as their leaf, %.1f%% of those so", len(worker), 100*share(ok, len(worker)),
+		len(inDispatch), 100*share(okDispatch, len(inDispatch)))
+	if len(worker) < testHz {
+		t.Errorf("only %d samples of the worker thread", len(worker))
+	}
+	if len(inDispatch) < testHz/20 {
+		t.Errorf("only %d samples in the dispatch code: the test tests little", len(inDispatch))
+	}
+	logJavaExamples(t, "miss", misses)
+	return share(ok, len(worker)), 0.95
+}
+
+// checkJavaVThreads: the samples of the virtual threads in vLeaf show
+// vLeaf, vMid and vTop above their carrier's own frames (from
+// Continuation.run down to ForkJoinWorkerThread.run), complete: past the
+// continuation return barrier that the oldest thawed frame returns into.
+// The frames still frozen in the heap (the virtual thread's lambda and
+// VirtualThread.run) are not on the stack and not asked for.
+func checkJavaVThreads(t *testing.T, samples []sample, hot map[string]uint32) (float64, float64) {
+	t.Helper()
+	chain := []string{"JWorkload.vLeaf", "JWorkload.vMid", "JWorkload.vTop"}
+	var inLeaf []sample
+	for _, s := range samples {
+		if names := javaNames(s.trace); len(names) > 0 && names[0] == chain[0] {
+			inLeaf = append(inLeaf, s)
+		}
+	}
+	ok, misses := tally(inLeaf, func(s sample) bool {
+		fs := javaFrames(s.trace)
+		return len(fs) > len(chain) && hasChain(javaNames(s.trace)[:len(chain)], chain) &&
+			fs[0].SourceLine == hot["vLeaf"] && fs[0].SourceFile == javaFile &&
+			slices.ContainsFunc(fs, func(f libpf.Frame) bool { return f.FunctionName == "jdk.internal.vm.Continuation.run" }) &&
+			fs[len(fs)-1].FunctionName == "java.util.concurrent.ForkJoinWorkerThread.run" && completeStack(s.trace)
+	})
+	barrier, _ := tally(inLeaf, func(s sample) bool {
+		return slices.ContainsFunc(s.trace.Frames, func(f libpf.Frame) bool {
+			return f.Kind == hotspot.Kind && strings.HasPrefix(f.FunctionName, "[StubRoutines (continuation")
+		})
+	})
+	t.Logf("%d samples in vLeaf, %.1f%% show %v at line %d above the carrier's frames, complete; %.1f%% through the return barrier",
+		len(inLeaf), 100*share(ok, len(inLeaf)), chain, hot["vLeaf"], 100*share(barrier, len(inLeaf)))
+	logTiers(t, inLeaf, chain)
+	if len(inLeaf) < testHz {
+		t.Errorf("only %d samples in vLeaf", len(inLeaf))
+	}
+	if barrier < testHz/10 {
+		t.Errorf("only %d samples through the return barrier: the test tests little", barrier)
+	}
+	logJavaExamples(t, "miss", misses)
+	return share(ok, len(inLeaf)), 0.9
+}
+
 // javaCases are the workloads TestJavaStacks runs on each JDK.
 var javaCases = []javaCase{
 	// The chain: mid interpreted between compiled leaf and top.
@@ -437,6 +555,11 @@ var javaCases = []javaCase{
 	{"recursion 40", "recursion", nil, checkJavaRecursion, nil},
 	{"4 threads", "threads", nil, checkJavaThreads, nil},
 	{"zlib (libz beneath)", "zlib", nil, checkJavaZlib, nil},
+	// Interface calls through itable stubs and method handles through
+	// their intrinsics, code without a frame of its own.
+	{"dispatch stubs", "dispatch", nil, checkJavaDispatch, nil},
+	// Virtual threads (JDK 21+) yielding and mounted again.
+	{"virtual threads", "vthreads", nil, checkJavaVThreads, func(arch string, jdk int) bool { return jdk >= 21 }},
 	// Return addresses signed (PAC) in every Java frame and stub: the
 	// chain as without (the flag is arm64's; of the JDKs tested, 21 and
 	// 25 have it). The JVM warns where the CPU lacks PAC, which fails the
@@ -460,6 +583,7 @@ func TestJavaStacks(t *testing.T) {
 	for _, v := range jdkfetch.Versions() {
 		t.Run("JDK "+v, func(t *testing.T) {
 			java := javaBuild(t, v)
+			classes := javaClasses(classes, v)
 			s := startSession(t, testHz)
 			// A short run first: the daemon has then read this JDK's
 			// files, as on any host after its first minutes.
@@ -473,7 +597,7 @@ func TestJavaStacks(t *testing.T) {
 					continue
 				}
 				t.Run(c.name, func(t *testing.T) {
-					r := runJava(t, java, classes, c.mode, run, c.flags...)
+					r := runJava(t, java, classes, c.mode, run, append(javaVersionFlags(v), c.flags...)...)
 					if strings.Contains(r.output, "ROP-protection") {
 						t.Fatalf("the JVM did not sign return addresses:\n%s", r.output)
 					}
@@ -609,9 +733,10 @@ func TestJavaChurn(t *testing.T) {
 				t.Fatal(err)
 			}
 			flags := []string{"-XX:+UnlockDiagnosticVMOptions"}
-			if v != "11" {
+			if v != "8" && v != "11" {
 				flags = append(flags, "-XX:+DeoptimizeNMethodBarriersALot")
 			}
+			classes := javaClasses(classes, v)
 			s := startSession(t, testHz)
 			runJava(t, java, classes, "chain", time.Second)
 			run := runJava(t, java, classes, "churn", 4*time.Second, flags...)

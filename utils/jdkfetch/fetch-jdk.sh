@@ -1,14 +1,15 @@
 #!/bin/bash
-# fetch-jdk.sh VERSION [ARCH] - a Debian OpenJDK build for the profiler's HotSpot tests: 11, 21 or
-# 25 for this machine (Debian 12's own 17 is installed by install-test-deps.sh), or 11, 17, 21 or
-# 25 for a foreign ARCH (arm64: the kernel matrix's VMs run it; it is unpacked here, never run).
+# fetch-jdk.sh VERSION [ARCH] - a Debian OpenJDK build for the profiler's HotSpot tests: 8, 11,
+# 21, 25 or 26 for this machine (Debian 12's own 17 is installed by install-test-deps.sh), or any
+# of them and 17 for a foreign ARCH (arm64: the kernel matrix's VMs run it; it is unpacked here,
+# never run).
 #
 # Downloads openjdk-VERSION-jre-headless (and, for this machine, -jdk-headless) from the suite that
 # carries it (11: bullseye, 17: bookworm, 21 and 25: trixie, each with its security updates,
-# but 11 for arm64 without them) and
+# but 11 for arm64 without them; 8 and 26: sid, which has no security suite) and
 # unpacks it with dpkg-deb -x into
 #   ${XDG_CACHE_HOME:-~/.cache}/ebpf-profiler/jdk-VERSION-ARCH/root/
-# Trixie's builds need glibc >= 2.38 (Debian 12 has 2.36), and a foreign architecture's build gets
+# Trixie's and sid's builds need glibc >= 2.38 (Debian 12 has 2.36), and a foreign architecture's build gets
 # its own suite's libc and the few libraries libjvm.so and the launcher load (libstdc++, libgcc,
 # zlib) wherever it is copied to: the JDK's executables (not its libraries) are pointed at that
 # loader and those libraries with patchelf (PT_INTERP and DT_RPATH, which, unlike RUNPATH, also
@@ -21,7 +22,7 @@
 set -euo pipefail
 
 die() { echo "fetch-jdk: $*" >&2; exit 1; }
-[ $# -ge 1 ] && [ $# -le 2 ] || die "usage: $0 11|17|21|25 [amd64|arm64]"
+[ $# -ge 1 ] && [ $# -le 2 ] || die "usage: $0 8|11|17|21|25|26 [amd64|arm64]"
 V=$1 HOST=$(dpkg --print-architecture)
 export RUNTIME_ARCH=${2:-$HOST}
 SECURITY=1
@@ -29,6 +30,8 @@ case $V in
   11) SUITE=bullseye NEW_LIBC=0 ;;
   17) SUITE=bookworm NEW_LIBC=0 ;;
   21 | 25) SUITE=trixie NEW_LIBC=1 ;;
+  # Only sid carries these two among the suites here; sid has no -security suite.
+  8 | 26) SUITE=sid NEW_LIBC=1 SECURITY=0 ;;
   *) die "no suite known for OpenJDK $V" ;;
 esac
 FOREIGN=0 PKGS="openjdk-$V-jre-headless"
@@ -62,7 +65,8 @@ find "$ROOT" -type l | while IFS= read -r l; do
   case $t in /*) if [ -e "$ROOT$t" ]; then ln -sfn "$ROOT$t" "$l"; fi ;; esac
 done
 
-for f in "$JH"/bin/* "$JH"/lib/jspawnhelper "$JH"/lib/jexec; do
+# 8 keeps the runtime's executables in jre/bin (bin/java links there) and jexec in jre/lib.
+for f in "$JH"/bin/* "$JH"/lib/jspawnhelper "$JH"/lib/jexec "$JH"/jre/bin/* "$JH"/jre/lib/jexec; do
   [ -f "$f" ] && [ ! -L "$f" ] || continue
   patchelf --print-interpreter "$f" >/dev/null 2>&1 || continue # not a dynamic executable
   point_at_root "$f" "$ROOT" "$NEW_LIBC" || die "patchelf $f failed"

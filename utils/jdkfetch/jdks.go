@@ -1,6 +1,6 @@
 // Package jdkfetch finds the JDKs the HotSpot tests run: Debian 12's own
 // OpenJDK 17 and the builds fetch-jdk.sh unpacks (make test-deps), and all
-// four built for arm64, which the kernel matrix's arm64 VMs run.
+// of them built for arm64, which the kernel matrix's arm64 VMs run.
 package jdkfetch
 
 import (
@@ -23,7 +23,7 @@ const system = "17"
 func isSystem(v, arch string) bool { return v == system && arch == "amd64" }
 
 // tested are the versions the tests run, oldest first.
-var tested = []string{"11", "17", "21", "25"}
+var tested = []string{"8", "11", "17", "21", "25", "26"}
 
 // Fetched lists the versions fetch-jdk.sh fetches for arch.
 func Fetched(arch string) []string {

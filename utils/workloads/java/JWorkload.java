@@ -1,13 +1,18 @@
 // Java workloads with known hot stacks, for the profiler's integration
 // tests: java JWorkload.java MODE SECONDS [WARMUP] (or compiled: java -cp
-// DIR JWorkload MODE SECONDS [WARMUP]). Compiles with --release 11 and
-// runs on JDK 11 and later. Prints "hot phase from T" (T in Unix seconds)
+// DIR JWorkload MODE SECONDS [WARMUP]). Compiles with --release 8 and
+// runs on JDK 8 and later (the tests compile it with --release 11 for JDK
+// 11 and later). Prints "hot phase from T" (T in Unix seconds)
 // once it starts its hot phase and "hot phase to T" once it ends it,
 // before the JVM exits.
 //
 // Each hot loop sits on one line, which the tests look up by the marker
 // comment at its end ("// hot: NAME").
+import java.io.ByteArrayOutputStream;
 import java.io.InputStream;
+import java.lang.invoke.MethodHandle;
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.MethodType;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.zip.Deflater;
@@ -104,10 +109,13 @@ public class JWorkload {
     }
 
     static void churnTop(long deadline) throws Exception {
-        byte[] bytes;
+        // Read by hand: InputStream.readAllBytes is JDK 9's.
+        ByteArrayOutputStream buf = new ByteArrayOutputStream();
         try (InputStream in = JWorkload.class.getResourceAsStream("JWorkload$Churn.class")) {
-            bytes = in.readAllBytes();
+            byte[] chunk = new byte[4096];
+            for (int n; (n = in.read(chunk)) > 0; ) { buf.write(chunk, 0, n); }
         }
+        byte[] bytes = buf.toByteArray();
         long s = 0;
         for (int round = 1; System.nanoTime() < deadline; round++) {
             Class<?> c = new ChurnLoader(bytes).loadClass(Churn.class.getName());
@@ -120,7 +128,45 @@ public class JWorkload {
         sink = s;
     }
 
-    // The thread of chain, inline and churn.
+    // dispatch: calls through the JVM's dispatch code, which makes no frame
+    // of its own: an interface call with three receiver classes, which C2
+    // leaves to an itable stub, and a method handle read from a field, which
+    // it calls through the handle's invokeBasic and linkToStatic intrinsics.
+    // The callees are tiny, so that a good share of the samples is in that
+    // code.
+    static final class Add implements LongOp {
+        @Override
+        public long apply(long x) { return x + 1; }
+    }
+
+    static final class Mul implements LongOp {
+        @Override
+        public long apply(long x) { return x * 3; }
+    }
+
+    static final class Xor implements LongOp {
+        @Override
+        public long apply(long x) { return x ^ 5; }
+    }
+
+    static long viaHandle(long x) { return x - 7; }
+
+    // Not final: the JIT cannot take it for a constant and inline the call.
+    static MethodHandle handle;
+
+    static void dispatchTop(long deadline) throws Throwable {
+        LongOp[] ops = {new Add(), new Mul(), new Xor()};
+        handle = MethodHandles.lookup().findStatic(JWorkload.class, "viaHandle",
+                MethodType.methodType(long.class, long.class));
+        long s = 0;
+        for (int n = 1; (n & 1023) != 0 || System.nanoTime() < deadline; n++) {
+            s += ops[n % 3].apply(s);
+            s += (long) handle.invokeExact(s);
+        }
+        sink = s;
+    }
+
+    // The thread of chain, inline, churn and dispatch.
     static final class Worker implements Runnable {
         final String mode;
         final long deadline;
@@ -136,9 +182,10 @@ public class JWorkload {
                 switch (mode) {
                     case "chain": top(deadline); break;
                     case "inline": inlineTop(deadline); break;
+                    case "dispatch": dispatchTop(deadline); break;
                     default: churnTop(deadline); break;
                 }
-            } catch (Exception e) {
+            } catch (Throwable e) {
                 throw new RuntimeException(e);
             }
         }
@@ -233,6 +280,50 @@ public class JWorkload {
         for (Thread t : ts) { t.join(); }
     }
 
+    // vthreads: four virtual threads (JDK 21+; started through reflection,
+    // the workload compiles for JDK 8) each run vTop -> vMid -> vLeaf and
+    // sleep now and then. Mounted again, a virtual thread's frames are
+    // thawed onto its carrier's stack lazily: the oldest thawed one returns
+    // into the continuation return barrier, not into its caller, which
+    // stays frozen in the heap.
+    static long vLeaf(long seed) {
+        long x = seed;
+        for (int i = 0; i < LOOP; i++) { x = x * 47 + (i ^ (x >>> 9)); } // hot: vLeaf
+        return x;
+    }
+
+    static long vMid(long seed) { return vLeaf(seed) + 1; }
+
+    static void vTop(long deadline) {
+        long s = 0;
+        for (int n = 1; System.nanoTime() < deadline; n++) {
+            s += vMid(s);
+            if ((n & 63) == 0) { sleepBriefly(); }
+        }
+        sink = s;
+    }
+
+    // A virtual thread sleeping is unmounted, and mounted again on a free
+    // carrier once its time is up.
+    static void sleepBriefly() {
+        try {
+            Thread.sleep(0, 1000);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+    }
+
+    static void vthreads(long deadline) throws Exception {
+        Object builder = Thread.class.getMethod("ofVirtual").invoke(null);
+        java.lang.reflect.Method start = Class.forName("java.lang.Thread$Builder").getMethod("start", Runnable.class);
+        List<Thread> ts = new ArrayList<>();
+        for (int i = 0; i < 4; i++) {
+            Runnable r = () -> vTop(deadline);
+            ts.add((Thread) start.invoke(builder, r));
+        }
+        for (Thread t : ts) { t.join(); }
+    }
+
     // zlib: Java calls into the JDK's native zip library (JNI), which
     // calls zlib: native frames beneath a Java frame.
     static void compress(byte[] in, byte[] out) {
@@ -275,12 +366,14 @@ public class JWorkload {
             case "chain":
             case "inline":
             case "churn":
+            case "dispatch":
                 Thread w = new Thread(new Worker(mode, deadline), "worker");
                 w.start();
                 w.join();
                 break;
             case "recursion": recursionTop(deadline); break;
             case "threads": threads(deadline); break;
+            case "vthreads": vthreads(deadline); break;
             case "zlib": zlibTop(deadline); break;
             default: throw new IllegalArgumentException("unknown mode " + mode);
         }
