@@ -34,6 +34,7 @@ import (
 	"github.com/hostprof/ebpf-profiler/utils/nodefetch"
 	"github.com/hostprof/ebpf-profiler/utils/perlfetch"
 	"github.com/hostprof/ebpf-profiler/utils/phpfetch"
+	"github.com/hostprof/ebpf-profiler/utils/pyfetch"
 	"github.com/hostprof/ebpf-profiler/utils/rubyfetch"
 )
 
@@ -48,7 +49,8 @@ func main() {
 		"JWorkload chain under JDK 17), node (utils/workloads/node/v8work.js chain under Node 20), "+
 		"ruby (utils/workloads/ruby/rbworkload.rb chain under Debian 12's Ruby 3.1), "+
 		"php (utils/workloads/php/phpworkload.php chain under Debian 12's PHP 8.2), "+
-		"perl (utils/workloads/perl/plworkload.pl chain under Debian 12's perl 5.36), apm (utils/testagent's app: "+
+		"perl (utils/workloads/perl/plworkload.pl chain under Debian 12's perl 5.36; a runtime's version after a colon: "+
+		"python:3.15, python:tailcall, java:26, node:26, ruby:3.4, php:8.4, perl:5.42), apm (utils/testagent's app: "+
 		"two threads per process, 80% of the time in APM transactions) or apm-off (the same with the agent "+
 		"library renamed, so that it is not correlated)")
 	procs := flag.Int("procs", runtime.NumCPU(), "busy processes")
@@ -386,9 +388,19 @@ func bpfMapBytes(pid int) uint64 {
 }
 
 // busyProcesses starts n busy processes of the given kind and returns the
-// func that stops them and their pids.
-func busyProcesses(kind string, n int) (stop func(), pids []int) {
+// func that stops them and their pids. A runtime's kind may name its
+// version after a colon (python:3.15, python:tailcall, java:26, node:26,
+// ruby:3.4, php:8.4, perl:5.42); without one, the version the tables of
+// docs/overhead.md were measured with.
+func busyProcesses(load string, n int) (stop func(), pids []int) {
 	var argv []string
+	kind, version, _ := strings.Cut(load, ":")
+	or := func(def string) string {
+		if version == "" {
+			return def
+		}
+		return version
+	}
 	switch kind {
 	case "shell":
 		argv = []string{"sh", "-c", "while :; do :; done"}
@@ -399,40 +411,56 @@ func busyProcesses(kind string, n int) (stop func(), pids []int) {
 	case "manymaps":
 		argv = []string{buildLoad("manymaps", "gcc", "-O2", "-o", "BIN", "utils/workloads/manymaps.c"), "1000000"}
 	case "python":
-		argv = []string{"python3", "utils/workloads/python/pyworkload.py", "chain", "1000000"}
+		py := "python3"
+		var err error
+		switch version {
+		case "":
+		case "tailcall":
+			py, err = pyfetch.TailCallPython("3.14")
+		default:
+			py, err = pyfetch.Python(version)
+		}
+		check(err)
+		argv = []string{py, "utils/workloads/python/pyworkload.py", "chain", "1000000"}
 	case "apm", "apm-off":
 		argv = apmLoad(kind == "apm")
 	case "java":
 		// The chain workload, mid interpreted between compiled leaf and
-		// top, in a JVM of Debian 12's JDK 17.
+		// top, in a JVM of Debian 12's JDK 17 (or the version named),
+		// compiled for JDK 8 by the system's javac.
+		java, err := jdkfetch.Java(or("17"))
+		check(err)
 		dir, err := os.MkdirTemp("", "bench-java")
 		check(err)
 		atExit(func() { os.RemoveAll(dir) })
 		javac := filepath.Join(filepath.Dir(jdkfetch.SystemJava), "javac")
-		out, err := exec.Command(javac, "--release", "11", "-d", dir, "utils/workloads/java/JWorkload.java").CombinedOutput()
+		out, err := exec.Command(javac, "--release", "8", "-d", dir, "utils/workloads/java/JWorkload.java").CombinedOutput()
 		if err != nil {
 			fatalf("compiling the Java load (run from the repository root): %v\n%s", err, out)
 		}
-		argv = []string{jdkfetch.SystemJava, "-XX:CompileCommand=quiet", "-XX:CompileCommand=exclude,JWorkload::mid",
+		argv = []string{java, "-XX:CompileCommand=quiet", "-XX:CompileCommand=exclude,JWorkload::mid",
 			"-cp", dir, "JWorkload", "chain", "1000000"}
 	case "ruby":
-		rb, err := rubyfetch.Ruby("3.1")
+		rb, err := rubyfetch.Ruby(or("3.1"))
 		check(err)
 		argv = []string{rb, "utils/workloads/ruby/rbworkload.rb", "chain", "1000000"}
 	case "php":
-		b, err := phpfetch.PHP("8.2")
+		b, err := phpfetch.PHP(or("8.2"))
 		check(err)
 		argv = append([]string{b.CLI}, append(b.Args, "utils/workloads/php/phpworkload.php", "chain", "1000000")...)
 	case "perl":
-		pl, err := perlfetch.Perl("5.36")
+		pl, err := perlfetch.Perl(or("5.36"))
 		check(err)
 		argv = []string{pl, "utils/workloads/perl/plworkload.pl", "chain", "1000000"}
 	case "node":
 		// The chain workload with default flags (TurboFan inlines leaf
-		// and mid into top) in the machine's Node 20.
-		argv = []string{nodefetch.SystemNode, "utils/workloads/node/v8work.js", "chain", "1000000"}
+		// and mid into top) in the machine's Node 20 (or the version
+		// named).
+		node, err := nodefetch.Node(or("20"))
+		check(err)
+		argv = []string{node, "utils/workloads/node/v8work.js", "chain", "1000000"}
 	default:
-		fatalf("unknown load %q", kind)
+		fatalf("unknown load %q", load)
 	}
 	var cmds []*exec.Cmd
 	for i := range n {
