@@ -301,6 +301,37 @@ func hasChain(names, chain []string) bool {
 	return false
 }
 
+// pairUp lets the calling subtest, one runtime version's, run beside one
+// other (go test's -parallel is GOMAXPROCS, 2 here): each has its own
+// session, both see a busy host, as users run it, and a version's suite
+// takes half the time. Not in a VM, whose one emulated CPU would delay
+// the JITs' warm-up (utils/kernelmatrix).
+func pairUp(t *testing.T) {
+	if !inVM() {
+		t.Parallel()
+	}
+}
+
+// shareResults are a table's shares (logShareTable), written by subtests
+// that may run at once.
+type shareResults struct {
+	mu sync.Mutex
+	m  map[string][]float64
+}
+
+// init gives version n cases, n/a until set.
+func (r *shareResults) init(version string, n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.m[version] = slices.Repeat([]float64{math.NaN()}, n)
+}
+
+func (r *shareResults) set(version string, i int, v float64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.m[version][i] = v
+}
+
 // logShareTable logs a Markdown table of shares: a row per version, a
 // column per case.
 func logShareTable(t *testing.T, head string, versions, cases []string, results map[string][]float64) {

@@ -3,7 +3,6 @@ package integration
 import (
 	"bufio"
 	"fmt"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -579,9 +578,15 @@ func TestJavaStacks(t *testing.T) {
 	if inVM() {
 		run = 3 * time.Second // in a VM, after its warm-up (vmJavaWarmup)
 	}
-	results := map[string][]float64{}
+	results := &shareResults{m: map[string][]float64{}}
+	var names []string
+	for _, c := range javaCases {
+		names = append(names, c.name)
+	}
+	t.Cleanup(func() { logShareTable(t, "JDK", jdkfetch.Versions(), names, results.m) })
 	for _, v := range jdkfetch.Versions() {
 		t.Run("JDK "+v, func(t *testing.T) {
+			pairUp(t)
 			java := javaBuild(t, v)
 			classes := javaClasses(classes, v)
 			s := startSession(t, testHz)
@@ -590,7 +595,7 @@ func TestJavaStacks(t *testing.T) {
 			runJava(t, java, classes, "chain", time.Second)
 			// Each case runs in its subtest, which a VM's selection
 			// (go test -run) may leave out.
-			results[v] = slices.Repeat([]float64{math.NaN()}, len(javaCases)) // n/a where left out
+			results.init(v, len(javaCases)) // n/a where left out
 			major, _ := strconv.Atoi(v)
 			for i, c := range javaCases {
 				if c.runsOn != nil && !c.runsOn(targetArch(), major) {
@@ -603,7 +608,7 @@ func TestJavaStacks(t *testing.T) {
 					}
 					s.waitExited(t, r.pid)
 					got, want := c.check(t, r.hotSamples(t, s.rec), hot)
-					results[v][i] = got
+					results.set(v, i, got)
 					if got < want {
 						t.Errorf("%.1f%% of samples as expected, want >= %.0f%%", 100*got, 100*want)
 					}
@@ -612,11 +617,6 @@ func TestJavaStacks(t *testing.T) {
 			logRuntimeMetrics(t, s, "jvm")
 		})
 	}
-	var names []string
-	for _, c := range javaCases {
-		names = append(names, c.name)
-	}
-	logShareTable(t, "JDK", jdkfetch.Versions(), names, results)
 }
 
 // startJava starts the workload in mode for d, in a pid and mount

@@ -350,10 +350,16 @@ func TestNodeStacks(t *testing.T) {
 	requireRoot(t)
 	script, hot := nodeWorkload(t)
 	const run = 4 * time.Second
-	results := map[string][]float64{}
+	results := &shareResults{m: map[string][]float64{}}
 	versions := nodefetch.VersionsFor(targetArch())
+	var names []string
+	for _, c := range nodeCases {
+		names = append(names, c.name)
+	}
+	t.Cleanup(func() { logShareTable(t, "Node", versions, names, results.m) })
 	for _, v := range versions {
 		t.Run("Node "+v, func(t *testing.T) {
+			pairUp(t)
 			node := nodeVersion(t, v)
 			s := startSession(t, testHz)
 			// A short run first: the daemon has then read this node's
@@ -363,7 +369,7 @@ func TestNodeStacks(t *testing.T) {
 			// Each case runs in its subtest, which a VM's selection
 			// (go test -run) may leave out; n/a where it is, or where the
 			// version predates the case's flags.
-			results[v] = slices.Repeat([]float64{math.NaN()}, len(nodeCases))
+			results.init(v, len(nodeCases))
 			for i, c := range nodeCases {
 				if major < c.from {
 					continue
@@ -372,7 +378,7 @@ func TestNodeStacks(t *testing.T) {
 					r := runNode(t, node, script, c.mode, run, c.flagsFor(major)...).release(t)
 					s.waitExited(t, r.pid)
 					got, want := c.check(t, r.hotSamples(t, s.rec), script, hot)
-					results[v][i] = got
+					results.set(v, i, got)
 					if got < want {
 						t.Errorf("%.1f%% of samples as expected, want >= %.0f%%", 100*got, 100*want)
 					}
@@ -381,11 +387,6 @@ func TestNodeStacks(t *testing.T) {
 			logRuntimeMetrics(t, s, "v8")
 		})
 	}
-	var names []string
-	for _, c := range nodeCases {
-		names = append(names, c.name)
-	}
-	logShareTable(t, "Node", versions, names, results)
 }
 
 // startNode starts the workload in mode for d, in a pid and mount
