@@ -13,7 +13,7 @@
 # needs its own: the suite's libc6 is unpacked too and the executable is pointed at that loader and
 # the unpacked libraries with patchelf (PT_INTERP and DT_RPATH), so the process is the genuine luajit
 # mapping the genuine libluajit-5.1.so.2. bin/luajit is a wrapper that sets LUA_PATH to the unpacked
-# jit.* modules and execs it. bin/luajit-embed is a small C host (embed.c beside this script,
+# jit.* modules and execs it. bin/luajit-embed is a small C host (host/embed.c beside this script,
 # compiled with the host's gcc, or aarch64-linux-gnu-gcc for arm64, against the unpacked headers)
 # linked against the unpacked libluajit-5.1.so.2 and pointed at the unpacked root the same way: it
 # runs a Lua script file through luaL_loadfile and lua_pcall, the embedded case.
@@ -90,7 +90,7 @@ case $RUNTIME_ARCH in
   *) die "no C compiler known for $RUNTIME_ARCH" ;;
 esac
 command -v "$CC" >/dev/null || die "$CC missing (install-test-deps.sh installs it)"
-"$CC" -O1 -g -fno-omit-frame-pointer -I"$INC" -o "$EMBED" "$HERE/embed.c" "$LIBDIR/libluajit-5.1.so.2" \
+"$CC" -O1 -g -fno-omit-frame-pointer -I"$INC" -o "$EMBED" "$HERE/host/embed.c" "$LIBDIR/libluajit-5.1.so.2" \
   -Wl,--allow-shlib-undefined || die "compiling the C host failed"
 point_at_root "$EMBED" "$ROOT" 1 || die "patchelf $EMBED failed"
 
