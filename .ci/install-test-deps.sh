@@ -102,8 +102,8 @@ done
 # LuaJIT: OpenResty's 2.1 as Debian's trixie (2.1.0+openresty20250117) and
 # sid (2.1.0+openresty20251030) build it, the luajit command and a small C
 # host (utils/luajitfetch/host/embed.c) linked against libluajit-5.1.so.2, for
-# this machine (the LuaJIT tests run both) and unpacked for arm64 (detection
-# is tested on them; the kernel matrix's arm64 VMs run them) (cached).
+# this machine and unpacked for arm64: interpreter/luajit's detection tests
+# read all four (cached).
 for v in 2.1-20250117 2.1-20251030; do
   for a in amd64 arm64; do ./utils/luajitfetch/fetch-luajit.sh "$v" "$a" >/dev/null; done
 done
