@@ -37,6 +37,14 @@ static __always_inline int step_frame_pointer(struct unwind_state *state)
   state->fp = record[0];
   state->pc = ra;
   state->return_address = 1;
+#if defined(__TARGET_ARCH_arm64)
+  // An arm64 frame record need not be at the top of its frame: GCC
+  // stores x29 and x30 at the bottom, below the callee-saved registers
+  // (Debian glibc 2.36's __libc_start_call_main: stp x29, x30, [sp, #-272]!),
+  // so the caller's sp may be above fp + 16. step_delta corrects it
+  // where the caller keeps a frame record.
+  state->fp_step_sp = state->sp;
+#endif
   return 0;
 }
 
@@ -300,6 +308,21 @@ static __always_inline int step_delta(struct unwind_state *state, const struct u
   switch (rule->cfa_base) {
   case CFA_SP:
     cfa = state->sp + rule->cfa_offset;
+#if defined(__TARGET_ARCH_arm64)
+    // After a frame-pointer step sp is only a lower bound. A frame that
+    // keeps a frame record (fp saved, the return address just above it)
+    // has x29 pointing at it, so its CFA is fp - fp_offset, at or above
+    // the bound's. Otherwise the return address is read from the wrong
+    // slot: a new node process's frames are walked by frame pointers
+    // until user space has loaded its mappings, glibc's below them by
+    // their deltas, and __libc_start_call_main's caller came out as a
+    // stack address.
+    if (state->sp == state->fp_step_sp && rule->fp_offset &&
+        rule->ra_offset == rule->fp_offset + 8 && state->fp - rule->fp_offset >= cfa) {
+      cfa = state->fp - rule->fp_offset;
+      increment_metric(METRIC_CFA_FROM_FRAME_RECORD);
+    }
+#endif
     break;
   case CFA_FP:
     cfa = state->fp + rule->cfa_offset;

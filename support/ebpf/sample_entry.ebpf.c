@@ -83,6 +83,7 @@ int sample_entry(struct bpf_perf_event_data *ctx)
   r->state.vma_tried = 0;
   r->state.exe_read = 0;
   r->state.lib_looked = 0;
+  r->state.fp_step_sp = 0;
   r->state.handoff.done_mask = 0;
   r->state.inline_walk.runtime = 0;
 

@@ -241,6 +241,9 @@ enum metric_id {
   METRIC_DELTA_FRAMES,
   // User frames unwound with frame pointers (no delta covered the PC).
   METRIC_FP_FRAMES,
+  // Frames whose CFA came from their frame record because the step before
+  // followed frame pointers and left sp a lower bound (arm64).
+  METRIC_CFA_FROM_FRAME_RECORD,
   // Unwinds that ended at a stop delta (thread or process entry point).
   METRIC_STOP_DELTAS,
   // The PC was in no mapping user space had loaded for the process.
@@ -443,6 +446,10 @@ struct unwind_state {
   u32 vma_tried;
   u8 exe_read;
   u8 lib_looked;
+  // The sp the last frame-pointer step set (arm64), 0 if none. While sp
+  // still equals it, it is only a lower bound of the caller's sp (see
+  // step_frame_pointer).
+  u64 fp_step_sp;
   struct runtime_handoff handoff;
   struct inline_walk inline_walk;
 };
