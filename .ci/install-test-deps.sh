@@ -99,6 +99,13 @@ for v in 5.32 5.36 5.40 5.42; do
   for a in amd64 arm64; do ./utils/perlfetch/fetch-perl-debug.sh "$v" "$a" >/dev/null; done
 done
 
+# Erlang/OTP 27 and 29, Debian trixie's and sid's stripped erlang-base
+# (sid's with Debian's elixir), which the BEAM tests run, and both built for
+# arm64, unpacked only (its beam.smp is decoded by the unit tests) (cached).
+for v in 27 29; do
+  for a in amd64 arm64; do ./utils/beamfetch/fetch-erlang.sh "$v" "$a" >/dev/null; done
+done
+
 # Builds the collector once and caches it; prints its path.
 ./utils/collector/build.sh
 
