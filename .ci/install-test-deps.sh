@@ -108,6 +108,14 @@ for v in 2.1-20250117 2.1-20251030; do
   for a in amd64 arm64; do ./utils/luajitfetch/fetch-luajit.sh "$v" "$a" >/dev/null; done
 done
 
+# Erlang/OTP 27 and 29, Debian trixie's and sid's stripped erlang-base
+# (sid's with Debian's elixir), and both built for arm64: interpreter/beam's
+# tests decode the four beam.smp and read the tables of live 27 and 29
+# processes; no unwinder yet (cached).
+for v in 27 29; do
+  for a in amd64 arm64; do ./utils/beamfetch/fetch-erlang.sh "$v" "$a" >/dev/null; done
+done
+
 # Builds the collector once and caches it; prints its path.
 ./utils/collector/build.sh
 
