@@ -142,6 +142,13 @@ func TestParseSerialLog(t *testing.T) {
 	if r.ok() {
 		t.Error("ok although a test failed")
 	}
+	// An initramfs the kernel could not unpack whole: its tests fail for
+	// missing files, the error says why.
+	r = result{}
+	r.parse([]byte("[   45.747517] Initramfs unpacking failed: write error\n"+serialLog), []string{"TestProgramsLoad"})
+	if r.err == nil || !strings.Contains(r.err.Error(), "qemu -m") {
+		t.Errorf("an initramfs that did not unpack: error %v, want one naming the VM's memory", r.err)
+	}
 }
 
 // A failed subtest's messages come where it ran, above the other subtests'

@@ -40,6 +40,11 @@ var (
 func (r *result) parse(out []byte, expected []string) {
 	r.out, r.exit = out, -2
 	s := string(out)
+	if i := strings.Index(s, "Initramfs unpacking failed"); i >= 0 {
+		line, _, _ := strings.Cut(s[i:], "\n")
+		r.err = fmt.Errorf("%s: the VM's memory (qemu -m) is too small for its initramfs (its rootfs is a tmpfs of half the memory)",
+			strings.TrimSpace(line))
+	}
 	if m := initRe.FindStringSubmatch(s); m != nil {
 		r.kernel = m[1]
 	}
