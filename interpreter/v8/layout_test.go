@@ -44,7 +44,10 @@ func TestNodeLayouts(t *testing.T) {
 	}
 }
 
-func checkNodeLayout(t *testing.T, v, arch string, want nodeLayout) {
+// readNodeBinary reads what a tested Node version's node executable for
+// arch says of V8.
+func readNodeBinary(t *testing.T, v, arch string) *binaryInfo {
+	t.Helper()
 	path, err := nodefetch.NodeFor(v, arch)
 	if err != nil {
 		t.Fatal(err)
@@ -58,6 +61,11 @@ func checkNodeLayout(t *testing.T, v, arch string, want nodeLayout) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return info
+}
+
+func checkNodeLayout(t *testing.T, v, arch string, want nodeLayout) {
+	info := readNodeBinary(t, v, arch)
 	l, err := NewLayout(info.md, info.Version)
 	if err != nil {
 		t.Fatal(err)
@@ -80,19 +88,7 @@ func checkNodeLayout(t *testing.T, v, arch string, want nodeLayout) {
 // refused, the error naming it, even where its metadata reads like a
 // known one's (Node 26's metadata as a V8 14.7's).
 func TestNodeLayoutUnknownVersion(t *testing.T) {
-	path, err := nodefetch.NodeFor("26", "amd64")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := elf.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	info, err := readBinary(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	info := readNodeBinary(t, "26", "amd64")
 	for _, v := range [][3]int{{14, 7, 1}, {13, 7, 0}, {15, 0, 0}} {
 		_, err := NewLayout(info.md, v)
 		name := fmt.Sprintf("V8 %d.%d.%d", v[0], v[1], v[2])

@@ -2,6 +2,21 @@
 # private configuration, so that packages of other Debian suites can be
 # downloaded without touching /etc/apt or dpkg's state.
 
+# install_missing PKG...: installs with the system's own apt configuration (call it before
+# private_apt replaces APT_CONFIG) those of the Debian packages that are not installed; needs root
+# only when one is missing.
+install_missing() {
+  local p missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  ((${#missing[@]})) || return 0
+  [ "$(id -u)" = 0 ] || { echo "missing packages (install as root): ${missing[*]}" >&2; return 1; }
+  echo "Installing ${missing[*]}" >&2
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}
+
 # debian_mirror prints the system's Debian mirror (no trailing slash).
 debian_mirror() {
   local m

@@ -25,17 +25,10 @@ PY=$ROOT/bin/python$V
 tail_ok() { [ "$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("Py_TAIL_CALL_INTERP"))' 2>/dev/null)" = 1 ]; }
 if [ -f "$OUT/.complete" ] && tail_ok; then echo "$PY"; exit 0; fi
 
+# shellcheck source=../debfetch/private-apt.sh
+. "$(dirname "$0")/../debfetch/private-apt.sh"
 deps=(clang-19 make libc6-dev xz-utils zlib1g-dev libffi-dev)
-missing=()
-for p in "${deps[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  [ "$(id -u)" = 0 ] || die "missing build dependencies (install as root): ${missing[*]}"
-  echo "Installing ${missing[*]}" >&2
-  apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-fi
+install_missing "${deps[@]}" || die "missing build dependencies"
 
 # The source: Debian's mirror here lacks python3.X's .orig tarballs, so the release is taken from
 # the Go module proxy, which serves CPython's git tags as the module github.com/python/cpython

@@ -42,24 +42,15 @@ RUBY=$ROOT/bin/ruby
 yjit_ok() { [ "$("$RUBY" --yjit -e 'p RubyVM::YJIT.enabled?' 2>/dev/null)" = true ]; }
 if [ -f "$OUT/.complete" ] && yjit_ok; then echo "$RUBY"; exit 0; fi
 
+# shellcheck source=../debfetch/private-apt.sh
+. "$(dirname "$0")/../debfetch/private-apt.sh"
 # Build dependencies, from the system's own apt configuration (before private_apt replaces it).
 deps=(gcc make libc6-dev xz-utils libssl-dev libyaml-dev zlib1g-dev libffi-dev)
 command -v rustc >/dev/null || deps+=(rustc)
-missing=()
-for p in "${deps[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  [ "$(id -u)" = 0 ] || die "missing build dependencies (install as root): ${missing[*]}"
-  echo "Installing ${missing[*]}" >&2
-  apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-fi
+install_missing "${deps[@]}" || die "missing build dependencies"
 rv=$(rustc --version | awk '{print $2}')
 [ "$(printf '%s\n' 1.58.0 "$rv" | sort -V | head -1)" = 1.58.0 ] || die "rustc $rv is older than 1.58, which YJIT needs"
 
-# shellcheck source=../debfetch/private-apt.sh
-. "$(dirname "$0")/../debfetch/private-apt.sh"
 PRIVATE_APT_TYPES=deb-src private_apt "$BASE/apt-src-$SUITE" amd64 "$SUITE" || die "no apt source lists for $SUITE"
 mkdir -p "$OUT/src"
 DEBV=""
