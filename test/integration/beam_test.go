@@ -1,0 +1,129 @@
+package integration
+
+import (
+	"fmt"
+	"os/exec"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/hostprof/ebpf-profiler/interpreter/beam"
+	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/utils/beamfetch"
+)
+
+// beamWorkload compiles utils/workloads/erlang/ewl.erl with a version's
+// erlc and returns the directory of its .beam and the lines of its
+// "% hot: NAME" marks.
+func beamWorkload(t *testing.T, version string) (string, string, map[string]uint32) {
+	t.Helper()
+	src, hot := markedWorkload(t, "erlang", "ewl.erl")
+	erlc, err := beamfetch.Erlc(version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command(erlc, "-o", dir, src).CombinedOutput(); err != nil {
+		t.Fatalf("erlc %s: %v\n%s", src, err, out)
+	}
+	return dir, src, hot
+}
+
+// beamFrame is an Erlang frame a test expects.
+type beamFrame struct {
+	name string
+	line uint32
+}
+
+// beamNames are a trace's Erlang frames, leaf first, as "mod:fun/arity:line".
+func beamNames(tr *libpf.Trace) []string {
+	var out []string
+	for _, f := range framesOf(tr, beam.Kind) {
+		out = append(out, fmt.Sprintf("%s:%d", f.FunctionName, f.SourceLine))
+	}
+	return out
+}
+
+// profileBeam runs the workload in mode under version and returns the
+// share of its hot samples ok accepts after the warm-up (t fails below
+// 95%).
+func profileBeam(t *testing.T, version, mode string, ok func(names []string) bool) float64 {
+	t.Helper()
+	dir, _, _ := beamWorkload(t, version)
+	erl, err := beamfetch.Erl(version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startSession(t, testHz)
+	// One scheduler: the workload's one process runs on it.
+	cmd := exec.Command(erl, "-noshell", "+S", "1:1", "-pa", dir, "-s", "ewl", "main", mode, formatSeconds(4*time.Second))
+	run := runScriptHeld(t, cmd, func() {
+		logRuntimeMetrics(t, s, "beam")
+		s.stop(t)
+	})
+	samples := run.hotSamples(t, s.rec)
+	accept := func(smp sample) bool { return ok(beamNames(smp.trace)) }
+	warm := slices.IndexFunc(samples, accept)
+	if warm < 0 || warm > maxWarmupSamples {
+		for _, smp := range samples[len(samples)/2:][:min(len(samples)/2, 4)] {
+			t.Logf("sample: %v", stackOf(smp.trace, beam.Kind, "erl"))
+		}
+		t.Fatalf("%d hot samples before the first with the expected frames (-1: none of %d), want <= %d", warm, len(samples), maxWarmupSamples)
+	}
+	samples = samples[warm:]
+	good := 0
+	misses := map[string]int{}
+	for _, smp := range samples {
+		if accept(smp) {
+			good++
+		} else {
+			misses[stackOf(smp.trace, beam.Kind, "erl")]++
+		}
+	}
+	share := share(good, len(samples))
+	t.Logf("%s: %d samples after %d of warm-up, %.1f%% with the expected Erlang frames", mode, len(samples), warm, 100*share)
+	logTopStacks(t, misses, 4)
+	if len(samples) < 2*testHz || share < 0.95 {
+		t.Errorf("%d of %d samples show the expected frames, want >= 95%% of at least %d", good, len(samples), 2*testHz)
+	}
+	return share
+}
+
+// beamChain is the names of frames as beamNames gives them.
+func beamChain(fs ...beamFrame) []string {
+	var out []string
+	for _, f := range fs {
+		out = append(out, fmt.Sprintf("%s:%d", f.name, f.line))
+	}
+	return out
+}
+
+// TestBeamStacks profiles the Erlang workloads under each tested OTP
+// release: chain, whose hot function is a frameless tail-recursive loop
+// (its caller's frame comes from the top of the Erlang stack), and bif,
+// whose hot code is C (lists:reverse/1's BIF and the garbage collector)
+// called from JIT code.
+func TestBeamStacks(t *testing.T) {
+	requireRoot(t)
+	_, _, hot := beamWorkload(t, beamfetch.Versions[0])
+	mainFrame := beamFrame{"ewl:main/1", hot["main"]}
+	chain := beamChain(beamFrame{"ewl:leaf/2", hot["leaf"]}, beamFrame{"ewl:mid/1", hot["mid"]},
+		beamFrame{"ewl:top/1", hot["top"]}, mainFrame)
+	bif := beamChain(beamFrame{"ewl:bif_mid/2", hot["bif_mid"]}, beamFrame{"ewl:bif_top/1", hot["bif_top"]}, mainFrame)
+	modes := []string{"chain", "bif"}
+	results := map[string][]float64{}
+	var names []string
+	for _, v := range beamfetch.Versions {
+		name := "OTP_" + v
+		names = append(names, name)
+		results[name] = make([]float64, len(modes))
+		t.Run(name, func(t *testing.T) {
+			results[name][0] = profileBeam(t, v, "chain", func(fs []string) bool {
+				return len(fs) >= len(chain) && slices.Equal(fs[:len(chain)], chain)
+			})
+			results[name][1] = profileBeam(t, v, "bif", func(fs []string) bool { return hasChain(fs, bif) })
+		})
+	}
+	logShareTable(t, "BEAM", names, modes, results)
+}
+

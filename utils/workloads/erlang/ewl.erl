@@ -1,0 +1,65 @@
+%% ewl.erl - Erlang workloads for the profiler's BEAM tests.
+%%
+%% Run: erl -noshell -pa DIR -s ewl main MODE SECONDS
+%% Prints "hot phase from <unix time> to <unix time>" once the measured phase
+%% is over; with WORKLOAD_HOLD set it then prints "holding" and waits for
+%% its standard input to end. Lines whose comment is %# hot and a name are where the tests
+%% expect each frame; test/integration/beam_test.go reads the marks.
+%%
+%% chain: leaf/2, a frameless tail-recursive loop (no stack frame of its
+%% own: its caller's continuation pointer is the top of the Erlang stack),
+%% called by mid/1, called by top/1.
+%% bif: the hot code is C: lists:reverse/1 (a BIF) called by bif_mid/2,
+%% called by bif_top/1.
+-module(ewl).
+-export([main/1]).
+
+main([Mode, Seconds]) ->
+    Ms = round(list_to_float(atom_to_list(Seconds)) * 1000),
+    From = now_s(),
+    Deadline = erlang:monotonic_time(millisecond) + Ms,
+    run(Mode, Deadline), %# hot: main
+    io:format("hot phase from ~.6f to ~.6f~n", [From, now_s()]),
+    case os:getenv("WORKLOAD_HOLD") of
+        false -> ok;
+        _ -> io:format("holding~n"), hold()
+    end,
+    halt(0).
+
+now_s() -> erlang:system_time(microsecond) / 1.0e6.
+
+hold() ->
+    case io:get_line("") of
+        eof -> ok;
+        {error, _} -> ok;
+        _ -> hold()
+    end.
+
+run(chain, Deadline) -> top(Deadline);
+run(bif, Deadline) -> bif_top(Deadline).
+
+top(Deadline) ->
+    mid(Deadline), %# hot: top
+    ok.
+
+mid(Deadline) ->
+    N = leaf(200000, 0), %# hot: mid
+    case erlang:monotonic_time(millisecond) < Deadline of
+        true -> mid(Deadline);
+        false -> N
+    end.
+
+leaf(0, Acc) -> Acc;
+leaf(N, Acc) -> leaf(N - 1, Acc + (N band 3)). %# hot: leaf
+
+bif_top(Deadline) ->
+    L = lists:seq(1, 20000),
+    bif_mid(L, Deadline), %# hot: bif_top
+    ok.
+
+bif_mid(L, Deadline) ->
+    R = lists:reverse(L), %# hot: bif_mid
+    case erlang:monotonic_time(millisecond) < Deadline of
+        true -> bif_mid(R, Deadline);
+        false -> length(R)
+    end.
