@@ -43,7 +43,8 @@ func init() { interpreter.Register(Runtime) }
 type UnwinderProc struct {
 	CodeLo, CodeHi                         uint64
 	ProcHtop, ProcStop, ProcHeap, ProcHend uint16
-	_                                      uint32
+	EsdpRegisters, EsdpCurrent, EsdpScanLo uint16
+	_                                      uint16
 }
 
 // Offsets in struct process (erl_process.h) the unwinder reads, the same
@@ -54,6 +55,19 @@ const (
 	procStop = 0x58
 	procHeap = 0xc0
 	procHend = 0xc8
+)
+
+// Where the unwinder finds the current process from C code on x86_64
+// (internals.md §2; measured on Debian's OTP 27 and 29 amd64 with gdb, in
+// JIT code: rbx = the X registers, r13 = c_p): ErtsSchedulerData holds the
+// start of its ErtsSchedulerRegisters (rbx - 0x40, the runtime stack the
+// JIT's sp is in C code) at 0x440 and its current process at 0x4e8, and
+// the scheduler's C stack holds a pointer to it at registers + 0x40a8
+// (29) or + 0x40b8 (27): the unwinder reads the 32 words from +0x4040.
+const (
+	esdpRegisters = 0x440
+	esdpCurrent   = 0x4e8
+	esdpScanLo    = 0x4040
 )
 
 // otpOfERTS maps an ERTS major version to its OTP release, for the
@@ -169,6 +183,9 @@ func (p *process) Update(h interpreter.Host) (bool, error) {
 	// its code (+JMsingle, which maps it anonymous, is not claimed).
 	cfg := UnwinderProc{CodeLo: regions[0].Start, CodeHi: regions[len(regions)-1].End,
 		ProcHtop: procHtop, ProcStop: procStop, ProcHeap: procHeap, ProcHend: procHend}
+	if runtime.GOARCH == "amd64" {
+		cfg.EsdpRegisters, cfg.EsdpCurrent, cfg.EsdpScanLo = esdpRegisters, esdpCurrent, esdpScanLo
+	}
 	changed := false
 	if cfg != p.cfg {
 		if err := h.SetConfig(cfg); err != nil {

@@ -14,12 +14,16 @@
 //
 // Where E and c_p are (internals.md §2, from the JIT's register block in
 // beam_asm.hpp): in JIT code, x86_64 E = rsp, c_p = r13; arm64 E = x20,
-// c_p = x21. From C code the registers at the interrupt are the C code's;
-// c_p is taken from them only when it still holds a process (r13/x21 are
-// callee-saved: C code that does not need them leaves them alone) and the
-// stack starts at c_p->stop, which the JIT stored before calling out when
-// the call may touch the stack (eStack). A process found otherwise is not
-// unwound (counted: METRIC_ERR_BEAM_NO_PROCESS).
+// c_p = x21. From C code called from JIT code, on x86_64, the JIT frame's
+// sp is the scheduler's runtime stack, the start of its
+// ErtsSchedulerRegisters on the scheduler's C stack; the function that
+// holds them keeps the scheduler's ErtsSchedulerData (esdp) a little above
+// them, and esdp names both the registers and its current process. c_p is
+// found that way (or, failing that and on arm64, in its register when the
+// C code left it alone: r13/x21 are callee-saved); E is c_p->stop, which
+// the JIT stored before calling C code that may touch the stack, or the
+// JIT frame's rbp, where the JIT keeps E for calls that do not. A process
+// found neither way is not unwound (counted: METRIC_ERR_BEAM_NO_PROCESS).
 //
 // The Erlang stack ends the trace: on x86_64 JIT code runs on it (rsp =
 // E), so the scheduler's C frames below it are not reached.
@@ -37,7 +41,14 @@ struct beam_proc {
   u16 proc_stop;
   u16 proc_heap;
   u16 proc_hend;
-  u32 pad;
+  // Byte offsets in ErtsSchedulerData of its registers and its current
+  // process (x86_64).
+  u16 esdp_registers;
+  u16 esdp_current;
+  // Where, above the registers, the scheduler's C stack holds esdp:
+  // [registers + esdp_scan_lo, + BEAM_ESDP_SCAN_WORDS words).
+  u16 esdp_scan_lo;
+  u16 pad;
 };
 _Static_assert(sizeof(struct beam_proc) <= RUNTIME_PROC_SIZE, "beam_proc too large");
 
@@ -93,29 +104,88 @@ static __always_inline int beam_is_cp(const struct beam_proc *p, u64 w)
   return (w & 3) == 0 && w >= p->code_lo && w < p->code_hi;
 }
 
+// Words above the registers searched for esdp, read at once.
+#define BEAM_ESDP_SCAN_WORDS 32
+
+// The current process of the scheduler whose ErtsSchedulerRegisters are at
+// regs (x86_64: the sp of JIT code after C frames), or 0: esdp is the word
+// above them that points at a scheduler's data naming these registers.
+static __always_inline u64 beam_current_process(const struct beam_proc *p, u64 regs)
+{
+#if defined(__TARGET_ARCH_x86)
+  u64 words[BEAM_ESDP_SCAN_WORDS];
+  if (!p->esdp_scan_lo ||
+      bpf_probe_read_user(words, sizeof(words), (void *)(regs + p->esdp_scan_lo)))
+    return 0;
+  for (u32 i = 0; i < BEAM_ESDP_SCAN_WORDS; i++) {
+    u64 esdp = words[i], named, c_p;
+    if (esdp < MIN_CODE_ADDRESS || (esdp & 7) ||
+        bpf_probe_read_user(&named, sizeof(named), (void *)(esdp + p->esdp_registers)) ||
+        named != regs)
+      continue;
+    if (bpf_probe_read_user(&c_p, sizeof(c_p), (void *)(esdp + p->esdp_current)))
+      return 0;
+    return c_p;
+  }
+#endif
+  return 0;
+}
+
+// A process's stack bounds: the heap and the stack share one block, heap
+// up from heap to htop, stack down from hend. Returns 0 when c_p looks like one.
+static __always_inline int beam_process(const struct beam_proc *p, u64 c_p, u64 *htop, u64 *stop,
+                                        u64 *heap, u64 *hend)
+{
+  if (c_p < MIN_CODE_ADDRESS || (c_p & 7) ||
+      bpf_probe_read_user(htop, sizeof(*htop), (void *)(c_p + p->proc_htop)) ||
+      bpf_probe_read_user(stop, sizeof(*stop), (void *)(c_p + p->proc_stop)) ||
+      bpf_probe_read_user(heap, sizeof(*heap), (void *)(c_p + p->proc_heap)) ||
+      bpf_probe_read_user(hend, sizeof(*hend), (void *)(c_p + p->proc_hend)))
+    return -1;
+  if (*heap > *htop || *htop > *hend || *hend - *heap > BEAM_MAX_STACK || (*hend & 7) ||
+      (*heap & 7))
+    return -1;
+  return 0;
+}
+
+// Whether e is a stack top of the process: 8-aligned in its block.
+static __always_inline int beam_in_stack(u64 e, u64 heap, u64 hend)
+{
+  return e >= heap && e <= hend && !(e & 7);
+}
+
 // Finds the process's Erlang stack [*e, *end): from the JIT's registers
-// at the PC, or, from C code, from a c_p still in its register and its
-// saved stop. Returns 0 when found.
+// at the PC, or, from C code, from the scheduler's current process.
+// Returns 0 when found.
 static __always_inline int beam_stack(const struct beam_proc *p, const struct unwind_state *state,
                                       u64 *e, u64 *end)
 {
-  u64 c_p = BEAM_C_P(&state->user_regs);
-  if (c_p < MIN_CODE_ADDRESS || (c_p & 7))
-    return -1;
   u64 htop, stop, heap, hend;
-  if (bpf_probe_read_user(&htop, sizeof(htop), (void *)(c_p + p->proc_htop)) ||
-      bpf_probe_read_user(&stop, sizeof(stop), (void *)(c_p + p->proc_stop)) ||
-      bpf_probe_read_user(&heap, sizeof(heap), (void *)(c_p + p->proc_heap)) ||
-      bpf_probe_read_user(&hend, sizeof(hend), (void *)(c_p + p->proc_hend)))
+  if (!state->return_address) {
+    u64 top = BEAM_E(&state->user_regs);
+    if (beam_process(p, BEAM_C_P(&state->user_regs), &htop, &stop, &heap, &hend) ||
+        !beam_in_stack(top, htop, hend))
+      return -1;
+    *e = top;
+    *end = hend;
+    return 0;
+  }
+  u64 c_p = beam_current_process(p, state->sp);
+  if (!c_p)
+    c_p = BEAM_C_P(&state->user_regs);
+  if (beam_process(p, c_p, &htop, &stop, &heap, &hend))
     return -1;
-  // A process: its heap and stack share one block, heap up from heap,
-  // stack down from hend.
-  if (heap > hend || hend - heap > BEAM_MAX_STACK || (hend & 7) || (heap & 7))
+#if defined(__TARGET_ARCH_x86)
+  // E kept in rbp (E_saved) for a call that does not touch the stack.
+  if (beam_in_stack(state->fp, htop, hend)) {
+    *e = state->fp;
+    *end = hend;
+    return 0;
+  }
+#endif
+  if (!beam_in_stack(stop, htop, hend))
     return -1;
-  u64 top = state->return_address ? stop : BEAM_E(&state->user_regs);
-  if (top < heap || top > hend || (top & 7))
-    return -1;
-  *e = top;
+  *e = stop;
   *end = hend;
   return 0;
 }

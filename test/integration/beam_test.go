@@ -126,4 +126,3 @@ func TestBeamStacks(t *testing.T) {
 	}
 	logShareTable(t, "BEAM", names, modes, results)
 }
-

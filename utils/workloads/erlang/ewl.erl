@@ -53,7 +53,7 @@ leaf(0, Acc) -> Acc;
 leaf(N, Acc) -> leaf(N - 1, Acc + (N band 3)). %# hot: leaf
 
 bif_top(Deadline) ->
-    L = lists:seq(1, 20000),
+    L = lists:seq(1, 2000),
     bif_mid(L, Deadline), %# hot: bif_top
     ok.
 
