@@ -17,20 +17,30 @@ import (
 )
 
 // symtestErl is the module the live tests name: its functions' lines are
-// known (main/0 on line 3, outer/1 on 4, loop/2 on 5 and 6).
+// known (main/0 on line 3, outer/1 on 4, loop/2 on 5 and 6, and
+// included/0 on line 11 of another file, whose name is not ASCII: -file
+// numbers its own line).
 const symtestErl = `-module(symtest).
--export([main/0, loop/2]).
+-export([main/0, loop/2, included/0]).
 main() -> outer(0).
 outer(N) -> X = loop(100000000, 0), outer(N + X).
 loop(0, Acc) -> Acc;
 loop(N, Acc) -> loop(N - 1, Acc + (N band 3)).
+-file("inc/é.hrl", 10).
+included() -> erlang:phash2(main()).
 `
 
-// symtestLines are the lines each of symtest's functions spans.
-var symtestLines = map[string][]uint32{
-	"symtest:main/0":  {3},
-	"symtest:outer/1": {4},
-	"symtest:loop/2":  {5, 6},
+// sourceLines are the file and the lines a function spans.
+type sourceLines struct {
+	file  string
+	lines []uint32
+}
+
+var symtestLines = map[string]sourceLines{
+	"symtest:main/0":     {"symtest.erl", []uint32{3}},
+	"symtest:outer/1":    {"symtest.erl", []uint32{4}},
+	"symtest:loop/2":     {"symtest.erl", []uint32{5, 6}},
+	"symtest:included/0": {"inc/é.hrl", []uint32{11}},
 }
 
 // hotExs is an Elixir module the same shape, run as a script.
@@ -43,9 +53,9 @@ IO.puts("ready")
 Process.sleep(600_000)
 `
 
-var hotLines = map[string][]uint32{
-	"Hot.outer/1": {2},
-	"Hot.loop/2":  {3, 4},
+var hotLines = map[string]sourceLines{
+	"Hot.outer/1": {"hot.exs", []uint32{2}},
+	"Hot.loop/2":  {"hot.exs", []uint32{3, 4}},
 }
 
 // perfEntry is a line of the JIT's perf map (+JPperf map), which names
@@ -173,7 +183,7 @@ func functionOf(e perfEntry) (string, bool) {
 // byte, as an interrupted PC and as a return address, checks the lines of
 // the functions in lines, and that headers, footers and shared fragments
 // are in no function.
-func checkLive(t *testing.T, s *symbolizer, perf []perfEntry, lines map[string][]uint32, file string) {
+func checkLive(t *testing.T, s *symbolizer, perf []perfEntry, lines map[string]sourceLines) {
 	var named, fragments int
 	seen := map[string]bool{}
 	for _, e := range perf {
@@ -217,14 +227,14 @@ func checkLive(t *testing.T, s *symbolizer, perf []perfEntry, lines map[string][
 			if f.SourceLine == 0 {
 				continue // before the function's first line item
 			}
-			if f.SourceFile != file || !containsLine(ls, f.SourceLine) {
-				t.Fatalf("%s at %#x: %s:%d, want %s at one of lines %v", want, pc, f.SourceFile, f.SourceLine, file, ls)
+			if f.SourceFile != ls.file || !containsLine(ls.lines, f.SourceLine) {
+				t.Fatalf("%s at %#x: %s:%d, want %s at one of lines %v", want, pc, f.SourceFile, f.SourceLine, ls.file, ls.lines)
 			}
 			seen[fmt.Sprintf("%s:%d", want, f.SourceLine)] = true
 		}
 	}
 	for fn, ls := range lines {
-		for _, l := range ls {
+		for _, l := range ls.lines {
 			if !seen[fmt.Sprintf("%s:%d", fn, l)] {
 				t.Errorf("no address of %s on line %d", fn, l)
 			}
@@ -277,7 +287,7 @@ func TestLiveSymbolize(t *testing.T) {
 	for _, v := range beamfetch.Versions {
 		t.Run("OTP "+v, func(t *testing.T) {
 			s, perf := liveBEAM(t, v, erlSymtest(t, v))
-			checkLive(t, s, perf, symtestLines, "symtest.erl")
+			checkLive(t, s, perf, symtestLines)
 		})
 	}
 }
@@ -296,5 +306,5 @@ func TestLiveSymbolizeElixir(t *testing.T) {
 	cmd := exec.Command(elixir, "--erl", "+S 1:1 +JPperf map", "hot.exs")
 	cmd.Dir = dir
 	s, perf := liveBEAM(t, beamfetch.ElixirVersion, cmd)
-	checkLive(t, s, perf, hotLines, "hot.exs")
+	checkLive(t, s, perf, hotLines)
 }
