@@ -37,18 +37,14 @@ const (
 	nilTerm      = 0x3b
 	consSize     = 16
 	maxFileChars = 4096
-	stringWindow = 1024
+	pageSize     = 4096
 )
 
 var errNoLine = errors.New("beam: no line information")
 
 // line returns the file and line of pc in function i of the module whose
-// code header is at header.
-func (s *symbolizer) line(header, i, pc uint64) (string, uint32, error) {
-	lt, err := s.r.Ptr(header + headerLineTable)
-	if err != nil {
-		return "", 0, err
-	}
+// line table is at lt (0: none).
+func (s *symbolizer) line(lt, i, pc uint64) (string, uint32, error) {
 	if lt == 0 {
 		return "", 0, errNoLine
 	}
@@ -73,7 +69,7 @@ func (s *symbolizer) line(header, i, pc uint64) (string, uint32, error) {
 	if to == from {
 		return "", 0, errNoLine
 	}
-	j, err := s.searchSorted(from, (to-from)/8, pc)
+	j, _, err := s.search(from, (to-from)/8, 8, pc)
 	if err != nil {
 		return "", 0, err
 	}
@@ -112,30 +108,40 @@ func (s *symbolizer) fileName(term uint64) (string, error) {
 }
 
 // erlangString decodes a proper list of Unicode code points of at most
-// maxFileChars. The cells of a literal string usually lie together, so
-// it reads a window of memory at a time and rereads only when the next
-// cell is outside it.
+// maxFileChars. The cells of a literal string lie together (the loader
+// builds it from its end: each cell's tail is the cell before it), so it
+// reads the page of a cell at once and rereads only for a cell in
+// another page.
 func (s *symbolizer) erlangString(term uint64) (string, error) {
 	var out []byte
-	var win []byte
-	var winAt uint64
+	var page [pageSize]byte
+	pageAt := uint64(0)
 	for n := 0; term != nilTerm; n++ {
 		if term&primaryMask != listTag || n >= maxFileChars {
 			return "", fmt.Errorf("%w: file name term %#x", errBadObject, term)
 		}
 		cell := term - listTag
-		if cell < winAt || cell+consSize > winAt+uint64(len(win)) {
-			var err error
-			if win, err = s.r.ReadUpTo(cell, stringWindow); err != nil {
+		var head uint64
+		switch {
+		case cell%8 != 0:
+			return "", fmt.Errorf("%w: cons cell at %#x", errBadObject, cell)
+		case cell%pageSize > pageSize-consSize:
+			// A cell across two pages: on its own.
+			var c [consSize]byte
+			if err := s.r.Read(cell, c[:]); err != nil {
 				return "", err
 			}
-			winAt = cell
-			if len(win) < consSize {
-				return "", fmt.Errorf("%w: cons cell at %#x", errBadObject, cell)
+			head, term = binary.LittleEndian.Uint64(c[:]), binary.LittleEndian.Uint64(c[8:])
+		default:
+			if cell&^(pageSize-1) != pageAt {
+				pageAt = cell &^ (pageSize - 1)
+				if err := s.r.Read(pageAt, page[:]); err != nil {
+					return "", err
+				}
 			}
+			head = binary.LittleEndian.Uint64(page[cell-pageAt:])
+			term = binary.LittleEndian.Uint64(page[cell-pageAt+8:])
 		}
-		head := binary.LittleEndian.Uint64(win[cell-winAt:])
-		term = binary.LittleEndian.Uint64(win[cell-winAt+8:])
 		c := head >> smallShift
 		if head&smallTagMask != smallTag || c > utf8.MaxRune {
 			return "", fmt.Errorf("%w: character %#x in a file name", errBadObject, head)

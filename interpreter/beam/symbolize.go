@@ -68,6 +68,7 @@ var errBadObject = errors.New("beam: not the emulator structure expected")
 // an ErtsCodeInfo of the same function at the same address. Atom names
 // are cached by atom: the emulator never frees atoms.
 type symbolizer struct {
+	mem       io.ReaderAt
 	r         *procmem.Reader
 	tables    Tables
 	otp       int
@@ -94,6 +95,7 @@ type cachedFrame struct {
 // the major release (27 or 29). Another release fails every frame.
 func newSymbolizer(mem io.ReaderAt, tables Tables, otp int) *symbolizer {
 	s := &symbolizer{
+		mem:    mem,
 		r:      procmem.New(mem),
 		tables: tables,
 		otp:    otp,
@@ -157,27 +159,25 @@ func (s *symbolizer) lookup(pc uint64) (*cachedFrame, error) {
 	if err != nil {
 		return nil, err
 	}
-	var hb [8]byte
-	if err := s.r.Read(header+headerNumFunctions, hb[:]); err != nil {
+	var hb [headerLineTable + 8]byte
+	if err := s.r.Read(header, hb[:]); err != nil {
 		return nil, err
 	}
-	n := binary.LittleEndian.Uint64(hb[:])
+	n := binary.LittleEndian.Uint64(hb[headerNumFunctions:])
+	lineTable := binary.LittleEndian.Uint64(hb[headerLineTable:])
 	if n == 0 || n > maxFunctions {
 		return nil, fmt.Errorf("%w: code header %#x with %d functions", errBadObject, header, n)
 	}
 	funcs := header + s.functions
 	// functions[n] is the module's end: pc must be below it.
-	i, err := s.searchSorted(funcs, n+1, pc)
+	i, rec, err := s.search(funcs, n+1, 8, pc)
 	if err != nil {
 		return nil, err
 	}
 	if i >= n {
 		return nil, fmt.Errorf("%w: %#x after the last function of the module at %#x", errNoFunction, pc, header)
 	}
-	codeInfo, err := s.r.Ptr(funcs + 8*i)
-	if err != nil {
-		return nil, err
-	}
+	codeInfo := rec[0]
 	mfa, err := s.mfa(codeInfo)
 	if err != nil {
 		return nil, err
@@ -197,7 +197,7 @@ func (s *symbolizer) lookup(pc uint64) (*cachedFrame, error) {
 	f.frame.FunctionName = functionName(module, function, mfa[2])
 	// A missing or unreadable line table leaves the frame without a line:
 	// its name is still right.
-	if file, line, err := s.line(header, i, pc); err == nil {
+	if file, line, err := s.line(lineTable, i, pc); err == nil {
 		f.frame.SourceFile, f.frame.SourceLine = file, line
 	}
 	return f, nil
@@ -260,48 +260,33 @@ func (s *symbolizer) module(pc uint64) (uint64, error) {
 	if n == 0 || n > maxModules {
 		return 0, fmt.Errorf("%w: ranges table of %d modules", errBadObject, n)
 	}
-	i, err := s.searchRanges(modules, n, pc)
+	_, rng, err := s.search(modules, n, 1<<rangeSizeShift, pc)
 	if err != nil {
 		return 0, err
 	}
-	var rng [16]byte
-	if err := s.r.Read(modules+i<<rangeSizeShift, rng[:]); err != nil {
-		return 0, err
-	}
-	start, end := binary.LittleEndian.Uint64(rng[:]), binary.LittleEndian.Uint64(rng[8:])
-	if pc < start || pc >= end {
+	start, end := rng[0], rng[1]
+	if pc >= end {
 		return 0, fmt.Errorf("%w: %#x in no module's range", errNoFunction, pc)
 	}
 	return start, nil
 }
 
-// searchRanges returns the index of the last Range of the n at modules
-// whose start is at most pc.
-func (s *symbolizer) searchRanges(modules, n, pc uint64) (uint64, error) {
-	return s.search(modules, n, 1<<rangeSizeShift, pc)
-}
-
-// searchSorted returns the index of the last of the n words at addr (an
-// ascending array) that is at most pc.
-func (s *symbolizer) searchSorted(addr, n, pc uint64) (uint64, error) {
-	return s.search(addr, n, 8, pc)
-}
-
 // search finds, in n records of stride bytes at addr whose first words
-// ascend, the last whose first word is at most key: it halves with one
-// read per step down to searchWindow records, then reads those at once.
-// Memory that changes under it gives a wrong index or an error, never a
-// longer search: every step halves the window.
-func (s *symbolizer) search(addr, n, stride, key uint64) (uint64, error) {
+// ascend, the last whose first word is at most key, and returns its
+// index and its words: it halves with one read per step down to
+// searchWindow records, then reads those at once. Memory that changes
+// under it gives a wrong index or an error, never a longer search: every
+// step halves the window.
+func (s *symbolizer) search(addr, n, stride, key uint64) (uint64, []uint64, error) {
 	if n == 0 || n > 1<<24 || addr > procmem.MaxPointer {
-		return 0, fmt.Errorf("%w: array of %d at %#x", errBadObject, n, addr)
+		return 0, nil, fmt.Errorf("%w: array of %d at %#x", errBadObject, n, addr)
 	}
 	lo, hi := uint64(0), n // the answer is in [lo, hi) if any
 	for hi-lo > searchWindow {
 		mid := lo + (hi-lo)/2
 		v, err := s.r.U64(addr + mid*stride)
 		if err != nil {
-			return 0, err
+			return 0, nil, err
 		}
 		if v <= key {
 			lo = mid
@@ -309,20 +294,24 @@ func (s *symbolizer) search(addr, n, stride, key uint64) (uint64, error) {
 			hi = mid
 		}
 	}
-	buf := make([]byte, (hi-lo)*stride)
+	var window [searchWindow * 16]byte
+	buf := window[:(hi-lo)*stride]
 	if err := s.r.Read(addr+lo*stride, buf); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	found := false
-	var at uint64
-	for j := uint64(0); j < hi-lo; j++ {
-		if binary.LittleEndian.Uint64(buf[j*stride:]) > key {
+	found := -1
+	for j := 0; j < int(hi-lo); j++ {
+		if binary.LittleEndian.Uint64(buf[uint64(j)*stride:]) > key {
 			break
 		}
-		at, found = lo+j, true
+		found = j
 	}
-	if !found {
-		return 0, fmt.Errorf("%w: %#x before the first entry at %#x", errNoFunction, key, addr)
+	if found < 0 {
+		return 0, nil, fmt.Errorf("%w: %#x before the first entry at %#x", errNoFunction, key, addr)
 	}
-	return at, nil
+	rec := make([]uint64, stride/8)
+	for k := range rec {
+		rec[k] = binary.LittleEndian.Uint64(buf[uint64(found)*stride+8*uint64(k):])
+	}
+	return lo + uint64(found), rec, nil
 }
