@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 	"unicode/utf8"
 
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
@@ -45,6 +46,7 @@ const (
 const (
 	atomScanBytes = 512 << 10
 	atomScanChunk = 64 << 10
+	atomRetry     = 30 * time.Second
 )
 
 var errNoAtomTable = errors.New("beam: atom table not found")
@@ -70,13 +72,16 @@ func (s *symbolizer) atomName(term uint64) (string, error) {
 	})
 }
 
-// atomTable finds erts_atom_table on first use. A failure is kept: the
-// scan is too costly to repeat per frame.
+// atomTable finds erts_atom_table on first use. A failure is kept for
+// atomRetry: the scan (about 0.5 ms) is too costly to repeat per frame,
+// but a process caught early or a read that raced an exit must not lose
+// its names for good.
 func (s *symbolizer) atomTable() (atomTable, error) {
 	s.atomsMu.Lock()
 	defer s.atomsMu.Unlock()
-	if s.atomTab.addr == 0 && s.atomErr == nil {
+	if s.atomTab.addr == 0 && (s.atomErr == nil || time.Since(s.atomFailed) >= atomRetry) {
 		s.atomTab, s.atomErr = s.findAtomTable()
+		s.atomFailed = time.Now()
 	}
 	return s.atomTab, s.atomErr
 }

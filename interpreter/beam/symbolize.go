@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
@@ -74,9 +75,10 @@ type symbolizer struct {
 	otp       int
 	functions uint64 // offset of BeamCodeHeader.functions
 
-	atomsMu sync.Mutex
-	atomTab atomTable // found on first use
-	atomErr error
+	atomsMu    sync.Mutex
+	atomTab    atomTable // found on first use
+	atomErr    error
+	atomFailed time.Time
 
 	frames *interpreter.SymbolCache[uint64, *cachedFrame]
 	atoms  *interpreter.SymbolCache[uint64, string]

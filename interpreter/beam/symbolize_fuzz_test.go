@@ -3,6 +3,7 @@ package beam
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"testing"
 )
 
@@ -133,4 +134,35 @@ func FuzzSymbolize(f *testing.F) {
 			t.Fatalf("%d reads", r.reads)
 		}
 	})
+}
+
+// TestSymbolizeConcurrent symbolizes from several goroutines at once, the
+// first lookups racing to find the atom table (go test -race).
+func TestSymbolizeConcurrent(t *testing.T) {
+	p := buildImage(27, sampleModules)
+	s := newSymbolizer(p.mem, p.tables, 27)
+	pcs := []uint64{p.addr("lists:map", 0x80), p.addr("Elixir.Foo.Bar:baz?", 0x30), p.addr("nolines:f", 0)}
+	want := []string{"lists:map/2", "Foo.Bar.baz?/0", "nolines:f/3"}
+	errs := make(chan error, 8)
+	for g := range 8 {
+		go func() {
+			for i := range 300 {
+				k := (g + i) % len(pcs)
+				f, err := s.frame(pcs[k], false)
+				if err == nil && f.FunctionName != want[k] {
+					err = fmt.Errorf("%#x named %q, want %q", pcs[k], f.FunctionName, want[k])
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
 }

@@ -176,12 +176,21 @@ func (p *fakeProcess) lineTable(mod fakeModule, starts []uint64, end uint64) uin
 	lt := m.alloc(lineFuncTab + 8*(n+1))
 	fnames := m.alloc(8 * len(mod.files))
 	for i, f := range mod.files {
-		// A proper list of characters, its cells together.
+		// A proper list of characters, its cells together, built from
+		// its end as the loader does (the first cell is the last in
+		// memory), 8-aligned (as on a process heap) and across a page
+		// boundary, one cell straddling it.
 		chars := []rune(f)
-		cells := m.alloc(consSize * len(chars))
+		size := uint64(consSize * len(chars))
+		boundary := (m.base + uint64(len(m.b)) + size + 4095) &^ 4095
+		cells := boundary - size/2&^15 - 8
+		for m.base+uint64(len(m.b)) < cells {
+			m.b = append(m.b, 0)
+		}
+		m.b = append(m.b, make([]byte, size)...)
 		next := uint64(nilTerm)
 		for j := len(chars) - 1; j >= 0; j-- {
-			c := cells + uint64(j)*consSize
+			c := cells + uint64(len(chars)-1-j)*consSize
 			m.put64(c, uint64(chars[j])<<smallShift|smallTag)
 			m.put64(c+8, next)
 			next = c | listTag
