@@ -1,0 +1,310 @@
+package beam
+
+import (
+	"bufio"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/hostprof/ebpf-profiler/utils/beamfetch"
+)
+
+// symtestErl is the module the live tests name: its functions' lines are
+// known (main/0 on line 3, outer/1 on 4, loop/2 on 5 and 6, and
+// included/0 on line 11 of another file, whose name is not ASCII: -file
+// numbers its own line).
+const symtestErl = `-module(symtest).
+-export([main/0, loop/2, included/0]).
+main() -> outer(0).
+outer(N) -> X = loop(100000000, 0), outer(N + X).
+loop(0, Acc) -> Acc;
+loop(N, Acc) -> loop(N - 1, Acc + (N band 3)).
+-file("inc/é.hrl", 10).
+included() -> erlang:phash2(main()).
+`
+
+// sourceLines are the file and the lines a function spans.
+type sourceLines struct {
+	file  string
+	lines []uint32
+}
+
+var symtestLines = map[string]sourceLines{
+	"symtest:main/0":     {"symtest.erl", []uint32{3}},
+	"symtest:outer/1":    {"symtest.erl", []uint32{4}},
+	"symtest:loop/2":     {"symtest.erl", []uint32{5, 6}},
+	"symtest:included/0": {"inc/é.hrl", []uint32{11}},
+}
+
+// hotExs is an Elixir module the same shape, run as a script.
+const hotExs = `defmodule Hot do
+  def outer(n), do: outer(n + loop(100_000_000, 0))
+  def loop(0, acc), do: acc
+  def loop(n, acc), do: loop(n - 1, acc + Bitwise.band(n, 3))
+end
+IO.puts("ready")
+Process.sleep(600_000)
+`
+
+var hotLines = map[string]sourceLines{
+	"Hot.outer/1": {"hot.exs", []uint32{2}},
+	"Hot.loop/2":  {"hot.exs", []uint32{3, 4}},
+}
+
+// perfEntry is a line of the JIT's perf map (+JPperf map), which names
+// every function's code: the tests' ground truth.
+type perfEntry struct {
+	start, size uint64
+	name        string
+}
+
+// liveBEAM runs cmd (an erl or elixir of OTP otp with +JPperf map) until
+// it prints "ready" and returns a symbolizer of it and its perf map.
+func liveBEAM(tb testing.TB, otp string, cmd *exec.Cmd) (*symbolizer, []perfEntry) {
+	tb.Helper()
+	if runtime.GOARCH != "amd64" && runtime.GOARCH != "arm64" {
+		tb.Skipf("no Debian Erlang build runs on %s", runtime.GOARCH)
+	}
+	path, err := beamfetch.BeamSMP(otp, runtime.GOARCH)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	f, err := elf.Open(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tab, err := FindTables(f)
+	f.Close()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	perfMap := fmt.Sprintf("/tmp/perf-%d.map", pid)
+	tb.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = os.Remove(perfMap) })
+	sc := bufio.NewScanner(out)
+	for sc.Scan() && sc.Text() != "ready" {
+	}
+	if sc.Text() != "ready" {
+		tb.Fatalf("%v: never ready", cmd.Args)
+	}
+	// erl and elixir exec erlexec, which execs beam.smp: the same pid.
+	bias, _ := mappingsTB(tb, pid, path)
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { mem.Close() })
+	n, _ := strconv.Atoi(otp)
+	s := newSymbolizer(mem, Tables{Ranges: bias + tab.Ranges, ActiveCodeIndex: bias + tab.ActiveCodeIndex}, n)
+	return s, readPerfMap(tb, perfMap)
+}
+
+func readPerfMap(tb testing.TB, path string) []perfEntry {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var out []perfEntry
+	for _, l := range strings.Split(string(data), "\n") {
+		fs := strings.SplitN(l, " ", 3)
+		if len(fs) != 3 {
+			continue
+		}
+		start, err1 := strconv.ParseUint(strings.TrimPrefix(fs[0], "0x"), 16, 64)
+		size, err2 := strconv.ParseUint(fs[1], 16, 64)
+		if err1 != nil || err2 != nil || !strings.HasPrefix(fs[2], "$") {
+			tb.Fatalf("%s: line %q", path, l)
+		}
+		out = append(out, perfEntry{start, size, fs[2][1:]})
+	}
+	return out
+}
+
+// mappingsTB is mappings for benchmarks too.
+func mappingsTB(tb testing.TB, pid int, exe string) (uint64, func(uint64) bool) {
+	t, ok := tb.(*testing.T)
+	if ok {
+		return mappings(t, pid, exe)
+	}
+	var bias uint64
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		fs := strings.Fields(l)
+		if len(fs) >= 6 && fs[5] == exe && fs[2] == "00000000" {
+			lo, _ := strconv.ParseUint(strings.SplitN(fs[0], "-", 2)[0], 16, 64)
+			return lo, nil
+		}
+	}
+	tb.Fatalf("pid %d: no mapping of %s", pid, exe)
+	return bias, nil
+}
+
+// functionOf returns the name a perf map entry gives a function, the
+// symbolizer's spelling of it, and whether the entry is a function's
+// code (not its prologue, a module's header or footer, or a shared
+// fragment).
+func functionOf(e perfEntry) (string, bool) {
+	// erts_beamasm:run_process/3 is the JIT's entry stub, in no module.
+	if strings.HasSuffix(e.name, "-CodeInfoPrologue") || strings.Contains(e.name, "::") ||
+		strings.HasPrefix(e.name, "erts_beamasm:") {
+		return "", false
+	}
+	if m, ok := strings.CutPrefix(e.name, "'Elixir."); ok {
+		// 'Elixir.Foo':'bar?'/1 is Foo.bar?/1.
+		mod, fa, ok := strings.Cut(m, "':")
+		slash := strings.LastIndexByte(fa, '/')
+		if !ok || slash < 0 {
+			return "", false
+		}
+		return mod + "." + strings.Trim(fa[:slash], "'") + fa[slash:], true
+	}
+	return e.name, true
+}
+
+// checkLive names every function of the perf map at its first and last
+// byte, as an interrupted PC and as a return address, checks the lines of
+// the functions in lines, and that headers, footers and shared fragments
+// are in no function.
+func checkLive(t *testing.T, s *symbolizer, perf []perfEntry, lines map[string]sourceLines) {
+	var named, fragments int
+	seen := map[string]bool{}
+	for _, e := range perf {
+		want, isFunc := functionOf(e)
+		if !isFunc {
+			// The JIT's shared fragments are "global::name", like the
+			// header and footer of the module global: its footer starts
+			// with code that counts as its last function (see symbolizer).
+			if strings.HasPrefix(e.name, "global::") && !strings.HasSuffix(e.name, "::codeFooter") ||
+				strings.HasPrefix(e.name, "erts_beamasm:") || strings.HasSuffix(e.name, "::codeHeader") {
+				if _, err := s.frame(e.start, false); !errors.Is(err, errNoFunction) {
+					t.Errorf("%s at %#x: %v, want an address in no function", e.name, e.start, err)
+				}
+				fragments++
+			}
+			continue
+		}
+		for _, pc := range []struct {
+			addr uint64
+			ret  bool
+		}{{e.start, false}, {e.start + e.size - 1, false}, {e.start + 1, true}, {e.start + e.size, true}} {
+			f, err := s.frame(pc.addr, pc.ret)
+			if err != nil {
+				t.Fatalf("%s at %#x (return address %v): %v", e.name, pc.addr, pc.ret, err)
+			}
+			if f.FunctionName != want {
+				t.Fatalf("%#x (return address %v) named %q, the perf map says %q", pc.addr, pc.ret, f.FunctionName, want)
+			}
+		}
+		named++
+		ls, ok := lines[want]
+		if !ok {
+			continue
+		}
+		seen[want] = true
+		for pc := e.start; pc < e.start+e.size; pc++ {
+			f, err := s.frame(pc, false)
+			if err != nil {
+				t.Fatalf("%s at %#x: %v", want, pc, err)
+			}
+			if f.SourceLine == 0 {
+				continue // before the function's first line item
+			}
+			if f.SourceFile != ls.file || !containsLine(ls.lines, f.SourceLine) {
+				t.Fatalf("%s at %#x: %s:%d, want %s at one of lines %v", want, pc, f.SourceFile, f.SourceLine, ls.file, ls.lines)
+			}
+			seen[fmt.Sprintf("%s:%d", want, f.SourceLine)] = true
+		}
+	}
+	for fn, ls := range lines {
+		for _, l := range ls.lines {
+			if !seen[fmt.Sprintf("%s:%d", fn, l)] {
+				t.Errorf("no address of %s on line %d", fn, l)
+			}
+		}
+	}
+	if named < 1000 || fragments < 10 {
+		t.Errorf("named %d functions, checked %d headers and fragments: too few for a booted system", named, fragments)
+	}
+	t.Logf("named %d functions, %d headers and fragments in none; %+v", named, fragments, s.Stats())
+}
+
+func containsLine(ls []uint32, l uint32) bool {
+	for _, x := range ls {
+		if x == l {
+			return true
+		}
+	}
+	return false
+}
+
+// erlSymtest compiles symtest into a temporary directory and returns the
+// command that runs erl of otp with it loaded.
+func erlSymtest(tb testing.TB, otp string) *exec.Cmd {
+	erl, err := beamfetch.Erl(otp)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	erlc, err := beamfetch.Erlc(otp)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dir := tb.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "symtest.erl"), []byte(symtestErl), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	c := exec.Command(erlc, "symtest.erl")
+	c.Dir = dir
+	if out, err := c.CombinedOutput(); err != nil {
+		tb.Fatalf("erlc: %v: %s", err, out)
+	}
+	cmd := exec.Command(erl, "-noshell", "+S", "1:1", "+JPperf", "map", "-pa", dir, "-eval",
+		`code:ensure_loaded(symtest), io:format("ready~n"), timer:sleep(600000), halt().`)
+	cmd.Dir = dir
+	return cmd
+}
+
+// TestLiveSymbolize names the code of a live erl of every tested version
+// as its JIT's perf map does, with symtest's lines.
+func TestLiveSymbolize(t *testing.T) {
+	for _, v := range beamfetch.Versions {
+		t.Run("OTP "+v, func(t *testing.T) {
+			s, perf := liveBEAM(t, v, erlSymtest(t, v))
+			checkLive(t, s, perf, symtestLines)
+		})
+	}
+}
+
+// TestLiveSymbolizeElixir names an Elixir script's module as Elixir does,
+// with the script's lines.
+func TestLiveSymbolizeElixir(t *testing.T) {
+	elixir, err := beamfetch.Elixir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "hot.exs"), []byte(hotExs), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(elixir, "--erl", "+S 1:1 +JPperf map", "hot.exs")
+	cmd.Dir = dir
+	s, perf := liveBEAM(t, beamfetch.ElixirVersion, cmd)
+	checkLive(t, s, perf, hotLines)
+}
