@@ -1,6 +1,7 @@
 package beam
 
 import (
+	"errors"
 	"fmt"
 	"path"
 	"runtime"
@@ -133,7 +134,7 @@ func (b *beamBinary) Attach(h interpreter.Host) (interpreter.Process, error) {
 		return nil, err
 	}
 	p := &process{otp: b.otp}
-	p.names = newNamer(mem, Tables{Ranges: b.tables.Ranges + h.Bias(), ActiveCodeIndex: b.tables.ActiveCodeIndex + h.Bias()}, b.otp)
+	p.names = newSymbolizer(mem, Tables{Ranges: b.tables.Ranges + h.Bias(), ActiveCodeIndex: b.tables.ActiveCodeIndex + h.Bias()}, b.otp)
 	if _, err := p.Update(h); err != nil {
 		return nil, err
 	}
@@ -155,6 +156,10 @@ func jitRegions(ms []interpreter.Mapping) []interpreter.Region {
 	}
 	return out
 }
+
+// sharedCodeName names the interrupted PC in the JIT's code shared by all
+// modules (its fragments for calls to C, garbage collection, exits).
+const sharedCodeName = "[BEAM JIT shared code]"
 
 // frameNamer names a BEAM frame's PC: the symbolizer.
 type frameNamer interface {
@@ -209,7 +214,14 @@ func (p *process) Symbolize(f support.Frame, out []libpf.Frame) ([]libpf.Frame, 
 		return out, interpreter.ErrDetached
 	}
 	fr, err := p.names.frame(f.Addr, f.ReturnAddress)
-	if err != nil {
+	switch {
+	case errors.Is(err, errNoFunction):
+		// The JIT's code shared by modules (where C code returns to, the
+		// fragments it runs between module code and C code), or a word
+		// on the Erlang stack that looked like a CP and is none (an
+		// uninitialised Y register).
+		fr = libpf.Frame{FunctionName: sharedCodeName, Address: f.Addr}
+	case err != nil:
 		return out, err
 	}
 	fr.Kind = Kind

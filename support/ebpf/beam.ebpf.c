@@ -161,13 +161,15 @@ static __always_inline int beam_stack(const struct beam_proc *p, const struct un
                                       u64 *e, u64 *end)
 {
   u64 htop, stop, heap, hend;
+  // The last word of every stack is a CP into the JIT's normal-exit code,
+  // which no Erlang function called: not reported.
   if (!state->return_address) {
     u64 top = BEAM_E(&state->user_regs);
     if (beam_process(p, BEAM_C_P(&state->user_regs), &htop, &stop, &heap, &hend) ||
         !beam_in_stack(top, htop, hend))
       return -1;
     *e = top;
-    *end = hend;
+    *end = hend - 8;
     return 0;
   }
   u64 c_p = beam_current_process(p, state->sp);
@@ -179,14 +181,14 @@ static __always_inline int beam_stack(const struct beam_proc *p, const struct un
   // E kept in rbp (E_saved) for a call that does not touch the stack.
   if (beam_in_stack(state->fp, htop, hend)) {
     *e = state->fp;
-    *end = hend;
+    *end = hend - 8;
     return 0;
   }
 #endif
   if (!beam_in_stack(stop, htop, hend))
     return -1;
   *e = stop;
-  *end = hend;
+  *end = hend - 8;
   return 0;
 }
 

@@ -49,7 +49,7 @@ mid(Deadline) ->
         false -> N
     end.
 
-leaf(0, Acc) -> Acc;
+leaf(0, Acc) -> Acc; %# hot: leaf0
 leaf(N, Acc) -> leaf(N - 1, Acc + (N band 3)). %# hot: leaf
 
 bif_top(Deadline) ->
