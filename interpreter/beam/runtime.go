@@ -94,7 +94,9 @@ func recognise(f *interpreter.File) (interpreter.Binary, error) {
 	major, _ := strconv.Atoi(strings.SplitN(b.version, ".", 2)[0])
 	var ok bool
 	if b.otp, ok = otpOfERTS[major]; !ok {
-		b.err = fmt.Errorf("beam: ERTS %s is not of OTP 27 or 29, whose layouts the unwinder reads", b.version)
+		// Each OTP release since 17 (ERTS 6) came with the next ERTS major.
+		b.err = fmt.Errorf("beam: ERTS %s (OTP %d) is not OTP 27 or 29, the releases whose layouts the unwinder was checked on",
+			b.version, major+12)
 		return b, nil
 	}
 	if b.tables, b.err = FindTables(f.ELF); b.err != nil {
