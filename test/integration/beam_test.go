@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,9 +55,15 @@ func profileBeam(t *testing.T, version, mode string, ok func(names []string) boo
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := startSession(t, testHz)
 	// One scheduler: the workload's one process runs on it.
-	cmd := exec.Command(erl, "-noshell", "+S", "1:1", "-pa", dir, "-s", "ewl", "main", mode, formatSeconds(4*time.Second))
+	return profileBeamCommand(t, exec.Command(erl, "-noshell", "+S", "1:1", "-pa", dir, "-s", "ewl", "main", mode,
+		formatSeconds(4*time.Second)), mode, ok)
+}
+
+// profileBeamCommand is profileBeam for a command that runs a workload.
+func profileBeamCommand(t *testing.T, cmd *exec.Cmd, mode string, ok func(names []string) bool) float64 {
+	t.Helper()
+	s := startSession(t, testHz)
 	run := runScriptHeld(t, cmd, func() {
 		logRuntimeMetrics(t, s, "beam")
 		s.stop(t)
@@ -128,4 +135,28 @@ func TestBeamStacks(t *testing.T) {
 		})
 	}
 	logShareTable(t, "BEAM", names, modes, results)
+}
+
+// TestBeamElixir profiles the Elixir chain (utils/workloads/erlang/ewl.exs)
+// on the OTP release Debian's elixir runs on: modules are named as Elixir
+// names them (EwlChain.leaf/2 for the emulator's 'Elixir.EwlChain'), the
+// script's own code is a function of the module elixir compiles it into
+// (elixir_compiler_0:'__FILE__'/1), at the script's line.
+func TestBeamElixir(t *testing.T) {
+	requireRoot(t)
+	elixir, err := beamfetch.Elixir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	script, hot := markedWorkload(t, "erlang", "ewl.exs")
+	want := func(name, mark string) string { return fmt.Sprintf("%s:%d", name, hot[mark]) }
+	leaf, leaf0 := want("EwlChain.leaf/2", "ex_leaf"), want("EwlChain.leaf/2", "ex_leaf0")
+	rest := []string{want("EwlChain.mid/1", "ex_mid"), want("EwlChain.top/1", "ex_top")}
+	mainLine := fmt.Sprintf(":%d", hot["ex_main"])
+	share := profileBeamCommand(t, exec.Command(elixir, "--erl", "+S 1:1", script, "chain", formatSeconds(4*time.Second)), "chain",
+		func(fs []string) bool {
+			return len(fs) > len(rest)+1 && (fs[0] == leaf || fs[0] == leaf0) && slices.Equal(fs[1:len(rest)+1], rest) &&
+				strings.HasSuffix(fs[len(rest)+1], mainLine)
+		})
+	t.Logf("Elixir on OTP %s: %.1f%% of the chain's samples with the full chain", beamfetch.ElixirVersion, 100*share)
 }
