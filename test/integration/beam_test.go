@@ -50,18 +50,23 @@ func beamNames(tr *libpf.Trace) []string {
 // 95%).
 func profileBeam(t *testing.T, version, mode string, ok func(names []string) bool) float64 {
 	t.Helper()
+	return profileBeamOn(t, version, mode, "1:1", 0.95, ok)
+}
+
+// profileBeamOn is profileBeam with schedulers (+S) and the share wanted.
+func profileBeamOn(t *testing.T, version, mode, schedulers string, want float64, ok func(names []string) bool) float64 {
+	t.Helper()
 	dir, _, _ := beamWorkload(t, version)
 	erl, err := beamfetch.Erl(version)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// One scheduler: the workload's one process runs on it.
-	return profileBeamCommand(t, exec.Command(erl, "-noshell", "+S", "1:1", "-pa", dir, "-s", "ewl", "main", mode,
-		formatSeconds(4*time.Second)), mode, ok)
+	return profileBeamCommand(t, exec.Command(erl, "-noshell", "+S", schedulers, "-pa", dir, "-s", "ewl", "main", mode,
+		formatSeconds(4*time.Second)), mode, want, ok)
 }
 
 // profileBeamCommand is profileBeam for a command that runs a workload.
-func profileBeamCommand(t *testing.T, cmd *exec.Cmd, mode string, ok func(names []string) bool) float64 {
+func profileBeamCommand(t *testing.T, cmd *exec.Cmd, mode string, want float64, ok func(names []string) bool) float64 {
 	t.Helper()
 	s := startSession(t, testHz)
 	run := runScriptHeld(t, cmd, func() {
@@ -89,9 +94,9 @@ func profileBeamCommand(t *testing.T, cmd *exec.Cmd, mode string, ok func(names 
 	}
 	share := share(good, len(samples))
 	t.Logf("%s: %d samples after %d of warm-up, %.1f%% with the expected Erlang frames", mode, len(samples), warm, 100*share)
-	logTopStacks(t, misses, 4)
-	if len(samples) < 2*testHz || share < 0.95 {
-		t.Errorf("%d of %d samples show the expected frames, want >= 95%% of at least %d", good, len(samples), 2*testHz)
+	logTopStacks(t, misses, 8)
+	if len(samples) < 2*testHz || share < want {
+		t.Errorf("%d of %d samples show the expected frames, want >= %.0f%% of at least %d", good, len(samples), 100*want, 2*testHz)
 	}
 	return share
 }
@@ -107,9 +112,9 @@ func beamChain(fs ...beamFrame) []string {
 
 // TestBeamStacks profiles the Erlang workloads under each tested OTP
 // release: chain, whose hot function is a frameless tail-recursive loop
-// (its caller's frame comes from the top of the Erlang stack), and bif,
-// whose hot code is C (lists:reverse/1's BIF and the garbage collector)
-// called from JIT code.
+// (its caller's frame comes from the top of the Erlang stack); bif, whose
+// hot code is C (lists:reverse/1's BIF and the garbage collector) called
+// from JIT code; procs, four processes in the chain on two schedulers.
 func TestBeamStacks(t *testing.T) {
 	requireRoot(t)
 	_, _, hot := beamWorkload(t, beamfetch.Versions[0])
@@ -118,7 +123,8 @@ func TestBeamStacks(t *testing.T) {
 		beamFrame{"ewl:top/1", hot["top"]}, mainFrame)
 	leaf0 := beamChain(beamFrame{"ewl:leaf/2", hot["leaf0"]})[0]
 	bif := beamChain(beamFrame{"ewl:bif_mid/2", hot["bif_mid"]}, beamFrame{"ewl:bif_top/1", hot["bif_top"]}, mainFrame)
-	modes := []string{"chain", "bif"}
+	procsLine := fmt.Sprintf(":%d", hot["procs"])
+	modes := []string{"chain", "bif", "procs"}
 	results := map[string][]float64{}
 	var names []string
 	for _, v := range beamfetch.Versions {
@@ -132,6 +138,13 @@ func TestBeamStacks(t *testing.T) {
 					slices.Equal(fs[1:len(chain)], chain[1:])
 			})
 			results[name][1] = profileBeam(t, v, "bif", func(fs []string) bool { return hasChain(fs, bif) })
+			// Four processes on two schedulers: each sample has its
+			// process's stack, which ends with the fun it was spawned
+			// with.
+			results[name][2] = profileBeamOn(t, v, "procs", "2:2", 0.90, func(fs []string) bool {
+				return len(fs) == 4 && (fs[0] == chain[0] || fs[0] == leaf0) && slices.Equal(fs[1:3], chain[1:3]) &&
+					strings.HasPrefix(fs[3], "ewl:'-run/2-fun-") && strings.HasSuffix(fs[3], procsLine)
+			})
 		})
 	}
 	logShareTable(t, "BEAM", names, modes, results)
@@ -153,7 +166,7 @@ func TestBeamElixir(t *testing.T) {
 	leaf, leaf0 := want("EwlChain.leaf/2", "ex_leaf"), want("EwlChain.leaf/2", "ex_leaf0")
 	rest := []string{want("EwlChain.mid/1", "ex_mid"), want("EwlChain.top/1", "ex_top")}
 	mainLine := fmt.Sprintf(":%d", hot["ex_main"])
-	share := profileBeamCommand(t, exec.Command(elixir, "--erl", "+S 1:1", script, "chain", formatSeconds(4*time.Second)), "chain",
+	share := profileBeamCommand(t, exec.Command(elixir, "--erl", "+S 1:1", script, "chain", formatSeconds(4*time.Second)), "chain", 0.95,
 		func(fs []string) bool {
 			return len(fs) > len(rest)+1 && (fs[0] == leaf || fs[0] == leaf0) && slices.Equal(fs[1:len(rest)+1], rest) &&
 				strings.HasSuffix(fs[len(rest)+1], mainLine)

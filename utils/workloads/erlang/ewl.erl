@@ -9,6 +9,8 @@
 %% chain: leaf/2, a frameless tail-recursive loop (no stack frame of its
 %% own: its caller's continuation pointer is the top of the Erlang stack),
 %% called by mid/1, called by top/1.
+%% procs: four processes spawned with a fun that calls top/1, each in the
+%% chain; the stack of each ends with the fun.
 %% bif: the hot code is C: lists:reverse/1 (a BIF) called by bif_mid/2,
 %% called by bif_top/1.
 -module(ewl).
@@ -36,6 +38,11 @@ hold() ->
     end.
 
 run(chain, Deadline) -> top(Deadline);
+run(procs, Deadline) ->
+    Parent = self(),
+    Pids = [spawn_link(fun() -> top(Deadline), Parent ! {done, self()} end) || _ <- lists:seq(1, 4)], %# hot: procs
+    [receive {done, Pid} -> ok end || Pid <- Pids],
+    ok;
 run(bif, Deadline) -> bif_top(Deadline).
 
 top(Deadline) ->
@@ -50,7 +57,9 @@ mid(Deadline) ->
     end.
 
 leaf(0, Acc) -> Acc; %# hot: leaf0
-leaf(N, Acc) -> leaf(N - 1, Acc + (N band 3)). %# hot: leaf
+%% Each call (a reduction: the scheduler switches processes every few
+%% thousand) does some arithmetic, so that switching stays a small share.
+leaf(N, Acc) -> leaf(N - 1, ((Acc bxor N) * 7 + (N band 3) * 13 + (Acc bsr 3)) band 16#fffff). %# hot: leaf
 
 bif_top(Deadline) ->
     L = lists:seq(1, 2000),
