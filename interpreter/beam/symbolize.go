@@ -171,7 +171,11 @@ func (s *symbolizer) lookup(pc uint64) (*cachedFrame, error) {
 		return nil, fmt.Errorf("%w: code header %#x with %d functions", errBadObject, header, n)
 	}
 	funcs := header + s.functions
-	// functions[n] is the module's end: pc must be below it.
+	// functions[n] is the module's end: pc must be below it. The JIT puts
+	// a stub and jump veneers between the last function's code and
+	// functions[n] (its perf map counts them to the module's footer);
+	// they are named as the last function: nothing in memory marks where
+	// that function's code ends.
 	i, rec, err := s.search(funcs, n+1, 8, pc)
 	if err != nil {
 		return nil, err

@@ -392,3 +392,24 @@ func TestLiveSymbolizeDefaultLayout(t *testing.T) {
 		})
 	}
 }
+
+func TestFunctionName(t *testing.T) {
+	for _, c := range []struct {
+		module, function string
+		arity            uint64
+		want             string
+	}{
+		{"lists", "map", 2, "lists:map/2"},
+		{"erl_init", "-restart/0-fun-0-", 0, "erl_init:'-restart/0-fun-0-'/0"},
+		{"prim_eval", "receive", 2, "prim_eval:receive/2"},
+		{"Mod@node", "it's\\", 1, "'Mod@node':'it\\'s\\\\'/1"},
+		{"m", "", 0, "m:''/0"},
+		{"m", "héllo", 0, "m:'héllo'/0"},
+		{"Elixir.Foo.Bar", "baz?", 1, "Foo.Bar.baz?/1"},
+		{"Elixir.", "f", 0, "'Elixir.':f/0"},
+	} {
+		if got := functionName(c.module, c.function, c.arity); got != c.want {
+			t.Errorf("functionName(%q, %q, %d) = %s, want %s", c.module, c.function, c.arity, got, c.want)
+		}
+	}
+}
