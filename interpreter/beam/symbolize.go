@@ -211,12 +211,45 @@ func (s *symbolizer) lookup(pc uint64) (*cachedFrame, error) {
 
 // functionName spells an MFA as Erlang does ("lists:map/2",
 // "erl_init:'-restart/0-fun-0-'/0"), and an Elixir module's function as
-// Elixir does ("Foo.Bar.baz?/1" for the module atom 'Elixir.Foo.Bar').
+// Elixir does ("Foo.Bar.baz?/1" for the module atom 'Elixir.Foo.Bar',
+// "anonymous fn/1 in Foo.Bar.baz?/1" for its fun '-baz?/1-fun-0-').
 func functionName(module, function string, arity uint64) string {
+	a := strconv.FormatUint(arity, 10)
 	if m, ok := strings.CutPrefix(module, "Elixir."); ok && m != "" {
-		return m + "." + function + "/" + strconv.FormatUint(arity, 10)
+		if parent, ok := elixirFunParent(function); ok {
+			return "anonymous fn/" + a + " in " + m + "." + parent
+		}
+		return m + "." + function + "/" + a
 	}
-	return quoteAtom(module) + ":" + quoteAtom(function) + "/" + strconv.FormatUint(arity, 10)
+	return quoteAtom(module) + ":" + quoteAtom(function) + "/" + a
+}
+
+// elixirFunParent returns "name/arity" of the function whose fun the
+// compiler named "-name/arity-fun-N-".
+func elixirFunParent(function string) (string, bool) {
+	rest, ok := strings.CutPrefix(function, "-")
+	if !ok {
+		return "", false
+	}
+	i := strings.LastIndex(rest, "-fun-")
+	if i < 0 || !strings.HasSuffix(rest, "-") || !isDigits(rest[i+len("-fun-"):len(rest)-1]) {
+		return "", false
+	}
+	parent := rest[:i]
+	slash := strings.LastIndexByte(parent, '/')
+	if slash <= 0 || !isDigits(parent[slash+1:]) {
+		return "", false
+	}
+	return parent, true
+}
+
+func isDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // quoteAtom writes an atom as the emulator's own printer does (its perf

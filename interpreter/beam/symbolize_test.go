@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -48,14 +49,17 @@ const hotExs = `defmodule Hot do
   def outer(n), do: outer(n + loop(100_000_000, 0))
   def loop(0, acc), do: acc
   def loop(n, acc), do: loop(n - 1, acc + Bitwise.band(n, 3))
+  def twice(l), do: Enum.map(l, fn x -> x * 2 end)
 end
 IO.puts("ready")
 Process.sleep(600_000)
 `
 
 var hotLines = map[string]sourceLines{
-	"Hot.outer/1": {"hot.exs", []uint32{2}},
-	"Hot.loop/2":  {"hot.exs", []uint32{3, 4}},
+	"Hot.outer/1":                   {"hot.exs", []uint32{2}},
+	"Hot.loop/2":                    {"hot.exs", []uint32{3, 4}},
+	"Hot.twice/1":                   {"hot.exs", []uint32{5}},
+	"anonymous fn/1 in Hot.twice/1": {"hot.exs", []uint32{5}},
 }
 
 // perfEntry is a line of the JIT's perf map (+JPperf map), which names
@@ -190,6 +194,9 @@ func loadBias(tb testing.TB, pid int, exe string) uint64 {
 	return 0
 }
 
+// elixirFunRE matches the name the compiler gives a fun: -parent/arity-fun-N-.
+var elixirFunRE = regexp.MustCompile(`^-(.+/[0-9]+)-fun-[0-9]+-$`)
+
 // functionOf returns the name a perf map entry gives a function, the
 // symbolizer's spelling of it, and whether the entry is a function's
 // code (not its prologue, a module's header or footer, or a shared
@@ -207,7 +214,11 @@ func functionOf(e perfEntry) (string, bool) {
 		if !ok || slash < 0 {
 			return "", false
 		}
-		return mod + "." + strings.Trim(fa[:slash], "'") + fa[slash:], true
+		fun := strings.Trim(fa[:slash], "'")
+		if m := elixirFunRE.FindStringSubmatch(fun); m != nil {
+			return "anonymous fn" + fa[slash:] + " in " + mod + "." + m[1], true
+		}
+		return mod + "." + fun + fa[slash:], true
 	}
 	return e.name, true
 }
@@ -407,6 +418,10 @@ func TestFunctionName(t *testing.T) {
 		{"m", "héllo", 0, "m:'héllo'/0"},
 		{"Elixir.Foo.Bar", "baz?", 1, "Foo.Bar.baz?/1"},
 		{"Elixir.", "f", 0, "'Elixir.':f/0"},
+		{"Elixir.Hot", "-apply/1-fun-0-", 1, "anonymous fn/1 in Hot.apply/1"},
+		{"Elixir.Hot", "-a-b/2-fun-12-", 0, "anonymous fn/0 in Hot.a-b/2"},
+		{"Elixir.Hot", "-apply/1-fun-x-", 1, "Hot.-apply/1-fun-x-/1"},
+		{"Elixir.Hot", "-apply-fun-0-", 1, "Hot.-apply-fun-0-/1"},
 	} {
 		if got := functionName(c.module, c.function, c.arity); got != c.want {
 			t.Errorf("functionName(%q, %q, %d) = %s, want %s", c.module, c.function, c.arity, got, c.want)
