@@ -428,3 +428,30 @@ func TestFunctionName(t *testing.T) {
 		}
 	}
 }
+
+// TestLiveSymbolizeExit checks that once the process exits, its frames,
+// cached or not, are errors.
+func TestLiveSymbolizeExit(t *testing.T) {
+	v := beamfetch.Versions[len(beamfetch.Versions)-1]
+	cmd := erlSymtest(t, v)
+	s, perf := liveBEAM(t, v, cmd)
+	var pcs []uint64
+	for _, e := range perf {
+		if _, ok := functionOf(e); ok && strings.HasPrefix(e.name, "symtest:") {
+			pcs = append(pcs, e.start)
+		}
+	}
+	cached := pcs[0]
+	if _, err := s.frame(cached, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	for _, pc := range pcs {
+		if f, err := s.frame(pc, false); err == nil {
+			t.Errorf("%#x named %q after the process exited", pc, f.FunctionName)
+		}
+	}
+}
