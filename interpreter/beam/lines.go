@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -42,60 +43,86 @@ const (
 
 var errNoLine = errors.New("beam: no line information")
 
-// line returns the file and line of pc in function i of the module whose
-// line table is at lt (0: none).
-func (s *symbolizer) line(lt, i, pc uint64) (string, uint32, error) {
-	if lt == 0 {
-		return "", 0, errNoLine
-	}
+// lineTable is what a module's line table says of all its functions,
+// read once per module: where its parts are and the file names decoded
+// so far.
+type lineTable struct {
+	addr, fnames, locSize, locTab, first uint64
+
+	mu    sync.Mutex
+	files map[uint64]string // by file index
+}
+
+// readLineTable reads the head of the line table at lt.
+func (s *symbolizer) readLineTable(lt uint64) (*lineTable, error) {
 	var head [lineFuncTab + 8]byte
 	if err := s.r.Read(lt, head[:]); err != nil {
-		return "", 0, err
+		return nil, err
 	}
-	fnames := binary.LittleEndian.Uint64(head[lineFnames:])
-	locSize := uint64(binary.LittleEndian.Uint32(head[lineLocSize:]))
-	locTab := binary.LittleEndian.Uint64(head[lineLocTab:])
-	first := binary.LittleEndian.Uint64(head[lineFuncTab:])
+	t := &lineTable{
+		addr:    lt,
+		fnames:  binary.LittleEndian.Uint64(head[lineFnames:]),
+		locSize: uint64(binary.LittleEndian.Uint32(head[lineLocSize:])),
+		locTab:  binary.LittleEndian.Uint64(head[lineLocTab:]),
+		first:   binary.LittleEndian.Uint64(head[lineFuncTab:]),
+		files:   map[uint64]string{},
+	}
+	if t.locSize != 2 && t.locSize != 4 {
+		return nil, fmt.Errorf("%w: line table at %#x with %d-byte locations", errBadObject, lt, t.locSize)
+	}
+	return t, nil
+}
+
+// line returns the file and line of pc in function i of the module
+// whose line table is t, and the bytes the file name added to t.
+func (s *symbolizer) line(t *lineTable, i, pc uint64) (string, uint32, int, error) {
 	var ft [16]byte
-	if err := s.r.Read(lt+lineFuncTab+8*i, ft[:]); err != nil {
-		return "", 0, err
+	if err := s.r.Read(t.addr+lineFuncTab+8*i, ft[:]); err != nil {
+		return "", 0, 0, err
 	}
 	from, to := binary.LittleEndian.Uint64(ft[:]), binary.LittleEndian.Uint64(ft[8:])
-	if (locSize != 2 && locSize != 4) || from < first || to < from || (from-first)%8 != 0 ||
-		(to-from)%8 != 0 || (to-first)/8 > maxLineItems {
-		return "", 0, fmt.Errorf("%w: line table at %#x: location size %d, function %d's items [%#x, %#x) from %#x",
-			errBadObject, lt, locSize, i, from, to, first)
+	if from < t.first || to < from || (from-t.first)%8 != 0 || (to-from)%8 != 0 || (to-t.first)/8 > maxLineItems {
+		return "", 0, 0, fmt.Errorf("%w: line table at %#x: function %d's items [%#x, %#x) from %#x",
+			errBadObject, t.addr, i, from, to, t.first)
 	}
 	if to == from {
-		return "", 0, errNoLine
+		return "", 0, 0, errNoLine
 	}
 	j, _, err := s.search(from, (to-from)/8, 8, pc)
 	if err != nil {
-		return "", 0, err
+		return "", 0, 0, err
 	}
-	idx := (from-first)/8 + j
+	idx := (from-t.first)/8 + j
 	var lb [4]byte
-	if err := s.r.Read(locTab+idx*locSize, lb[:locSize]); err != nil {
-		return "", 0, err
+	if err := s.r.Read(t.locTab+idx*t.locSize, lb[:t.locSize]); err != nil {
+		return "", 0, 0, err
 	}
 	loc := binary.LittleEndian.Uint32(lb[:])
 	file := uint64(0)
-	if locSize == 4 {
+	if t.locSize == 4 {
 		file = uint64(loc >> locFileShift)
 	}
 	line := loc & locLineMask
 	if line == 0 {
-		return "", 0, errNoLine
+		return "", 0, 0, errNoLine
 	}
-	fname, err := s.r.U64(fnames + 8*file)
+	t.mu.Lock()
+	name, known := t.files[file]
+	t.mu.Unlock()
+	if known {
+		return name, line, 0, nil
+	}
+	fname, err := s.r.U64(t.fnames + 8*file)
 	if err != nil {
-		return "", 0, err
+		return "", 0, 0, err
 	}
-	name, err := s.fileName(fname)
-	if err != nil {
-		return "", 0, err
+	if name, err = s.fileName(fname); err != nil {
+		return "", 0, 0, err
 	}
-	return name, line, nil
+	t.mu.Lock()
+	t.files[file] = name // at most 256: file is 8 bits
+	t.mu.Unlock()
+	return name, line, len(name) + entryOverhead, nil
 }
 
 // fileName decodes a file name term: a string (list of characters) or

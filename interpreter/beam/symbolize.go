@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
@@ -43,13 +44,17 @@ const (
 	searchWindow = 64
 )
 
-// Cache bounds: frames by PC, atom names by atom.
+// Cache bounds: frames by PC, atom names by atom, modules' line tables
+// (with their file names) by code header.
 const (
-	frameEntries  = 16384
-	frameBytes    = 4 << 20
-	atomEntries   = 16384
-	atomBytes     = 1 << 20
-	entryOverhead = 120 // an entry's LRU node, map slot and struct
+	frameEntries   = 16384
+	frameBytes     = 4 << 20
+	atomEntries    = 16384
+	atomBytes      = 1 << 20
+	moduleEntries  = 4096
+	moduleBytes    = 2 << 20
+	entryOverhead  = 120 // an entry's LRU node, map slot and struct
+	moduleOverhead = 400 // a cachedModule and its lineTable
 )
 
 // errNoFunction says an address lies in no module's function: a stale
@@ -80,8 +85,9 @@ type symbolizer struct {
 	atomErr    error
 	atomFailed time.Time
 
-	frames *interpreter.SymbolCache[uint64, *cachedFrame]
-	atoms  *interpreter.SymbolCache[uint64, string]
+	frames  *interpreter.SymbolCache[uint64, *cachedFrame]
+	atoms   *interpreter.SymbolCache[uint64, string]
+	modules *interpreter.SymbolCache[uint64, *cachedModule]
 }
 
 // cachedFrame is a symbolized address and what identifies its function
@@ -106,6 +112,9 @@ func newSymbolizer(mem io.ReaderAt, tables Tables, otp int) *symbolizer {
 		}),
 		atoms: interpreter.NewSymbolCache[uint64](atomEntries, atomBytes, func(name string) int {
 			return len(name) + entryOverhead
+		}),
+		modules: interpreter.NewSymbolCache[uint64](moduleEntries, moduleBytes, func(m *cachedModule) int {
+			return int(m.cost.Load())
 		}),
 	}
 	switch otp {
@@ -166,12 +175,22 @@ func (s *symbolizer) lookup(pc uint64) (*cachedFrame, error) {
 		return nil, err
 	}
 	n := binary.LittleEndian.Uint64(hb[headerNumFunctions:])
-	lineTable := binary.LittleEndian.Uint64(hb[headerLineTable:])
 	if n == 0 || n > maxFunctions {
 		return nil, fmt.Errorf("%w: code header %#x with %d functions", errBadObject, header, n)
 	}
+	// The module's line table, cached while its header holds the same
+	// words (counts, and pointers to what the loader allocated for it).
+	mod, err := s.modules.Get(header, func(m *cachedModule) bool { return m.head == hb },
+		func() (*cachedModule, error) { return s.readModule(hb) })
+	if err != nil {
+		return nil, err
+	}
 	funcs := header + s.functions
-	// functions[n] is the module's end: pc must be below it.
+	// functions[n] is the module's end: pc must be below it. The JIT puts
+	// a stub and jump veneers between the last function's code and
+	// functions[n] (its perf map counts them to the module's footer);
+	// they are named as the last function: nothing in memory marks where
+	// that function's code ends.
 	i, rec, err := s.search(funcs, n+1, 8, pc)
 	if err != nil {
 		return nil, err
@@ -199,20 +218,78 @@ func (s *symbolizer) lookup(pc uint64) (*cachedFrame, error) {
 	f.frame.FunctionName = functionName(module, function, mfa[2])
 	// A missing or unreadable line table leaves the frame without a line:
 	// its name is still right.
-	if file, line, err := s.line(lineTable, i, pc); err == nil {
-		f.frame.SourceFile, f.frame.SourceLine = file, line
+	if mod.lines != nil {
+		if file, line, grew, err := s.line(mod.lines, i, pc); err == nil {
+			f.frame.SourceFile, f.frame.SourceLine = file, line
+			if grew > 0 {
+				s.modules.SetCost(header, mod, int(mod.cost.Add(int64(grew))))
+			}
+		}
 	}
 	return f, nil
 }
 
+// cachedModule is what a module's code header says beyond its functions:
+// its line table, if any.
+type cachedModule struct {
+	head  [headerLineTable + 8]byte
+	lines *lineTable
+	cost  atomic.Int64
+}
+
+func (s *symbolizer) readModule(head [headerLineTable + 8]byte) (*cachedModule, error) {
+	m := &cachedModule{head: head}
+	m.cost.Store(moduleOverhead)
+	if lt := binary.LittleEndian.Uint64(head[headerLineTable:]); lt != 0 {
+		var err error
+		if m.lines, err = s.readLineTable(lt); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
 // functionName spells an MFA as Erlang does ("lists:map/2",
 // "erl_init:'-restart/0-fun-0-'/0"), and an Elixir module's function as
-// Elixir does ("Foo.Bar.baz?/1" for the module atom 'Elixir.Foo.Bar').
+// Elixir does ("Foo.Bar.baz?/1" for the module atom 'Elixir.Foo.Bar',
+// "anonymous fn/1 in Foo.Bar.baz?/1" for its fun '-baz?/1-fun-0-').
 func functionName(module, function string, arity uint64) string {
+	a := strconv.FormatUint(arity, 10)
 	if m, ok := strings.CutPrefix(module, "Elixir."); ok && m != "" {
-		return m + "." + function + "/" + strconv.FormatUint(arity, 10)
+		if parent, ok := elixirFunParent(function); ok {
+			return "anonymous fn/" + a + " in " + m + "." + parent
+		}
+		return m + "." + function + "/" + a
 	}
-	return quoteAtom(module) + ":" + quoteAtom(function) + "/" + strconv.FormatUint(arity, 10)
+	return quoteAtom(module) + ":" + quoteAtom(function) + "/" + a
+}
+
+// elixirFunParent returns "name/arity" of the function whose fun the
+// compiler named "-name/arity-fun-N-".
+func elixirFunParent(function string) (string, bool) {
+	rest, ok := strings.CutPrefix(function, "-")
+	if !ok {
+		return "", false
+	}
+	i := strings.LastIndex(rest, "-fun-")
+	if i < 0 || !strings.HasSuffix(rest, "-") || !isDigits(rest[i+len("-fun-"):len(rest)-1]) {
+		return "", false
+	}
+	parent := rest[:i]
+	slash := strings.LastIndexByte(parent, '/')
+	if slash <= 0 || !isDigits(parent[slash+1:]) {
+		return "", false
+	}
+	return parent, true
+}
+
+func isDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // quoteAtom writes an atom as the emulator's own printer does (its perf

@@ -10,7 +10,9 @@ import (
 // benchFrames returns a symbolizer of a live erl of otp (symtest loaded)
 // whose atom table is found, and return addresses in the middle of the
 // functions of a few modules a profile of it would show.
-func benchFrames(b *testing.B, otp string) (*symbolizer, []uint64) {
+func benchFrames(b *testing.B, otp string) (*symbolizer, []uint64) { return benchFramesT(b, otp) }
+
+func benchFramesT(b testing.TB, otp string) (*symbolizer, []uint64) {
 	s, perf := liveBEAM(b, otp, erlSymtest(b, otp))
 	if _, err := s.atomTable(); err != nil {
 		b.Fatal(err)
@@ -32,9 +34,10 @@ func benchFrames(b *testing.B, otp string) (*symbolizer, []uint64) {
 	return s, pcs
 }
 
-// benchmarkSymbolize names one return address per iteration: with fresh
-// caches (fresh: none, atoms: the atom names kept, as for a new address
-// of a process symbolized before) or with every address cached.
+// benchmarkSymbolize names one return address per iteration: with every
+// cache fresh (fresh "all": a process's first frames), only the frame
+// cache fresh ("frames": a new address of a process symbolized before,
+// its atoms and modules' line tables cached) or every address cached.
 func benchmarkSymbolize(b *testing.B, fresh string) {
 	for _, v := range beamfetch.Versions {
 		b.Run("OTP "+v, func(b *testing.B) {
@@ -48,12 +51,11 @@ func benchmarkSymbolize(b *testing.B, fresh string) {
 			for i := range b.N {
 				if fresh != "" {
 					b.StopTimer()
-					atoms := s.atoms
-					tab := s.atomTab
+					old := s
 					s = newSymbolizer(s.mem, s.tables, s.otp)
-					s.atomTab = tab
-					if fresh == "atoms" {
-						s.atoms = atoms
+					s.atomTab = old.atomTab
+					if fresh == "frames" {
+						s.atoms, s.modules = old.atoms, old.modules
 					}
 					b.StartTimer()
 				}
@@ -65,9 +67,9 @@ func benchmarkSymbolize(b *testing.B, fresh string) {
 	}
 }
 
-func BenchmarkSymbolizeNew(b *testing.B)           { benchmarkSymbolize(b, "none") }
-func BenchmarkSymbolizeNewAtomsKnown(b *testing.B) { benchmarkSymbolize(b, "atoms") }
-func BenchmarkSymbolizeCached(b *testing.B)        { benchmarkSymbolize(b, "") }
+func BenchmarkSymbolizeNew(b *testing.B)        { benchmarkSymbolize(b, "all") }
+func BenchmarkSymbolizeNewAddress(b *testing.B) { benchmarkSymbolize(b, "frames") }
+func BenchmarkSymbolizeCached(b *testing.B)     { benchmarkSymbolize(b, "") }
 
 // BenchmarkFindAtomTable is the one-time search of a process's atom table.
 func BenchmarkFindAtomTable(b *testing.B) {

@@ -79,6 +79,19 @@ func TestSymbolizeReload(t *testing.T) {
 	if st := s.Stats(); st.Stale != 1 {
 		t.Errorf("cache %+v, want one stale entry", st)
 	}
+	// A module whose header changed (here: its line table gone) is read
+	// anew, not named from its cached line table.
+	pc = p.addr("lists:-map/2-fun-0-", 0x30)
+	if f, err := s.frame(pc, false); err != nil || f.SourceFile != "lists.erl" || f.SourceLine != 43 {
+		t.Fatalf("%+v, %v", f, err)
+	}
+	p.mem.put64(p.headers["lists"]+headerLineTable, 0)
+	if f, err := s.frame(pc+1, false); err != nil || f.FunctionName != "lists:'-map/2-fun-0-'/1" || f.SourceFile != "" || f.SourceLine != 0 {
+		t.Fatalf("after the line table's removal: %+v, %v", f, err)
+	}
+	if st := s.modules.Stats(); st.Stale != 1 {
+		t.Errorf("module cache %+v, want one stale entry", st)
+	}
 }
 
 // countingReader counts reads and fails them after a budget, so that a

@@ -66,11 +66,12 @@ type fakeModule struct {
 // fakeProcess is what an image holds: its tables, and where each
 // function's code starts.
 type fakeProcess struct {
-	mem    *image
-	tables Tables
-	otp    int
-	code   map[string]uint64 // "module:function" -> its ErtsCodeInfo
-	mfa    map[string]uint64 // "module:function" -> its MFA's address
+	mem     *image
+	tables  Tables
+	otp     int
+	code    map[string]uint64 // "module:function" -> its ErtsCodeInfo
+	mfa     map[string]uint64 // "module:function" -> its MFA's address
+	headers map[string]uint64 // module -> its code header
 }
 
 // buildImage lays out modules as OTP otp's emulator does (the layouts
@@ -79,7 +80,7 @@ type fakeProcess struct {
 // table.
 func buildImage(otp int, modules []fakeModule) *fakeProcess {
 	m := &image{base: imageBase}
-	p := &fakeProcess{mem: m, otp: otp, code: map[string]uint64{}, mfa: map[string]uint64{}}
+	p := &fakeProcess{mem: m, otp: otp, code: map[string]uint64{}, mfa: map[string]uint64{}, headers: map[string]uint64{}}
 	p.tables.Ranges = m.alloc(numCodeIx * rangesSize)
 	p.tables.ActiveCodeIndex = m.alloc(8)
 	m.put32(p.tables.ActiveCodeIndex, 1)
@@ -142,6 +143,7 @@ func buildImage(otp int, modules []fakeModule) *fakeProcess {
 	for mi, mod := range modules {
 		n := uint64(len(mod.functions))
 		header := m.alloc(int(functionsAt + 8*(n+1)))
+		p.headers[mod.name] = header
 		m.put64(header+headerNumFunctions, n)
 		var starts []uint64
 		for _, f := range mod.functions {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -48,14 +49,17 @@ const hotExs = `defmodule Hot do
   def outer(n), do: outer(n + loop(100_000_000, 0))
   def loop(0, acc), do: acc
   def loop(n, acc), do: loop(n - 1, acc + Bitwise.band(n, 3))
+  def twice(l), do: Enum.map(l, fn x -> x * 2 end)
 end
 IO.puts("ready")
 Process.sleep(600_000)
 `
 
 var hotLines = map[string]sourceLines{
-	"Hot.outer/1": {"hot.exs", []uint32{2}},
-	"Hot.loop/2":  {"hot.exs", []uint32{3, 4}},
+	"Hot.outer/1":                   {"hot.exs", []uint32{2}},
+	"Hot.loop/2":                    {"hot.exs", []uint32{3, 4}},
+	"Hot.twice/1":                   {"hot.exs", []uint32{5}},
+	"anonymous fn/1 in Hot.twice/1": {"hot.exs", []uint32{5}},
 }
 
 // perfEntry is a line of the JIT's perf map (+JPperf map), which names
@@ -68,6 +72,14 @@ type perfEntry struct {
 // liveBEAM runs cmd (an erl or elixir of OTP otp with +JPperf map) until
 // it prints "ready" and returns a symbolizer of it and its perf map.
 func liveBEAM(tb testing.TB, otp string, cmd *exec.Cmd) (*symbolizer, []perfEntry) {
+	s := startBEAM(tb, otp, cmd, nil)
+	return s, readPerfMap(tb, fmt.Sprintf("/tmp/perf-%d.map", cmd.Process.Pid))
+}
+
+// startBEAM runs cmd (an erl or elixir of OTP otp) until it prints
+// "ready", passing each line before to line, and returns a symbolizer of
+// it.
+func startBEAM(tb testing.TB, otp string, cmd *exec.Cmd, line func(string)) *symbolizer {
 	tb.Helper()
 	if runtime.GOARCH != "amd64" && runtime.GOARCH != "arm64" {
 		tb.Skipf("no Debian Erlang build runs on %s", runtime.GOARCH)
@@ -94,24 +106,53 @@ func liveBEAM(tb testing.TB, otp string, cmd *exec.Cmd) (*symbolizer, []perfEntr
 		tb.Fatal(err)
 	}
 	pid := cmd.Process.Pid
-	perfMap := fmt.Sprintf("/tmp/perf-%d.map", pid)
-	tb.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = os.Remove(perfMap) })
+	tb.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		_ = os.Remove(fmt.Sprintf("/tmp/perf-%d.map", pid)) // if +JPperf map wrote it
+	})
 	sc := bufio.NewScanner(out)
 	for sc.Scan() && sc.Text() != "ready" {
+		if line != nil {
+			line(sc.Text())
+		}
 	}
 	if sc.Text() != "ready" {
 		tb.Fatalf("%v: never ready", cmd.Args)
 	}
 	// erl and elixir exec erlexec, which execs beam.smp: the same pid.
-	bias, _ := mappingsTB(tb, pid, path)
+	bias := loadBias(tb, pid, path)
 	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { mem.Close() })
 	n, _ := strconv.Atoi(otp)
-	s := newSymbolizer(mem, Tables{Ranges: bias + tab.Ranges, ActiveCodeIndex: bias + tab.ActiveCodeIndex}, n)
-	return s, readPerfMap(tb, perfMap)
+	return newSymbolizer(mem, Tables{Ranges: bias + tab.Ranges, ActiveCodeIndex: bias + tab.ActiveCodeIndex}, n)
+}
+
+// liveModules returns the code headers of the modules in the active
+// ranges table of s's process.
+func liveModules(t *testing.T, s *symbolizer) []uint64 {
+	ix, err := s.r.U32(s.tables.ActiveCodeIndex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := s.tables.Ranges + uint64(ix)*rangesSize
+	modules, err1 := s.r.U64(rec)
+	n, err2 := s.r.U64(rec + rangesNOffset)
+	if err1 != nil || err2 != nil || n > maxModules {
+		t.Fatalf("ranges table: %d modules at %#x: %v, %v", n, modules, err1, err2)
+	}
+	var out []uint64
+	for i := uint64(0); i < n; i++ {
+		h, err := s.r.U64(modules + 16*i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, h)
+	}
+	return out
 }
 
 func readPerfMap(tb testing.TB, path string) []perfEntry {
@@ -135,27 +176,26 @@ func readPerfMap(tb testing.TB, path string) []perfEntry {
 	return out
 }
 
-// mappingsTB is mappings for benchmarks too.
-func mappingsTB(tb testing.TB, pid int, exe string) (uint64, func(uint64) bool) {
-	t, ok := tb.(*testing.T)
-	if ok {
-		return mappings(t, pid, exe)
-	}
-	var bias uint64
+// loadBias returns where pid maps exe's first page (file offset 0 at
+// virtual address 0: a PIE).
+func loadBias(tb testing.TB, pid int, exe string) uint64 {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
 		tb.Fatal(err)
 	}
 	for _, l := range strings.Split(string(data), "\n") {
 		fs := strings.Fields(l)
-		if len(fs) >= 6 && fs[5] == exe && fs[2] == "00000000" {
+		if len(fs) >= 6 && strings.Join(fs[5:], " ") == exe && fs[2] == "00000000" {
 			lo, _ := strconv.ParseUint(strings.SplitN(fs[0], "-", 2)[0], 16, 64)
-			return lo, nil
+			return lo
 		}
 	}
 	tb.Fatalf("pid %d: no mapping of %s", pid, exe)
-	return bias, nil
+	return 0
 }
+
+// elixirFunRE matches the name the compiler gives a fun: -parent/arity-fun-N-.
+var elixirFunRE = regexp.MustCompile(`^-(.+/[0-9]+)-fun-[0-9]+-$`)
 
 // functionOf returns the name a perf map entry gives a function, the
 // symbolizer's spelling of it, and whether the entry is a function's
@@ -174,7 +214,11 @@ func functionOf(e perfEntry) (string, bool) {
 		if !ok || slash < 0 {
 			return "", false
 		}
-		return mod + "." + strings.Trim(fa[:slash], "'") + fa[slash:], true
+		fun := strings.Trim(fa[:slash], "'")
+		if m := elixirFunRE.FindStringSubmatch(fun); m != nil {
+			return "anonymous fn" + fa[slash:] + " in " + mod + "." + m[1], true
+		}
+		return mod + "." + fun + fa[slash:], true
 	}
 	return e.name, true
 }
@@ -307,4 +351,107 @@ func TestLiveSymbolizeElixir(t *testing.T) {
 	cmd.Dir = dir
 	s, perf := liveBEAM(t, beamfetch.ElixirVersion, cmd)
 	checkLive(t, s, perf, hotLines)
+}
+
+// TestLiveSymbolizeDefaultLayout names every function of a few modules
+// in an erl run without +JPperf (the JIT's default frame layout, no perf
+// map): each function's code, from its ErtsCodeInfo to the next one,
+// names the function that module_info(functions) lists at its place.
+func TestLiveSymbolizeDefaultLayout(t *testing.T) {
+	modules := []string{"symtest", "lists", "gen_server", "erl_eval"}
+	for _, v := range beamfetch.Versions {
+		t.Run("OTP "+v, func(t *testing.T) {
+			cmd := erlSymtest(t, v)
+			// Drop +JPperf map, print each module's functions in order.
+			args := []string{cmd.Args[0], "-noshell", "+S", "1:1", "-pa", cmd.Dir, "-eval",
+				`[io:format("~s ~s ~b~n", [M, F, A]) || M <- [` + strings.Join(modules, ",") +
+					`], {F, A} <- M:module_info(functions)], io:format("ready~n"), timer:sleep(600000), halt().`}
+			cmd = exec.Command(args[0], args[1:]...)
+			want := map[string][]string{}
+			s := startBEAM(t, v, cmd, func(l string) {
+				fs := strings.Fields(l)
+				if len(fs) == 3 {
+					a, _ := strconv.ParseUint(fs[2], 10, 64)
+					want[fs[0]] = append(want[fs[0]], functionName(fs[0], fs[1], a))
+				}
+			})
+			got := map[string][]string{}
+			for _, header := range liveModules(t, s) {
+				n, _ := s.r.U64(header)
+				var names []string
+				for i := uint64(0); i < n; i++ {
+					ci, _ := s.r.U64(header + s.functions + 8*i)
+					next, _ := s.r.U64(header + s.functions + 8*(i+1))
+					first, err1 := s.frame(ci, false)
+					last, err2 := s.frame(next, true)
+					if err1 != nil || err2 != nil || first.FunctionName != last.FunctionName {
+						t.Fatalf("function %d of the module at %#x: %q, %v; %q, %v", i, header, first.FunctionName, err1, last.FunctionName, err2)
+					}
+					names = append(names, first.FunctionName)
+				}
+				if len(names) > 0 {
+					mod, _, _ := strings.Cut(names[0], ":")
+					got[mod] = names
+				}
+			}
+			for _, m := range modules {
+				if strings.Join(got[m], " ") != strings.Join(want[m], " ") {
+					t.Errorf("module %s: named %v, module_info says %v", m, got[m], want[m])
+				}
+			}
+			t.Logf("%d modules named; %+v", len(got), s.Stats())
+		})
+	}
+}
+
+func TestFunctionName(t *testing.T) {
+	for _, c := range []struct {
+		module, function string
+		arity            uint64
+		want             string
+	}{
+		{"lists", "map", 2, "lists:map/2"},
+		{"erl_init", "-restart/0-fun-0-", 0, "erl_init:'-restart/0-fun-0-'/0"},
+		{"prim_eval", "receive", 2, "prim_eval:receive/2"},
+		{"Mod@node", "it's\\", 1, "'Mod@node':'it\\'s\\\\'/1"},
+		{"m", "", 0, "m:''/0"},
+		{"m", "héllo", 0, "m:'héllo'/0"},
+		{"Elixir.Foo.Bar", "baz?", 1, "Foo.Bar.baz?/1"},
+		{"Elixir.", "f", 0, "'Elixir.':f/0"},
+		{"Elixir.Hot", "-apply/1-fun-0-", 1, "anonymous fn/1 in Hot.apply/1"},
+		{"Elixir.Hot", "-a-b/2-fun-12-", 0, "anonymous fn/0 in Hot.a-b/2"},
+		{"Elixir.Hot", "-apply/1-fun-x-", 1, "Hot.-apply/1-fun-x-/1"},
+		{"Elixir.Hot", "-apply-fun-0-", 1, "Hot.-apply-fun-0-/1"},
+	} {
+		if got := functionName(c.module, c.function, c.arity); got != c.want {
+			t.Errorf("functionName(%q, %q, %d) = %s, want %s", c.module, c.function, c.arity, got, c.want)
+		}
+	}
+}
+
+// TestLiveSymbolizeExit checks that once the process exits, its frames,
+// cached or not, are errors.
+func TestLiveSymbolizeExit(t *testing.T) {
+	v := beamfetch.Versions[len(beamfetch.Versions)-1]
+	cmd := erlSymtest(t, v)
+	s, perf := liveBEAM(t, v, cmd)
+	var pcs []uint64
+	for _, e := range perf {
+		if _, ok := functionOf(e); ok && strings.HasPrefix(e.name, "symtest:") {
+			pcs = append(pcs, e.start)
+		}
+	}
+	cached := pcs[0]
+	if _, err := s.frame(cached, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	for _, pc := range pcs {
+		if f, err := s.frame(pc, false); err == nil {
+			t.Errorf("%#x named %q after the process exited", pc, f.FunctionName)
+		}
+	}
 }
