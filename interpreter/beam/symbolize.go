@@ -202,9 +202,9 @@ func (s *symbolizer) lookup(pc uint64) (*cachedFrame, error) {
 	funcs := header + s.functions
 	// functions[n] is the module's end: pc must be below it. The JIT puts
 	// a stub and jump veneers between the last function's code and
-	// functions[n] (its perf map counts them to the module's footer);
-	// they are named as the last function: nothing in memory marks where
-	// that function's code ends.
+	// functions[n] (the JIT's own symbol listing, +JPperf, counts them to
+	// the module's footer); they are named as the last function: nothing
+	// in memory marks where that function's code ends.
 	i, rec, err := s.search(funcs, n+1, 8, pc)
 	if err != nil {
 		return nil, err
@@ -306,8 +306,8 @@ func isDigits(s string) bool {
 	return s != ""
 }
 
-// quoteAtom writes an atom as the emulator's own printer does (its perf
-// map, crash dumps): bare if it is a lower-case letter followed by
+// quoteAtom writes an atom as the emulator's own printer does (its
+// +JPperf symbol listing, crash dumps): bare if it is a lower-case letter followed by
 // letters, digits, _ and @, else in single quotes with ' and \ escaped.
 // Reserved words stay bare, as there (prim_eval:receive/2), unlike
 // io_lib. Non-ASCII letters are quoted (the printer knows Latin-1 ones;
