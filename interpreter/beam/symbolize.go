@@ -67,12 +67,13 @@ var errBadObject = errors.New("beam: not the emulator structure expected")
 // symbolizer names JIT addresses of one BEAM process from its memory. It
 // is safe for concurrent use.
 //
-// Frames are cached by the address looked up, with the ErtsCodeInfo and
-// MFA found there: a hit counts only if that ErtsCodeInfo still holds the
-// same MFA (one read). A module purged frees its code, which a module
-// loaded later may reuse: there the check fails unless the new code puts
-// an ErtsCodeInfo of the same function at the same address. Atom names
-// are cached by atom: the emulator never frees atoms.
+// Frames are cached by the address looked up, with the code generation
+// (the active ranges table) they were named in and the ErtsCodeInfo and
+// MFA found: a hit counts only in the same generation (read again at
+// most every genTTL, so any load, reload or purge drops every frame) and
+// if that ErtsCodeInfo still holds the same MFA (one read). Modules' line
+// tables are cached by code header while the header's words are the same.
+// Atom names are cached by atom: the emulator never frees atoms.
 type symbolizer struct {
 	mem       io.ReaderAt
 	r         *procmem.Reader
@@ -85,6 +86,10 @@ type symbolizer struct {
 	atomErr    error
 	atomFailed time.Time
 
+	genMu sync.Mutex
+	gen   codeGen // the last read, at genAt
+	genAt time.Time
+
 	frames  *interpreter.SymbolCache[uint64, *cachedFrame]
 	atoms   *interpreter.SymbolCache[uint64, string]
 	modules *interpreter.SymbolCache[uint64, *cachedModule]
@@ -93,6 +98,7 @@ type symbolizer struct {
 // cachedFrame is a symbolized address and what identifies its function
 // between lookups.
 type cachedFrame struct {
+	gen      codeGen
 	codeInfo uint64
 	mfa      [3]uint64
 	frame    libpf.Frame
@@ -147,8 +153,12 @@ func (s *symbolizer) frame(pc uint64, returnAddress bool) (libpf.Frame, error) {
 	return f.frame, nil
 }
 
-// stillValid says whether f's ErtsCodeInfo still holds its MFA.
+// stillValid says whether f was named in the current code generation
+// and its ErtsCodeInfo still holds its MFA.
 func (s *symbolizer) stillValid(f *cachedFrame) bool {
+	if g, err := s.generation(); err != nil || g != f.gen {
+		return false
+	}
 	mfa, err := s.mfa(f.codeInfo)
 	return err == nil && mfa == f.mfa
 }
@@ -166,7 +176,11 @@ func (s *symbolizer) mfa(codeInfo uint64) ([3]uint64, error) {
 // active ranges table, the function from the module's code header, its
 // name from the atom table and its line from the module's line table.
 func (s *symbolizer) lookup(pc uint64) (*cachedFrame, error) {
-	header, err := s.module(pc)
+	g, err := s.readGeneration()
+	if err != nil {
+		return nil, err
+	}
+	header, err := s.module(g, pc)
 	if err != nil {
 		return nil, err
 	}
@@ -188,9 +202,9 @@ func (s *symbolizer) lookup(pc uint64) (*cachedFrame, error) {
 	funcs := header + s.functions
 	// functions[n] is the module's end: pc must be below it. The JIT puts
 	// a stub and jump veneers between the last function's code and
-	// functions[n] (its perf map counts them to the module's footer);
-	// they are named as the last function: nothing in memory marks where
-	// that function's code ends.
+	// functions[n] (the JIT's own symbol listing, +JPperf, counts them to
+	// the module's footer); they are named as the last function: nothing
+	// in memory marks where that function's code ends.
 	i, rec, err := s.search(funcs, n+1, 8, pc)
 	if err != nil {
 		return nil, err
@@ -214,7 +228,7 @@ func (s *symbolizer) lookup(pc uint64) (*cachedFrame, error) {
 	if err != nil {
 		return nil, fmt.Errorf("function of %#x: %w", pc, err)
 	}
-	f := &cachedFrame{codeInfo: codeInfo, mfa: mfa}
+	f := &cachedFrame{gen: g, codeInfo: codeInfo, mfa: mfa}
 	f.frame.FunctionName = functionName(module, function, mfa[2])
 	// A missing or unreadable line table leaves the frame without a line:
 	// its name is still right.
@@ -292,8 +306,8 @@ func isDigits(s string) bool {
 	return s != ""
 }
 
-// quoteAtom writes an atom as the emulator's own printer does (its perf
-// map, crash dumps): bare if it is a lower-case letter followed by
+// quoteAtom writes an atom as the emulator's own printer does (its
+// +JPperf symbol listing, crash dumps): bare if it is a lower-case letter followed by
 // letters, digits, _ and @, else in single quotes with ' and \ escaped.
 // Reserved words stay bare, as there (prim_eval:receive/2), unlike
 // io_lib. Non-ASCII letters are quoted (the printer knows Latin-1 ones;
@@ -319,27 +333,57 @@ func quoteAtom(a string) string {
 	return b.String()
 }
 
-// module returns the code header of the module whose range holds pc in
-// the active ranges table (beam_ranges.c: r[the_active_code_index], its
-// Range {start, end} sorted by start; start is the code header).
-func (s *symbolizer) module(pc uint64) (uint64, error) {
+// codeGen identifies the active ranges table. The emulator commits every
+// code change (a load, a reload, a purge) by switching the active code
+// index to a table built for it (code_ix.c, beam_ranges.c).
+type codeGen struct {
+	ix         uint32
+	modules, n uint64
+}
+
+// genTTL is how long a code generation read is trusted for cached
+// frames: a code change reaches them at most this late.
+const genTTL = 20 * time.Millisecond
+
+// readGeneration reads the active code index and its ranges table.
+func (s *symbolizer) readGeneration() (codeGen, error) {
 	ix, err := s.r.U32(s.tables.ActiveCodeIndex)
 	if err != nil {
-		return 0, err
+		return codeGen{}, err
 	}
 	if ix >= numCodeIx {
-		return 0, fmt.Errorf("%w: active code index %d", errBadObject, ix)
+		return codeGen{}, fmt.Errorf("%w: active code index %d", errBadObject, ix)
 	}
 	var rec [16]byte
 	if err := s.r.Read(s.tables.Ranges+uint64(ix)*rangesSize, rec[:]); err != nil {
-		return 0, err
+		return codeGen{}, err
 	}
-	modules := binary.LittleEndian.Uint64(rec[:])
-	n := binary.LittleEndian.Uint64(rec[rangesNOffset:])
-	if n == 0 || n > maxModules {
-		return 0, fmt.Errorf("%w: ranges table of %d modules", errBadObject, n)
+	g := codeGen{ix: ix, modules: binary.LittleEndian.Uint64(rec[:]), n: binary.LittleEndian.Uint64(rec[rangesNOffset:])}
+	if g.n == 0 || g.n > maxModules {
+		return codeGen{}, fmt.Errorf("%w: ranges table of %d modules", errBadObject, g.n)
 	}
-	_, rng, err := s.search(modules, n, 1<<rangeSizeShift, pc)
+	s.genMu.Lock()
+	s.gen, s.genAt = g, time.Now()
+	s.genMu.Unlock()
+	return g, nil
+}
+
+// generation is the code generation, read again once genTTL has passed.
+func (s *symbolizer) generation() (codeGen, error) {
+	s.genMu.Lock()
+	g, fresh := s.gen, time.Since(s.genAt) < genTTL
+	s.genMu.Unlock()
+	if fresh {
+		return g, nil
+	}
+	return s.readGeneration()
+}
+
+// module returns the code header of the module whose range holds pc in
+// the ranges table of generation g (beam_ranges.c: Range {start, end}
+// sorted by start; start is the code header).
+func (s *symbolizer) module(g codeGen, pc uint64) (uint64, error) {
+	_, rng, err := s.search(g.modules, g.n, 1<<rangeSizeShift, pc)
 	if err != nil {
 		return 0, err
 	}

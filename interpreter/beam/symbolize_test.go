@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hostprof/ebpf-profiler/utils/beamfetch"
 )
@@ -454,4 +455,76 @@ func TestLiveSymbolizeExit(t *testing.T) {
 			t.Errorf("%#x named %q after the process exited", pc, f.FunctionName)
 		}
 	}
+}
+
+// TestLiveSymbolizeReload names symtest, loads a second version of it in
+// its place (loop/2 renamed spin/2) and purges the first: the first
+// version's addresses, named before from the cache, are in no function,
+// and the second's are named.
+func TestLiveSymbolizeReload(t *testing.T) {
+	for _, v := range beamfetch.Versions {
+		t.Run("OTP "+v, func(t *testing.T) {
+			cmd := erlSymtest(t, v)
+			v2 := strings.ReplaceAll(symtestErl, "loop", "spin")
+			if err := os.WriteFile(filepath.Join(cmd.Dir, "v2.erl"), []byte(v2), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cmd.Args[len(cmd.Args)-1] = `code:ensure_loaded(symtest), io:format("ready~n"), ` +
+				`io:get_line(""), {ok, symtest, Bin} = compile:file("v2.erl", [binary, debug_info]), ` +
+				`{module, symtest} = code:load_binary(symtest, "v2.erl", Bin), code:purge(symtest), ` +
+				`io:format("reloaded~n"), timer:sleep(600000), halt().`
+			in, err := cmd.StdinPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := startBEAM(t, v, cmd, nil)
+			perf := readPerfMap(t, fmt.Sprintf("/tmp/perf-%d.map", cmd.Process.Pid))
+			old := map[uint64]string{}
+			for _, e := range perf {
+				if name, ok := functionOf(e); ok && strings.HasPrefix(name, "symtest:") {
+					f, err := s.frame(e.start, false)
+					if err != nil || f.FunctionName != name {
+						t.Fatalf("%#x: %q, %v, want %s", e.start, f.FunctionName, err, name)
+					}
+					old[e.start] = name
+				}
+			}
+			if _, err := in.Write([]byte("go\n")); err != nil {
+				t.Fatal(err)
+			}
+			waitForPerfMap(t, cmd.Process.Pid, "symtest:spin/2")
+			time.Sleep(2 * genTTL)
+			for pc, name := range old {
+				if f, err := s.frame(pc, false); !errors.Is(err, errNoFunction) {
+					t.Errorf("%#x, %s before the purge: %q, %v; want an address in no function", pc, name, f.FunctionName, err)
+				}
+			}
+			var named int
+			for _, e := range readPerfMap(t, fmt.Sprintf("/tmp/perf-%d.map", cmd.Process.Pid)) {
+				if name, ok := functionOf(e); ok && strings.HasPrefix(name, "symtest:") && old[e.start] == "" {
+					f, err := s.frame(e.start, false)
+					if err != nil || f.FunctionName != name {
+						t.Errorf("%#x after the reload: %q, %v, want %s", e.start, f.FunctionName, err, name)
+					}
+					named++
+				}
+			}
+			if named != len(old) {
+				t.Errorf("named %d functions of the second version, %d of the first", named, len(old))
+			}
+			t.Logf("%+v", s.Stats())
+		})
+	}
+}
+
+// waitForPerfMap waits until pid's perf map names fn.
+func waitForPerfMap(t *testing.T, pid int, fn string) {
+	for range 100 {
+		data, err := os.ReadFile(fmt.Sprintf("/tmp/perf-%d.map", pid))
+		if err == nil && strings.Contains(string(data), " $"+fn+"\n") {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("pid %d's perf map never named %s", pid, fn)
 }
