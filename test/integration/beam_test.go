@@ -114,7 +114,9 @@ func beamChain(fs ...beamFrame) []string {
 // release: chain, whose hot function is a frameless tail-recursive loop
 // (its caller's frame comes from the top of the Erlang stack); bif, whose
 // hot code is C (lists:reverse/1's BIF and the garbage collector) called
-// from JIT code; procs, four processes in the chain on two schedulers.
+// from JIT code; procs, four processes in the chain on two schedulers;
+// nif, whose hot code is a NIF's (zlib:compress/1: the emulator's zlib
+// NIFs and zlib).
 func TestBeamStacks(t *testing.T) {
 	requireRoot(t)
 	_, _, hot := beamWorkload(t, beamfetch.Versions[0])
@@ -124,7 +126,8 @@ func TestBeamStacks(t *testing.T) {
 	leaf0 := beamChain(beamFrame{"ewl:leaf/2", hot["leaf0"]})[0]
 	bif := beamChain(beamFrame{"ewl:bif_mid/2", hot["bif_mid"]}, beamFrame{"ewl:bif_top/1", hot["bif_top"]}, mainFrame)
 	procsLine := fmt.Sprintf(":%d", hot["procs"])
-	modes := []string{"chain", "bif", "procs"}
+	nif := beamChain(beamFrame{"ewl:nif_mid/2", hot["nif_mid"]}, beamFrame{"ewl:nif_top/1", hot["nif_top"]}, mainFrame)
+	modes := []string{"chain", "bif", "procs", "nif"}
 	results := map[string][]float64{}
 	var names []string
 	for _, v := range beamfetch.Versions {
@@ -145,6 +148,7 @@ func TestBeamStacks(t *testing.T) {
 				return len(fs) == 4 && (fs[0] == chain[0] || fs[0] == leaf0) && slices.Equal(fs[1:3], chain[1:3]) &&
 					strings.HasPrefix(fs[3], "ewl:'-run/2-fun-") && strings.HasSuffix(fs[3], procsLine)
 			})
+			results[name][3] = profileBeam(t, v, "nif", func(fs []string) bool { return hasChain(fs, nif) })
 		})
 	}
 	logShareTable(t, "BEAM", names, modes, results)

@@ -13,6 +13,8 @@
 %% chain; the stack of each ends with the fun.
 %% bif: the hot code is C: lists:reverse/1 (a BIF) called by bif_mid/2,
 %% called by bif_top/1.
+%% nif: the hot code is a NIF's: zlib:compress/1 (the emulator's zlib NIFs
+%% calling zlib) on about 4 KB, called by nif_mid/2, called by nif_top/1.
 -module(ewl).
 -export([main/1]).
 
@@ -43,7 +45,8 @@ run(procs, Deadline) ->
     Pids = [spawn_link(fun() -> top(Deadline), Parent ! {done, self()} end) || _ <- lists:seq(1, 4)], %# hot: procs
     [receive {done, Pid} -> ok end || Pid <- Pids],
     ok;
-run(bif, Deadline) -> bif_top(Deadline).
+run(bif, Deadline) -> bif_top(Deadline);
+run(nif, Deadline) -> nif_top(Deadline).
 
 top(Deadline) ->
     mid(Deadline), %# hot: top
@@ -71,4 +74,16 @@ bif_mid(L, Deadline) ->
     case erlang:monotonic_time(millisecond) < Deadline of
         true -> bif_mid(R, Deadline);
         false -> length(R)
+    end.
+
+nif_top(Deadline) ->
+    B = list_to_binary([integer_to_list(I) || I <- lists:seq(1, 1200)]),
+    nif_mid(B, Deadline), %# hot: nif_top
+    ok.
+
+nif_mid(B, Deadline) ->
+    Z = zlib:compress(B), %# hot: nif_mid
+    case erlang:monotonic_time(millisecond) < Deadline of
+        true -> nif_mid(B, Deadline);
+        false -> byte_size(Z)
     end.
