@@ -14,11 +14,10 @@ import (
 )
 
 // beamWorkload compiles utils/workloads/erlang/ewl.erl with a version's
-// erlc and returns the directory of its .beam and the lines of its
-// "% hot: NAME" marks.
-func beamWorkload(t *testing.T, version string) (string, string, map[string]uint32) {
+// erlc and returns the directory of its .beam.
+func beamWorkload(t *testing.T, version string) string {
 	t.Helper()
-	src, hot := markedWorkload(t, "erlang", "ewl.erl")
+	src, _ := beamMarks(t)
 	erlc, err := beamfetch.Erlc(version)
 	if err != nil {
 		t.Fatal(err)
@@ -27,7 +26,13 @@ func beamWorkload(t *testing.T, version string) (string, string, map[string]uint
 	if out, err := exec.Command(erlc, "-o", dir, src).CombinedOutput(); err != nil {
 		t.Fatalf("erlc %s: %v\n%s", src, err, out)
 	}
-	return dir, src, hot
+	return dir
+}
+
+// beamMarks returns the path of ewl.erl and the lines of its "%# hot: NAME"
+// marks.
+func beamMarks(t *testing.T) (string, map[string]uint32) {
+	return markedWorkload(t, "erlang", "ewl.erl")
 }
 
 // beamFrame is an Erlang frame a test expects.
@@ -56,7 +61,7 @@ func profileBeam(t *testing.T, version, mode string, ok func(names []string) boo
 // profileBeamOn is profileBeam with schedulers (+S) and the share wanted.
 func profileBeamOn(t *testing.T, version, mode, schedulers string, want float64, ok func(names []string) bool) float64 {
 	t.Helper()
-	dir, _, _ := beamWorkload(t, version)
+	dir := beamWorkload(t, version)
 	erl, err := beamfetch.Erl(version)
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +124,7 @@ func beamChain(fs ...beamFrame) []string {
 // NIFs and zlib).
 func TestBeamStacks(t *testing.T) {
 	requireRoot(t)
-	_, _, hot := beamWorkload(t, beamfetch.Versions[0])
+	_, hot := beamMarks(t)
 	mainFrame := beamFrame{"ewl:main/1", hot["main"]}
 	chain := beamChain(beamFrame{"ewl:leaf/2", hot["leaf"]}, beamFrame{"ewl:mid/1", hot["mid"]},
 		beamFrame{"ewl:top/1", hot["top"]}, mainFrame)
