@@ -3,6 +3,7 @@
 package all
 
 import (
+	_ "github.com/hostprof/ebpf-profiler/interpreter/beam"
 	_ "github.com/hostprof/ebpf-profiler/interpreter/hotspot"
 	_ "github.com/hostprof/ebpf-profiler/interpreter/perfmap"
 	_ "github.com/hostprof/ebpf-profiler/interpreter/perl"

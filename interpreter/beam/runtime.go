@@ -1,0 +1,233 @@
+package beam
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hostprof/ebpf-profiler/interpreter"
+	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/support"
+)
+
+// ID, in id_gen.go, is RUNTIME_BEAM of support/ebpf/runtimes.h.
+//go:generate go run ../internal/runtimeids/generate beam
+
+// Kind is the frame kind of Erlang frames.
+const Kind = libpf.FrameKind(ID)
+
+// Runtime is the BEAM as the process manager drives it.
+var Runtime = &interpreter.Runtime{
+	Name:         "beam",
+	DisplayName:  "Erlang/OTP (BEAM)",
+	ID:           ID,
+	ConfigStruct: "beam_proc",
+	ConfigMirror: UnwinderProc{},
+	Recognise:    recognise,
+	// The JIT maps its code when the emulator starts, before it loads the
+	// first module.
+	RetryMin: 100 * time.Millisecond,
+	RetryMax: 30 * time.Second,
+	// Modules are purged and their code's addresses reused by others.
+	TraceRecheck: 10 * time.Second,
+	UpdateEvery:  10 * time.Second,
+}
+
+func init() { interpreter.Register(Runtime) }
+
+// UnwinderProc mirrors struct beam_proc in support/ebpf/beam.ebpf.c.
+type UnwinderProc struct {
+	CodeLo, CodeHi                         uint64
+	ProcHtop, ProcStop, ProcHeap, ProcHend uint16
+	EsdpRegisters, EsdpCurrent, EsdpScanLo uint16
+	_                                      uint16
+}
+
+// Offsets in struct process (erl_process.h) the unwinder reads, the same
+// in OTP 27 and 29 (measured on Debian's amd64 builds, internals.md §2;
+// arm64's LP64 struct is laid out alike, from the source).
+const (
+	procHtop = 0x50
+	procStop = 0x58
+	procHeap = 0xc0
+	procHend = 0xc8
+)
+
+// Where the unwinder finds the current process from C code on x86_64
+// (internals.md §2; measured on Debian's OTP 27 and 29 amd64 with gdb, in
+// JIT code: rbx = the X registers, r13 = c_p): ErtsSchedulerData holds the
+// start of its ErtsSchedulerRegisters (rbx - 0x40, the runtime stack the
+// JIT's sp is in C code) at 0x440 and its current process at 0x4e8, and
+// the scheduler's C stack holds a pointer to it at registers + 0x40a8
+// (29) or + 0x40b8 (27): the unwinder reads the 32 words from +0x4040.
+const (
+	esdpRegisters = 0x440
+	esdpCurrent   = 0x4e8
+	esdpScanLo    = 0x4040
+)
+
+// otpOfERTS maps an ERTS major version to its OTP release, for the
+// releases whose layout was checked (internals.md §5).
+var otpOfERTS = map[int]int{15: 27, 17: 29}
+
+// isBeamName says whether a file is the emulator: Debian and OTP's own
+// install name the JIT build beam.smp (debug and other flavours carry a
+// suffix and are not the builds checked).
+func isBeamName(p string) bool { return path.Base(p) == "beam.smp" }
+
+// recognise finds the emulator by its name and its ERTS version by its
+// directory.
+func recognise(f *interpreter.File) (interpreter.Binary, error) {
+	if !isBeamName(f.Path) {
+		return nil, nil
+	}
+	b := &beamBinary{}
+	b.version, b.err = ERTSVersion(f.Path)
+	if b.err != nil {
+		return b, nil
+	}
+	major, _ := strconv.Atoi(strings.SplitN(b.version, ".", 2)[0])
+	var ok bool
+	if b.otp, ok = otpOfERTS[major]; !ok {
+		// Each OTP release since 17 (ERTS 6) came with the next ERTS major.
+		b.err = fmt.Errorf("beam: ERTS %s (OTP %d) is not OTP 27 or 29, the releases whose layouts the unwinder was checked on",
+			b.version, major+12)
+		return b, nil
+	}
+	if b.tables, b.err = FindTables(f.ELF); b.err != nil {
+		b.err = fmt.Errorf("beam: ERTS %s (OTP %d): %w", b.version, b.otp, b.err)
+	}
+	return b, nil
+}
+
+// beamBinary is a beam.smp.
+type beamBinary struct {
+	version string
+	otp     int
+	tables  Tables
+	// err says why the binary cannot be unwound.
+	err error
+}
+
+func (b *beamBinary) Version() string { return b.version }
+
+func (b *beamBinary) Unsupported() error {
+	if runtime.GOARCH != "amd64" && runtime.GOARCH != "arm64" {
+		return fmt.Errorf("BEAM frames are unwound on x86_64 and arm64 only, not %s", runtime.GOARCH)
+	}
+	return b.err
+}
+
+// CodeRanges is empty: the emulator's own C code is walked natively, its
+// JIT code is claimed per process (Update).
+func (*beamBinary) CodeRanges() [][2]uint64 { return nil }
+
+func (b *beamBinary) Attach(h interpreter.Host) (interpreter.Process, error) {
+	if err := b.Unsupported(); err != nil {
+		return nil, err
+	}
+	mem, err := h.Memory()
+	if err != nil {
+		return nil, err
+	}
+	p := &process{otp: b.otp}
+	p.names = newSymbolizer(mem, Tables{Ranges: b.tables.Ranges + h.Bias(), ActiveCodeIndex: b.tables.ActiveCodeIndex + h.Bias()}, b.otp)
+	if _, err := p.Update(h); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// jitMappingName is the name of the memfd the JIT maps its code from
+// twice, executable and writable (internals.md §1), with " (deleted)"
+// dropped.
+const jitMappingName = "/memfd:vmem"
+
+// jitRegions are the executable views of the JIT's code.
+func jitRegions(ms []interpreter.Mapping) []interpreter.Region {
+	var out []interpreter.Region
+	for _, m := range ms {
+		if m.Executable && strings.TrimSuffix(m.Path, " (deleted)") == jitMappingName {
+			out = append(out, interpreter.Region{Start: m.Start, End: m.End, Unwind: true})
+		}
+	}
+	return out
+}
+
+// sharedCodeName names the interrupted PC in the JIT's code shared by all
+// modules (its fragments for calls to C, garbage collection, exits).
+const sharedCodeName = "[BEAM JIT shared code]"
+
+// frameNamer names a BEAM frame's PC: the symbolizer.
+type frameNamer interface {
+	frame(pc uint64, returnAddress bool) (libpf.Frame, error)
+}
+
+// process is an attached Erlang process.
+type process struct {
+	otp   int
+	names frameNamer
+	// What the BPF unwinder was last told, and the regions claimed.
+	cfg     UnwinderProc
+	regions []interpreter.Region
+}
+
+// Update claims the JIT's code and describes it to the unwinder.
+func (p *process) Update(h interpreter.Host) (bool, error) {
+	if p.names == nil {
+		return false, interpreter.ErrDetached
+	}
+	regions := jitRegions(h.Mappings())
+	if len(regions) == 0 {
+		return false, fmt.Errorf("beam: no executable %s mapping: %w", jitMappingName, interpreter.ErrStarting)
+	}
+	// The unwinder tests CPs against one range: the JIT maps one view of
+	// its code (+JMsingle, which maps it anonymous, is not claimed).
+	cfg := UnwinderProc{CodeLo: regions[0].Start, CodeHi: regions[len(regions)-1].End,
+		ProcHtop: procHtop, ProcStop: procStop, ProcHeap: procHeap, ProcHend: procHend}
+	if runtime.GOARCH == "amd64" {
+		cfg.EsdpRegisters, cfg.EsdpCurrent, cfg.EsdpScanLo = esdpRegisters, esdpCurrent, esdpScanLo
+	}
+	changed := false
+	if cfg != p.cfg {
+		if err := h.SetConfig(cfg); err != nil {
+			return false, err
+		}
+		p.cfg, changed = cfg, true
+	}
+	if !slices.Equal(regions, p.regions) {
+		if err := h.SetRegions(regions); err != nil {
+			return changed, err
+		}
+		p.regions, changed = regions, true
+	}
+	return changed, nil
+}
+
+// Symbolize names a BEAM frame: its PC (ReturnAddress set for the CPs of
+// callers) in a module's JIT code.
+func (p *process) Symbolize(f support.Frame, out []libpf.Frame) ([]libpf.Frame, error) {
+	if p.names == nil {
+		return out, interpreter.ErrDetached
+	}
+	fr, err := p.names.frame(f.Addr, f.ReturnAddress)
+	switch {
+	case errors.Is(err, errNoFunction):
+		// The JIT's code shared by modules (where C code returns to, the
+		// fragments it runs between module code and C code), or a word
+		// on the Erlang stack that looked like a CP and is none (an
+		// uninitialised Y register).
+		fr = libpf.Frame{FunctionName: sharedCodeName, Address: f.Addr}
+	case err != nil:
+		return out, err
+	}
+	fr.Kind = Kind
+	return append(out, fr), nil
+}
+
+func (p *process) Detach() { p.names = nil }

@@ -1,0 +1,87 @@
+package beam
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/hostprof/ebpf-profiler/utils/beamfetch"
+)
+
+// benchFrames returns a symbolizer of a live erl of otp (symtest loaded)
+// whose atom table is found, and return addresses in the middle of the
+// functions of a few modules a profile of it would show.
+func benchFrames(b *testing.B, otp string) (*symbolizer, []uint64) { return benchFramesT(b, otp) }
+
+func benchFramesT(b testing.TB, otp string) (*symbolizer, []uint64) {
+	s, perf := liveBEAM(b, otp, erlSymtest(b, otp))
+	if _, err := s.atomTable(); err != nil {
+		b.Fatal(err)
+	}
+	var pcs []uint64
+	for _, e := range perf {
+		if _, ok := functionOf(e); !ok {
+			continue
+		}
+		mod, _, _ := strings.Cut(e.name, ":")
+		switch mod {
+		case "symtest", "lists", "erl_eval", "gen_server", "proc_lib", "init", "code_server":
+			pcs = append(pcs, e.start+e.size/2)
+		}
+	}
+	if len(pcs) < 100 {
+		b.Fatalf("%d functions", len(pcs))
+	}
+	return s, pcs
+}
+
+// benchmarkSymbolize names one return address per iteration: with every
+// cache fresh (fresh "all": a process's first frames), only the frame
+// cache fresh ("frames": a new address of a process symbolized before,
+// its atoms and modules' line tables cached) or every address cached.
+func benchmarkSymbolize(b *testing.B, fresh string) {
+	for _, v := range beamfetch.Versions {
+		b.Run("OTP "+v, func(b *testing.B) {
+			s, pcs := benchFrames(b, v)
+			for _, pc := range pcs {
+				if _, err := s.frame(pc, true); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				if fresh != "" {
+					b.StopTimer()
+					old := s
+					s = newSymbolizer(s.mem, s.tables, s.otp)
+					s.atomTab = old.atomTab
+					if fresh == "frames" {
+						s.atoms, s.modules = old.atoms, old.modules
+					}
+					b.StartTimer()
+				}
+				if _, err := s.frame(pcs[i%len(pcs)], true); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkSymbolizeNew(b *testing.B)        { benchmarkSymbolize(b, "all") }
+func BenchmarkSymbolizeNewAddress(b *testing.B) { benchmarkSymbolize(b, "frames") }
+func BenchmarkSymbolizeCached(b *testing.B)     { benchmarkSymbolize(b, "") }
+
+// BenchmarkFindAtomTable is the one-time search of a process's atom table.
+func BenchmarkFindAtomTable(b *testing.B) {
+	for _, v := range beamfetch.Versions {
+		b.Run("OTP "+v, func(b *testing.B) {
+			s, _ := benchFrames(b, v)
+			b.ResetTimer()
+			for range b.N {
+				if _, err := s.findAtomTable(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
