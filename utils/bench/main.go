@@ -30,6 +30,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hostprof/ebpf-profiler/utils/beamfetch"
 	"github.com/hostprof/ebpf-profiler/utils/jdkfetch"
 	"github.com/hostprof/ebpf-profiler/utils/nodefetch"
 	"github.com/hostprof/ebpf-profiler/utils/perlfetch"
@@ -49,8 +50,9 @@ func main() {
 		"JWorkload chain under JDK 17), node (utils/workloads/node/v8work.js chain under Node 20), "+
 		"ruby (utils/workloads/ruby/rbworkload.rb chain under Debian 12's Ruby 3.1), "+
 		"php (utils/workloads/php/phpworkload.php chain under Debian 12's PHP 8.2), "+
-		"perl (utils/workloads/perl/plworkload.pl chain under Debian 12's perl 5.36; a runtime's version after a colon: "+
-		"python:3.15, python:tailcall, java:26, node:26, ruby:3.4, php:8.4, perl:5.42), apm (utils/testagent's app: "+
+		"perl (utils/workloads/perl/plworkload.pl chain under Debian 12's perl 5.36), "+
+		"beam (utils/workloads/erlang/ewl.erl chain under Debian's Erlang/OTP 29); a runtime's version after a colon: "+
+		"python:3.15, python:tailcall, java:26, node:26, ruby:3.4, php:8.4, perl:5.42, beam:27), apm (utils/testagent's app: "+
 		"two threads per process, 80% of the time in APM transactions) or apm-off (the same with the agent "+
 		"library renamed, so that it is not correlated)")
 	procs := flag.Int("procs", runtime.NumCPU(), "busy processes")
@@ -390,7 +392,7 @@ func bpfMapBytes(pid int) uint64 {
 // busyProcesses starts n busy processes of the given kind and returns the
 // func that stops them and their pids. A runtime's kind may name its
 // version after a colon (python:3.15, python:tailcall, java:26, node:26,
-// ruby:3.4, php:8.4, perl:5.42); without one, the version the tables of
+// ruby:3.4, php:8.4, perl:5.42, beam:27); without one, the version the tables of
 // docs/overhead.md were measured with.
 func busyProcesses(load string, n int) (stop func(), pids []int) {
 	var argv []string
@@ -452,6 +454,20 @@ func busyProcesses(load string, n int) (stop func(), pids []int) {
 		pl, err := perlfetch.Perl(or("5.36"))
 		check(err)
 		argv = []string{pl, "utils/workloads/perl/plworkload.pl", "chain", "1000000"}
+	case "beam":
+		// The chain workload (a frameless tail-recursive leaf) in Debian's
+		// Erlang/OTP 29 (or the release named), compiled by its erlc.
+		erlc, err := beamfetch.Erlc(or("29"))
+		check(err)
+		erl, err := beamfetch.Erl(or("29"))
+		check(err)
+		dir, err := os.MkdirTemp("", "bench-beam")
+		check(err)
+		atExit(func() { os.RemoveAll(dir) })
+		if out, err := exec.Command(erlc, "-o", dir, "utils/workloads/erlang/ewl.erl").CombinedOutput(); err != nil {
+			fatalf("compiling the Erlang load (run from the repository root): %v\n%s", err, out)
+		}
+		argv = []string{erl, "-noshell", "-pa", dir, "-s", "ewl", "main", "chain", "1000000"}
 	case "node":
 		// The chain workload with default flags (TurboFan inlines leaf
 		// and mid into top) in the machine's Node 20 (or the version
