@@ -13,5 +13,6 @@
 #include "ruby.ebpf.c"
 #include "php.ebpf.c"
 #include "perl.ebpf.c"
+#include "luajit.ebpf.c"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
