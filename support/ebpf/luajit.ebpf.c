@@ -120,9 +120,10 @@ enum luajit_metric {
   // A Lua stack slot or function could not be read or made no sense: the
   // walk ends there and native unwinding goes on from the C frame.
   METRIC_ERR_LUAJIT_STACK,
-  // An activation had no Lua frame (a C function called from C): the
-  // VM's native frame is reported.
-  METRIC_ERR_LUAJIT_NO_FRAME,
+  // Activations without a Lua frame (a lua_CFunction called from C, as
+  // luajit's pmain is): nothing is reported for them, the C function
+  // being a native frame of its own.
+  METRIC_LUAJIT_EMPTY_ACTIVATIONS,
   METRIC_LUAJIT_COUNT,
 };
 _Static_assert(METRIC_LUAJIT_COUNT <= RUNTIME_METRICS_MAX, "too many luajit metrics");
@@ -422,11 +423,8 @@ int unwind_luajit(struct bpf_perf_event_data *ctx)
     goto full;
   if (walk == RUNTIME_WALK_MORE)
     return tail_call_next(ctx, r, RUNTIME_LUAJIT);
-  if (!w->frames) {
-    increment_runtime_metric(RUNTIME_LUAJIT, METRIC_ERR_LUAJIT_NO_FRAME);
-    if (runtime_report_native(&state->handoff, t))
-      goto full;
-  }
+  if (!w->frames)
+    increment_runtime_metric(RUNTIME_LUAJIT, METRIC_LUAJIT_EMPTY_ACTIVATIONS);
   if (state->pc < MIN_CODE_ADDRESS)
     return tail_call_stop(ctx);
   return tail_call_next(ctx, r, PROG_UNWIND_NATIVE);
