@@ -148,12 +148,16 @@ func (p *proto) lineAt(mem *procmem.Reader, pos uint32) uint32 {
 	return uint32(p.FirstLine) + rel
 }
 
-// trace is a compiled trace as read: its machine code and where it
-// started.
+// trace is a compiled trace as read: its machine code, where it started,
+// its snapshots and IR.
 type trace struct {
 	addr             uint64
 	mcode, szmcode   uint64
 	startPt, startPC uint64
+	snap, snapMap    uint64
+	ir               uint64
+	nk               uint32
+	nsnap            uint16
 	traceNo          uint16
 }
 
@@ -168,6 +172,11 @@ func parseTrace(l *Layout, addr uint64, b []byte) (trace, error) {
 		szmcode: uint64(binary.LittleEndian.Uint32(b[l.Trace.SzMCode:])),
 		startPt: binary.LittleEndian.Uint64(b[l.Trace.StartPt:]),
 		startPC: binary.LittleEndian.Uint64(b[l.Trace.StartPC:]),
+		snap:    binary.LittleEndian.Uint64(b[l.Trace.Snap:]),
+		snapMap: binary.LittleEndian.Uint64(b[l.Trace.SnapMap:]),
+		ir:      binary.LittleEndian.Uint64(b[l.Trace.IR:]),
+		nk:      binary.LittleEndian.Uint32(b[l.Trace.NK:]),
+		nsnap:   binary.LittleEndian.Uint16(b[l.Trace.NSnap:]),
 		traceNo: binary.LittleEndian.Uint16(b[l.Trace.TraceNo:]),
 	}
 	if t.mcode == 0 || t.szmcode == 0 || t.szmcode > 1<<30 || t.mcode+t.szmcode < t.mcode || t.startPt == 0 {
@@ -206,6 +215,10 @@ type Symbolizer struct {
 
 	mu     sync.Mutex
 	traces map[uint64]*traceTable
+	// snaps are traces' snapshots, by trace address and machine code;
+	// snapFrames the frames of one of them (its index third).
+	snaps      map[[2]uint64][]snapshot
+	snapFrames map[[3]uint64][]snapFrameRef
 }
 
 // NewSymbolizer reads LuaJIT's objects of layout l through mem.
@@ -215,7 +228,8 @@ func NewSymbolizer(mem *procmem.Reader, l *Layout) *Symbolizer {
 		protos: interpreter.NewSymbolCache[uint64, *proto](16384, 16<<20, func(p *proto) int {
 			return 128 + len(p.file) + len(p.name) + len(p.lines)
 		}),
-		traces: map[uint64]*traceTable{},
+		traces: map[uint64]*traceTable{}, snaps: map[[2]uint64][]snapshot{},
+		snapFrames: map[[3]uint64][]snapFrameRef{},
 	}
 }
 
@@ -307,23 +321,129 @@ func (s *Symbolizer) Frames(fileID, addr uint64, out []libpf.Frame) ([]libpf.Fra
 	return append(out, f), nil
 }
 
-// traceFrames names a trace frame by the function and line it started
-// at.
+// traceFrames names a trace frame: the functions the trace inlined at
+// the code's snapshot, innermost first, then the function it started in;
+// that one alone, at the trace's start, when the snapshot cannot be
+// decoded.
 func (s *Symbolizer) traceFrames(g, pc uint64, out []libpf.Frame) ([]libpf.Frame, error) {
 	t, err := s.trace(g, pc)
 	if err != nil {
 		return out, err
 	}
-	p, err := s.proto(t.startPt)
+	tier := "trace " + strconv.Itoa(int(t.traceNo))
+	refs, err := s.snapshotFrames(t, pc)
+	if err == nil {
+		n := len(out)
+		if out, err = s.appendSnapFrames(t, refs, tier, out); err == nil {
+			return out, nil
+		}
+		out = out[:n]
+	}
+	return s.appendSnapFrames(t, []snapFrameRef{{pc: t.startPC, resume: true}}, tier, out)
+}
+
+// appendSnapFrames appends the frames refs name in trace t.
+func (s *Symbolizer) appendSnapFrames(t trace, refs []snapFrameRef, tier string, out []libpf.Frame) ([]libpf.Frame, error) {
+	for i, r := range refs {
+		addr := t.startPt
+		if r.fn != 0 {
+			ffid, err := s.mem.U8(r.fn + uint64(s.l.Func.FFID))
+			if err != nil {
+				return out, err
+			}
+			bc, err := s.mem.U64(r.fn + uint64(s.l.Func.PC))
+			if err != nil {
+				return out, err
+			}
+			if ffid != 0 || bc < uint64(s.l.Proto.Size) {
+				return out, fmt.Errorf("luajit: inlined function %#x is not a Lua function", r.fn)
+			}
+			addr = bc - uint64(s.l.Proto.Size)
+		}
+		p, err := s.proto(addr)
+		if err != nil {
+			return out, err
+		}
+		pc := r.pc
+		if r.resume {
+			// The bytecode to resume at, not a saved PC.
+			pc += 4
+		}
+		f := libpf.Frame{Kind: Kind, FunctionName: p.name, SourceFile: p.file, Tier: tier, Inlined: i < len(refs)-1}
+		if pos := s.bytecodePos(addr, p, pc); pos >= 0 {
+			f.SourceLine = p.lineAt(s.mem, uint32(pos))
+		}
+		out = append(out, f)
+	}
+	return out, nil
+}
+
+// maxSnapCache bounds the snapshots and decoded snapshots kept.
+const maxSnapCache = 4096
+
+// snapshotFrames decodes the snapshot of trace t that covers pc.
+func (s *Symbolizer) snapshotFrames(t trace, pc uint64) ([]snapFrameRef, error) {
+	if t.nsnap == 0 || t.nsnap > maxSnapshots || t.snap == 0 || t.snapMap == 0 {
+		return nil, fmt.Errorf("%w: %d snapshots", errSnapshot, t.nsnap)
+	}
+	tk := [2]uint64{t.addr, t.mcode}
+	s.mu.Lock()
+	snaps, ok := s.snaps[tk]
+	s.mu.Unlock()
+	if !ok {
+		b := make([]byte, int(t.nsnap)*snapshotSize)
+		if err := s.mem.Read(t.snap, b); err != nil {
+			return nil, err
+		}
+		snaps = parseSnapshots(b)
+		s.mu.Lock()
+		if len(s.snaps) >= maxSnapCache {
+			clear(s.snaps)
+		}
+		s.snaps[tk] = snaps
+		s.mu.Unlock()
+	}
+	i := snapshotAt(snaps, (pc-t.mcode)/uint64(s.l.MCodeUnit))
+	if i < 0 {
+		return nil, fmt.Errorf("%w: none before %#x", errSnapshot, pc)
+	}
+	fk := [3]uint64{t.addr, t.mcode, uint64(i)}
+	s.mu.Lock()
+	refs, ok := s.snapFrames[fk]
+	s.mu.Unlock()
+	if ok {
+		return refs, nil
+	}
+	sn := snaps[i]
+	// The entries, then the PC and base word.
+	b := make([]byte, 4*(int(sn.nent)+2))
+	if err := s.mem.Read(t.snapMap+4*uint64(sn.mapofs), b); err != nil {
+		return nil, err
+	}
+	entries := make([]uint32, sn.nent)
+	for j := range entries {
+		entries[j] = binary.LittleEndian.Uint32(b[4*j:])
+	}
+	refs, err := decodeSnapshot(entries, binary.LittleEndian.Uint64(b[4*len(entries):]), func(ref uint32) (uint8, uint64, error) {
+		if ref < t.nk || ref >= refBias {
+			return 0, 0, fmt.Errorf("%w: IR %#x is not a constant", errSnapshot, ref)
+		}
+		var ir [16]byte
+		if err := s.mem.Read(t.ir+8*uint64(ref), ir[:]); err != nil {
+			return 0, 0, err
+		}
+		return ir[5], binary.LittleEndian.Uint64(ir[8:]), nil
+	})
 	if err != nil {
-		return out, err
+		return nil, err
 	}
-	f := libpf.Frame{Kind: Kind, FunctionName: p.name, SourceFile: p.file, Tier: "trace " + strconv.Itoa(int(t.traceNo))}
-	// startpc is the bytecode the trace starts at, not a saved PC.
-	if pos := s.bytecodePos(t.startPt, p, t.startPC+4); pos >= 0 {
-		f.SourceLine = p.lineAt(s.mem, uint32(pos))
+	s.mu.Lock()
+	if len(s.snapFrames) >= maxSnapCache {
+		clear(s.snapFrames)
 	}
-	return append(out, f), nil
+	s.snapFrames[fk] = refs
+	s.mu.Unlock()
+	return refs, nil
 }
 
 // trace finds the trace of VM instance g whose code holds pc, reading the

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -27,6 +28,16 @@ const liveScript = `local function leaf(n) -- line 1
   return s
 end
 for _ = 1, 200 do leaf(1000) end
+local function sq(x) -- sq
+  if x < 0 then error("negative") end -- sq guard
+  return x * x
+end
+local function loop(n) -- loop
+  local s = 0
+  for i = 1, n do s = s + sq(i) end -- loop call
+  return s
+end
+for _ = 1, 200 do loop(1000) end
 local ju = require("jit.util")
 local _, mc = ju.tracemc(1)
 io.write(string.format("leaf %s line %d\n", tostring(leaf):match("0x%x+"), ju.funcinfo(leaf, 2).currentline))
@@ -169,6 +180,96 @@ func TestLiveSymbolize(t *testing.T) {
 	}
 }
 
+// scriptLine is the line of liveScript that ends with "-- mark".
+func scriptLine(t *testing.T, mark string) uint32 {
+	for i, l := range strings.Split(liveScript, "\n") {
+		if strings.HasSuffix(l, "-- "+mark) {
+			return uint32(i + 1)
+		}
+	}
+	t.Fatalf("no line %q in the script", mark)
+	return 0
+}
+
+// TestLiveInlined: loop's trace inlines sq; the snapshot of sq's guard
+// names sq (inlined) at the guard's line above loop at its call's line.
+func TestLiveInlined(t *testing.T) {
+	for _, v := range luajitfetch.Versions {
+		t.Run(v, func(t *testing.T) {
+			lv := startLive(t, v)
+			sqName := "live.lua:" + strconv.Itoa(int(scriptLine(t, "sq")))
+			loopName := "live.lua:" + strconv.Itoa(int(scriptLine(t, "loop")))
+			guard, call := scriptLine(t, "sq guard"), scriptLine(t, "loop call")
+			tt, err := lv.sym.readTraces(lv.g)
+			if err != nil {
+				t.Fatal(err)
+			}
+			found := false
+			var seen []string
+			for _, tr := range tt.traces {
+				snaps, err := lv.sym.mem.ReadUpTo(tr.snap, uint64(tr.nsnap)*snapshotSize)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, sn := range parseSnapshots(snaps) {
+					out, err := lv.sym.Frames(traceTag|lv.g, tr.mcode+uint64(sn.mcofs)*uint64(lv.layout.MCodeUnit), nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					var names []string
+					for _, f := range out {
+						names = append(names, fmt.Sprintf("%s:%d:%v", f.FunctionName, f.SourceLine, f.Inlined))
+					}
+					seen = append(seen, strings.Join(names, " "))
+					if len(out) == 2 && out[0] == (libpf.Frame{Kind: Kind, FunctionName: sqName, SourceFile: lv.script,
+						SourceLine: guard, Inlined: true, Tier: out[1].Tier}) &&
+						out[1].FunctionName == loopName && out[1].SourceLine == call && !out[1].Inlined {
+						found = true
+					}
+				}
+			}
+			if !found {
+				t.Errorf("no snapshot names %s:%d inlined into %s:%d; snapshots name %q", sqName, guard, loopName, call, seen)
+			}
+		})
+	}
+}
+
+// TestDecodeSnapshot: a snapshot with one inlined frame, and broken ones.
+func TestDecodeSnapshot(t *testing.T) {
+	consts := map[uint32][2]uint64{0x7ff0: {irKGC, 0xf00}, 0x7ff1: {irKNUM, 0x5008}, 0x7ff2: {irKNUM, 0x5009}}
+	constant := func(ref uint32) (uint8, uint64, error) {
+		c, ok := consts[ref]
+		if !ok {
+			return 0, 0, errSnapshot
+		}
+		return uint8(c[0]), c[1], nil
+	}
+	// The frame at slot 6: its function at 4, its link at 5.
+	entries := []uint32{4<<24 | 0x7ff0, 5<<24 | snapFrame | 0x7ff1, 7<<24 | 0x8001}
+	got, err := decodeSnapshot(entries, 0x4000<<8|4, constant)
+	want := []snapFrameRef{{fn: 0xf00, pc: 0x4000, resume: true}, {pc: 0x5008}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("decodeSnapshot: %+v, %v, want %+v", got, err, want)
+	}
+	for name, bad := range map[string][]uint32{
+		"no link":        {4<<24 | 0x7ff0},
+		"no function":    {5<<24 | snapFrame | 0x7ff1},
+		"not a Lua link": {4<<24 | 0x7ff0, 5<<24 | snapFrame | 0x7ff2},
+		"continuation":   {4<<24 | 0x7ff0, 5<<24 | snapFrame | snapCont | 0x7ff1},
+		"function not K": {4<<24 | 0x7ff1, 5<<24 | snapFrame | 0x7ff1},
+		"unknown IR":     {4<<24 | 0x7000, 5<<24 | snapFrame | 0x7ff1},
+	} {
+		if got, err := decodeSnapshot(bad, 0x4000<<8|4, constant); err == nil {
+			t.Errorf("%s: decoded %+v", name, got)
+		}
+	}
+	// No inlined frame: the start frame at the snapshot's PC.
+	if got, err := decodeSnapshot(nil, 0x4000<<8, constant); err != nil || len(got) != 1 || got[0] != (snapFrameRef{pc: 0x4000, resume: true}) {
+		t.Errorf("no inlined frame: %+v, %v", got, err)
+	}
+}
+
 // TestChunkDisplay: file chunks lose their "@", source text chunks are
 // shown as LuaJIT shows them.
 func TestChunkDisplay(t *testing.T) {
@@ -183,8 +284,8 @@ func TestChunkDisplay(t *testing.T) {
 }
 
 // FuzzParseTarget feeds the parsers of target memory (a prototype's
-// header, its line table, a trace's header, the machine-code areas'
-// links) garbage: errors, never a panic.
+// header, its line table, a trace's header and snapshots, the
+// machine-code areas' links) garbage: errors, never a panic.
 func FuzzParseTarget(f *testing.F) {
 	l := openresty21(elf.EM_X86_64)
 	hdr := make([]byte, l.Proto.Size)
@@ -195,6 +296,17 @@ func FuzzParseTarget(f *testing.F) {
 	f.Add(hdr, uint32(3), uint64(0x1000))
 	f.Add([]byte{1, 2, 3}, uint32(0), uint64(0))
 	f.Fuzz(func(t *testing.T, b []byte, pos uint32, addr uint64) {
+		var entries []uint32
+		for i := 0; i+4 <= len(b); i += 4 {
+			entries = append(entries, binary.LittleEndian.Uint32(b[i:]))
+		}
+		_, _ = decodeSnapshot(entries, addr, func(ref uint32) (uint8, uint64, error) {
+			return uint8(ref), uint64(ref) * uint64(pos), nil
+		})
+		snaps := parseSnapshots(b)
+		if i := snapshotAt(snaps, uint64(pos)); i >= len(snaps) {
+			t.Errorf("snapshot %d of %d", i, len(snaps))
+		}
 		if h, err := parseProto(l, b); err == nil {
 			p := &proto{protoHeader: h, lines: b}
 			if uint64(len(b)) < uint64(h.SizeBC)*h.lineWidth() {
