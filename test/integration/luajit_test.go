@@ -85,20 +85,39 @@ func luajitMatch(fs []libpf.Frame, file string, want []luajitFrame) bool {
 	return true
 }
 
-// luajitChain is a mode's expected stack: leaf (or fleaf) <- mid <- top <-
-// the main chunk.
-func luajitChain(script string, hot map[string]uint32, leaf string) []luajitFrame {
+// luajitChain is a workload's expected stack: leaf (or fleaf) <- mid <-
+// top <- the main chunk; for recursion leaf <- mid <- rec (41 frames) <-
+// the main chunk; for coroutine the chain in the coroutine's function,
+// wrapped, then the main chunk.
+func luajitChain(script string, hot map[string]uint32, workload string) []luajitFrame {
 	base := filepath.Base(script)
 	def := func(name string) string { return base + ":" + strconv.Itoa(int(hot["def "+name])) }
-	return []luajitFrame{{def(leaf), hot[leaf]}, {def("mid"), hot["mid"]}, {def("top"), hot["top"]}, {base + ":main", hot["main"]}}
+	leaf := luajitFrame{def("leaf"), hot["leaf"]}
+	if workload == "ffi" {
+		leaf = luajitFrame{def("fleaf"), hot["fleaf"]}
+	}
+	chain := []luajitFrame{leaf, {def("mid"), hot["mid"]}}
+	switch workload {
+	case "recursion":
+		chain = append(chain, luajitFrame{def("rec"), hot["rec mid"]})
+		for range 40 {
+			chain = append(chain, luajitFrame{def("rec"), hot["rec"]})
+		}
+		return append(chain, luajitFrame{base + ":main", hot["rec main"]})
+	case "coroutine":
+		return append(chain, luajitFrame{def("top"), hot["top"]}, luajitFrame{def("wrapped"), hot["wrapped"]},
+			luajitFrame{base + ":main", hot["coroutine main"]})
+	}
+	return append(chain, luajitFrame{def("top"), hot["top"]}, luajitFrame{base + ":main", hot["main"]})
 }
 
 // TestLuaJITStacks profiles the chain under each tested LuaJIT, as the
 // luajit command and embedded in a C host, with the JIT off (-joff:
 // interpreted frames only) and on (the leaf's loop runs as a trace), and
 // the FFI chain (a libc function called through the FFI, a native frame
-// above the Lua frames) with the luajit command. Each sample's Lua frames
-// must be the chain's, names and lines.
+// above the Lua frames), a recursion deeper than one BPF program walks and
+// the chain in a coroutine with the luajit command. Each sample's Lua
+// frames must be the chain's, names and lines.
 func TestLuaJITStacks(t *testing.T) {
 	requireRoot(t)
 	script, hot := markedWorkload(t, "luajit", "ljworkload.lua")
@@ -110,6 +129,8 @@ func TestLuaJITStacks(t *testing.T) {
 		{"chain -joff", "chain", true, false}, {"chain jit", "chain", false, false},
 		{"ffi -joff", "ffi", true, false}, {"ffi jit", "ffi", false, false},
 		{"embed -joff", "chain", true, true}, {"embed jit", "chain", false, true},
+		{"recursion -joff", "recursion", true, false}, {"recursion jit", "recursion", false, false},
+		{"coroutine -joff", "coroutine", true, false}, {"coroutine jit", "coroutine", false, false},
 	}
 	var names, cases []string
 	for _, m := range modes {
@@ -125,11 +146,7 @@ func TestLuaJITStacks(t *testing.T) {
 			t.Run(v+"/"+m.name, func(t *testing.T) {
 				c := luajitCase{name: name, version: v, embed: m.embed}
 				c.require(t)
-				leaf := "leaf"
-				if m.workload == "ffi" {
-					leaf = "fleaf"
-				}
-				want := luajitChain(script, hot, leaf)
+				want := luajitChain(script, hot, m.workload)
 				ok := func(smp sample) bool { return luajitMatch(framesOf(smp.trace, luajit.Kind), script, want) }
 				s := startSession(t, testHz)
 				run := runScriptHeld(t, c.command(t, script, m.workload, m.joff, 4*time.Second), func() {

@@ -11,6 +11,10 @@
 -- ffi: the same chain with fleaf, whose loop calls libc's strlen through
 -- the FFI on a 1 MB string: most samples are in strlen, a native frame
 -- above the Lua frames.
+-- recursion: leaf <- mid <- rec, recursing 40 deep, from the main chunk
+-- (more frames than one run of the BPF unwinder walks).
+-- coroutine: the chain inside a coroutine (coroutine.wrap): its frames,
+-- then the main thread's that resumed it.
 -- joff: turn the JIT off (for a host that runs the script without the
 -- luajit command's -joff).
 local ffi = require("ffi")
@@ -23,8 +27,9 @@ size_t strlen(const char *s);
 local C = ffi.C
 
 local mode, seconds, jitmode = arg[1], tonumber(arg[2]), arg[3]
-if (mode ~= "chain" and mode ~= "ffi") or not seconds then
-  io.stderr:write("usage: ljworkload.lua chain|ffi SECONDS [joff]\n")
+local modes = { chain = true, ffi = true, recursion = true, coroutine = true }
+if not modes[mode] or not seconds then
+  io.stderr:write("usage: ljworkload.lua chain|ffi|recursion|coroutine SECONDS [joff]\n")
   os.exit(2)
 end
 if jitmode == "joff" then
@@ -63,10 +68,25 @@ local function top(deadline) -- # hot: def top
   return true
 end
 
+local function rec(n, deadline) -- # hot: def rec
+  if n > 0 then rec(n - 1, deadline) -- # hot: rec
+  else mid(deadline) end -- # hot: rec mid
+end
+
+local function wrapped(deadline) -- # hot: def wrapped
+  top(deadline) -- # hot: wrapped
+end
+
 io.stdout:setvbuf("line")
 io.write(string.format("hot phase from %.6f\n", clock(0)))
 local deadline = now() + seconds
-top(deadline) -- # hot: main
+if mode == "recursion" then
+  rec(40, deadline) -- # hot: rec main
+elseif mode == "coroutine" then
+  coroutine.wrap(wrapped)(deadline) -- # hot: coroutine main
+else
+  top(deadline) -- # hot: main
+end
 
 -- WORKLOAD_HOLD: the process stays, its memory readable, until its
 -- standard input ends, after saying so: a test stops profiling first, so
