@@ -200,6 +200,33 @@ static __always_inline u64 luajit_cur_l(const struct luajit_proc *p, u64 g)
   return l;
 }
 
+#if defined(__TARGET_ARCH_x86)
+// Whether fp, the frame pointer register the native unwinder carried to a
+// VM frame, is the base of a frame above base, L->base, within two Lua
+// links: the VM keeps its BASE in rbp (callee-saved) around some calls
+// without syncing L->base (the math fast functions' libm calls,
+// internals.md §3.2), so that L->base is older.
+static __always_inline int luajit_fp_above(const struct luajit_walk *w, u64 fp, u64 base)
+{
+  if (fp <= base || fp > w->top || (fp & 7))
+    return 0;
+  u64 f = fp;
+  for (int i = 0; i < 2; i++) {
+    u64 link;
+    u32 ins;
+    if (luajit_read(&link, f - 8) || (link & LUAJIT_FRAME_TYPE) != LUAJIT_FRAME_LUA || link < 4 ||
+        bpf_probe_read_user(&ins, sizeof(ins), (void *)(link - 4)))
+      return 0;
+    f -= 8 * (2 + ((ins >> 8) & 0xff));
+    if (f == base)
+      return 1;
+    if (f < base)
+      return 0;
+  }
+  return 0;
+}
+#endif
+
 // Finds the activation the hand-over is in and where its walk starts;
 // pushes the trace frame of trace code. Returns 0 when found, 1 when the
 // trace is full, -1 when not found (counted).
@@ -226,6 +253,10 @@ static __always_inline int luajit_start(struct luajit_walk *w, struct unwind_sta
       if (luajit_read(&own, l + p->l_cframe) || (own & ~3ULL) != cframe ||
           luajit_read(&base, l + p->l_base))
         goto fail;
+#if defined(__TARGET_ARCH_x86)
+      if (luajit_fp_above(w, state->fp, base))
+        base = state->fp;
+#endif
     }
   } else {
     // The VM or a trace at the PC, or a trace that called C, which keeps

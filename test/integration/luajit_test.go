@@ -93,8 +93,9 @@ func luajitChain(script string, hot map[string]uint32, workload string) []luajit
 	base := filepath.Base(script)
 	def := func(name string) string { return base + ":" + strconv.Itoa(int(hot["def "+name])) }
 	leaf := luajitFrame{def("leaf"), hot["leaf"]}
-	if workload == "ffi" {
-		leaf = luajitFrame{def("fleaf"), hot["fleaf"]}
+	if workload == "ffi" || workload == "math" {
+		name := map[string]string{"ffi": "fleaf", "math": "mleaf"}[workload]
+		leaf = luajitFrame{def(name), hot[name]}
 	}
 	chain := []luajitFrame{leaf, {def("mid"), hot["mid"]}}
 	switch workload {
@@ -129,6 +130,7 @@ func TestLuaJITStacks(t *testing.T) {
 		{"chain -joff", "chain", true, false}, {"chain jit", "chain", false, false},
 		{"ffi -joff", "ffi", true, false}, {"ffi jit", "ffi", false, false},
 		{"embed -joff", "chain", true, true}, {"embed jit", "chain", false, true},
+		{"math -joff", "math", true, false}, {"math jit", "math", false, false},
 		{"recursion -joff", "recursion", true, false}, {"recursion jit", "recursion", false, false},
 		{"coroutine -joff", "coroutine", true, false}, {"coroutine jit", "coroutine", false, false},
 	}

@@ -11,6 +11,8 @@
 -- ffi: the same chain with fleaf, whose loop calls libc's strlen through
 -- the FFI on a 1 MB string: most samples are in strlen, a native frame
 -- above the Lua frames.
+-- math: the chain with mleaf, whose loop calls math.sin (libm's sin, from
+-- the VM's fast function or from a trace).
 -- recursion: leaf <- mid <- rec, recursing 40 deep, from the main chunk
 -- (more frames than one run of the BPF unwinder walks).
 -- coroutine: the chain inside a coroutine (coroutine.wrap): its frames,
@@ -27,9 +29,9 @@ size_t strlen(const char *s);
 local C = ffi.C
 
 local mode, seconds, jitmode = arg[1], tonumber(arg[2]), arg[3]
-local modes = { chain = true, ffi = true, recursion = true, coroutine = true }
+local modes = { chain = true, ffi = true, math = true, recursion = true, coroutine = true }
 if not modes[mode] or not seconds then
-  io.stderr:write("usage: ljworkload.lua chain|ffi|recursion|coroutine SECONDS [joff]\n")
+  io.stderr:write("usage: ljworkload.lua chain|ffi|math|recursion|coroutine SECONDS [joff]\n")
   os.exit(2)
 end
 if jitmode == "joff" then
@@ -57,7 +59,14 @@ local function fleaf(deadline) -- # hot: def fleaf
   return now() < deadline, n
 end
 
-local step = mode == "ffi" and fleaf or leaf
+local sin = math.sin
+local function mleaf(deadline) -- # hot: def mleaf
+  local s = 0
+  for i = 1, 20000 do s = s + sin(i) end -- # hot: mleaf
+  return now() < deadline, s
+end
+
+local step = mode == "ffi" and fleaf or mode == "math" and mleaf or leaf
 
 local function mid(deadline) -- # hot: def mid
   while step(deadline) do end -- # hot: mid
