@@ -21,7 +21,8 @@ import (
 //	             for the frame (the bytecode after the current one), 0 if
 //	             unknown.
 //	Trace frame: FileID = traceTag | G (the VM instance's global_State),
-//	             Addr = the machine-code address in the trace. It stands
+//	             Addr = the machine-code address in the trace (in the
+//	             call for a return address). It stands
 //	             for the frame the trace started in.
 const traceTag = 1 << 63
 

@@ -30,7 +30,8 @@
 //                the frame (the bytecode after the current one, as LuaJIT
 //                saves it), 0 when unknown.
 //   Trace frame: file_id = LUAJIT_TRACE_TAG | G, addr = the machine-code
-//                address in the trace: the frames the trace runs, of which
+//                address in the trace (less 1 for a return address, to
+//                fall in the call): the frames the trace runs, of which
 //                the one it started in is on the Lua stack at G->jit_base
 //                and not reported apart.
 // C functions (lua_CFunction, FFI callees) and the VM's C fast functions
@@ -279,7 +280,9 @@ static __always_inline int luajit_start(struct luajit_walk *w, struct unwind_sta
       // The trace's frame stands for the frame it started in.
       increment_runtime_metric(RUNTIME_LUAJIT, METRIC_LUAJIT_TRACE_FRAMES);
       w->frames++;
-      if (push_runtime_frame(t, RUNTIME_LUAJIT, LUAJIT_TRACE_TAG | g, state->pc))
+      // A return address (the trace called C) is looked up in the call.
+      if (push_runtime_frame(t, RUNTIME_LUAJIT, LUAJIT_TRACE_TAG | g,
+                             state->pc - (state->return_address ? 1 : 0)))
         return 1;
       base = jit_base;
       w->skip = 1;
