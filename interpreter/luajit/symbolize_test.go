@@ -330,9 +330,12 @@ type emptyMem struct{}
 
 func (emptyMem) ReadAt([]byte, int64) (int, error) { return 0, os.ErrNotExist }
 
-func benchmarkSymbolize(b *testing.B, cached bool) {
+func benchmarkSymbolize(b *testing.B, cached, trace bool) {
 	lv := startLive(b, luajitfetch.Versions[len(luajitfetch.Versions)-1])
 	proto, pc := lv.leafFrame(b)
+	if trace {
+		proto, pc = traceTag|lv.g, lv.mc+1
+	}
 	var out []libpf.Frame
 	b.ResetTimer()
 	for range b.N {
@@ -351,8 +354,12 @@ func benchmarkSymbolize(b *testing.B, cached bool) {
 
 // BenchmarkSymbolize: a Lua frame named from a new symbolizer (the
 // prototype, its chunk name and line table read) and from the cache (one
-// read of the prototype's header).
+// read of the prototype's header); a trace frame the same way (new: the
+// VM instance's trace table, the trace's snapshots and prototype read;
+// cached: one read of the trace's and of the prototype's header).
 func BenchmarkSymbolize(b *testing.B) {
-	b.Run("new", func(b *testing.B) { benchmarkSymbolize(b, false) })
-	b.Run("cached", func(b *testing.B) { benchmarkSymbolize(b, true) })
+	b.Run("new", func(b *testing.B) { benchmarkSymbolize(b, false, false) })
+	b.Run("cached", func(b *testing.B) { benchmarkSymbolize(b, true, false) })
+	b.Run("trace-new", func(b *testing.B) { benchmarkSymbolize(b, false, true) })
+	b.Run("trace-cached", func(b *testing.B) { benchmarkSymbolize(b, true, true) })
 }
