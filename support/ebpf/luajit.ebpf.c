@@ -39,8 +39,10 @@
 #include "tracemgmt.h"
 
 #define LUAJIT_TRACE_TAG (1ULL << 63)
-// LJ_GCVMASK: a tagged slot's GC pointer.
-#define LUAJIT_GCVMASK ((1ULL << 47) - 1)
+// LJ_GCVMASK: a tagged slot's GC pointer; the tag above it of a function
+// (LJ_TFUNC, ~8, in 17 bits).
+#define LUAJIT_GCVMASK  ((1ULL << 47) - 1)
+#define LUAJIT_FUNC_TAG 0x1fff7
 // Frame link types (lj_frame.h).
 #define LUAJIT_FRAME_TYPE  3
 #define LUAJIT_FRAME_TYPEP 7
@@ -350,7 +352,10 @@ static __always_inline int luajit_walk_frames(struct luajit_walk *w, struct unwi
         bpf_probe_read_user(slots, sizeof(slots), (void *)(base - 16)))
       goto bad;
     u64 fn = slots[0] & LUAJIT_GCVMASK, link = slots[1];
-    if (!w->skip && fn != w->l) {
+    // A slot that holds no function is a frame being torn down (a fast
+    // function storing its results over it): not reported, its link
+    // still leads on.
+    if (!w->skip && fn != w->l && (slots[0] >> 47) == LUAJIT_FUNC_TAG) {
       u8 ffid;
       u64 bc;
       if (!fn || bpf_probe_read_user(&ffid, sizeof(ffid), (void *)(fn + p->fn_ffid)))
