@@ -289,7 +289,18 @@ static __always_inline int luajit_start(struct luajit_walk *w, struct unwind_sta
       base = jit_base;
       w->skip = 1;
     } else if (jit_base) {
-      // A VM subroutine a trace called: the frames below the trace's.
+      // A VM subroutine a trace called (arm64's vm_modi for an integer
+      // %, x86_64's rounding without SSE4.1): the trace's frame is at its
+      // return address.
+      u64 ret, caller_sp;
+      if (!frameless_return(state, &ret, &caller_sp) && ret > 1 &&
+          (ret < p->vm_start || ret >= p->vm_end)) {
+        increment_runtime_metric(RUNTIME_LUAJIT, METRIC_LUAJIT_TRACE_FRAMES);
+        w->frames++;
+        if (push_runtime_frame(t, RUNTIME_LUAJIT, LUAJIT_TRACE_TAG | g, ret - 1))
+          return 1;
+        w->skip = 1;
+      }
       base = jit_base;
     } else if (vmstate == LUAJIT_VMST_INTERP) {
       base = LUAJIT_BASE_REGISTER(&state->user_regs);
