@@ -136,15 +136,23 @@ func (p *process) Symbolize(f support.Frame, out []libpf.Frame) ([]libpf.Frame, 
 	return p.sym.Frames(f.FileID, f.Addr, out)
 }
 
-// Update claims the process's machine-code areas: anonymous executable
-// mappings laid out as a chain of LuaJIT's areas.
+// Update claims the process's machine-code areas: anonymous mappings
+// laid out as a chain of LuaJIT's areas.
 func (p *process) Update(h interpreter.Host) (bool, error) {
 	if p.sym == nil {
 		return false, interpreter.ErrDetached
 	}
+	// All mappings, not only executable ones: LuaJIT makes an area
+	// writable while it adds or patches a trace and executable again
+	// after (LUAJIT_SECURITY_MCODE); claimed either way, its traces are
+	// unwound as soon as they run again.
+	ms, err := h.ReadMappings()
+	if err != nil {
+		return false, err
+	}
 	var regions []interpreter.Region
-	for _, m := range h.Mappings() {
-		if m.Anonymous() && m.Executable && p.sym.isMCodeArea(m.Start, m.End) {
+	for _, m := range ms {
+		if m.Anonymous() && !m.Inaccessible && p.sym.isMCodeArea(m.Start, m.End) {
 			regions = append(regions, interpreter.Region{Start: m.Start, End: m.End, Unwind: true})
 		}
 	}
