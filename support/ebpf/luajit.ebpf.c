@@ -25,7 +25,7 @@
 // keeps the PC of the Lua frame below it in its slot base-3; pcall's frame
 // leaves a pcall link.
 //
-// Its frames (the frame encoding, decoded by interpreter/luajit/frames.go):
+// Its frames (the frame encoding, decoded by interpreter/luajit/symbolize.go):
 //   Lua frame:   file_id = the GCproto's address, addr = the PC saved for
 //                the frame (the bytecode after the current one, as LuaJIT
 //                saves it), 0 when unknown.
