@@ -94,7 +94,7 @@ FUZZ_TARGETS := processmanager:FuzzParseELF processmanager:FuzzNotes processmana
 	processmanager/process:FuzzParseMapsLine processmanager/process:FuzzContainerIDFromCgroup processmanager/unwindmaps:FuzzDecodeDeltaCache \
 	nativeunwind:FuzzEhFrame nativeunwind:FuzzCFAProgram nativeunwind:FuzzEhFrameSegments nativeunwind:FuzzGoPclntab \
 	processmanager/debuginfo:FuzzDWARFLines \
-	interpreter/python:FuzzLineTable interpreter/python:FuzzSymbolizeFrame interpreter/libc:FuzzTSDLayout interpreter/perfmap:FuzzPerfMap interpreter/hotspot:FuzzParseLineTable interpreter/v8:FuzzDecodePositions interpreter/beam:FuzzSymbolize \
+	interpreter/python:FuzzLineTable interpreter/python:FuzzSymbolizeFrame interpreter/libc:FuzzTSDLayout interpreter/perfmap:FuzzPerfMap interpreter/hotspot:FuzzParseLineTable interpreter/v8:FuzzDecodePositions interpreter/beam:FuzzSymbolize interpreter/luajit:FuzzParseTarget \
 	tracecorr:FuzzProcessStorage
 
 fuzz:

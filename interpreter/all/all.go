@@ -5,6 +5,7 @@ package all
 import (
 	_ "github.com/hostprof/ebpf-profiler/interpreter/beam"
 	_ "github.com/hostprof/ebpf-profiler/interpreter/hotspot"
+	_ "github.com/hostprof/ebpf-profiler/interpreter/luajit"
 	_ "github.com/hostprof/ebpf-profiler/interpreter/perfmap"
 	_ "github.com/hostprof/ebpf-profiler/interpreter/perl"
 	_ "github.com/hostprof/ebpf-profiler/interpreter/php"

@@ -39,6 +39,8 @@ type Binary struct {
 	// FFICall is lj_vm_ffi_call, which calls C functions for the FFI
 	// outside compiled code, [start, end).
 	FFICall [2]uint64
+	// Machine is the file's architecture.
+	Machine elf.Machine
 	// Layout is the struct layout of this build, nil if none is known.
 	Layout *Layout
 	// Matches counts, for each access of Layout's fields the detection
@@ -73,7 +75,7 @@ func Detect(f *interpreter.File) (*Binary, error) {
 	if !hasSymbol(f.DynamicSymbols, "luaJIT_setmode") {
 		return nil, ErrNotLuaJIT
 	}
-	b := &Binary{OpenResty: hasSymbol(f.DynamicSymbols, "recff_thread_exdata")}
+	b := &Binary{OpenResty: hasSymbol(f.DynamicSymbols, "recff_thread_exdata"), Machine: f.ELF.Machine}
 	var err error
 	if b.Release, err = release(f.ELF); err != nil {
 		return nil, err

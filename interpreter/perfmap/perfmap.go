@@ -1,6 +1,6 @@
 // Package perfmap names JIT code from the perf map a process writes,
 // /tmp/perf-PID.map (Node with --perf-basic-prof, Java perf agents, .NET with
-// DOTNET_PerfMapEnabled=1, LuaJIT, Julia, …). It is a runtime without a BPF
+// DOTNET_PerfMapEnabled=1, Julia, …). It is a runtime without a BPF
 // unwinder: it claims the process's anonymous executable mappings, which the
 // native unwinder then walks with frame pointers as known code, and names
 // the frames in them.

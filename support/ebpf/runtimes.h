@@ -18,6 +18,7 @@ enum runtime_id {
   RUNTIME_PHP = 8,
   RUNTIME_PERL = 9,
   RUNTIME_BEAM = 10,
+  RUNTIME_LUAJIT = 11,
   // Ids stay below this: a u32 bit mask holds one bit per runtime.
   RUNTIME_MAX = 32,
 };

@@ -14,5 +14,6 @@
 #include "php.ebpf.c"
 #include "perl.ebpf.c"
 #include "beam.ebpf.c"
+#include "luajit.ebpf.c"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
