@@ -72,16 +72,20 @@ var (
 	nodeChain = `^TestNodeStacks$/^Node_%s$/^chain,_(--no-turbo-inlining|Sparkplug_only)$`
 	nodeOne   = `^TestNodeStacks$/^Node_22$/^chain,_--no-turbo-inlining$`
 	nodeRest  = []string{`^TestNodeStacks$/^Node_22$/^chain,_--jitless$`, `^TestNodeStacks$/^Node_24$/^chain,_--no-turbofan$`}
+	// LuaJIT: every mode of sid's build (the VM, traces, FFI, libm,
+	// coroutines, the embedding host), the chain of trixie's.
+	luajitAll = `^TestLuaJITStacks$/^2\.1-20251030$`
+	luajitOne = `^TestLuaJITStacks$/^2\.1-20250117$/^chain_`
 	// The runtime tests every arm64 kernel runs (one version of each) and
 	// those fullRuntimesKernel runs (all of them). Every Perl version
 	// runs TestPerlStacks; its other tests, whose workloads differ by what
 	// they call, not by version, run one.
 	runtimeOne = []string{perlTests + `/^perl_5\.40$`, `^TestPerlStartedBeforeProfiler$`, phpTests + `/^PHP_8\.4`, `^TestPHPEval$`,
-		`^TestRubyStacks$/^Ruby_3\.4$`, fmt.Sprintf(javaChain, "21"), nodeOne}
+		`^TestRubyStacks$/^Ruby_3\.4$`, fmt.Sprintf(javaChain, "21"), nodeOne, luajitOne}
 	runtimeAll = []string{perlTests + `/^perl_5\.40$`, `^TestPerlStacks$`, `^TestPerlStartedBeforeProfiler$`, phpTests, `^TestPHPEval$`,
 		`^TestRubyStacks$`, rubyRest + `/^Ruby_3\.4$`, fmt.Sprintf(javaChain, "[0-9]+"), javaRest,
 		fmt.Sprintf(nodeChain, "[0-9]+"), nodeRest[0], nodeRest[1], `^TestNodeProcesses$/^(started_before|own_pid)`,
-		`^TestJavaProcesses$/^own_pid`}
+		`^TestJavaProcesses$/^own_pid`, luajitAll, luajitOne}
 	runtimeArches      = map[string]bool{"arm64": true}
 	fullRuntimesKernel = "6.12"
 )
