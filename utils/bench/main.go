@@ -32,6 +32,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/utils/beamfetch"
 	"github.com/hostprof/ebpf-profiler/utils/jdkfetch"
+	"github.com/hostprof/ebpf-profiler/utils/luajitfetch"
 	"github.com/hostprof/ebpf-profiler/utils/nodefetch"
 	"github.com/hostprof/ebpf-profiler/utils/perlfetch"
 	"github.com/hostprof/ebpf-profiler/utils/phpfetch"
@@ -51,7 +52,8 @@ func main() {
 		"ruby (utils/workloads/ruby/rbworkload.rb chain under Debian 12's Ruby 3.1), "+
 		"php (utils/workloads/php/phpworkload.php chain under Debian 12's PHP 8.2), "+
 		"perl (utils/workloads/perl/plworkload.pl chain under Debian 12's perl 5.36), "+
-		"beam (utils/workloads/erlang/ewl.erl chain under Debian's Erlang/OTP 29); a runtime's version after a colon: "+
+		"beam (utils/workloads/erlang/ewl.erl chain under Debian's Erlang/OTP 29), luajit (utils/workloads/luajit/ljworkload.lua chain "+
+		"under Debian sid's luajit); a runtime's version after a colon: "+
 		"python:3.15, python:tailcall, java:26, node:26, ruby:3.4, php:8.4, perl:5.42, beam:27), apm (utils/testagent's app: "+
 		"two threads per process, 80% of the time in APM transactions) or apm-off (the same with the agent "+
 		"library renamed, so that it is not correlated)")
@@ -468,6 +470,12 @@ func busyProcesses(load string, n int) (stop func(), pids []int) {
 			fatalf("compiling the Erlang load (run from the repository root): %v\n%s", err, out)
 		}
 		argv = []string{erl, "-noshell", "-pa", dir, "-s", "ewl", "main", "chain", "1000000"}
+	case "luajit":
+		// The chain workload, JIT on, in Debian sid's luajit (or the
+		// version named, "2.1-20250117").
+		lj, err := luajitfetch.Executable(or(luajitfetch.Versions[len(luajitfetch.Versions)-1]), runtime.GOARCH)
+		check(err)
+		argv = []string{lj, "utils/workloads/luajit/ljworkload.lua", "chain", "1000000"}
 	case "node":
 		// The chain workload with default flags (TurboFan inlines leaf
 		// and mid into top) in the machine's Node 20 (or the version
