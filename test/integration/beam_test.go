@@ -73,6 +73,14 @@ func profileBeamOn(t *testing.T, version, mode, schedulers string, want float64,
 // profileBeamCommand is profileBeam for a command that runs a workload.
 func profileBeamCommand(t *testing.T, cmd *exec.Cmd, mode string, want float64, ok func(names []string) bool) float64 {
 	t.Helper()
+	share, _ := profileBeamSamples(t, cmd, mode, want, ok)
+	return share
+}
+
+// profileBeamSamples is profileBeamCommand that also returns the hot
+// samples after the warm-up.
+func profileBeamSamples(t *testing.T, cmd *exec.Cmd, mode string, want float64, ok func(names []string) bool) (float64, []sample) {
+	t.Helper()
 	s := startSession(t, testHz)
 	run := runScriptHeld(t, cmd, func() {
 		logRuntimeMetrics(t, s, "beam")
@@ -103,7 +111,7 @@ func profileBeamCommand(t *testing.T, cmd *exec.Cmd, mode string, want float64, 
 	if len(samples) < 2*testHz || share < want {
 		t.Errorf("%d of %d samples show the expected frames, want >= %.0f%% of at least %d", good, len(samples), 100*want, 2*testHz)
 	}
-	return share
+	return share, samples
 }
 
 // beamChain is the names of frames as beamNames gives them.
@@ -121,7 +129,9 @@ func beamChain(fs ...beamFrame) []string {
 // hot code is C (lists:reverse/1's BIF and the garbage collector) called
 // from JIT code; procs, four processes in the chain on two schedulers;
 // nif, whose hot code is a NIF's (zlib:compress/1: the emulator's zlib
-// NIFs and zlib).
+// NIFs and zlib); dirty, whose hot code is the garbage collector on a
+// dirty CPU scheduler thread (C code only: the process's frames come from
+// its saved state).
 func TestBeamStacks(t *testing.T) {
 	requireRoot(t)
 	_, hot := beamMarks(t)
@@ -132,7 +142,8 @@ func TestBeamStacks(t *testing.T) {
 	bif := beamChain(beamFrame{"ewl:bif_mid/2", hot["bif_mid"]}, beamFrame{"ewl:bif_top/1", hot["bif_top"]}, mainFrame)
 	procsLine := fmt.Sprintf(":%d", hot["procs"])
 	nif := beamChain(beamFrame{"ewl:nif_mid/2", hot["nif_mid"]}, beamFrame{"ewl:nif_top/1", hot["nif_top"]}, mainFrame)
-	modes := []string{"chain", "bif", "procs", "nif"}
+	dirty := beamChain(beamFrame{"ewl:dirty_mid/2", hot["dirty_mid"]}, beamFrame{"ewl:dirty_top/1", hot["dirty_top"]}, mainFrame)
+	modes := []string{"chain", "bif", "procs", "nif", "dirty"}
 	results := map[string][]float64{}
 	var names []string
 	for _, v := range beamfetch.Versions {
@@ -154,9 +165,43 @@ func TestBeamStacks(t *testing.T) {
 					strings.HasPrefix(fs[3], "ewl:'-run/2-fun-") && strings.HasSuffix(fs[3], procsLine)
 			})
 			results[name][3] = profileBeam(t, v, "nif", func(fs []string) bool { return hasChain(fs, nif) })
+			results[name][4] = profileBeamDirty(t, v, dirty)
 		})
 	}
 	logShareTable(t, "BEAM", names, modes, results)
+}
+
+// profileBeamDirty runs the dirty mode: most of its samples are on the
+// dirty CPU scheduler's thread, and >= 90% of all its samples and of
+// those on that thread have the chain (whose first frame is the process's
+// resume address, in dirty_mid/2 at the garbage_collect/0 call).
+func profileBeamDirty(t *testing.T, version string, chain []string) float64 {
+	t.Helper()
+	dir := beamWorkload(t, version)
+	erl, err := beamfetch.Erl(version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok := func(fs []string) bool { return hasChain(fs, chain) }
+	all, samples := profileBeamSamples(t, exec.Command(erl, "-noshell", "+S", "1:1", "+SDcpu", "1:1", "-pa", dir, "-s", "ewl", "main", "dirty",
+		formatSeconds(4*time.Second)), "dirty", 0.90, ok)
+	onDirty, good := 0, 0
+	for _, smp := range samples {
+		if strings.HasPrefix(smp.meta.ThreadName, "erts_dcpus") {
+			onDirty++
+			if ok(beamNames(smp.trace)) {
+				if good == 0 {
+					t.Logf("a dirty scheduler's sample: %v", stackOf(smp.trace, beam.Kind, "erl"))
+				}
+				good++
+			}
+		}
+	}
+	t.Logf("dirty: %d of %d samples on the dirty CPU scheduler, %.1f%% of them with the chain", onDirty, len(samples), 100*share(good, onDirty))
+	if onDirty < len(samples)/2 || share(good, onDirty) < 0.90 {
+		t.Errorf("%d of %d samples on the dirty CPU scheduler, %d of them with the chain: want half the samples there, >= 90%% with the chain", onDirty, len(samples), good)
+	}
+	return all
 }
 
 // TestBeamElixir profiles the Elixir chain (utils/workloads/erlang/ewl.exs)

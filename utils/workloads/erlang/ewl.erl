@@ -15,6 +15,10 @@
 %% called by bif_top/1.
 %% nif: the hot code is a NIF's: zlib:compress/1 (the emulator's zlib NIFs
 %% calling zlib) on about 4 KB, called by nif_mid/2, called by nif_top/1.
+%% dirty: the hot code is the garbage collector on a dirty CPU scheduler:
+%% erlang:garbage_collect/0 on a heap of a million-element list (a major
+%% collection of a large heap runs on a dirty CPU scheduler thread,
+%% erts_dcpus_N), called by dirty_mid/2, called by dirty_top/1.
 -module(ewl).
 -export([main/1]).
 
@@ -46,7 +50,8 @@ run(procs, Deadline) ->
     [receive {done, Pid} -> ok end || Pid <- Pids],
     ok;
 run(bif, Deadline) -> bif_top(Deadline);
-run(nif, Deadline) -> nif_top(Deadline).
+run(nif, Deadline) -> nif_top(Deadline);
+run(dirty, Deadline) -> dirty_top(Deadline).
 
 top(Deadline) ->
     mid(Deadline), %# hot: top
@@ -86,4 +91,16 @@ nif_mid(B, Deadline) ->
     case erlang:monotonic_time(millisecond) < Deadline of
         true -> nif_mid(B, Deadline);
         false -> byte_size(Z)
+    end.
+
+dirty_top(Deadline) ->
+    L = lists:seq(1, 1000000),
+    dirty_mid(L, Deadline), %# hot: dirty_top
+    ok.
+
+dirty_mid(L, Deadline) ->
+    erlang:garbage_collect(), %# hot: dirty_mid
+    case erlang:monotonic_time(millisecond) < Deadline of
+        true -> dirty_mid(L, Deadline);
+        false -> length(L)
     end.
