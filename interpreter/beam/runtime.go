@@ -196,15 +196,33 @@ func (b *beamBinary) Attach(h interpreter.Host) (interpreter.Process, error) {
 // dropped.
 const jitMappingName = "/memfd:vmem"
 
-// jitRegions are the executable views of the JIT's code.
-func jitRegions(ms []interpreter.Mapping) []interpreter.Region {
+// jitRegions are the executable views of the JIT's code: its memfd's
+// executable view or, with +JMsingle (the code mapped once, writable and
+// executable, in anonymous memory), the anonymous executable mapping that
+// holds the code header of a loaded module, firstModule's answer (0 when
+// none is known yet).
+func jitRegions(ms []interpreter.Mapping, firstModule uint64) []interpreter.Region {
 	var out []interpreter.Region
 	for _, m := range ms {
 		if m.Executable && strings.TrimSuffix(m.Path, " (deleted)") == jitMappingName {
 			out = append(out, interpreter.Region{Start: m.Start, End: m.End, Unwind: true})
 		}
 	}
-	return out
+	if len(out) > 0 || firstModule == 0 {
+		return out
+	}
+	for _, m := range ms {
+		if m.Executable && m.Anonymous() && firstModule >= m.Start && firstModule < m.End {
+			return []interpreter.Region{{Start: m.Start, End: m.End, Unwind: true}}
+		}
+	}
+	return nil
+}
+
+// codeLocator is a frameNamer that also says where the JIT's code is: the
+// code header of the first module in the active ranges table.
+type codeLocator interface {
+	firstModule() (uint64, error)
 }
 
 // sharedCodeName names the interrupted PC in the JIT's code shared by all
@@ -233,12 +251,20 @@ func (p *process) Update(h interpreter.Host) (bool, error) {
 	if p.names == nil {
 		return false, interpreter.ErrDetached
 	}
-	regions := jitRegions(h.Mappings())
-	if len(regions) == 0 {
-		return false, fmt.Errorf("beam: no executable %s mapping: %w", jitMappingName, interpreter.ErrStarting)
+	ms := h.Mappings()
+	regions := jitRegions(ms, 0)
+	if loc, ok := p.names.(codeLocator); ok && len(regions) == 0 {
+		// +JMsingle: no memfd; the modules say which anonymous mapping
+		// is the JIT's.
+		if first, err := loc.firstModule(); err == nil {
+			regions = jitRegions(ms, first)
+		}
 	}
-	// The unwinder tests CPs against one range: the JIT maps one view of
-	// its code (+JMsingle, which maps it anonymous, is not claimed).
+	if len(regions) == 0 {
+		return false, fmt.Errorf("beam: no executable %s mapping, nor an anonymous one holding modules: %w", jitMappingName, interpreter.ErrStarting)
+	}
+	// The unwinder tests CPs against one range: the JIT maps one
+	// executable view of its code.
 	cfg := UnwinderProc{CodeLo: regions[0].Start, CodeHi: regions[len(regions)-1].End,
 		ProcHtop: procHtop, ProcStop: procStop, ProcHeap: procHeap, ProcHend: procHend}
 	if runtime.GOARCH == "amd64" {

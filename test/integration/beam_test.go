@@ -61,13 +61,19 @@ func profileBeam(t *testing.T, version, mode string, ok func(names []string) boo
 // profileBeamOn is profileBeam with schedulers (+S) and the share wanted.
 func profileBeamOn(t *testing.T, version, mode, schedulers string, want float64, ok func(names []string) bool) float64 {
 	t.Helper()
+	return profileBeamFlags(t, version, mode, []string{"+S", schedulers}, want, ok)
+}
+
+// profileBeamFlags is profileBeam with the emulator's flags.
+func profileBeamFlags(t *testing.T, version, mode string, flags []string, want float64, ok func(names []string) bool) float64 {
+	t.Helper()
 	dir := beamWorkload(t, version)
 	erl, err := beamfetch.Erl(version)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return profileBeamCommand(t, exec.Command(erl, "-noshell", "+S", schedulers, "-pa", dir, "-s", "ewl", "main", mode,
-		formatSeconds(4*time.Second)), mode, want, ok)
+	args := append(append([]string{"-noshell"}, flags...), "-pa", dir, "-s", "ewl", "main", mode, formatSeconds(4*time.Second))
+	return profileBeamCommand(t, exec.Command(erl, args...), mode, want, ok)
 }
 
 // profileBeamCommand is profileBeam for a command that runs a workload.
@@ -131,7 +137,8 @@ func beamChain(fs ...beamFrame) []string {
 // nif, whose hot code is a NIF's (zlib:compress/1: the emulator's zlib
 // NIFs and zlib); dirty, whose hot code is the garbage collector on a
 // dirty CPU scheduler thread (C code only: the process's frames come from
-// its saved state).
+// its saved state); the chain again with +JMsingle (the JIT's code in
+// anonymous memory, not a memfd).
 func TestBeamStacks(t *testing.T) {
 	requireRoot(t)
 	_, hot := beamMarks(t)
@@ -143,7 +150,7 @@ func TestBeamStacks(t *testing.T) {
 	procsLine := fmt.Sprintf(":%d", hot["procs"])
 	nif := beamChain(beamFrame{"ewl:nif_mid/2", hot["nif_mid"]}, beamFrame{"ewl:nif_top/1", hot["nif_top"]}, mainFrame)
 	dirty := beamChain(beamFrame{"ewl:dirty_mid/2", hot["dirty_mid"]}, beamFrame{"ewl:dirty_top/1", hot["dirty_top"]}, mainFrame)
-	modes := []string{"chain", "bif", "procs", "nif", "dirty"}
+	modes := []string{"chain", "bif", "procs", "nif", "dirty", "chain +JMsingle"}
 	results := map[string][]float64{}
 	var names []string
 	for _, v := range beamfetch.Versions {
@@ -151,11 +158,12 @@ func TestBeamStacks(t *testing.T) {
 		names = append(names, name)
 		results[name] = make([]float64, len(modes))
 		t.Run(name, func(t *testing.T) {
-			results[name][0] = profileBeam(t, v, "chain", func(fs []string) bool {
-				// The loop's clause test for 0 is on the line before.
+			// The loop's clause test for 0 is on the line before.
+			chainOK := func(fs []string) bool {
 				return len(fs) >= len(chain) && (fs[0] == chain[0] || fs[0] == leaf0) &&
 					slices.Equal(fs[1:len(chain)], chain[1:])
-			})
+			}
+			results[name][0] = profileBeam(t, v, "chain", chainOK)
 			results[name][1] = profileBeam(t, v, "bif", func(fs []string) bool { return hasChain(fs, bif) })
 			// Four processes on two schedulers: each sample has its
 			// process's stack, which ends with the fun it was spawned
@@ -166,6 +174,8 @@ func TestBeamStacks(t *testing.T) {
 			})
 			results[name][3] = profileBeam(t, v, "nif", func(fs []string) bool { return hasChain(fs, nif) })
 			results[name][4] = profileBeamDirty(t, v, dirty)
+			// The JIT's code mapped once, in anonymous memory.
+			results[name][5] = profileBeamFlags(t, v, "chain", []string{"+S", "1:1", "+JMsingle", "true"}, 0.95, chainOK)
 		})
 	}
 	logShareTable(t, "BEAM", names, modes, results)
