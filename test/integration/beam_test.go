@@ -138,7 +138,8 @@ func beamChain(fs ...beamFrame) []string {
 // NIFs and zlib); dirty, whose hot code is the garbage collector on a
 // dirty CPU scheduler thread (C code only: the process's frames come from
 // its saved state); the chain again with +JMsingle (the JIT's code in
-// anonymous memory, not a memfd).
+// anonymous memory, not a memfd); dirty_io, whose hot code is a dirty I/O
+// NIF's (prim_file:read_file/1: the kernel's copy, prim_file's NIF).
 func TestBeamStacks(t *testing.T) {
 	requireRoot(t)
 	_, hot := beamMarks(t)
@@ -150,7 +151,8 @@ func TestBeamStacks(t *testing.T) {
 	procsLine := fmt.Sprintf(":%d", hot["procs"])
 	nif := beamChain(beamFrame{"ewl:nif_mid/2", hot["nif_mid"]}, beamFrame{"ewl:nif_top/1", hot["nif_top"]}, mainFrame)
 	dirty := beamChain(beamFrame{"ewl:dirty_mid/2", hot["dirty_mid"]}, beamFrame{"ewl:dirty_top/1", hot["dirty_top"]}, mainFrame)
-	modes := []string{"chain", "bif", "procs", "nif", "dirty", "chain +JMsingle"}
+	dio := beamChain(beamFrame{"ewl:dio_mid/2", hot["dio_mid"]}, beamFrame{"ewl:dio_top/1", hot["dio_top"]}, mainFrame)
+	modes := []string{"chain", "bif", "procs", "nif", "dirty", "chain +JMsingle", "dirty_io"}
 	results := map[string][]float64{}
 	var names []string
 	for _, v := range beamfetch.Versions {
@@ -173,7 +175,14 @@ func TestBeamStacks(t *testing.T) {
 					strings.HasPrefix(fs[3], "ewl:'-run/2-fun-") && strings.HasSuffix(fs[3], procsLine)
 			})
 			results[name][3] = profileBeam(t, v, "nif", func(fs []string) bool { return hasChain(fs, nif) })
-			results[name][4] = profileBeamDirty(t, v, dirty)
+			results[name][4] = profileBeamDirty(t, v, "dirty", "erts_dcpus", 0.90, 0.90, dirty)
+			// The emulator's other threads work for the I/O too (the
+			// poll thread, the normal scheduler woken by each read's
+			// completion): 82-95% of the samples were the dirty I/O
+			// scheduler's, 79-89% of all had the chain. 5-10% of the
+			// dirty I/O scheduler's are between jobs, in erts_schedule,
+			// with no process: 90-95% had the chain.
+			results[name][6] = profileBeamDirty(t, v, "dirty_io", "erts_dios", 0.85, 0.70, dio)
 			// The JIT's code mapped once, in anonymous memory.
 			results[name][5] = profileBeamFlags(t, v, "chain", []string{"+S", "1:1", "+JMsingle", "true"}, 0.95, chainOK)
 		})
@@ -181,11 +190,10 @@ func TestBeamStacks(t *testing.T) {
 	logShareTable(t, "BEAM", names, modes, results)
 }
 
-// profileBeamDirty runs the dirty mode: most of its samples are on the
-// dirty CPU scheduler's thread, and >= 90% of all its samples and of
-// those on that thread have the chain (whose first frame is the process's
-// resume address, in dirty_mid/2 at the garbage_collect/0 call).
-func profileBeamDirty(t *testing.T, version string, chain []string) float64 {
+// profileBeamDirty runs a dirty mode: at least half its samples are on
+// a thread of the dirty schedulers named threads (erts_dcpus, erts_dios),
+// wantThreads of those and wantAll of all its samples have the chain.
+func profileBeamDirty(t *testing.T, version, mode, threads string, wantThreads, wantAll float64, chain []string) float64 {
 	t.Helper()
 	dir := beamWorkload(t, version)
 	erl, err := beamfetch.Erl(version)
@@ -193,11 +201,11 @@ func profileBeamDirty(t *testing.T, version string, chain []string) float64 {
 		t.Fatal(err)
 	}
 	ok := func(fs []string) bool { return hasChain(fs, chain) }
-	all, samples := profileBeamSamples(t, exec.Command(erl, "-noshell", "+S", "1:1", "+SDcpu", "1:1", "-pa", dir, "-s", "ewl", "main", "dirty",
-		formatSeconds(4*time.Second)), "dirty", 0.90, ok)
+	all, samples := profileBeamSamples(t, exec.Command(erl, "-noshell", "+S", "1:1", "+SDcpu", "1:1", "-pa", dir, "-s", "ewl", "main", mode,
+		formatSeconds(4*time.Second)), mode, wantAll, ok)
 	onDirty, good := 0, 0
 	for _, smp := range samples {
-		if strings.HasPrefix(smp.meta.ThreadName, "erts_dcpus") {
+		if strings.HasPrefix(smp.meta.ThreadName, threads) {
 			onDirty++
 			if ok(beamNames(smp.trace)) {
 				if good == 0 {
@@ -207,9 +215,10 @@ func profileBeamDirty(t *testing.T, version string, chain []string) float64 {
 			}
 		}
 	}
-	t.Logf("dirty: %d of %d samples on the dirty CPU scheduler, %.1f%% of them with the chain", onDirty, len(samples), 100*share(good, onDirty))
-	if onDirty < len(samples)/2 || share(good, onDirty) < 0.90 {
-		t.Errorf("%d of %d samples on the dirty CPU scheduler, %d of them with the chain: want half the samples there, >= 90%% with the chain", onDirty, len(samples), good)
+	t.Logf("%s: %d of %d samples on %s threads, %.1f%% of them with the chain", mode, onDirty, len(samples), threads, 100*share(good, onDirty))
+	if onDirty < len(samples)/2 || share(good, onDirty) < wantThreads {
+		t.Errorf("%d of %d samples on %s threads, %d of them with the chain: want half the samples there, >= %.0f%% with the chain",
+			onDirty, len(samples), threads, good, 100*wantThreads)
 	}
 	return all
 }
