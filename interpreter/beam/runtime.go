@@ -149,7 +149,7 @@ type beamBinary struct {
 	otp     int
 	tables  Tables
 	// dirty and codeRanges: the dirty schedulers' thread functions and
-	// key; none where not found (arm64).
+	// key; none where not found.
 	dirty      Dirty
 	codeRanges [][2]uint64
 	// err says why the binary cannot be unwound.

@@ -28,7 +28,7 @@
 // The Erlang stack ends the trace: on x86_64 JIT code runs on it (rsp =
 // E), so the scheduler's C frames below it are not reached.
 //
-// Dirty schedulers (x86_64) run C code only (dirty NIFs, major garbage
+// Dirty schedulers run C code only (dirty NIFs, major garbage
 // collections): user space claims their thread functions as the binary's
 // code ranges, and the native unwinder hands over after stepping past
 // one. The process the scheduler runs is its ErtsSchedulerData's
