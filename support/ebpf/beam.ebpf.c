@@ -14,13 +14,16 @@
 //
 // Where E and c_p are (internals.md §2, from the JIT's register block in
 // beam_asm.hpp): in JIT code, x86_64 E = rsp, c_p = r13; arm64 E = x20,
-// c_p = x21. From C code called from JIT code, on x86_64, the JIT frame's
-// sp is the scheduler's runtime stack, the start of its
-// ErtsSchedulerRegisters on the scheduler's C stack; the function that
-// holds them keeps the scheduler's ErtsSchedulerData (esdp) a little above
-// them, and esdp names both the registers and its current process. c_p is
-// found that way (or, failing that and on arm64, in its register when the
-// C code left it alone: r13/x21 are callee-saved); E is c_p->stop, which
+// c_p = x21. From C code called from JIT code, c_p is the current process
+// of the thread's scheduler: its ErtsSchedulerData (esdp), which the
+// thread keeps under a pthread key (erts_get_scheduler_data() in
+// erl_process.c), names it. Failing that (the C library's layout
+// unknown): on x86_64, the JIT frame's sp is the scheduler's runtime
+// stack, the start of its ErtsSchedulerRegisters on the scheduler's C
+// stack; the function that holds them keeps a structure a little above
+// them that names both the registers and the current process; then c_p's
+// register when the C code left it alone (r13/x21 are callee-saved). E
+// is c_p->stop, which
 // the JIT stored before calling C code that may touch the stack, or the
 // JIT frame's rbp, where the JIT keeps E for calls that do not. A process
 // found neither way is not unwound (counted: METRIC_ERR_BEAM_NO_PROCESS).
@@ -31,9 +34,8 @@
 // Dirty schedulers run C code only (dirty NIFs, major garbage
 // collections): user space claims their thread functions as the binary's
 // code ranges, and the native unwinder hands over after stepping past
-// one. The process the scheduler runs is its ErtsSchedulerData's
-// current_process; the thread keeps its ErtsSchedulerData under a pthread
-// key (erts_get_scheduler_data() in erl_process.c).
+// one. The process the scheduler runs is, as above, its
+// ErtsSchedulerData's current_process.
 #include "tracemgmt.h"
 
 // What the BEAM unwinder needs of a process (its entry in runtime_procs).
@@ -102,8 +104,8 @@ enum beam_metric {
   // function, and those among them running a process.
   METRIC_BEAM_DIRTY,
   METRIC_BEAM_DIRTY_PROCESS,
-  // A dirty scheduler thread's scheduler data could not be read.
-  METRIC_ERR_BEAM_DIRTY_SCHED_DATA,
+  // A scheduler thread's scheduler data could not be read.
+  METRIC_ERR_BEAM_SCHED_DATA,
   METRIC_BEAM_COUNT,
 };
 _Static_assert(METRIC_BEAM_COUNT <= RUNTIME_METRICS_MAX, "too many beam metrics");
@@ -165,6 +167,35 @@ static __always_inline u64 beam_current_process(const struct beam_proc *p, u64 r
   return 0;
 }
 
+// The process the scheduler on this thread (normal or dirty) runs, or 0
+// (none, not configured, or its scheduler data unreadable: counted):
+// ErtsSchedulerData's current_process, the scheduler data found as
+// erts_get_scheduler_data() finds it, under its pthread key.
+static __always_inline u64 beam_sched_process(const struct beam_proc *p)
+{
+  if (!p->sched_key_addr)
+    return 0;
+  u64 tp = thread_pointer(), base = tp, block, esdp, c_p;
+  u32 key;
+  if (!tp || bpf_probe_read_user(&key, sizeof(key), (void *)p->sched_key_addr) ||
+      key >= p->tsd_max_key)
+    goto fail;
+  if (p->tsd_self_deref &&
+      bpf_probe_read_user(&base, sizeof(base), (void *)(tp + p->tsd_self_offset)))
+    goto fail;
+  block = base + p->tsd_block_offset;
+  if (p->tsd_block_deref && bpf_probe_read_user(&block, sizeof(block), (void *)block))
+    goto fail;
+  block += (u64)key * p->tsd_entry_size + p->tsd_data_offset;
+  if (bpf_probe_read_user(&esdp, sizeof(esdp), (void *)block) || esdp < MIN_CODE_ADDRESS ||
+      bpf_probe_read_user(&c_p, sizeof(c_p), (void *)(esdp + p->dirty_current)))
+    goto fail;
+  return c_p;
+fail:
+  increment_runtime_metric(RUNTIME_BEAM, METRIC_ERR_BEAM_SCHED_DATA);
+  return 0;
+}
+
 // A process's stack bounds: the heap and the stack share one block, heap
 // up from heap to htop, stack down from hend. Returns 0 when c_p looks like one.
 static __always_inline int beam_process(const struct beam_proc *p, u64 c_p, u64 *htop, u64 *stop,
@@ -206,7 +237,9 @@ static __always_inline int beam_stack(const struct beam_proc *p, const struct un
     *end = hend - 8;
     return 0;
   }
-  u64 c_p = beam_current_process(p, state->sp);
+  u64 c_p = beam_sched_process(p);
+  if (!c_p)
+    c_p = beam_current_process(p, state->sp);
   if (!c_p)
     c_p = BEAM_C_P(&state->user_regs);
   if (beam_process(p, c_p, &htop, &stop, &heap, &hend))
@@ -226,31 +259,6 @@ static __always_inline int beam_stack(const struct beam_proc *p, const struct un
   return 0;
 }
 
-// The process the dirty scheduler on this thread runs, or 0 (none, or
-// its scheduler data unreadable: counted).
-static __always_inline u64 beam_dirty_process(const struct beam_proc *p)
-{
-  u64 tp = thread_pointer(), base = tp, block, esdp, c_p;
-  u32 key;
-  if (!tp || !p->sched_key_addr ||
-      bpf_probe_read_user(&key, sizeof(key), (void *)p->sched_key_addr) || key >= p->tsd_max_key)
-    goto fail;
-  if (p->tsd_self_deref &&
-      bpf_probe_read_user(&base, sizeof(base), (void *)(tp + p->tsd_self_offset)))
-    goto fail;
-  block = base + p->tsd_block_offset;
-  if (p->tsd_block_deref && bpf_probe_read_user(&block, sizeof(block), (void *)block))
-    goto fail;
-  block += (u64)key * p->tsd_entry_size + p->tsd_data_offset;
-  if (bpf_probe_read_user(&esdp, sizeof(esdp), (void *)block) || esdp < MIN_CODE_ADDRESS ||
-      bpf_probe_read_user(&c_p, sizeof(c_p), (void *)(esdp + p->dirty_current)))
-    goto fail;
-  return c_p;
-fail:
-  increment_runtime_metric(RUNTIME_BEAM, METRIC_ERR_BEAM_DIRTY_SCHED_DATA);
-  return 0;
-}
-
 // A dirty scheduler thread, handed over after its thread function's frame
 // (the binary's code range): that frame stays native, then the process
 // the scheduler runs, if any: its current function from c_p->i, its
@@ -263,7 +271,7 @@ static __always_inline int beam_dirty(const struct beam_proc *p, struct unwind_s
   increment_runtime_metric(RUNTIME_BEAM, METRIC_BEAM_DIRTY);
   if (runtime_report_native(&state->handoff, t))
     return -1;
-  u64 c_p = beam_dirty_process(p), i, htop, stop, heap, hend;
+  u64 c_p = beam_sched_process(p), i, htop, stop, heap, hend;
   if (!c_p || beam_process(p, c_p, &htop, &stop, &heap, &hend) ||
       !beam_in_stack(stop, htop, hend) ||
       bpf_probe_read_user(&i, sizeof(i), (void *)(c_p + p->proc_i)))
