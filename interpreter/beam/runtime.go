@@ -45,7 +45,17 @@ type UnwinderProc struct {
 	CodeLo, CodeHi                         uint64
 	ProcHtop, ProcStop, ProcHeap, ProcHend uint16
 	EsdpRegisters, EsdpCurrent, EsdpScanLo uint16
-	_                                      uint16
+	// Dirty schedulers: where the process is (ErtsSchedulerData's
+	// current_process, struct process's i) and how to read the thread's
+	// ErtsSchedulerData, pthread_getspecific(*SchedKeyAddr) done as
+	// interpreter/libc's TSDLayout says; SchedKeyAddr 0: not unwound.
+	DirtyCurrent, ProcI                          uint16
+	_                                            [3]uint16
+	SchedKeyAddr                                 uint64
+	TSDSelfOffset, TSDBlockOffset, TSDDataOffset int64
+	TSDEntrySize, TSDMaxKey                      uint32
+	TSDSelfDeref, TSDBlockDeref                  uint8
+	_                                            [6]uint8
 }
 
 // Offsets in struct process (erl_process.h) the unwinder reads, the same
@@ -101,8 +111,36 @@ func recognise(f *interpreter.File) (interpreter.Binary, error) {
 	}
 	if b.tables, b.err = FindTables(f.ELF); b.err != nil {
 		b.err = fmt.Errorf("beam: ERTS %s (OTP %d): %w", b.version, b.otp, b.err)
+		return b, nil
 	}
+	b.dirty, b.codeRanges = findDirtyRanges(f)
 	return b, nil
+}
+
+// findDirtyRanges finds what unwinding dirty schedulers needs: their
+// thread functions' ranges (the native unwinder hands over after stepping
+// past them) and the scheduler data key. Without them dirty schedulers'
+// samples keep their native frames only.
+func findDirtyRanges(f *interpreter.File) (Dirty, [][2]uint64) {
+	d, err := FindDirty(f.ELF)
+	if err != nil || f.FunctionRanges == nil {
+		return Dirty{}, nil
+	}
+	fns, err := f.FunctionRanges()
+	if err != nil {
+		return Dirty{}, nil
+	}
+	var out [][2]uint64
+	for _, a := range d.ThreadFuncs {
+		i := interpreter.FunctionAt(fns, a)
+		if i < 0 || fns[i][0] != a {
+			// The address is not a function's start: not the code the
+			// signature meant.
+			return Dirty{}, nil
+		}
+		out = append(out, fns[i])
+	}
+	return d, out
 }
 
 // beamBinary is a beam.smp.
@@ -110,6 +148,10 @@ type beamBinary struct {
 	version string
 	otp     int
 	tables  Tables
+	// dirty and codeRanges: the dirty schedulers' thread functions and
+	// key; none where not found.
+	dirty      Dirty
+	codeRanges [][2]uint64
 	// err says why the binary cannot be unwound.
 	err error
 }
@@ -123,9 +165,12 @@ func (b *beamBinary) Unsupported() error {
 	return b.err
 }
 
-// CodeRanges is empty: the emulator's own C code is walked natively, its
-// JIT code is claimed per process (Update).
-func (*beamBinary) CodeRanges() [][2]uint64 { return nil }
+// CodeRanges are the dirty schedulers' thread functions, at the bottom of
+// their threads' stacks: stepping past them, the native unwinder hands
+// over to the unwinder, which adds the Erlang frames of the process the
+// dirty scheduler runs. The rest of the emulator's C code is walked
+// natively, its JIT code is claimed per process (Update).
+func (b *beamBinary) CodeRanges() [][2]uint64 { return b.codeRanges }
 
 func (b *beamBinary) Attach(h interpreter.Host) (interpreter.Process, error) {
 	if err := b.Unsupported(); err != nil {
@@ -135,7 +180,10 @@ func (b *beamBinary) Attach(h interpreter.Host) (interpreter.Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &process{otp: b.otp}
+	p := &process{otp: b.otp, dirtyKey: b.dirty.SchedDataKey}
+	if p.dirtyKey != 0 {
+		p.dirtyKey += h.Bias()
+	}
 	p.names = newSymbolizer(mem, Tables{Ranges: b.tables.Ranges + h.Bias(), ActiveCodeIndex: b.tables.ActiveCodeIndex + h.Bias()}, b.otp)
 	if _, err := p.Update(h); err != nil {
 		return nil, err
@@ -148,15 +196,33 @@ func (b *beamBinary) Attach(h interpreter.Host) (interpreter.Process, error) {
 // dropped.
 const jitMappingName = "/memfd:vmem"
 
-// jitRegions are the executable views of the JIT's code.
-func jitRegions(ms []interpreter.Mapping) []interpreter.Region {
+// jitRegions are the executable views of the JIT's code: its memfd's
+// executable view or, with +JMsingle (the code mapped once, writable and
+// executable, in anonymous memory), the anonymous executable mapping that
+// holds the code header of a loaded module, firstModule's answer (0 when
+// none is known yet).
+func jitRegions(ms []interpreter.Mapping, firstModule uint64) []interpreter.Region {
 	var out []interpreter.Region
 	for _, m := range ms {
 		if m.Executable && strings.TrimSuffix(m.Path, " (deleted)") == jitMappingName {
 			out = append(out, interpreter.Region{Start: m.Start, End: m.End, Unwind: true})
 		}
 	}
-	return out
+	if len(out) > 0 || firstModule == 0 {
+		return out
+	}
+	for _, m := range ms {
+		if m.Executable && m.Anonymous() && firstModule >= m.Start && firstModule < m.End {
+			return []interpreter.Region{{Start: m.Start, End: m.End, Unwind: true}}
+		}
+	}
+	return nil
+}
+
+// codeLocator is a frameNamer that also says where the JIT's code is: the
+// code header of the first module in the active ranges table.
+type codeLocator interface {
+	firstModule() (uint64, error)
 }
 
 // sharedCodeName names the interrupted PC in the JIT's code shared by all
@@ -170,8 +236,11 @@ type frameNamer interface {
 
 // process is an attached Erlang process.
 type process struct {
-	otp   int
-	names frameNamer
+	otp int
+	// dirtyKey is the address of the scheduler data's pthread key, 0
+	// where dirty schedulers are not unwound.
+	dirtyKey uint64
+	names    frameNamer
 	// What the BPF unwinder was last told, and the regions claimed.
 	cfg     UnwinderProc
 	regions []interpreter.Region
@@ -182,16 +251,36 @@ func (p *process) Update(h interpreter.Host) (bool, error) {
 	if p.names == nil {
 		return false, interpreter.ErrDetached
 	}
-	regions := jitRegions(h.Mappings())
-	if len(regions) == 0 {
-		return false, fmt.Errorf("beam: no executable %s mapping: %w", jitMappingName, interpreter.ErrStarting)
+	ms := h.Mappings()
+	regions := jitRegions(ms, 0)
+	if loc, ok := p.names.(codeLocator); ok && len(regions) == 0 {
+		// +JMsingle: no memfd; the modules say which anonymous mapping
+		// is the JIT's.
+		if first, err := loc.firstModule(); err == nil {
+			regions = jitRegions(ms, first)
+		}
 	}
-	// The unwinder tests CPs against one range: the JIT maps one view of
-	// its code (+JMsingle, which maps it anonymous, is not claimed).
+	if len(regions) == 0 {
+		return false, fmt.Errorf("beam: no executable %s mapping, nor an anonymous one holding modules: %w", jitMappingName, interpreter.ErrStarting)
+	}
+	// The unwinder tests CPs against one range: the JIT maps one
+	// executable view of its code.
 	cfg := UnwinderProc{CodeLo: regions[0].Start, CodeHi: regions[len(regions)-1].End,
 		ProcHtop: procHtop, ProcStop: procStop, ProcHeap: procHeap, ProcHend: procHend}
 	if runtime.GOARCH == "amd64" {
 		cfg.EsdpRegisters, cfg.EsdpCurrent, cfg.EsdpScanLo = esdpRegisters, esdpCurrent, esdpScanLo
+	}
+	if p.dirtyKey != 0 {
+		// Without the C library's layout (not mapped yet, or of a shape
+		// not decoded) dirty schedulers stay native; tried again on the
+		// next update.
+		tsd, err := h.Libc()
+		if err == nil && tsd != nil {
+			cfg.DirtyCurrent, cfg.ProcI, cfg.SchedKeyAddr = esdpCurrentProcess, procI, p.dirtyKey
+			cfg.TSDSelfOffset, cfg.TSDBlockOffset, cfg.TSDDataOffset = tsd.SelfOffset, tsd.FirstBlockOffset, tsd.DataOffset
+			cfg.TSDEntrySize, cfg.TSDMaxKey = uint32(tsd.EntrySize), tsd.MaxFastKey
+			cfg.TSDSelfDeref, cfg.TSDBlockDeref = boolByte(tsd.SelfDeref), boolByte(tsd.BlockDeref)
+		}
 	}
 	changed := false
 	if cfg != p.cfg {
@@ -231,3 +320,10 @@ func (p *process) Symbolize(f support.Frame, out []libpf.Frame) ([]libpf.Frame, 
 }
 
 func (p *process) Detach() { p.names = nil }
+
+func boolByte(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}

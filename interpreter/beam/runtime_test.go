@@ -2,8 +2,10 @@ package beam
 
 import (
 	"debug/elf"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -21,6 +23,11 @@ func TestUnwinderStructs(t *testing.T) {
 	}
 	if err := shared.CheckMirror("beam_proc", UnwinderProc{}); err != nil {
 		t.Error(err)
+	}
+	// The configuration is written with encoding/binary, which leaves out
+	// the padding Go puts between fields: the mirror must have none.
+	if b, r := binary.Size(UnwinderProc{}), reflect.TypeOf(UnwinderProc{}).Size(); uintptr(b) != r {
+		t.Errorf("UnwinderProc: %d bytes encoded, %d in memory: make its padding explicit", b, r)
 	}
 }
 
@@ -85,10 +92,27 @@ func TestJITRegions(t *testing.T) {
 		{Start: 0x7f0010000000, End: 0x7f0010001000, Path: "/memfd:other", Executable: true},
 		{Start: 0x7f0020000000, End: 0x7f0020001000, Executable: true},
 	}
-	got := jitRegions(ms)
+	got := jitRegions(ms, 0x7f0020000800)
 	want := []interpreter.Region{{Start: 0x7f0004000000, End: 0x7f0008000000, Unwind: true}}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("%v, want %v", got, want)
+	}
+	// +JMsingle: no memfd; the anonymous executable mapping that holds a
+	// module is claimed, no other.
+	single := []interpreter.Mapping{ms[0], ms[3], ms[4],
+		{Start: 0x7f0030000000, End: 0x7f0034000000, Executable: true}}
+	for _, tc := range []struct {
+		first uint64
+		want  []interpreter.Region
+	}{
+		{0x7f0030001000, []interpreter.Region{{Start: 0x7f0030000000, End: 0x7f0034000000, Unwind: true}}},
+		{0x7f0010000800, nil}, // a memfd of another name
+		{0x1800, nil},         // the emulator's file
+		{0, nil},              // no module known yet
+	} {
+		if got := jitRegions(single, tc.first); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("+JMsingle, first module at %#x: %v, want %v", tc.first, got, tc.want)
+		}
 	}
 }
 

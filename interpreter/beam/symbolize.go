@@ -368,6 +368,16 @@ func (s *symbolizer) readGeneration() (codeGen, error) {
 	return g, nil
 }
 
+// firstModule is the code header of the first module of the active
+// ranges table: an address in the JIT's code.
+func (s *symbolizer) firstModule() (uint64, error) {
+	g, err := s.readGeneration()
+	if err != nil {
+		return 0, err
+	}
+	return s.r.U64(g.modules)
+}
+
 // generation is the code generation, read again once genTTL has passed.
 func (s *symbolizer) generation() (codeGen, error) {
 	s.genMu.Lock()

@@ -14,19 +14,28 @@
 //
 // Where E and c_p are (internals.md §2, from the JIT's register block in
 // beam_asm.hpp): in JIT code, x86_64 E = rsp, c_p = r13; arm64 E = x20,
-// c_p = x21. From C code called from JIT code, on x86_64, the JIT frame's
-// sp is the scheduler's runtime stack, the start of its
-// ErtsSchedulerRegisters on the scheduler's C stack; the function that
-// holds them keeps the scheduler's ErtsSchedulerData (esdp) a little above
-// them, and esdp names both the registers and its current process. c_p is
-// found that way (or, failing that and on arm64, in its register when the
-// C code left it alone: r13/x21 are callee-saved); E is c_p->stop, which
+// c_p = x21. From C code called from JIT code, c_p is the current process
+// of the thread's scheduler: its ErtsSchedulerData (esdp), which the
+// thread keeps under a pthread key (erts_get_scheduler_data() in
+// erl_process.c), names it. Failing that (the C library's layout
+// unknown): on x86_64, the JIT frame's sp is the scheduler's runtime
+// stack, the start of its ErtsSchedulerRegisters on the scheduler's C
+// stack; the function that holds them keeps a structure a little above
+// them that names both the registers and the current process; then c_p's
+// register when the C code left it alone (r13/x21 are callee-saved). E
+// is c_p->stop, which
 // the JIT stored before calling C code that may touch the stack, or the
 // JIT frame's rbp, where the JIT keeps E for calls that do not. A process
 // found neither way is not unwound (counted: METRIC_ERR_BEAM_NO_PROCESS).
 //
 // The Erlang stack ends the trace: on x86_64 JIT code runs on it (rsp =
 // E), so the scheduler's C frames below it are not reached.
+//
+// Dirty schedulers run C code only (dirty NIFs, major garbage
+// collections): user space claims their thread functions as the binary's
+// code ranges, and the native unwinder hands over after stepping past
+// one. The process the scheduler runs is, as above, its
+// ErtsSchedulerData's current_process.
 #include "tracemgmt.h"
 
 // What the BEAM unwinder needs of a process (its entry in runtime_procs).
@@ -48,7 +57,28 @@ struct beam_proc {
   // Where, above the registers, the scheduler's C stack holds esdp:
   // [registers + esdp_scan_lo, + BEAM_ESDP_SCAN_WORDS words).
   u16 esdp_scan_lo;
-  u16 pad;
+  // Dirty schedulers (internals.md §7): byte offsets of current_process
+  // in ErtsSchedulerData and of i (the address the process resumes at)
+  // in struct process.
+  u16 dirty_current;
+  u16 proc_i;
+  u16 pad0[3];
+  // The address of the pthread key under which each scheduler thread
+  // keeps its ErtsSchedulerData (0: dirty schedulers not unwound), and
+  // where the C library keeps the thread's value of a key below
+  // tsd_max_key, from the thread pointer tp (interpreter/libc):
+  //   base = tsd_self_deref ? *(tp + tsd_self_offset) : tp
+  //   block = base + tsd_block_offset, then *block if tsd_block_deref
+  //   esdp = *(block + key * tsd_entry_size + tsd_data_offset)
+  u64 sched_key_addr;
+  s64 tsd_self_offset;
+  s64 tsd_block_offset;
+  s64 tsd_data_offset;
+  u32 tsd_entry_size;
+  u32 tsd_max_key;
+  u8 tsd_self_deref;
+  u8 tsd_block_deref;
+  u8 pad[6];
 };
 _Static_assert(sizeof(struct beam_proc) <= RUNTIME_PROC_SIZE, "beam_proc too large");
 
@@ -70,6 +100,12 @@ enum beam_metric {
   // per tail call, within the trace's tail call budget): the trace ends
   // with the frames found.
   METRIC_ERR_BEAM_STACK_TOO_DEEP,
+  // Samples of dirty scheduler threads handed over at their thread
+  // function, and those among them running a process.
+  METRIC_BEAM_DIRTY,
+  METRIC_BEAM_DIRTY_PROCESS,
+  // A scheduler thread's scheduler data could not be read.
+  METRIC_ERR_BEAM_SCHED_DATA,
   METRIC_BEAM_COUNT,
 };
 _Static_assert(METRIC_BEAM_COUNT <= RUNTIME_METRICS_MAX, "too many beam metrics");
@@ -131,6 +167,35 @@ static __always_inline u64 beam_current_process(const struct beam_proc *p, u64 r
   return 0;
 }
 
+// The process the scheduler on this thread (normal or dirty) runs, or 0
+// (none, not configured, or its scheduler data unreadable: counted):
+// ErtsSchedulerData's current_process, the scheduler data found as
+// erts_get_scheduler_data() finds it, under its pthread key.
+static __always_inline u64 beam_sched_process(const struct beam_proc *p)
+{
+  if (!p->sched_key_addr)
+    return 0;
+  u64 tp = thread_pointer(), base = tp, block, esdp, c_p;
+  u32 key;
+  if (!tp || bpf_probe_read_user(&key, sizeof(key), (void *)p->sched_key_addr) ||
+      key >= p->tsd_max_key)
+    goto fail;
+  if (p->tsd_self_deref &&
+      bpf_probe_read_user(&base, sizeof(base), (void *)(tp + p->tsd_self_offset)))
+    goto fail;
+  block = base + p->tsd_block_offset;
+  if (p->tsd_block_deref && bpf_probe_read_user(&block, sizeof(block), (void *)block))
+    goto fail;
+  block += (u64)key * p->tsd_entry_size + p->tsd_data_offset;
+  if (bpf_probe_read_user(&esdp, sizeof(esdp), (void *)block) || esdp < MIN_CODE_ADDRESS ||
+      bpf_probe_read_user(&c_p, sizeof(c_p), (void *)(esdp + p->dirty_current)))
+    goto fail;
+  return c_p;
+fail:
+  increment_runtime_metric(RUNTIME_BEAM, METRIC_ERR_BEAM_SCHED_DATA);
+  return 0;
+}
+
 // A process's stack bounds: the heap and the stack share one block, heap
 // up from heap to htop, stack down from hend. Returns 0 when c_p looks like one.
 static __always_inline int beam_process(const struct beam_proc *p, u64 c_p, u64 *htop, u64 *stop,
@@ -172,7 +237,9 @@ static __always_inline int beam_stack(const struct beam_proc *p, const struct un
     *end = hend - 8;
     return 0;
   }
-  u64 c_p = beam_current_process(p, state->sp);
+  u64 c_p = beam_sched_process(p);
+  if (!c_p)
+    c_p = beam_current_process(p, state->sp);
   if (!c_p)
     c_p = BEAM_C_P(&state->user_regs);
   if (beam_process(p, c_p, &htop, &stop, &heap, &hend))
@@ -186,6 +253,32 @@ static __always_inline int beam_stack(const struct beam_proc *p, const struct un
   }
 #endif
   if (!beam_in_stack(stop, htop, hend))
+    return -1;
+  *e = stop;
+  *end = hend - 8;
+  return 0;
+}
+
+// A dirty scheduler thread, handed over after its thread function's frame
+// (the binary's code range): that frame stays native, then the process
+// the scheduler runs, if any: its current function from c_p->i, its
+// callers from its saved stack, c_p->stop (the process is off its normal
+// scheduler: no JIT register holds anything of it). Returns 0 when the
+// walk of the stack is to follow from *e to *end.
+static __always_inline int beam_dirty(const struct beam_proc *p, struct unwind_state *state,
+                                      struct trace *t, u64 *e, u64 *end)
+{
+  increment_runtime_metric(RUNTIME_BEAM, METRIC_BEAM_DIRTY);
+  if (runtime_report_native(&state->handoff, t))
+    return -1;
+  u64 c_p = beam_sched_process(p), i, htop, stop, heap, hend;
+  if (!c_p || beam_process(p, c_p, &htop, &stop, &heap, &hend) ||
+      !beam_in_stack(stop, htop, hend) ||
+      bpf_probe_read_user(&i, sizeof(i), (void *)(c_p + p->proc_i)))
+    return -1;
+  increment_runtime_metric(RUNTIME_BEAM, METRIC_BEAM_DIRTY_PROCESS);
+  t->flags |= TRACE_FLAG_RUNTIME_FRAMES;
+  if (i >= p->code_lo && i < p->code_hi && push_frame(t, RUNTIME_BEAM, 0, 0, i))
     return -1;
   *e = stop;
   *end = hend - 8;
@@ -210,7 +303,17 @@ int unwind_beam(struct bpf_perf_event_data *ctx)
   }
   // The walk goes on across tail calls with pc 0: sp is the next word to
   // read, fp the end of the stack.
-  if (state->pc) {
+  if (state->pc && state->handoff.file_id) {
+    // The only code of a file the runtime claims: a dirty scheduler's
+    // thread function. The thread's frames below it (the C library's
+    // thread start) are not walked.
+    u64 e, end;
+    if (beam_dirty(p, state, t, &e, &end))
+      return tail_call_stop(ctx);
+    state->pc = 0;
+    state->sp = e;
+    state->fp = end;
+  } else if (state->pc) {
     t->flags |= TRACE_FLAG_RUNTIME_FRAMES;
     increment_runtime_metric(RUNTIME_BEAM, METRIC_BEAM_PCS);
     if (push_frame(t, RUNTIME_BEAM, state->return_address ? FRAME_FLAG_RETURN_ADDRESS : 0, 0,

@@ -61,17 +61,31 @@ func profileBeam(t *testing.T, version, mode string, ok func(names []string) boo
 // profileBeamOn is profileBeam with schedulers (+S) and the share wanted.
 func profileBeamOn(t *testing.T, version, mode, schedulers string, want float64, ok func(names []string) bool) float64 {
 	t.Helper()
+	return profileBeamFlags(t, version, mode, []string{"+S", schedulers}, want, ok)
+}
+
+// profileBeamFlags is profileBeam with the emulator's flags.
+func profileBeamFlags(t *testing.T, version, mode string, flags []string, want float64, ok func(names []string) bool) float64 {
+	t.Helper()
 	dir := beamWorkload(t, version)
 	erl, err := beamfetch.Erl(version)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return profileBeamCommand(t, exec.Command(erl, "-noshell", "+S", schedulers, "-pa", dir, "-s", "ewl", "main", mode,
-		formatSeconds(4*time.Second)), mode, want, ok)
+	args := append(append([]string{"-noshell"}, flags...), "-pa", dir, "-s", "ewl", "main", mode, formatSeconds(4*time.Second))
+	return profileBeamCommand(t, exec.Command(erl, args...), mode, want, ok)
 }
 
 // profileBeamCommand is profileBeam for a command that runs a workload.
 func profileBeamCommand(t *testing.T, cmd *exec.Cmd, mode string, want float64, ok func(names []string) bool) float64 {
+	t.Helper()
+	share, _ := profileBeamSamples(t, cmd, mode, want, ok)
+	return share
+}
+
+// profileBeamSamples is profileBeamCommand that also returns the hot
+// samples after the warm-up.
+func profileBeamSamples(t *testing.T, cmd *exec.Cmd, mode string, want float64, ok func(names []string) bool) (float64, []sample) {
 	t.Helper()
 	s := startSession(t, testHz)
 	run := runScriptHeld(t, cmd, func() {
@@ -103,7 +117,7 @@ func profileBeamCommand(t *testing.T, cmd *exec.Cmd, mode string, want float64, 
 	if len(samples) < 2*testHz || share < want {
 		t.Errorf("%d of %d samples show the expected frames, want >= %.0f%% of at least %d", good, len(samples), 100*want, 2*testHz)
 	}
-	return share
+	return share, samples
 }
 
 // beamChain is the names of frames as beamNames gives them.
@@ -121,7 +135,11 @@ func beamChain(fs ...beamFrame) []string {
 // hot code is C (lists:reverse/1's BIF and the garbage collector) called
 // from JIT code; procs, four processes in the chain on two schedulers;
 // nif, whose hot code is a NIF's (zlib:compress/1: the emulator's zlib
-// NIFs and zlib).
+// NIFs and zlib); dirty, whose hot code is the garbage collector on a
+// dirty CPU scheduler thread (C code only: the process's frames come from
+// its saved state); the chain again with +JMsingle (the JIT's code in
+// anonymous memory, not a memfd); dirty_io, whose hot code is a dirty I/O
+// NIF's (prim_file:read_file/1: the kernel's copy, prim_file's NIF).
 func TestBeamStacks(t *testing.T) {
 	requireRoot(t)
 	_, hot := beamMarks(t)
@@ -132,7 +150,9 @@ func TestBeamStacks(t *testing.T) {
 	bif := beamChain(beamFrame{"ewl:bif_mid/2", hot["bif_mid"]}, beamFrame{"ewl:bif_top/1", hot["bif_top"]}, mainFrame)
 	procsLine := fmt.Sprintf(":%d", hot["procs"])
 	nif := beamChain(beamFrame{"ewl:nif_mid/2", hot["nif_mid"]}, beamFrame{"ewl:nif_top/1", hot["nif_top"]}, mainFrame)
-	modes := []string{"chain", "bif", "procs", "nif"}
+	dirty := beamChain(beamFrame{"ewl:dirty_mid/2", hot["dirty_mid"]}, beamFrame{"ewl:dirty_top/1", hot["dirty_top"]}, mainFrame)
+	dio := beamChain(beamFrame{"ewl:dio_mid/2", hot["dio_mid"]}, beamFrame{"ewl:dio_top/1", hot["dio_top"]}, mainFrame)
+	modes := []string{"chain", "bif", "procs", "nif", "dirty", "chain +JMsingle", "dirty_io"}
 	results := map[string][]float64{}
 	var names []string
 	for _, v := range beamfetch.Versions {
@@ -140,11 +160,12 @@ func TestBeamStacks(t *testing.T) {
 		names = append(names, name)
 		results[name] = make([]float64, len(modes))
 		t.Run(name, func(t *testing.T) {
-			results[name][0] = profileBeam(t, v, "chain", func(fs []string) bool {
-				// The loop's clause test for 0 is on the line before.
+			// The loop's clause test for 0 is on the line before.
+			chainOK := func(fs []string) bool {
 				return len(fs) >= len(chain) && (fs[0] == chain[0] || fs[0] == leaf0) &&
 					slices.Equal(fs[1:len(chain)], chain[1:])
-			})
+			}
+			results[name][0] = profileBeam(t, v, "chain", chainOK)
 			results[name][1] = profileBeam(t, v, "bif", func(fs []string) bool { return hasChain(fs, bif) })
 			// Four processes on two schedulers: each sample has its
 			// process's stack, which ends with the fun it was spawned
@@ -154,9 +175,52 @@ func TestBeamStacks(t *testing.T) {
 					strings.HasPrefix(fs[3], "ewl:'-run/2-fun-") && strings.HasSuffix(fs[3], procsLine)
 			})
 			results[name][3] = profileBeam(t, v, "nif", func(fs []string) bool { return hasChain(fs, nif) })
+			results[name][4] = profileBeamDirty(t, v, "dirty", "erts_dcpus", 0.90, 0.90, dirty)
+			// The emulator's other threads work for the I/O too (the
+			// poll thread, the normal scheduler woken by each read's
+			// completion): 82-95% of the samples were the dirty I/O
+			// scheduler's, 79-89% of all had the chain. 5-10% of the
+			// dirty I/O scheduler's are between jobs, in erts_schedule,
+			// with no process: 90-95% had the chain.
+			results[name][6] = profileBeamDirty(t, v, "dirty_io", "erts_dios", 0.85, 0.70, dio)
+			// The JIT's code mapped once, in anonymous memory.
+			results[name][5] = profileBeamFlags(t, v, "chain", []string{"+S", "1:1", "+JMsingle", "true"}, 0.95, chainOK)
 		})
 	}
 	logShareTable(t, "BEAM", names, modes, results)
+}
+
+// profileBeamDirty runs a dirty mode: at least half its samples are on
+// a thread of the dirty schedulers named threads (erts_dcpus, erts_dios),
+// wantThreads of those and wantAll of all its samples have the chain.
+func profileBeamDirty(t *testing.T, version, mode, threads string, wantThreads, wantAll float64, chain []string) float64 {
+	t.Helper()
+	dir := beamWorkload(t, version)
+	erl, err := beamfetch.Erl(version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok := func(fs []string) bool { return hasChain(fs, chain) }
+	all, samples := profileBeamSamples(t, exec.Command(erl, "-noshell", "+S", "1:1", "+SDcpu", "1:1", "-pa", dir, "-s", "ewl", "main", mode,
+		formatSeconds(4*time.Second)), mode, wantAll, ok)
+	onDirty, good := 0, 0
+	for _, smp := range samples {
+		if strings.HasPrefix(smp.meta.ThreadName, threads) {
+			onDirty++
+			if ok(beamNames(smp.trace)) {
+				if good == 0 {
+					t.Logf("a dirty scheduler's sample: %v", stackOf(smp.trace, beam.Kind, "erl"))
+				}
+				good++
+			}
+		}
+	}
+	t.Logf("%s: %d of %d samples on %s threads, %.1f%% of them with the chain", mode, onDirty, len(samples), threads, 100*share(good, onDirty))
+	if onDirty < len(samples)/2 || share(good, onDirty) < wantThreads {
+		t.Errorf("%d of %d samples on %s threads, %d of them with the chain: want half the samples there, >= %.0f%% with the chain",
+			onDirty, len(samples), threads, good, 100*wantThreads)
+	}
+	return all
 }
 
 // TestBeamElixir profiles the Elixir chain (utils/workloads/erlang/ewl.exs)
