@@ -1,6 +1,7 @@
 package support
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/bits"
 	"reflect"
@@ -185,8 +186,22 @@ func (s *Shared) CheckMirror(name string, mirror any) error {
 	if err := checkMirror(s.types, name, mirror); err != nil {
 		return err
 	}
+	if err := explicitPadding(name, mirror); err != nil {
+		return err
+	}
 	if size := reflect.TypeOf(mirror).Size(); size > RuntimeProcSize {
 		return fmt.Errorf("struct %s takes %d bytes, more than the %d of struct runtime_proc", name, size, RuntimeProcSize)
+	}
+	return nil
+}
+
+// explicitPadding makes sure a runtime's configuration mirror encodes to
+// its own size: it is written with encoding/binary, which leaves out Go's
+// implicit padding, so a mirror must spell its padding out ("_" fields) or
+// its later fields land short of their C offsets.
+func explicitPadding(name string, mirror any) error {
+	if n, size := binary.Size(mirror), reflect.TypeOf(mirror).Size(); n != int(size) {
+		return fmt.Errorf("struct %s's Go mirror encodes to %d bytes, not its size %d: declare its padding as _ fields", name, n, size)
 	}
 	return nil
 }

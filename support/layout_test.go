@@ -70,3 +70,23 @@ func TestReadSharedChecksRuntimeMetricSlots(t *testing.T) {
 		t.Errorf("a runtime_metrics map of twice the counters: %v, want an error naming RUNTIME_METRICS_MAX", err)
 	}
 }
+
+// TestExplicitPadding: a mirror whose padding Go adds implicitly is
+// refused, one that declares it is accepted.
+func TestExplicitPadding(t *testing.T) {
+	type implicit struct {
+		A uint32
+		B uint64
+	}
+	type explicit struct {
+		A uint32
+		_ uint32
+		B uint64
+	}
+	if err := explicitPadding("implicit", implicit{}); err == nil {
+		t.Error("a mirror with implicit padding was accepted")
+	}
+	if err := explicitPadding("explicit", explicit{}); err != nil {
+		t.Error(err)
+	}
+}
