@@ -119,7 +119,8 @@ func benchmarkSymbolize(b *testing.B, s *symbolizer, frames []support.Frame, cac
 	if named < b.N*9/10 {
 		b.Fatalf("%d of %d frames named", named, b.N)
 	}
-	b.ReportMetric(float64(len(frames)), "frames")
+	// How many different frames the operations took in turn.
+	b.ReportMetric(float64(len(frames)), "distinct")
 }
 
 // BenchmarkSymbolize names live frames of each tested JDK, compiled and
