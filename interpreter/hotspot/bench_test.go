@@ -5,19 +5,28 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hostprof/ebpf-profiler/interpreter/internal/symbench"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/support"
 	"github.com/hostprof/ebpf-profiler/utils/jdkfetch"
 )
 
-// liveFrames starts the chain workload and returns a symbolizer of its
-// JVM and, for up to n of its nmethods, the frames BPF would report: a
-// compiled frame at a return address with debug information, and an
-// interpreted frame of the nmethod's method at its first bytecode.
+// liveFrames is liveFramesOf the system's JDK 17.
 func liveFrames(tb testing.TB, n int) (*symbolizer, []support.Frame, []support.Frame) {
 	tb.Helper()
-	j := startJVM(tb, jdkfetch.SystemJava, "chain", 30)
+	return liveFramesOf(tb, jdkfetch.SystemJava, n)
+}
+
+// liveFramesOf starts the chain workload under java (busy until the test
+// or benchmark ends) and returns a
+// symbolizer of its JVM and, for up to n of its nmethods, the frames BPF
+// would report: a compiled frame at a return address with debug
+// information, and an interpreted frame of the nmethod's method at its
+// first bytecode.
+func liveFramesOf(tb testing.TB, java string, n int) (*symbolizer, []support.Frame, []support.Frame) {
+	tb.Helper()
+	j := startJVM(tb, java, "chain", 600)
 	time.Sleep(2 * time.Second) // the JIT compiles the JDK's code it runs
 	vs := readLive(tb, j)
 	r := procmem.New(j.mem)
@@ -87,12 +96,7 @@ func liveFrames(tb testing.TB, n int) (*symbolizer, []support.Frame, []support.F
 	return s, compiled, interpreted
 }
 
-func benchmarkSymbolize(b *testing.B, compiled, cached bool) {
-	s, cf, inf := liveFrames(b, 200)
-	frames := inf
-	if compiled {
-		frames = cf
-	}
+func benchmarkSymbolize(b *testing.B, s *symbolizer, frames []support.Frame, cached bool) {
 	var out []libpf.Frame
 	b.ResetTimer()
 	named := 0
@@ -115,17 +119,33 @@ func benchmarkSymbolize(b *testing.B, compiled, cached bool) {
 	if named < b.N*9/10 {
 		b.Fatalf("%d of %d frames named", named, b.N)
 	}
-	b.ReportMetric(float64(len(frames)), "frames")
+	// How many different frames the operations took in turn.
+	b.ReportMetric(float64(len(frames)), "distinct")
 }
 
-// BenchmarkSymbolize names live frames of JDK 17: with empty caches (a
-// frame never seen: its method's names and line table, an nmethod's debug
-// information read from the JVM) and with warm ones.
-func BenchmarkSymbolizeCompiledNew(b *testing.B)    { benchmarkSymbolize(b, true, false) }
-func BenchmarkSymbolizeCompiledCached(b *testing.B) { benchmarkSymbolize(b, true, true) }
-func BenchmarkSymbolizeInterpretedNew(b *testing.B) { benchmarkSymbolize(b, false, false) }
-func BenchmarkSymbolizeInterpretedCached(b *testing.B) {
-	benchmarkSymbolize(b, false, true)
+// BenchmarkSymbolize names live frames of each tested JDK, compiled and
+// interpreted ones (of up to 200 nmethods, taken in turn): "new" with
+// empty caches (a frame never seen: its method's names and line table, an
+// nmethod's debug information read from the JVM), "cached" with warm ones.
+func BenchmarkSymbolize(b *testing.B) {
+	for _, v := range jdkfetch.Versions() {
+		// A sub-benchmark per JDK, whose busy JVM ends with it.
+		b.Run(v, func(b *testing.B) {
+			java, err := jdkfetch.Java(v)
+			if err != nil {
+				b.Fatal(err)
+			}
+			s, compiled, interpreted := liveFramesOf(b, java, 200)
+			for _, k := range []struct {
+				name   string
+				frames []support.Frame
+			}{{"compiled", compiled}, {"interpreted", interpreted}} {
+				symbench.Run(b, k.name, 1,
+					func(b *testing.B) { benchmarkSymbolize(b, s, k.frames, false) },
+					func(b *testing.B) { benchmarkSymbolize(b, s, k.frames, true) })
+			}
+		})
+	}
 }
 
 // TestSymbolizerMemory names every compiled and interpreted frame of up

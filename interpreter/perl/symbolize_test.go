@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
+	"github.com/hostprof/ebpf-profiler/interpreter/internal/symbench"
 	"github.com/hostprof/ebpf-profiler/interpreter/libc"
 	"github.com/hostprof/ebpf-profiler/interpreter/libc/libctest"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem/memtest"
@@ -256,33 +257,35 @@ func TestSymbolizeFreedStatement(t *testing.T) {
 	}
 }
 
-// BenchmarkSymbolize names the chain's six frames of a live 5.36, from the
-// cache (each hit checked with a read of the CV) and afresh.
+// BenchmarkSymbolize names the chain's six frames of a live interpreter of
+// each tested perl (its perl executable), afresh ("new": empty caches, each
+// sub's names and file read) and from the cache ("cached": each hit
+// checked with a read of the CV).
 func BenchmarkSymbolize(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("needs root to trace the interpreter")
 	}
-	pfs := perlFiles(b)
-	i := slices.IndexFunc(pfs, func(pf perlFile) bool { return pf.version == "5.36" })
-	if i < 0 {
-		b.Fatal("no perl 5.36")
-	}
-	c := startChain(b, pfs[i])
-	frames := c.frames(b)
-	run := func(b *testing.B, fresh bool) {
-		b.ReportAllocs()
-		for b.Loop() {
-			if fresh {
-				c.s.subs, c.s.files = newSubCache(), newFileCache()
-			}
-			for _, fr := range frames {
-				if _, err := c.s.Frame(fr[0], fr[1]); err != nil {
-					b.Fatal(err)
+	for _, pf := range perlFiles(b) {
+		if pf.name != pf.version { // the libperl builds run the same code
+			continue
+		}
+		c := startChain(b, pf) // stopped until the benchmark ends
+		frames := c.frames(b)
+		run := func(b *testing.B, fresh bool) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if fresh {
+					c.s.subs, c.s.files = newSubCache(), newFileCache()
+				}
+				for _, fr := range frames {
+					if _, err := c.s.Frame(fr[0], fr[1]); err != nil {
+						b.Fatal(err)
+					}
 				}
 			}
 		}
-		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(frames)), "ns/frame")
+		symbench.Run(b, pf.version, len(frames),
+			func(b *testing.B) { run(b, true) },
+			func(b *testing.B) { run(b, false) })
 	}
-	b.Run("cached", func(b *testing.B) { run(b, false) })
-	b.Run("uncached", func(b *testing.B) { run(b, true) })
 }

@@ -74,11 +74,19 @@ func TestSymbolizerAgainstCPython(t *testing.T) {
 	}
 }
 
-// symStart runs the targets script under python and returns what it
-// printed and its pid; the process ends with the test.
+// symStart runs the targets script under python, isolated from the
+// environment and the user's site, and returns what it printed and its
+// pid; the process ends with the test.
 func symStart(t testing.TB, python, script string) (symTargets, int) {
+	return symStartWith(t, python, "-I", script)
+}
+
+// symStartWith is symStart with python's flag isolate: "-s" for the
+// wrappers of utils/pyfetch, which find their library through PYTHONHOME
+// (that -I would ignore).
+func symStartWith(t testing.TB, python, isolate, script string) (symTargets, int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	cmd := exec.CommandContext(ctx, python, "-I", script)
+	cmd := exec.CommandContext(ctx, python, isolate, script)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdin, err := cmd.StdinPipe()

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/hostprof/ebpf-profiler/interpreter/internal/symbench"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/support"
@@ -175,9 +176,7 @@ func checkLiveSymbolize(t *testing.T, node string) {
 	}
 }
 
-func benchmarkSymbolize(b *testing.B, cached bool, frames func(*process, []support.Frame, support.Frame) []support.Frame) {
-	p, compiled, interpreted := liveFrames(b)
-	fs := frames(p, compiled, interpreted)
+func benchmarkSymbolize(b *testing.B, p *process, fs []support.Frame, cached bool) {
 	var out []libpf.Frame
 	b.ResetTimer()
 	for i := range b.N {
@@ -191,21 +190,32 @@ func benchmarkSymbolize(b *testing.B, cached bool, frames func(*process, []suppo
 			b.Fatal(err)
 		}
 	}
-	b.ReportMetric(float64(len(out)), "frames")
+	// Frames one operation names: the inlined functions' and top's.
+	b.ReportMetric(float64(len(out)), "named/op")
 }
 
-func compiledFrames(_ *process, c []support.Frame, _ support.Frame) []support.Frame { return c }
-func interpretedFrames(_ *process, _ []support.Frame, i support.Frame) []support.Frame {
-	return []support.Frame{i}
-}
-
-// BenchmarkSymbolize*: naming one frame of a live node, with the process's
-// caches empty (New: its function, script, line ends and code read and
-// decoded) or filled (Cached: the SharedFunctionInfo and code header read
-// again to check they did not change).
-func BenchmarkSymbolizeOptimizedNew(b *testing.B)    { benchmarkSymbolize(b, false, compiledFrames) }
-func BenchmarkSymbolizeOptimizedCached(b *testing.B) { benchmarkSymbolize(b, true, compiledFrames) }
-func BenchmarkSymbolizeInterpretedNew(b *testing.B)  { benchmarkSymbolize(b, false, interpretedFrames) }
-func BenchmarkSymbolizeInterpretedCached(b *testing.B) {
-	benchmarkSymbolize(b, true, interpretedFrames)
+// BenchmarkSymbolize names one frame of a live node of each tested
+// version per operation: top's optimized frame (at its call sites, leaf
+// and mid inlined: three frames named) or leaf's interpreted one, with
+// the process's caches empty ("new": its function, script, line ends and
+// code read and decoded) or filled ("cached": the SharedFunctionInfo and
+// code header read again to check they did not change).
+func BenchmarkSymbolize(b *testing.B) {
+	for _, v := range nodefetch.VersionsFor(runtime.GOARCH) {
+		b.Run(v, func(b *testing.B) {
+			node, err := nodefetch.Node(v)
+			if err != nil {
+				b.Fatal(err)
+			}
+			p, compiled, interpreted := liveFramesOf(b, node)
+			for _, k := range []struct {
+				name   string
+				frames []support.Frame
+			}{{"optimized", compiled}, {"interpreted", []support.Frame{interpreted}}} {
+				symbench.Run(b, k.name, 1,
+					func(b *testing.B) { benchmarkSymbolize(b, p, k.frames, false) },
+					func(b *testing.B) { benchmarkSymbolize(b, p, k.frames, true) })
+			}
+		})
+	}
 }
