@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hostprof/ebpf-profiler/interpreter/internal/symbench"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/utils/luajitfetch"
@@ -330,15 +331,16 @@ type emptyMem struct{}
 
 func (emptyMem) ReadAt([]byte, int64) (int, error) { return 0, os.ErrNotExist }
 
-func benchmarkSymbolize(b *testing.B, cached, trace bool) {
-	lv := startLive(b, luajitfetch.Versions[len(luajitfetch.Versions)-1])
-	proto, pc := lv.leafFrame(b)
-	if trace {
-		proto, pc = traceTag|lv.g, lv.mc+1
-	}
+// benchmarkSymbolize names one frame per operation, from a new
+// symbolizer (uncached) or from lv's (cached).
+func benchmarkSymbolize(b *testing.B, lv *live, proto, pc uint64, cached bool) {
 	var out []libpf.Frame
-	b.ResetTimer()
-	for range b.N {
+	if cached {
+		if _, err := lv.sym.Frames(proto, pc, nil); err != nil { // the cache filled
+			b.Fatal(err)
+		}
+	}
+	for b.Loop() {
 		if !cached {
 			b.StopTimer()
 			lv.sym = NewSymbolizer(lv.sym.mem, lv.layout)
@@ -349,17 +351,26 @@ func benchmarkSymbolize(b *testing.B, cached, trace bool) {
 			b.Fatal(err)
 		}
 	}
-	b.ReportMetric(float64(len(out)), "frames")
+	b.ReportMetric(float64(len(out)), "named/op")
 }
 
-// BenchmarkSymbolize: a Lua frame named from a new symbolizer (the
-// prototype, its chunk name and line table read) and from the cache (one
-// read of the prototype's header); a trace frame the same way (new: the
-// VM instance's trace table, the trace's snapshots and prototype read;
-// cached: one read of the trace's and of the prototype's header).
+// BenchmarkSymbolize, per tested version: a Lua frame named from a new
+// symbolizer (the prototype, its chunk name and line table read) and from
+// the cache (one read of the prototype's header); a trace frame the same
+// way (new: the VM instance's trace table, the trace's snapshots and
+// prototype read; cached: one read of the trace's and of the prototype's
+// header).
 func BenchmarkSymbolize(b *testing.B) {
-	b.Run("new", func(b *testing.B) { benchmarkSymbolize(b, false, false) })
-	b.Run("cached", func(b *testing.B) { benchmarkSymbolize(b, true, false) })
-	b.Run("trace-new", func(b *testing.B) { benchmarkSymbolize(b, false, true) })
-	b.Run("trace-cached", func(b *testing.B) { benchmarkSymbolize(b, true, true) })
+	for _, v := range luajitfetch.Versions {
+		lv := startLive(b, v)
+		proto, pc := lv.leafFrame(b)
+		run := func(proto, pc uint64) (func(*testing.B), func(*testing.B)) {
+			return func(b *testing.B) { benchmarkSymbolize(b, lv, proto, pc, false) },
+				func(b *testing.B) { benchmarkSymbolize(b, lv, proto, pc, true) }
+		}
+		uncached, cached := run(proto, pc)
+		symbench.Run(b, v+"/lua", 1, uncached, cached)
+		uncached, cached = run(traceTag|lv.g, lv.mc+1)
+		symbench.Run(b, v+"/trace", 1, uncached, cached)
+	}
 }
