@@ -4,6 +4,7 @@ tests: python3 pyworkload.py MODE SECONDS. Runs on CPython 3.6 and later.
 Each hot loop sits on one line, which the tests look up by the marker
 comment at its end ("# hot: NAME").
 """
+import os
 import random
 import sys
 import threading
@@ -136,5 +137,12 @@ elif mode == "zlib":
 else:
     sys.exit("unknown mode " + mode)
 # The profiler symbolizes Python frames from the process's memory: stay
-# alive (asleep, so not sampled) until it has read the last samples.
-time.sleep(0.5)
+# alive (asleep, so not sampled) until it has read the last samples. With
+# WORKLOAD_HOLD set, until standard input ends, after saying so: the test
+# stops profiling first.
+if os.environ.get("WORKLOAD_HOLD"):
+    print("holding")
+    sys.stdout.flush()
+    sys.stdin.read()
+else:
+    time.sleep(0.5)
