@@ -197,27 +197,8 @@ func offFetchPython(t testing.TB, version, arch string) (base, wrapper string) {
 	return filepath.Dir(filepath.Dir(filepath.Dir(wrapper))), wrapper
 }
 
-// offPyenvVersions is where pyenv keeps its CPythons: $PYENV_ROOT, or
-// ~/.pyenv, or root's (tests often run under sudo).
-func offPyenvVersions() string {
-	for _, root := range []string{os.Getenv("PYENV_ROOT"), offHomePyenv(), "/root/.pyenv"} {
-		if root == "" {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join(root, "versions")); err == nil {
-			return filepath.Join(root, "versions")
-		}
-	}
-	return ""
-}
-
-func offHomePyenv() string {
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return ""
-	}
-	return filepath.Join(home, ".pyenv")
-}
+// offPyenvVersions is where pyenv keeps its CPythons.
+func offPyenvVersions() string { return pyfetch.PyenvVersions() }
 
 // offCompiled is one layout utils/pyoffsets -json prints.
 type offCompiled struct {

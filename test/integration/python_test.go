@@ -30,15 +30,7 @@ func pythonInterpreters(t *testing.T) []pythonInterpreter {
 	if p, err := exec.LookPath("python3"); err == nil {
 		out = append(out, pythonInterpreter{"system", p})
 	}
-	root := os.Getenv("PYENV_ROOT")
-	if root == "" {
-		if r, err := exec.Command("pyenv", "root").Output(); err == nil {
-			root = strings.TrimSpace(string(r))
-		} else if home, err := os.UserHomeDir(); err == nil {
-			root = filepath.Join(home, ".pyenv")
-		}
-	}
-	versions, _ := filepath.Glob(filepath.Join(root, "versions", "3.*"))
+	versions, _ := filepath.Glob(filepath.Join(pyfetch.PyenvVersions(), "3.*"))
 	for _, v := range versions {
 		bin := filepath.Join(v, "bin", "python3")
 		if _, err := os.Stat(bin); err == nil {

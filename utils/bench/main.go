@@ -422,7 +422,10 @@ func busyProcesses(load string, n int) (stop func(), pids []int) {
 		case "tailcall":
 			py, err = pyfetch.TailCallPython("3.14")
 		default:
-			py, err = pyfetch.Python(version)
+			// pyenv's 3.6-3.13, or Debian sid's 3.14 and 3.15.
+			if py, err = pyfetch.PyenvPython(version); err != nil {
+				py, err = pyfetch.Python(version)
+			}
 		}
 		check(err)
 		argv = []string{py, "utils/workloads/python/pyworkload.py", "chain", "1000000"}
