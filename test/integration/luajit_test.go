@@ -142,50 +142,57 @@ func TestLuaJITStacks(t *testing.T) {
 	for _, v := range luajitfetch.Versions {
 		name := "luajit " + v
 		names = append(names, name)
-		results[name] = make([]float64, len(modes))
-		for i, m := range modes {
-			results[name][i] = math.NaN()
-			t.Run(v+"/"+m.name, func(t *testing.T) {
-				c := luajitCase{name: name, version: v, embed: m.embed}
-				c.require(t)
-				want := luajitChain(script, hot, m.workload)
-				ok := func(smp sample) bool { return luajitMatch(framesOf(smp.trace, luajit.Kind), script, want) }
-				s := startSession(t, testHz)
-				run := runScriptHeld(t, c.command(t, script, m.workload, m.joff, 4*time.Second), func() {
-					logRuntimeMetrics(t, s, "luajit")
-					s.stop(t)
-				})
-				samples := warmSamples(t, run, s.rec, !m.joff, ok, luajit.Kind, "lua")
-				good, native := 0, 0
-				misses := map[string]int{}
-				for _, smp := range samples {
-					if !ok(smp) {
-						misses[stackOf(smp.trace, luajit.Kind, "lua")]++
-						continue
-					}
-					good++
-					// A native frame (strlen) above the Lua leaf.
-					if fr := smp.trace.Frames; len(fr) > 0 && fr[0].Kind == libpf.FrameNative {
-						native++
-					}
-				}
-				sh := share(good, len(samples))
-				results[name][i] = sh
-				t.Logf("%s: %d samples, %.1f%% with the chain, %d of them with native frames above it", m.name, len(samples), 100*sh, native)
-				logTopStacks(t, misses, 4)
-				floor := 0.95
-				if !m.joff {
-					floor = 0.90
-				}
-				if len(samples) < 2*testHz || sh < floor {
-					t.Errorf("%d of %d samples show the chain, want >= %.0f%% of at least %d", good, len(samples), 100*floor, 2*testHz)
-				}
-				if m.workload == "ffi" && share(native, good) < 0.5 {
-					t.Errorf("%d of %d samples with the chain have a native frame above it, want most (strlen)", native, good)
-				}
-			})
-		}
+		results[name] = slices.Repeat([]float64{math.NaN()}, len(modes))
 	}
 	slices.Sort(names)
-	logShareTable(t, "LuaJIT", names, cases, results)
+	// The versions run two at a time (pairUp): the table is logged once
+	// both are done.
+	t.Cleanup(func() { logShareTable(t, "LuaJIT", names, cases, results) })
+	for _, v := range luajitfetch.Versions {
+		name := "luajit " + v
+		t.Run(v, func(t *testing.T) {
+			pairUp(t)
+			for i, m := range modes {
+				t.Run(m.name, func(t *testing.T) {
+					c := luajitCase{name: name, version: v, embed: m.embed}
+					c.require(t)
+					want := luajitChain(script, hot, m.workload)
+					ok := func(smp sample) bool { return luajitMatch(framesOf(smp.trace, luajit.Kind), script, want) }
+					s := startSession(t, testHz)
+					run := runScriptHeld(t, c.command(t, script, m.workload, m.joff, 4*time.Second), func() {
+						logRuntimeMetrics(t, s, "luajit")
+						s.stop(t)
+					})
+					samples := warmSamples(t, run, s.rec, !m.joff, ok, luajit.Kind, "lua")
+					good, native := 0, 0
+					misses := map[string]int{}
+					for _, smp := range samples {
+						if !ok(smp) {
+							misses[stackOf(smp.trace, luajit.Kind, "lua")]++
+							continue
+						}
+						good++
+						// A native frame (strlen) above the Lua leaf.
+						if fr := smp.trace.Frames; len(fr) > 0 && fr[0].Kind == libpf.FrameNative {
+							native++
+						}
+					}
+					sh := share(good, len(samples))
+					results[name][i] = sh
+					t.Logf("%s: %d samples, %.1f%% with the chain, %d of them with native frames above it", m.name, len(samples), 100*sh, native)
+					logTopStacks(t, misses, 4)
+					floor := 0.95
+					if !m.joff {
+						floor = 0.90
+					}
+					if len(samples) < 2*testHz || sh < floor {
+						t.Errorf("%d of %d samples show the chain, want >= %.0f%% of at least %d", good, len(samples), 100*floor, 2*testHz)
+					}
+					if m.workload == "ffi" && share(native, good) < 0.5 {
+						t.Errorf("%d of %d samples with the chain have a native frame above it, want most (strlen)", native, good)
+					}
+				})
+			}
+		})
+	}
 }
