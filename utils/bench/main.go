@@ -472,7 +472,8 @@ func busyProcesses(load string, n int) (stop func(), pids []int) {
 		if out, err := exec.Command(erlc, "-o", dir, "utils/workloads/erlang/ewl.erl").CombinedOutput(); err != nil {
 			fatalf("compiling the Erlang load (run from the repository root): %v\n%s", err, out)
 		}
-		argv = []string{erl, "-noshell", "-pa", dir, "-s", "ewl", "main", "chain", "1000000"}
+		// ewl reads its seconds as a float.
+		argv = []string{erl, "-noshell", "-pa", dir, "-s", "ewl", "main", "chain", "1000000.0"}
 	case "luajit":
 		// The chain workload, JIT on, in Debian sid's luajit (or the
 		// version named, "2.1-20250117").
