@@ -2,10 +2,8 @@ package beam
 
 import (
 	"debug/elf"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"reflect"
 	"strings"
 	"testing"
 
@@ -23,11 +21,6 @@ func TestUnwinderStructs(t *testing.T) {
 	}
 	if err := shared.CheckMirror("beam_proc", UnwinderProc{}); err != nil {
 		t.Error(err)
-	}
-	// The configuration is written with encoding/binary, which leaves out
-	// the padding Go puts between fields: the mirror must have none.
-	if b, r := binary.Size(UnwinderProc{}), reflect.TypeOf(UnwinderProc{}).Size(); uintptr(b) != r {
-		t.Errorf("UnwinderProc: %d bytes encoded, %d in memory: make its padding explicit", b, r)
 	}
 }
 
