@@ -19,40 +19,27 @@ import (
 // Debian's stripped beam.smp of every fetched version and architecture. OTP
 // 27 still exports the_active_code_index: the code search must land on it.
 func TestFindTables(t *testing.T) {
-	for _, v := range beamfetch.Versions {
-		for _, arch := range beamfetch.Arches {
-			t.Run(v+"-"+arch, func(t *testing.T) {
-				path, err := beamfetch.BeamSMP(v, arch)
-				if err != nil {
-					t.Fatal(err)
-				}
-				f, err := elf.Open(path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer f.Close()
-				start := time.Now()
-				tab, err := FindTables(f)
-				if err != nil {
-					t.Fatalf("%s: %v", path, err)
-				}
-				t.Logf("%s: r at %#x, the_active_code_index at %#x (%v)", path, tab.Ranges, tab.ActiveCodeIndex, time.Since(start))
-				if tab.Ranges%8 != 0 || tab.ActiveCodeIndex%4 != 0 {
-					t.Errorf("misaligned: %#x, %#x", tab.Ranges, tab.ActiveCodeIndex)
-				}
-				syms, _ := f.DynamicSymbols()
-				for _, s := range syms {
-					if s.Name == "the_active_code_index" && s.Value != tab.ActiveCodeIndex {
-						t.Errorf("found the active code index at %#x, the symbol says %#x", tab.ActiveCodeIndex, s.Value)
-					}
-				}
-				ver, err := ERTSVersion(path)
-				if err != nil || ver == "" {
-					t.Errorf("ERTS version of %s: %q, %v", path, ver, err)
-				}
-			})
+	forEachBeamSMP(t, func(t *testing.T, v, arch, path string, f *elf.File) {
+		start := time.Now()
+		tab, err := FindTables(f)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
 		}
-	}
+		t.Logf("%s: r at %#x, the_active_code_index at %#x (%v)", path, tab.Ranges, tab.ActiveCodeIndex, time.Since(start))
+		if tab.Ranges%8 != 0 || tab.ActiveCodeIndex%4 != 0 {
+			t.Errorf("misaligned: %#x, %#x", tab.Ranges, tab.ActiveCodeIndex)
+		}
+		syms, _ := f.DynamicSymbols()
+		for _, s := range syms {
+			if s.Name == "the_active_code_index" && s.Value != tab.ActiveCodeIndex {
+				t.Errorf("found the active code index at %#x, the symbol says %#x", tab.ActiveCodeIndex, s.Value)
+			}
+		}
+		ver, err := ERTSVersion(path)
+		if err != nil || ver == "" {
+			t.Errorf("ERTS version of %s: %q, %v", path, ver, err)
+		}
+	})
 }
 
 // TestTablesLive runs each fetched version here and checks, in its memory,
@@ -188,5 +175,26 @@ func mappings(t *testing.T, pid int, exe string) (uint64, func(uint64) bool) {
 			}
 		}
 		return false
+	}
+}
+
+// forEachBeamSMP runs test on Debian's beam.smp of every fetched version
+// and architecture, opened, as a subtest named version/arch.
+func forEachBeamSMP(t *testing.T, test func(t *testing.T, v, arch, path string, f *elf.File)) {
+	for _, v := range beamfetch.Versions {
+		for _, arch := range beamfetch.Arches {
+			t.Run(v+"/"+arch, func(t *testing.T) {
+				path, err := beamfetch.BeamSMP(v, arch)
+				if err != nil {
+					t.Fatal(err)
+				}
+				f, err := elf.Open(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				test(t, v, arch, path, f)
+			})
+		}
 	}
 }

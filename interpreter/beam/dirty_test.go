@@ -7,7 +7,6 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
-	"github.com/hostprof/ebpf-profiler/utils/beamfetch"
 )
 
 // TestFindDirty: in the fetched amd64 beam.smp of OTP 27 and 29, the
@@ -25,31 +24,18 @@ func TestFindDirty(t *testing.T) {
 		"27/arm64": {ThreadFuncs: []uint64{0x77210, 0x77120}, SchedDataKey: 0x425aa8},
 		"29/arm64": {ThreadFuncs: []uint64{0x32fe4, 0x332a0}, SchedDataKey: 0x527100},
 	}
-	for _, v := range beamfetch.Versions {
-		for _, arch := range beamfetch.Arches {
-			t.Run(v+"/"+arch, func(t *testing.T) {
-				path, err := beamfetch.BeamSMP(v, arch)
-				if err != nil {
-					t.Fatal(err)
-				}
-				f, err := elf.Open(path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer f.Close()
-				d, err := FindDirty(f)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Logf("thread functions %#x, key %#x", d.ThreadFuncs, d.SchedDataKey)
-				w := want[v+"/"+arch]
-				if len(d.ThreadFuncs) != 2 || d.SchedDataKey != w.SchedDataKey ||
-					d.ThreadFuncs[0] != w.ThreadFuncs[0] || d.ThreadFuncs[1] != w.ThreadFuncs[1] {
-					t.Errorf("got %+v, want %+v", d, w)
-				}
-			})
+	forEachBeamSMP(t, func(t *testing.T, v, arch, path string, f *elf.File) {
+		d, err := FindDirty(f)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
+		t.Logf("thread functions %#x, key %#x", d.ThreadFuncs, d.SchedDataKey)
+		w := want[v+"/"+arch]
+		if len(d.ThreadFuncs) != 2 || d.SchedDataKey != w.SchedDataKey ||
+			d.ThreadFuncs[0] != w.ThreadFuncs[0] || d.ThreadFuncs[1] != w.ThreadFuncs[1] {
+			t.Errorf("got %+v, want %+v", d, w)
+		}
+	})
 	self, err := elf.Open("/proc/self/exe")
 	if err != nil {
 		t.Fatal(err)
@@ -64,39 +50,26 @@ func TestFindDirty(t *testing.T) {
 // thread functions' FDE ranges as its code ranges (each thread function
 // starts an FDE), and without function ranges none.
 func TestDirtyCodeRanges(t *testing.T) {
-	for _, v := range beamfetch.Versions {
-		for _, arch := range beamfetch.Arches {
-			t.Run(v+"/"+arch, func(t *testing.T) {
-				path, err := beamfetch.BeamSMP(v, arch)
-				if err != nil {
-					t.Fatal(err)
-				}
-				f, err := elf.Open(path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer f.Close()
-				bin, err := recognise(&interpreter.File{Path: path, ELF: f,
-					FunctionRanges: func() ([][2]uint64, error) { return nativeunwind.FunctionRanges(f) }})
-				if err != nil || bin == nil {
-					t.Fatalf("recognise: %v, %v", bin, err)
-				}
-				b := bin.(*beamBinary)
-				rs := b.CodeRanges()
-				if len(rs) != 2 || b.dirty.SchedDataKey == 0 {
-					t.Fatalf("code ranges %#x, key %#x", rs, b.dirty.SchedDataKey)
-				}
-				for i, r := range rs {
-					if r[0] != b.dirty.ThreadFuncs[i] || r[1] <= r[0] || r[1]-r[0] > 4096 {
-						t.Errorf("range %#x for the thread function at %#x", r, b.dirty.ThreadFuncs[i])
-					}
-				}
-				t.Logf("%#x", rs)
-				bare, _ := recognise(&interpreter.File{Path: path, ELF: f})
-				if rs := bare.CodeRanges(); rs != nil {
-					t.Errorf("without function ranges: %#x", rs)
-				}
-			})
+	forEachBeamSMP(t, func(t *testing.T, v, arch, path string, f *elf.File) {
+		bin, err := recognise(&interpreter.File{Path: path, ELF: f,
+			FunctionRanges: func() ([][2]uint64, error) { return nativeunwind.FunctionRanges(f) }})
+		if err != nil || bin == nil {
+			t.Fatalf("recognise: %v, %v", bin, err)
 		}
-	}
+		b := bin.(*beamBinary)
+		rs := b.CodeRanges()
+		if len(rs) != 2 || b.dirty.SchedDataKey == 0 {
+			t.Fatalf("code ranges %#x, key %#x", rs, b.dirty.SchedDataKey)
+		}
+		for i, r := range rs {
+			if r[0] != b.dirty.ThreadFuncs[i] || r[1] <= r[0] || r[1]-r[0] > 4096 {
+				t.Errorf("range %#x for the thread function at %#x", r, b.dirty.ThreadFuncs[i])
+			}
+		}
+		t.Logf("%#x", rs)
+		bare, _ := recognise(&interpreter.File{Path: path, ELF: f})
+		if rs := bare.CodeRanges(); rs != nil {
+			t.Errorf("without function ranges: %#x", rs)
+		}
+	})
 }

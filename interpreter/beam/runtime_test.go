@@ -10,7 +10,6 @@ import (
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/support"
-	"github.com/hostprof/ebpf-profiler/utils/beamfetch"
 )
 
 // TestUnwinderStructs: the Go mirror of struct beam_proc has its C layout.
@@ -29,50 +28,37 @@ func TestUnwinderStructs(t *testing.T) {
 // another ERTS version's directory is refused with a reason naming the
 // version; other files are not the runtime's.
 func TestRecognise(t *testing.T) {
-	for _, v := range beamfetch.Versions {
-		for _, arch := range beamfetch.Arches {
-			t.Run(v+"/"+arch, func(t *testing.T) {
-				path, err := beamfetch.BeamSMP(v, arch)
-				if err != nil {
-					t.Fatal(err)
-				}
-				f, err := elf.Open(path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer f.Close()
-				bin, err := recognise(&interpreter.File{Path: path, ELF: f})
-				if err != nil || bin == nil {
-					t.Fatalf("recognise: %v, %v", bin, err)
-				}
-				b := bin.(*beamBinary)
-				if b.err != nil || b.otp != map[string]int{"27": 27, "29": 29}[v] || b.tables.Ranges == 0 {
-					t.Fatalf("%s: OTP %d, tables %+v, %v", path, b.otp, b.tables, b.err)
-				}
-				t.Logf("%s: ERTS %s, OTP %d, ranges %#x, active code index %#x", arch, b.Version(), b.otp, b.tables.Ranges, b.tables.ActiveCodeIndex)
-
-				for _, tc := range []struct{ dir, want string }{
-					{"erts-16.0.2", "ERTS 16.0.2 (OTP 28) is not OTP 27 or 29"},
-					{"erts-14.2.5", "ERTS 14.2.5 (OTP 26) is not OTP 27 or 29"},
-					{"bin", "is not under an erts-X.Y directory"},
-				} {
-					other, err := recognise(&interpreter.File{Path: "/usr/lib/erlang/" + tc.dir + "/bin/beam.smp", ELF: f})
-					if err != nil || other == nil {
-						t.Fatalf("%s: %v, %v", tc.dir, other, err)
-					}
-					if err := other.Unsupported(); err == nil || !strings.Contains(err.Error(), tc.want) {
-						t.Errorf("%s: %v, want %q", tc.dir, err, tc.want)
-					}
-					if _, err := other.Attach(nil); err == nil {
-						t.Errorf("%s: attached", tc.dir)
-					}
-				}
-				if other, err := recognise(&interpreter.File{Path: strings.TrimSuffix(path, ".smp"), ELF: f}); other != nil || err != nil {
-					t.Errorf("beam: %v, %v, want not the runtime's", other, err)
-				}
-			})
+	forEachBeamSMP(t, func(t *testing.T, v, arch, path string, f *elf.File) {
+		bin, err := recognise(&interpreter.File{Path: path, ELF: f})
+		if err != nil || bin == nil {
+			t.Fatalf("recognise: %v, %v", bin, err)
 		}
-	}
+		b := bin.(*beamBinary)
+		if b.err != nil || b.otp != map[string]int{"27": 27, "29": 29}[v] || b.tables.Ranges == 0 {
+			t.Fatalf("%s: OTP %d, tables %+v, %v", path, b.otp, b.tables, b.err)
+		}
+		t.Logf("%s: ERTS %s, OTP %d, ranges %#x, active code index %#x", arch, b.Version(), b.otp, b.tables.Ranges, b.tables.ActiveCodeIndex)
+
+		for _, tc := range []struct{ dir, want string }{
+			{"erts-16.0.2", "ERTS 16.0.2 (OTP 28) is not OTP 27 or 29"},
+			{"erts-14.2.5", "ERTS 14.2.5 (OTP 26) is not OTP 27 or 29"},
+			{"bin", "is not under an erts-X.Y directory"},
+		} {
+			other, err := recognise(&interpreter.File{Path: "/usr/lib/erlang/" + tc.dir + "/bin/beam.smp", ELF: f})
+			if err != nil || other == nil {
+				t.Fatalf("%s: %v, %v", tc.dir, other, err)
+			}
+			if err := other.Unsupported(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s: %v, want %q", tc.dir, err, tc.want)
+			}
+			if _, err := other.Attach(nil); err == nil {
+				t.Errorf("%s: attached", tc.dir)
+			}
+		}
+		if other, err := recognise(&interpreter.File{Path: strings.TrimSuffix(path, ".smp"), ELF: f}); other != nil || err != nil {
+			t.Errorf("beam: %v, %v, want not the runtime's", other, err)
+		}
+	})
 }
 
 // TestJITRegions: the executable view of the JIT's memfd is claimed, its
