@@ -39,6 +39,7 @@ check-ebpf:
 
 # Packages and the OpenTelemetry Collector the tests use (Debian; needs root).
 test-deps:
+	@echo "make test-deps: at $$(date -u +%T)"
 	$(SUDO) ./.ci/install-test-deps.sh
 
 # Formats the Go and C sources (test fixtures under testdata/ stay as
@@ -102,11 +103,18 @@ fuzz:
 		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZ_TIME) -fuzzminimizetime 0 ./$$pkg || exit 1; \
 	done
 
+# Each step's start time is printed: make test's time on a fresh machine
+# is a target (docs/testing.md).
 test: test-deps lint
+	@echo "make test: unit tests at $$(date -u +%T)"
 	$(SUDO) $(GO) test -count=1 $(UNIT_PACKAGES)
+	@echo "make test: fuzz at $$(date -u +%T)"
 	$(MAKE) fuzz
+	@echo "make test: integration tests at $$(date -u +%T)"
 	$(MAKE) integration-test
+	@echo "make test: kernel matrix at $$(date -u +%T)"
 	$(MAKE) kernel-matrix
+	@echo "make test: done at $$(date -u +%T)"
 
 bench: build
 	$(SUDO) $(GO) run ./utils/bench -bin ./$(BINARY) $(BENCH_ARGS)

@@ -66,6 +66,7 @@ for v in 3.1 3.3 3.4; do ./utils/rubyfetch/fetch-ruby.sh "$v" arm64 >/dev/null; 
   ./utils/rubyfetch/build-ruby-yjit.sh 3.3 static >/dev/null
   ./utils/rubyfetch/build-ruby-yjit.sh 3.4 >/dev/null
   ./utils/pyfetch/build-python-tailcall.sh 3.14 >/dev/null
+  echo "install-test-deps: source builds done at ${SECONDS} s"
 ) &
 yjit_builds=$!
 
@@ -111,7 +112,7 @@ done
 # Erlang/OTP 27 and 29, Debian trixie's and sid's stripped erlang-base
 # (sid's with Debian's elixir), and both built for arm64: interpreter/beam's
 # tests decode the four beam.smp and read the tables of live 27 and 29
-# processes; no unwinder yet (cached).
+# processes; the BEAM tests run 27 and 29 (cached).
 for v in 27 29; do
   for a in amd64 arm64; do ./utils/beamfetch/fetch-erlang.sh "$v" "$a" >/dev/null; done
 done
@@ -119,4 +120,5 @@ done
 # Builds the collector once and caches it; prints its path.
 ./utils/collector/build.sh
 
+echo "install-test-deps: fetches done at ${SECONDS} s"
 wait "$yjit_builds" || { echo "install-test-deps: the CRuby YJIT or CPython tail-calling builds failed (above)" >&2; exit 1; }
