@@ -97,6 +97,7 @@ FUZZ_TIME    ?= 50000x
 FUZZ_TARGETS := $(shell git grep -o '^func Fuzz[A-Za-z0-9_]*' -- '*_test.go' | sed -E 's,^(.*)/[^/:]*:func ,\1:,')
 
 fuzz:
+	@test -n "$(FUZZ_TARGETS)" || { echo "fuzz: no Fuzz functions found (git grep needs a git checkout)"; exit 1; }
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; f=$${t#*:}; \
 		echo "fuzzing $$pkg $$f ($(FUZZ_TIME))"; \

@@ -163,7 +163,8 @@ func main() {
 	arches := flag.String("arch", "amd64,arm64", "architectures (comma-separated)")
 	run := flag.String("run", "", "the tests to run in every VM (go test -run; default: each VM's selection, see runFor)")
 	vmTimeout := flag.Duration("vm-timeout", 20*time.Minute, "longest one VM may run")
-	parallel := flag.Int("parallel", 2, "VMs without runtime tests (amd64; arm64 but 5.10 and 6.12) run at once; those with them run alone (1 with -v)")
+	parallel := flag.Int("parallel", 2, fmt.Sprintf("VMs without runtime tests (amd64; arm64 but %s and %s) run at once; those with them run alone (1 with -v)",
+		runtimeOneKernel, fullRuntimesKernel))
 	work := flag.String("work", "", "directory for the initramfs trees (default: a new temporary one, removed when all pass)")
 	logs := flag.String("logs", "out/kernelmatrix", "directory for the VMs' serial logs (emptied first; kept, where the figures of passing runs are read)")
 	verbose := flag.Bool("v", false, "print each VM's serial console as it runs")
