@@ -118,6 +118,8 @@ for v in 27 29; do
 done
 
 # Builds the collector once and caches it; prints its path.
+for v in 1.19 1.21 1.22 1.23 1.24 1.25 1.27; do ./utils/gofetch/fetch-go.sh "$v" >/dev/null; done
+
 ./utils/collector/build.sh
 
 echo "install-test-deps: fetches done at ${SECONDS} s"

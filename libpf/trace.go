@@ -162,6 +162,9 @@ type SampleMeta struct {
 	// APM is the APM trace the thread was in, if its process has an APM
 	// agent that published one (package tracecorr).
 	APM APMContext
+	// Labels are the labels of the work the thread did: its goroutine's
+	// pprof labels.
+	Labels Labels
 }
 
 // APMContext identifies the distributed trace a sample was taken in.

@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -98,6 +99,7 @@ func (l *lifecycle) queueTrace(raw *support.Trace) {
 	c := *raw
 	c.Frames = append([]support.Frame(nil), raw.Frames...)
 	c.KernelStack = append([]uint64(nil), raw.KernelStack...)
+	c.Labels = append([]libpf.Label(nil), raw.Labels...)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.traces >= maxQueuedTraces && !l.closed {

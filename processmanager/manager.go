@@ -12,6 +12,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
 	"github.com/hostprof/ebpf-profiler/processmanager/execinfo"
+	"github.com/hostprof/ebpf-profiler/processmanager/golabels"
 	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 
 	"github.com/sirupsen/logrus"
@@ -201,6 +202,9 @@ type process struct {
 	runtimes []*runtimeState
 	// apm is set when the process has an APM agent.
 	apm *apmProcess
+	// goLabels is set while BPF reads the goroutine labels of the
+	// process, a Go program.
+	goLabels *golabels.Layout
 	// mem is the process's memory (Source.OpenMemory), opened on first need
 	// by the interpreter and APM readers and closed when it is forgotten.
 	mem proc.ReadAtCloser
@@ -315,6 +319,7 @@ func (m *Manager) forget(pid uint32) {
 	if p, ok := m.procs[pid]; ok {
 		m.dropRuntimes(p)
 		m.dropAPM(p)
+		m.dropGoProgram(p)
 		if p.mem != nil {
 			p.mem.Close()
 		}
@@ -899,6 +904,7 @@ func (m *Manager) loadMaps(p *process) (changed bool, err error) {
 	if changed {
 		m.findRuntimes(p)
 		m.findAPMAgent(p)
+		m.findGoProgram(p)
 	}
 	return changed, nil
 }

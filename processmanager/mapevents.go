@@ -134,6 +134,7 @@ func (m *Manager) ExecMapped(pid libpf.PID, em support.ExecMapping) {
 	p.mappings, p.byFile = fresh, nil
 	m.findRuntimes(p)
 	m.findAPMAgent(p)
+	m.findGoProgram(p)
 	// Cached conversions may have left addresses of it unmapped.
 	p.gen = m.newGeneration()
 	m.counters.mappingsAdded++

@@ -56,6 +56,9 @@ type Stats struct {
 	// APMAgents counts APM agent libraries found in processes; APMErrors
 	// failed reads of one (not counting waits for the agent to publish).
 	APMAgents, APMErrors uint64
+	// GoPrograms counts Go programs whose goroutine labels BPF was told
+	// to read; GoLabelErrors the writes of that which failed.
+	GoPrograms, GoLabelErrors uint64
 	// ProcessChecks counts periodic checks of sampled processes.
 	ProcessChecks uint64
 	// StaleExecs counts exec events handled after the new image's state
@@ -138,6 +141,8 @@ type counters struct {
 	runtimeRefusals    map[string]uint64
 	apmAgents          uint64
 	apmErrors          uint64
+	goPrograms         uint64
+	goLabelErrors      uint64
 	processChecks      uint64
 	staleExecs         uint64
 	execsDeferred      uint64
@@ -171,6 +176,8 @@ func (m *Manager) Stats() Stats {
 		RuntimeProcesses:      map[string]int{},
 		APMAgents:             c.apmAgents,
 		APMErrors:             c.apmErrors,
+		GoPrograms:            c.goPrograms,
+		GoLabelErrors:         c.goLabelErrors,
 		ProcessChecks:         c.processChecks,
 		DemangleFailures:      m.demangler.Failures(),
 		StaleExecs:            c.staleExecs,

@@ -248,6 +248,7 @@ func (h *Handler) report(raw *support.Trace, trace *libpf.Trace, info *libpf.Pro
 		CPU:        int(raw.CPU),
 		Process:    info,
 		APM:        raw.APM,
+		Labels:     libpf.MakeLabels(raw.Labels),
 	})
 }
 

@@ -20,6 +20,9 @@ type sampleKey struct {
 	// link is the APM trace and span the sample was taken in; zero
 	// outside one.
 	link traceLink
+	// labels are the program's labels of the sampled work (a
+	// goroutine's).
+	labels libpf.Labels
 }
 
 // traceLink is a sample's link to a distributed trace.
@@ -77,6 +80,7 @@ func (a *aggregator) add(t *libpf.Trace, meta *libpf.SampleMeta, ts uint64) bool
 		tid:        meta.TID,
 		threadName: meta.ThreadName,
 		cpu:        meta.CPU,
+		labels:     meta.Labels,
 	}
 	if meta.APM.Valid {
 		key.link = traceLink{traceID: meta.APM.TraceID, spanID: meta.APM.SpanID}

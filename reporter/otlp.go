@@ -292,6 +292,7 @@ type sampleIdent struct {
 	link       int32
 	// stackTraceID is set for linked samples only.
 	stackTraceID string
+	labels       libpf.Labels
 }
 
 func (b *dictBuilder) samples(groups []*sampleGroup, start, end uint64) []*profilespb.Sample {
@@ -299,7 +300,7 @@ func (b *dictBuilder) samples(groups []*sampleGroup, start, end uint64) []*profi
 	merged := make(map[sampleIdent]*profilespb.Sample, len(groups))
 	for _, g := range groups {
 		id := sampleIdent{stack: b.stack(g.trace), tid: g.key.tid, threadName: g.key.threadName, cpu: g.key.cpu,
-			link: b.link(g.key.link)}
+			link: b.link(g.key.link), labels: g.key.labels}
 		if id.link != 0 {
 			h := g.key.hash.Bytes()
 			id.stackTraceID = base64.RawURLEncoding.EncodeToString(h[:])
@@ -343,7 +344,23 @@ func (b *dictBuilder) sampleAttrs(id sampleIdent) []int32 {
 	if id.stackTraceID != "" {
 		attrs = append(attrs, b.attrStr(attrStackTraceID, id.stackTraceID))
 	}
+	for k, v := range id.labels.All() {
+		attrs = append(attrs, b.attrStr(sampleLabelKey(k, otlpSampleKeys), v))
+	}
 	return attrs
+}
+
+// otlpSampleKeys are the sample attributes the profiler sets itself.
+var otlpSampleKeys = []string{attrThreadID, attrThreadName, attrCPU, attrStackTraceID}
+
+// sampleLabelKey is the key a program's sample label is exported under:
+// its own, or, where that is one the profiler sets itself (reserved),
+// "label." + its own.
+func sampleLabelKey(key string, reserved []string) string {
+	if slices.Contains(reserved, key) {
+		return "label." + key
+	}
+	return key
 }
 
 // profileWindow is the time window of an interval's profiles: the interval,
@@ -396,6 +413,7 @@ func groupsByProcess(iv *interval) [][]*sampleGroup {
 				cmp.Compare(a.key.threadName, b.key.threadName),
 				cmp.Compare(a.key.hash.Hi, b.key.hash.Hi),
 				cmp.Compare(a.key.hash.Lo, b.key.hash.Lo),
+				a.key.labels.Compare(b.key.labels),
 			)
 		})
 		out = append(out, gs)

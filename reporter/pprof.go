@@ -77,8 +77,15 @@ func pprofLabels(g *sampleGroup) map[string][]string {
 	if g.key.process != nil && g.key.process.ExecutableName != "" {
 		labels["process"] = []string{g.key.process.ExecutableName}
 	}
+	for k, v := range g.key.labels.All() {
+		labels[sampleLabelKey(k, pprofSampleKeys)] = []string{v}
+	}
 	return labels
 }
+
+// pprofSampleKeys are the pprof sample labels the profiler sets itself,
+// string and numeric.
+var pprofSampleKeys = []string{"thread_name", "process", "pid", "tid", "cpu"}
 
 type pprofLocKey struct {
 	mapping *profile.Mapping

@@ -148,6 +148,8 @@ var mirrors = map[string]any{
 	"runtime_proc":     RuntimeProc{},
 	"apm_proc":         APMProc{},
 	"apm_context":      apmContext{},
+	"go_proc":          GoProc{},
+	"label":            label{},
 }
 
 // checkMirrors makes sure each Go mirror has its C struct's layout.

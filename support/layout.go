@@ -68,6 +68,12 @@ type traceLayout struct {
 	// apm is struct trace's apm; flagAPM is TRACE_FLAG_APM_CONTEXT.
 	apm     int
 	flagAPM uint8
+	// numLabels is struct trace's num_labels; label* are struct label's
+	// size, offsets and room (key and value arrays' lengths);
+	// flagLabelsCut is TRACE_FLAG_LABELS_CUT.
+	numLabels, labelSize, labelKeyLen, labelValueLen, labelKey, labelValue int
+	labelKeyMax, labelValueMax                                              int
+	flagLabelsCut                                                           uint8
 }
 
 // ReadShared extracts the shared definitions from the object's BTF and checks
@@ -336,13 +342,16 @@ func checkRuntimeMetricSlots(spec *ebpf.CollectionSpec, runtimeLimit uint64) err
 func (l *traceLayout) read(types *btf.Spec) error {
 	r := &btfReader{types: types}
 	t, f, pe := r.structure("trace"), r.structure("frame"), r.structure("process_event")
-	xe, me := r.structure("exec_event"), r.structure("mmap_event")
+	xe, me, lb := r.structure("exec_event"), r.structure("mmap_event"), r.structure("label")
 	events, traceFlags, frameFlags := r.enum("event_type"), r.enum("trace_flag"), r.enum("frame_flag")
 	*l = traceLayout{
 		typ: t.offset("type"), pid: t.offset("pid"), tid: t.offset("tid"), cpu: t.offset("cpu"),
 		ktime: t.offset("ktime"), hash: t.offset("hash"), comm: t.offset("comm"), flags: t.offset("flags"),
 		numKernelFrames: t.offset("num_kernel_frames"), numFrames: t.offset("num_frames"),
 		frames: t.offset("frames"), maxFrames: t.arrayLen("frames"), apm: t.offset("apm"),
+		numLabels: t.offset("num_labels"), labelSize: lb.size, labelKeyLen: lb.offset("key_len"),
+		labelValueLen: lb.offset("value_len"), labelKey: lb.offset("key"), labelValue: lb.offset("value"),
+		labelKeyMax: lb.arrayLen("key"), labelValueMax: lb.arrayLen("value"),
 		frameSize: f.size, frameFileID: f.offset("file_id"), frameAddr: f.offset("addr"),
 		frameKind: f.offset("kind"), frameFlags: f.offset("flags"),
 		processEventPID: pe.offset("pid"), processEventAddr: pe.offset("addr"),
@@ -356,7 +365,14 @@ func (l *traceLayout) read(types *btf.Spec) error {
 		eventExecMapped:  uint32(events.value("EVENT_EXEC_MAPPED")),
 		flagTruncated:    uint8(traceFlags.value("TRACE_FLAG_TRUNCATED")),
 		flagAPM:          uint8(traceFlags.value("TRACE_FLAG_APM_CONTEXT")),
+		flagLabelsCut:    uint8(traceFlags.value("TRACE_FLAG_LABELS_CUT")),
 		frameFlagReturn:  uint8(frameFlags.value("FRAME_FLAG_RETURN_ADDRESS")),
+	}
+	if err := r.err(); err != nil {
+		return err
+	}
+	if n := r.structure("record").arrayLen("labels_room"); r.err() == nil && n != MaxLabels {
+		return fmt.Errorf("BPF MAX_LABELS is %d, support.MaxLabels is %d", n, MaxLabels)
 	}
 	if err := r.err(); err != nil {
 		return err
@@ -367,7 +383,8 @@ func (l *traceLayout) read(types *btf.Spec) error {
 	// DecodeEvent tells records apart by type and tests flags: a zero
 	// would match every record or none.
 	if l.eventTrace == 0 || l.eventProcessExit == 0 || l.eventProcessExec == 0 || l.eventUnknownPC == 0 ||
-		l.eventExecMapped == 0 || l.flagTruncated == 0 || l.frameFlagReturn == 0 || l.flagAPM == 0 {
+		l.eventExecMapped == 0 || l.flagTruncated == 0 || l.frameFlagReturn == 0 || l.flagAPM == 0 ||
+		l.flagLabelsCut == 0 {
 		return errors.New("BPF object has a zero event type, trace flag or frame flag")
 	}
 	return nil
@@ -447,9 +464,10 @@ func (s *Shared) DecodeEvent(raw []byte, trace *Trace) (Event, error) {
 	}
 	n := int(le.Uint32(raw[l.numFrames:]))
 	nk := int(le.Uint32(raw[l.numKernelFrames:]))
-	if n > l.maxFrames || nk > n || len(raw) < l.frames+n*l.frameSize {
-		return Event{}, fmt.Errorf("%w: %d frames (%d kernel) in %d bytes",
-			ErrMalformedEvent, n, nk, len(raw))
+	nl := int(le.Uint32(raw[l.numLabels:]))
+	if n > l.maxFrames || nk > n || nl > MaxLabels || len(raw) < l.frames+n*l.frameSize+nl*l.labelSize {
+		return Event{}, fmt.Errorf("%w: %d frames (%d kernel) and %d labels in %d bytes",
+			ErrMalformedEvent, n, nk, nl, len(raw))
 	}
 	trace.PID = le.Uint32(raw[l.pid:])
 	trace.TID = le.Uint32(raw[l.tid:])
@@ -464,6 +482,11 @@ func (s *Shared) DecodeEvent(raw []byte, trace *Trace) (Event, error) {
 		copy(trace.APM.TraceID[:], a)
 		copy(trace.APM.SpanID[:], a[16:])
 		copy(trace.APM.TransactionID[:], a[24:])
+	}
+	trace.LabelsCut = raw[l.flags]&l.flagLabelsCut != 0
+	trace.Labels = trace.Labels[:0]
+	for i := range nl {
+		trace.Labels = append(trace.Labels, l.decodeLabel(raw[l.frames+n*l.frameSize+i*l.labelSize:]))
 	}
 	trace.KernelStack = trace.KernelStack[:0]
 	trace.Frames = trace.Frames[:0]
@@ -481,6 +504,14 @@ func (s *Shared) DecodeEvent(raw []byte, trace *Trace) (Event, error) {
 		})
 	}
 	return Event{Kind: EventTrace, Trace: trace}, nil
+}
+
+// decodeLabel decodes a struct label; lengths beyond the room are cut to
+// it.
+func (l *traceLayout) decodeLabel(b []byte) libpf.Label {
+	kn := min(int(b[l.labelKeyLen]), l.labelKeyMax)
+	vn := min(int(b[l.labelValueLen]), l.labelValueMax)
+	return libpf.Label{Key: string(b[l.labelKey : l.labelKey+kn]), Value: string(b[l.labelValue : l.labelValue+vn])}
 }
 
 // RecordIsTrace says, without decoding it, whether a record is a trace.

@@ -21,7 +21,15 @@ type Trace struct {
 	Frames []Frame
 	// APM is the APM trace the thread was in (not part of Hash).
 	APM libpf.APMContext
+	// Labels are the labels of the work the thread did (a goroutine's),
+	// at most MaxLabels; LabelsCut says it had more. Not part of Hash.
+	Labels    []libpf.Label
+	LabelsCut bool
 }
+
+// MaxLabels is the most labels a trace carries (MAX_LABELS in
+// ebpf/types.h; ReadShared checks the object's).
+const MaxLabels = 10
 
 // WakesEarly says whether BPF woke the events reader early for the trace
 // (unwind_stop's trace_urgent): it has runtime frames or an APM trace

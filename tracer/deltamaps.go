@@ -156,6 +156,16 @@ func (t *Tracer) SetAPMProc(pid uint32, p support.APMProc) error {
 	return t.objs.APMProcs.Put(pid, p)
 }
 
+// SetGoProc says how to read the goroutine labels of Go program pid.
+func (t *Tracer) SetGoProc(pid uint32, p support.GoProc) error {
+	return t.objs.GoProcs.Put(pid, p)
+}
+
+// DeleteGoProc forgets a Go program; a missing one is not an error.
+func (t *Tracer) DeleteGoProc(pid uint32) error {
+	return ignoreMissing(t.objs.GoProcs.Delete(pid))
+}
+
 // DeleteAPMProc forgets a process's APM agent; a missing one is not an
 // error.
 func (t *Tracer) DeleteAPMProc(pid uint32) error {

@@ -32,6 +32,7 @@ type mapObjects struct {
 	PidMappings    *ebpf.Map `ebpf:"pid_mappings"`
 	RuntimeProcs   *ebpf.Map `ebpf:"runtime_procs"`
 	APMProcs       *ebpf.Map `ebpf:"apm_procs"`
+	GoProcs        *ebpf.Map `ebpf:"go_procs"`
 	TrackedPIDs    *ebpf.Map `ebpf:"tracked_pids"`
 }
 

@@ -74,6 +74,8 @@ type config struct {
 	memoryLimitMiB int
 	bpfLogLevel    uint
 	mapScaleFactor uint
+	// goLabels reads Go programs' goroutine labels into samples.
+	goLabels       bool
 	verbose        bool
 	version        bool
 	outputDir      string
@@ -150,6 +152,9 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 			"(the status line's map fill levels). 0 holds 4M stack deltas, all maps taking about 18 MiB of kernel "+
 			"memory; %d holds 1G in 4.3 GiB.",
 			tracer.MaxMapScaleFactor, tracer.MaxMapScaleFactor))
+	fs.BoolVar(&c.goLabels, "go-labels", true,
+		"Read the pprof labels (pprof.Do, pprof.SetGoroutineLabels) of the goroutine each sample of a Go program "+
+			"ran, and put them on the sample (at most 10, keys cut to 16 bytes, values to 48).")
 	fs.BoolVar(&c.verbose, "verbose", false, "Log debug messages.")
 	fs.BoolVar(&c.verbose, "v", false, "Shorthand for -verbose.")
 	fs.BoolVar(&c.version, "version", false, "Print the version and exit.")

@@ -180,7 +180,7 @@ func profile(ctx context.Context, cfg *config) error {
 			return err
 		}
 	}
-	pm, err := processmanager.New(processmanager.Config{Unwinding: unwinding(tr, deltaCache(cfg)), Correlator: corr, Runtimes: runtimes,
+	pm, err := processmanager.New(processmanager.Config{Unwinding: unwinding(tr, deltaCache(cfg), cfg.goLabels), Correlator: corr, Runtimes: runtimes,
 		Demangle: cfg.demangle, DebugDirs: cfg.debugDirs, DebugInfoBytes: debugInfoBytes(cfg.debugInfoMiB),
 		DebugInfoInflateDir: inflateDir(cfg), Debuginfod: dfd})
 	if err != nil {
@@ -348,11 +348,15 @@ func servePprof(addr string) {
 }
 
 // unwinding connects the process manager to the native unwinder's maps.
-func unwinding(tr *tracer.Tracer, cache *unwindmaps.DeltaCache) *unwindmaps.Unwinding {
-	return &unwindmaps.Unwinding{
+func unwinding(tr *tracer.Tracer, cache *unwindmaps.DeltaCache, goLabels bool) *unwindmaps.Unwinding {
+	u := &unwindmaps.Unwinding{
 		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Runtimes: tr, APM: tr,
 		ReadAtFirstSample: tr.ResolvesUnread(), Tracked: tr, Cache: cache,
 	}
+	if goLabels {
+		u.GoLabels = tr
+	}
+	return u
 }
 
 // deltaCache opens the on-disk stack delta cache, or returns nil (none)

@@ -14,6 +14,7 @@ import (
 	"github.com/hostprof/ebpf-profiler/interpreter/libc"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
+	"github.com/hostprof/ebpf-profiler/processmanager/golabels"
 	"github.com/hostprof/ebpf-profiler/support"
 	"github.com/hostprof/ebpf-profiler/tracecorr"
 )
@@ -37,6 +38,11 @@ type ELF struct {
 	TSDErr error
 	// APM is set for an APM agent's library (see files.go).
 	APM *tracecorr.Library
+	// GoLabels says how BPF reads the goroutine labels of a Go program's
+	// threads; nil for other files, with GoLabelsErr set for a Go program
+	// whose labels cannot be read.
+	GoLabels    *golabels.Layout
+	GoLabelsErr error
 	// symbols is nil when the file has no function symbols: none in
 	// .symtab, .dynsym or, for Go binaries, .gopclntab.
 	symbols *symbolTable
@@ -136,6 +142,9 @@ func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime, debugDirs 
 		return nil
 	})
 	d.symbols = buildSymbolTable(cands)
+	if d.GoBuildID != "" || f.Section(".go.buildinfo") != nil {
+		d.GoLabels, d.GoLabelsErr = golabels.Read(f, r, symtab)
+	}
 	d.Runtimes, d.recogniseErrs = recogniseRuntimes(&interpreter.File{
 		Path: path, ELF: f, FunctionRanges: func() ([][2]uint64, error) { return nativeunwind.FunctionRanges(f) },
 		DynamicSymbols: dynsym, Symbols: symtab,

@@ -2,6 +2,7 @@ package execinfo
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/processmanager/golabels"
 	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
 	"github.com/hostprof/ebpf-profiler/tracecorr"
 )
@@ -185,6 +187,10 @@ func (c *Cache) get(key fileKey, r readSeekerAt, name string) (*File, error) {
 					c.log.WithError(err).Warnf("Not unwinding %s %s in %s", rm.Runtime.DisplayName, rm.Binary.Version(), name)
 				}
 			}
+		}
+		if fi.ELF != nil && fi.ELF.GoLabelsErr != nil && !errors.Is(fi.ELF.GoLabelsErr, golabels.ErrNotGo) {
+			// Said once per file read, as above.
+			c.log.WithError(fi.ELF.GoLabelsErr).Infof("Not reading goroutine labels of %s", name)
 		}
 		if fi.ELF != nil && tracecorr.IsAgentLibrary(name) {
 			if fi.ELF.APM, err = readAgentLibrary(r); err != nil {

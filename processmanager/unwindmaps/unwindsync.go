@@ -36,6 +36,9 @@ type Unwinding struct {
 	// APM, when set, receives where each process's APM agent keeps its
 	// threads' trace context.
 	APM APMMaps
+	// GoLabels, when set, receives how to read the goroutine labels of
+	// each Go program's threads.
+	GoLabels GoLabelMaps
 	// Cache, when set, keeps extracted deltas on disk by file id.
 	Cache *DeltaCache
 	// ReadAtFirstSample says BPF unwinds a process's samples before its
@@ -65,6 +68,13 @@ type RuntimeMaps interface {
 type APMMaps interface {
 	SetAPMProc(pid uint32, p support.APMProc) error
 	DeleteAPMProc(pid uint32) error
+}
+
+// GoLabelMaps writes the BPF map of Go programs whose goroutine labels are
+// read; the tracer implements it.
+type GoLabelMaps interface {
+	SetGoProc(pid uint32, p support.GoProc) error
+	DeleteGoProc(pid uint32) error
 }
 
 // TrackedProcesses filters BPF's process events (tracer.Tracer).

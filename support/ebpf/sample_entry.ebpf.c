@@ -74,6 +74,7 @@ int sample_entry(struct bpf_perf_event_data *ctx)
   t->flags = 0;
   t->num_kernel_frames = 0;
   t->num_frames = 0;
+  t->num_labels = 0;
   bpf_get_current_comm(t->comm, sizeof(t->comm));
   r->state.tail_calls = 0;
   r->state.return_address = 0;

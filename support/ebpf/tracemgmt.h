@@ -55,6 +55,9 @@ volatile const struct btf_exports {
   struct known_file known_file;
   struct apm_proc apm_proc;
   enum apm_record_layout apm_record_layout;
+  struct go_proc go_proc;
+  struct label label;
+  enum label_flag label_flag;
 } btf_exports __attribute__((used));
 
 // The per-CPU scratch record a sample is built in.
@@ -158,6 +161,15 @@ struct {
   __type(key, u32);
   __type(value, struct apm_proc);
 } apm_procs SEC(".maps");
+
+// Go programs whose goroutine labels are read, by pid (preallocated, as
+// runtime_procs).
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 4096);
+  __type(key, u32);
+  __type(value, struct go_proc);
+} go_procs SEC(".maps");
 
 // When a trace last woke the events reader early (ktime ns), for
 // trace_wakeup_latency.

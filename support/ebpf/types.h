@@ -170,6 +170,45 @@ enum trace_flag {
   // A runtime reported frames of its own, which user space symbolizes
   // from the process's memory.
   TRACE_FLAG_RUNTIME_FRAMES = 4,
+  // The thread had more labels than MAX_LABELS: the others were left out.
+  TRACE_FLAG_LABELS_CUT = 8,
+};
+
+// Sample labels: key/value strings a program keeps for the work a thread
+// does (a goroutine's pprof labels), read at sample time and sent after
+// the trace's frames. Longer strings are cut to their room.
+#define MAX_LABELS      10
+#define LABEL_KEY_MAX   16
+#define LABEL_VALUE_MAX 48
+
+enum label_flag {
+  LABEL_KEY_CUT = 1,
+  LABEL_VALUE_CUT = 2,
+};
+
+struct label {
+  u8 key_len;
+  u8 value_len;
+  u8 flags; // enum label_flag
+  u8 pad[5];
+  char key[LABEL_KEY_MAX];
+  char value[LABEL_VALUE_MAX];
+};
+
+// What BPF needs to read the goroutine labels of a Go program's threads,
+// by pid (package processmanager/golabels finds it in the executable).
+struct go_proc {
+  // Where the running thread's g is: the thread pointer + tls_offset, or,
+  // when g_in_register, x28 (arm64 programs without cgo).
+  s64 tls_offset;
+  // Offsets of g.m, m.curg and g.labels.
+  u16 g_m;
+  u16 m_curg;
+  u16 g_labels;
+  u8 g_in_register;
+  // g.labels points to a map[string]string (Go 1.9-1.23); else to a
+  // []struct{key, value string} (Go 1.24 on).
+  u8 labels_map;
 };
 
 // What the APM agent of a process published, by pid (package tracecorr):
@@ -307,6 +346,14 @@ enum metric_id {
   // A runtime's unwinder ran on its configuration for the process the
   // sampled one was forked from: user space had not described the child.
   METRIC_RUNTIME_CONFIG_OF_PARENT,
+  // Samples of a goroutine with labels.
+  METRIC_GO_LABELS,
+  // The way from the thread's g to its goroutine's labels could not be
+  // read, or led somewhere else (g.m.curg.m is not g.m).
+  METRIC_ERR_GO_LABELS_READ,
+  // A goroutine's labels were more than MAX_LABELS or longer than their
+  // room: cut (the trace and labels say which).
+  METRIC_GO_LABELS_CUT,
   METRIC_COUNT,
 };
 
@@ -350,8 +397,8 @@ enum event_type {
 };
 
 // A trace as handed to user space: the header, then num_frames frames (kernel
-// frames first, leaf first; then user frames, leaf first). Only the used part
-// of frames is sent.
+// frames first, leaf first; then user frames, leaf first), then num_labels
+// labels. Only the used part of frames is sent.
 struct trace {
   u32 type; // EVENT_TRACE
   u32 pid;
@@ -363,7 +410,8 @@ struct trace {
   u32 flags; // enum trace_flag
   u32 num_kernel_frames;
   u32 num_frames;
-  u32 pad;
+  // Labels (struct label) that follow the frames.
+  u32 num_labels;
   // Set with TRACE_FLAG_APM_CONTEXT; not part of the hash: the same stack
   // in two transactions is one trace.
   struct apm_context apm;
@@ -459,6 +507,8 @@ struct record {
   struct unwind_state state;
   u64 kernel_stack[MAX_KERNEL_FRAMES];
   struct trace trace;
+  // Room for the labels written after the last frame of a full trace.
+  struct label labels_room[MAX_LABELS];
 };
 
 // A process event (EVENT_PROCESS_EXIT, EVENT_UNKNOWN_PC).

@@ -1,4 +1,5 @@
 // The end of every unwind: hash the trace and hand it to user space.
+#include "go_labels.h"
 #include "tracemgmt.h"
 
 // One round of a multiply-xorshift mix (constants from splitmix64).
@@ -67,6 +68,7 @@ int unwind_stop(struct bpf_perf_event_data *ctx)
     return 0;
   struct trace *t = &r->trace;
   read_apm_context(t);
+  read_go_labels(r);
 
   u64 h = hash_mix(0x9e3779b97f4a7c15ULL, t->pid);
   h = hash_mix(h, t->flags & TRACE_FLAG_TRUNCATED);
@@ -82,7 +84,11 @@ int unwind_stop(struct bpf_perf_event_data *ctx)
   u64 n = t->num_frames;
   if (n > MAX_FRAMES)
     n = MAX_FRAMES;
-  u64 size = __builtin_offsetof(struct trace, frames) + n * sizeof(struct frame);
+  u64 labels = t->num_labels;
+  if (labels > MAX_LABELS)
+    labels = MAX_LABELS;
+  u64 size = __builtin_offsetof(struct trace, frames) + n * sizeof(struct frame) +
+             labels * sizeof(struct label);
   if (emit_event(t, size, trace_urgent(r)))
     increment_metric(METRIC_ERR_TRACE_DROPPED);
   else

@@ -1,0 +1,23 @@
+package support
+
+// GoProc mirrors struct go_proc: how BPF reaches the labels of the
+// goroutine a thread of a Go program runs (package
+// processmanager/golabels).
+type GoProc struct {
+	TLSOffset   int64
+	GM          uint16
+	MCurg       uint16
+	GLabels     uint16
+	GInRegister uint8
+	LabelsMap   uint8
+}
+
+// label mirrors struct label, one sample label after a trace's frames.
+type label struct {
+	KeyLen   uint8
+	ValueLen uint8
+	Flags    uint8
+	_        [5]uint8
+	Key      [16]byte
+	Value    [48]byte
+}
