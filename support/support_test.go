@@ -86,6 +86,45 @@ func encodeTrace(l *traceLayout, pid uint32, kernel []uint64, user []Frame, trun
 	return b
 }
 
+// appendLabel appends a struct label with the given key and value,
+// its lengths set to keyLen and valueLen.
+func appendLabel(l *traceLayout, b []byte, key, value string, keyLen, valueLen uint8) []byte {
+	lb := make([]byte, l.labelSize)
+	lb[l.labelKeyLen], lb[l.labelValueLen] = keyLen, valueLen
+	copy(lb[l.labelKey:l.labelKey+l.labelKeyMax], key)
+	copy(lb[l.labelValue:l.labelValue+l.labelValueMax], value)
+	return append(b, lb...)
+}
+
+// FuzzDecodeEvent decodes records as the ring buffer could hold them,
+// seeded with a trace with labels: never a panic, never more labels or
+// frames than a record holds.
+func FuzzDecodeEvent(f *testing.F) {
+	s, err := LoadShared()
+	if err != nil {
+		f.Fatal(err)
+	}
+	raw := encodeTrace(&s.trace, 42, []uint64{0xffffffff81000000}, []Frame{{Kind: libpf.FrameNative, Addr: 1}}, false)
+	raw = appendLabel(&s.trace, raw, "tenant", "alpha", 6, 5)
+	binary.LittleEndian.PutUint32(raw[s.trace.numLabels:], 1)
+	f.Add(raw)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var tr Trace
+		ev, err := s.DecodeEvent(data, &tr)
+		if err != nil || ev.Kind != EventTrace {
+			return
+		}
+		if len(tr.Labels) > MaxLabels || len(tr.Frames)+len(tr.KernelStack) > libpf.MaxFrames {
+			t.Fatalf("%d labels, %d frames", len(tr.Labels), len(tr.Frames)+len(tr.KernelStack))
+		}
+		for _, l := range tr.Labels {
+			if len(l.Key) > s.trace.labelKeyMax || len(l.Value) > s.trace.labelValueMax {
+				t.Fatalf("label %q=%q beyond its room", l.Key, l.Value)
+			}
+		}
+	})
+}
+
 func TestDecodeEvent(t *testing.T) {
 	s, err := LoadShared()
 	if err != nil {
@@ -124,6 +163,18 @@ func TestDecodeEvent(t *testing.T) {
 	if ev, err := s.DecodeEvent(withAPM, &tr); err != nil || !ev.Trace.APM.Valid ||
 		ev.Trace.APM.TraceID[0] != 1 || ev.Trace.APM.SpanID[0] != 17 || ev.Trace.APM.TransactionID[7] != 32 {
 		t.Errorf("APM context decoded wrong: %+v, %v", ev.Trace.APM, err)
+	}
+
+	// The same trace with labels after its frames: one cut to its room,
+	// and lengths beyond the room, which BPF never writes, are cut too.
+	withLabels := appendLabel(&s.trace, appendLabel(&s.trace, slices.Clone(raw), "tenant", "alpha", 6, 5),
+		"k", "", 200, 200)
+	withLabels[s.trace.flags] |= s.trace.flagLabelsCut
+	binary.LittleEndian.PutUint32(withLabels[s.trace.numLabels:], 2)
+	if ev, err := s.DecodeEvent(withLabels, &tr); err != nil || !ev.Trace.LabelsCut || len(ev.Trace.Labels) != 2 ||
+		ev.Trace.Labels[0] != (libpf.Label{Key: "tenant", Value: "alpha"}) ||
+		len(ev.Trace.Labels[1].Key) != s.trace.labelKeyMax || len(ev.Trace.Labels[1].Value) != s.trace.labelValueMax {
+		t.Errorf("labels decoded wrong: %+v, %v", ev.Trace, err)
 	}
 
 	exit := make([]byte, s.trace.processEventAddr+8)
@@ -178,6 +229,12 @@ func TestDecodeEvent(t *testing.T) {
 		"unknown type": {9, 0, 0, 0, 0, 0, 0, 0},
 		"cut header":   raw[:s.trace.frames-1],
 		"cut frames":   raw[:len(raw)-1],
+		"cut labels": withLabels[:len(withLabels)-1],
+		"too many labels": func() []byte {
+			b := bytes.Clone(withLabels)
+			binary.LittleEndian.PutUint32(b[s.trace.numLabels:], MaxLabels+1)
+			return b
+		}(),
 		"too many frames": func() []byte {
 			b := bytes.Clone(raw)
 			binary.LittleEndian.PutUint32(b[s.trace.numFrames:], libpf.MaxFrames+1)

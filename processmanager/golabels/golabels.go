@@ -122,7 +122,8 @@ func releaseMinor(v string) (int, bool) {
 // cgo has no segment and uses -8 (runtime.settls points the fs base 8
 // bytes past m.tls[0]). On arm64 (variant I) the segment starts 16 bytes
 // past the thread pointer (rounded up to its alignment); a program without
-// cgo has no segment and keeps g in x28 only.
+// cgo has no segment and keeps g in x28 only, as does, for us, a stripped
+// one (its segment holds two variables, and x28 is g while Go code runs).
 func (l *Layout) findG(f *elf.File, symtab []elf.Symbol) error {
 	var tls *elf.Prog
 	for _, p := range f.Progs {
@@ -130,49 +131,50 @@ func (l *Layout) findG(f *elf.File, symtab []elf.Symbol) error {
 			tls = p
 		}
 	}
-	if tls == nil {
-		switch f.Machine {
-		case elf.EM_X86_64:
-			l.TLSOffset = -8
-			return nil
-		case elf.EM_AARCH64:
-			l.GInRegister = true
-			return nil
-		}
-		return fmt.Errorf("%w: %v code", ErrNoG, f.Machine)
-	}
-	value, err := tlsSymbolValue(symtab, tls)
-	if err != nil {
-		return err
-	}
-	align := max(tls.Align, 1)
+	var name string
 	switch f.Machine {
 	case elf.EM_X86_64:
-		l.TLSOffset = int64(value) - int64(roundUp(tls.Memsz, align))
+		name = "runtime.tlsg"
 	case elf.EM_AARCH64:
-		l.TLSOffset = int64(roundUp(16, align) + value)
+		name = "runtime.tls_g"
 	default:
 		return fmt.Errorf("%w: %v code", ErrNoG, f.Machine)
+	}
+	value, found, err := tlsSymbolValue(symtab, tls, name)
+	switch {
+	case err != nil:
+		return err
+	case f.Machine == elf.EM_AARCH64 && !found:
+		l.GInRegister = true
+	case f.Machine == elf.EM_AARCH64:
+		l.TLSOffset = int64(roundUp(16, max(tls.Align, 1)) + value)
+	case tls == nil:
+		l.TLSOffset = -8
+	case !found && tls.Memsz != 8:
+		return fmt.Errorf("%w: no %s in a TLS segment of %d bytes", ErrNoG, name, tls.Memsz)
+	default:
+		// Found, or stripped with the segment holding that variable
+		// alone (8 bytes), at 0.
+		l.TLSOffset = int64(value) - int64(roundUp(tls.Memsz, max(tls.Align, 1)))
 	}
 	return nil
 }
 
-// tlsSymbolValue is the value (offset in the TLS segment) of the runtime's
-// g variable; a program without it in its symbol table (stripped) whose
-// TLS segment holds only that variable (8 bytes) has it at 0.
-func tlsSymbolValue(symtab []elf.Symbol, tls *elf.Prog) (uint64, error) {
+// tlsSymbolValue is the value (offset in the TLS segment tls, nil when
+// there is none) of the TLS variable name, if symtab has it.
+func tlsSymbolValue(symtab []elf.Symbol, tls *elf.Prog, name string) (uint64, bool, error) {
+	if tls == nil {
+		return 0, false, nil
+	}
 	for _, s := range symtab {
-		if elf.ST_TYPE(s.Info) == elf.STT_TLS && (s.Name == "runtime.tlsg" || s.Name == "runtime.tls_g") {
+		if elf.ST_TYPE(s.Info) == elf.STT_TLS && s.Name == name {
 			if s.Value+8 > tls.Memsz {
-				return 0, fmt.Errorf("%w: %s at %#x is outside the TLS segment", ErrNoG, s.Name, s.Value)
+				return 0, false, fmt.Errorf("%w: %s at %#x is outside the TLS segment", ErrNoG, s.Name, s.Value)
 			}
-			return s.Value, nil
+			return s.Value, true, nil
 		}
 	}
-	if tls.Memsz == 8 {
-		return 0, nil
-	}
-	return 0, fmt.Errorf("%w: no runtime TLS variable in a TLS segment of %d bytes", ErrNoG, tls.Memsz)
+	return 0, false, nil
 }
 
 func roundUp(n, align uint64) uint64 { return (n + align - 1) / align * align }

@@ -35,8 +35,8 @@ import (
 // frame-pointer C workload, the kernel, and the workloads without frame
 // pointers whose unwinders need no runtime in the VM (stripped C, libc
 // calling back, the vDSO, Go and cgo, and on arm64 C with signed return
-// addresses), the APM trace context read through the thread pointer, and
-// the daemon itself. The arm64 VMs also run the runtime tests with the
+// addresses), the APM trace context and goroutine labels read through the
+// thread pointer, and the daemon itself. The arm64 VMs also run the runtime tests with the
 // runtimes' arm64 builds (fetched on this machine, which runs only their
 // x86_64 builds): every tested version on fullRuntimesKernel, one
 // version of each on runtimeOneKernel. What the runtime unwinders need
@@ -47,6 +47,9 @@ var (
 	baseTests = []string{"TestProgramsLoad", "TestSamplingSwitch", "TestFramePointerChain", "TestKernelFramesAboveUser",
 		"TestUnwindWithoutFramePointers", "TestAPMTraceContext", "TestDaemonLocalOutput"}
 	baseSubtests = []string{"C_", "libc", "vDSO", "Go", "cgo"}
+	// Goroutine labels: read through the thread pointer, or x28 on arm64
+	// without cgo; from a map (Go 1.23) and a slice (1.26).
+	goLabelTests = `^TestGoLabels$/^builds$/^go1\.(23|26|26_cgo)$`
 	perlTests    = `^(TestPerlStacks|TestPerlEval|TestPerlSort|TestPerlThreads|TestPerlForks|TestPerlRecursion)$`
 	// Not TestPHPFPM: under emulation each request's own work (chdir,
 	// compiling nothing, output) takes 4-6% of the samples in requests,
@@ -103,7 +106,8 @@ func runsRuntimes(arch, series string) bool {
 // runFor is the selection (go test -run) a kernel series runs on an
 // architecture.
 func runFor(arch, series string) string {
-	run := "^(" + strings.Join(baseTests, "|") + ")$/^(" + strings.Join(baseSubtests, "|") + ")"
+	run := union([]string{"^(" + strings.Join(baseTests, "|") + ")$/^(" + strings.Join(baseSubtests, "|") + ")",
+		goLabelTests})
 	switch {
 	case !runsRuntimes(arch, series):
 		return run
