@@ -72,8 +72,8 @@ type traceLayout struct {
 	// size, offsets and room (key and value arrays' lengths);
 	// flagLabelsCut is TRACE_FLAG_LABELS_CUT.
 	numLabels, labelSize, labelKeyLen, labelValueLen, labelKey, labelValue int
-	labelKeyMax, labelValueMax                                              int
-	flagLabelsCut                                                           uint8
+	labelKeyMax, labelValueMax                                             int
+	flagLabelsCut                                                          uint8
 }
 
 // ReadShared extracts the shared definitions from the object's BTF and checks

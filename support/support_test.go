@@ -229,7 +229,7 @@ func TestDecodeEvent(t *testing.T) {
 		"unknown type": {9, 0, 0, 0, 0, 0, 0, 0},
 		"cut header":   raw[:s.trace.frames-1],
 		"cut frames":   raw[:len(raw)-1],
-		"cut labels": withLabels[:len(withLabels)-1],
+		"cut labels":   withLabels[:len(withLabels)-1],
 		"too many labels": func() []byte {
 			b := bytes.Clone(withLabels)
 			binary.LittleEndian.PutUint32(b[s.trace.numLabels:], MaxLabels+1)

@@ -162,7 +162,7 @@ func TestReadRefuses(t *testing.T) {
 		path string
 		want error
 	}{
-		"C program": {notGo, ErrNotGo},
+		"C program":   {notGo, ErrNotGo},
 		"test binary": {self, nil}, // a Go program: this test's own
 	} {
 		t.Run(name, func(t *testing.T) {

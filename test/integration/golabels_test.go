@@ -193,4 +193,3 @@ func labelMap(l libpf.Labels) map[string]string {
 	}
 	return m
 }
-
