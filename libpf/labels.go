@@ -66,6 +66,9 @@ func (l Labels) Get(key string) (string, bool) {
 	return "", false
 }
 
+// Size is the bytes the labels take, for memory estimates.
+func (l Labels) Size() int { return len(l.enc) }
+
 // Compare orders Labels (for sorting; not by meaning).
 func (l Labels) Compare(o Labels) int { return strings.Compare(l.enc, o.enc) }
 

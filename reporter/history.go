@@ -120,6 +120,8 @@ type histMeta struct {
 	process   string
 	container string
 	thread    string
+	// labels are the program's labels of the sampled work.
+	labels libpf.Labels
 }
 
 // histFunc is one node name of the flame graph: frames that share it are
@@ -136,6 +138,8 @@ const (
 	KindTruncated = "truncated"
 	// KindGo is native code of a Go binary, shown apart from C's.
 	KindGo = "go"
+	// KindGroup is a group of samples by one value (FlameQuery.GroupBy).
+	KindGroup = "group"
 )
 
 // id is the function's stable id: the web view's zoom path names nodes by
@@ -413,12 +417,12 @@ func (t *histTables) meta(m histMeta) uint32 {
 	i := uint32(len(t.metas))
 	t.metas = append(t.metas, m)
 	t.metaIdx[m] = i
-	t.bytes += metaCost + int64(len(m.process)+len(m.container)+len(m.thread))
+	t.bytes += metaCost + int64(len(m.process)+len(m.container)+len(m.thread)+m.labels.Size())
 	return i
 }
 
 func metaOf(k *sampleKey) histMeta {
-	m := histMeta{pid: k.pid, thread: k.threadName}
+	m := histMeta{pid: k.pid, thread: k.threadName, labels: k.labels}
 	if p := k.process; p != nil {
 		m.process, m.container = p.ExecutableName, p.ContainerID
 	}

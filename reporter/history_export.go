@@ -48,7 +48,8 @@ func (h *History) selectionInterval(sel *Selection) *interval {
 				p = &libpf.ProcessInfo{PID: m.pid, ExecutableName: m.process, ContainerID: m.container}
 				procs[sr.meta] = p
 			}
-			g.key = sampleKey{pid: m.pid, process: p, threadName: m.thread, hash: libpf.TraceHash{Lo: uint64(sr.stack)}}
+			g.key = sampleKey{pid: m.pid, process: p, threadName: m.thread, labels: m.labels,
+				hash: libpf.TraceHash{Lo: uint64(sr.stack)}}
 			groups[k] = g
 			iv.groups[g.key] = g
 		}

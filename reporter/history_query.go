@@ -22,6 +22,23 @@ type Selection struct {
 	Threads    []string // thread names
 	// Kinds keeps the samples whose stack has a frame of one of the kinds.
 	Kinds []string
+	// Labels keeps the samples that have, for each key among them, one of
+	// its values.
+	Labels []libpf.Label
+}
+
+// hasLabels says whether labels satisfy want (Selection.Labels).
+func hasLabels(labels libpf.Labels, want []libpf.Label) bool {
+	for i, w := range want {
+		if slices.ContainsFunc(want[:i], func(o libpf.Label) bool { return o.Key == w.Key }) {
+			continue // the key was checked with its first value
+		}
+		v, ok := labels.Get(w.Key)
+		if !ok || !slices.ContainsFunc(want[i:], func(o libpf.Label) bool { return o.Key == w.Key && o.Value == v }) {
+			return false
+		}
+	}
+	return true
 }
 
 // selector is a Selection prepared against the current tables. Its caches
@@ -69,7 +86,8 @@ func (s *selector) meta(i uint32) bool {
 	ok := (len(s.sel.PIDs) == 0 || slices.Contains(s.sel.PIDs, m.pid)) &&
 		(len(s.sel.Processes) == 0 || slices.Contains(s.sel.Processes, m.process)) &&
 		(len(s.sel.Containers) == 0 || slices.Contains(s.sel.Containers, m.container)) &&
-		(len(s.sel.Threads) == 0 || slices.Contains(s.sel.Threads, m.thread))
+		(len(s.sel.Threads) == 0 || slices.Contains(s.sel.Threads, m.thread)) &&
+		hasLabels(m.labels, s.sel.Labels)
 	s.metaOK[i] = boolInt8(ok)
 	return ok
 }
@@ -167,10 +185,10 @@ func (h *History) seriesCounts(sel *Selection) []uint64 {
 
 // subtreeTotals turns per-node counts into the totals of the subtrees:
 // children come after their parents, so one backward pass adds them up.
-func (h *History) subtreeTotals(self []uint64) []uint64 {
+func subtreeTotals(tree []treeNode, self []uint64) []uint64 {
 	total := slices.Clone(self)
 	for n := len(total) - 1; n > 0; n-- {
-		total[h.tab.tree[n].parent] += total[n]
+		total[tree[n].parent] += total[n]
 	}
 	return total
 }
@@ -216,6 +234,8 @@ type FilterValue struct {
 // FilterValues are the values the filters offer in a time range.
 type FilterValues struct {
 	Processes, Threads, Containers, Kinds []FilterValue
+	// Labels are "key=value".
+	Labels []FilterValue
 }
 
 // Filters lists the processes, thread names, containers and frame types of
@@ -236,6 +256,7 @@ func (h *History) Filters(sel Selection, limit int) FilterValues {
 	procs := make(map[FilterValue]uint64)
 	threads := make(map[string]uint64)
 	containers := make(map[string]uint64)
+	labels := make(map[string]uint64)
 	for i, n := range byMeta {
 		if n == 0 {
 			continue
@@ -245,6 +266,9 @@ func (h *History) Filters(sel Selection, limit int) FilterValues {
 		threads[m.thread] += n
 		if m.container != "" {
 			containers[m.container] += n
+		}
+		for k, v := range m.labels.All() {
+			labels[k+"="+v] += n
 		}
 	}
 	// A stack counts once for each kind of frame it has: kinds are few,
@@ -291,7 +315,8 @@ func (h *History) Filters(sel Selection, limit int) FilterValues {
 	fv.Threads = namedValues(threads)
 	fv.Containers = namedValues(containers)
 	fv.Kinds = namedValues(kinds)
-	for _, l := range []*[]FilterValue{&fv.Processes, &fv.Threads, &fv.Containers, &fv.Kinds} {
+	fv.Labels = namedValues(labels)
+	for _, l := range []*[]FilterValue{&fv.Processes, &fv.Threads, &fv.Containers, &fv.Kinds, &fv.Labels} {
 		slices.SortFunc(*l, func(a, b FilterValue) int {
 			return cmp.Or(cmp.Compare(b.Samples, a.Samples), cmp.Compare(a.Name, b.Name), cmp.Compare(a.PID, b.PID))
 		})
@@ -326,6 +351,10 @@ type FlameQuery struct {
 	// Search marks the nodes whose function or file name contains it,
 	// case-insensitively, and counts the samples with such a frame.
 	Search string
+	// GroupBy, when set (ValidGroupBy), puts a level of groups between the
+	// root and the executables: one node per container, thread name or
+	// value of a label.
+	GroupBy string
 }
 
 // FlameNode is one node of a call tree.
@@ -369,11 +398,23 @@ func (h *History) Flame(q FlameQuery) FlameGraph {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	fc := &flameCounts{tab: h.tab}
-	fc.self = h.nodeCounts(&q.Selection)
-	fc.total = h.subtreeTotals(fc.self)
-	if q.Baseline != nil {
-		fc.baseSelf = h.nodeCounts(q.Baseline)
-		fc.baseTot = h.subtreeTotals(fc.baseSelf)
+	if q.GroupBy != "" {
+		var base []uint64
+		if q.Baseline != nil {
+			base = h.seriesCounts(q.Baseline)
+		}
+		var selfs [][]uint64
+		fc.tab, selfs = h.tab.grouped(q.GroupBy, h.seriesCounts(&q.Selection), base)
+		fc.self, fc.baseSelf = selfs[0], selfs[1]
+	} else {
+		fc.self = h.nodeCounts(&q.Selection)
+		if q.Baseline != nil {
+			fc.baseSelf = h.nodeCounts(q.Baseline)
+		}
+	}
+	fc.total = subtreeTotals(fc.tab.tree, fc.self)
+	if fc.baseSelf != nil {
+		fc.baseTot = subtreeTotals(fc.tab.tree, fc.baseSelf)
 	}
 	var g FlameGraph
 	root, path := fc.find(q.Focus)
@@ -385,7 +426,7 @@ func (h *History) Flame(q FlameQuery) FlameGraph {
 	if fc.baseTot != nil {
 		g.BaseTotal = fc.baseTot[root]
 	}
-	m := newFuncMatcher(h.tab, q.Search)
+	m := newFuncMatcher(fc.tab, q.Search)
 	g.Matched = fc.matched(uint32(root), m)
 	g.Nodes, g.Pruned = fc.prune(uint32(root), q.MinShare, q.MaxNodes, m)
 	return g
@@ -578,7 +619,7 @@ func (h *History) TopFunctions(sel Selection, base *Selection, byTotal bool, lim
 	acc := make([][4]uint64, nf)
 	count := func(sel *Selection, col int) uint64 {
 		self := h.nodeCounts(sel)
-		tot := h.subtreeTotals(self)
+		tot := subtreeTotals(h.tab.tree, self)
 		for n := 1; n < len(self); n++ {
 			if tot[n] == 0 {
 				continue

@@ -3,6 +3,7 @@ package reporter
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -515,4 +516,120 @@ func BenchmarkHistory(b *testing.B) {
 			h.Timeline(Selection{}, 300)
 		}
 	})
+}
+
+// TestHistoryLabels: samples with a goroutine's labels are listed by
+// label, selected by label (values of one key are alternatives, keys must
+// all match) and grouped by a label's value at the flame graph's first
+// level, in a differential view too.
+func TestHistoryLabels(t *testing.T) {
+	h := newTestHistory(t, HistoryConfig{})
+	start := time.Unix(1_800_000_000, 0)
+	proc := &libpf.ProcessInfo{PID: 7, ExecutableName: "svc"}
+	a, b := chain(1, "main", "serve", "parse"), chain(2, "main", "serve", "render")
+	labels := func(kv ...string) libpf.Labels {
+		var ls []libpf.Label
+		for i := 0; i < len(kv); i += 2 {
+			ls = append(ls, libpf.Label{Key: kv[i], Value: kv[i+1]})
+		}
+		return libpf.MakeLabels(ls)
+	}
+	agg := newAggregator(start, defaultMaxSamplesPerInterval)
+	for i, s := range []struct {
+		tr     *libpf.Trace
+		labels libpf.Labels
+		n      int
+	}{
+		{a, labels("tenant", "alpha", "endpoint", "/a"), 30},
+		{b, labels("tenant", "beta", "endpoint", "/b"), 20},
+		{b, labels("tenant", "alpha", "endpoint", "/b"), 5},
+		{a, libpf.Labels{}, 10},
+	} {
+		for j := range s.n {
+			ts := start.Add(time.Duration(100*i+j) * time.Millisecond)
+			agg.add(s.tr, &libpf.SampleMeta{Time: ts, TID: 7, ThreadName: "t", Process: proc, Labels: s.labels},
+				uint64(ts.UnixNano()))
+		}
+	}
+	h.add(agg.swap(start.Add(5*time.Second)), testPeriod)
+
+	fv := h.Filters(Selection{}, 10)
+	got := map[string]uint64{}
+	for _, v := range fv.Labels {
+		got[v.Name] = v.Samples
+	}
+	if want := map[string]uint64{"tenant=alpha": 35, "tenant=beta": 20, "endpoint=/a": 30, "endpoint=/b": 25}; !maps.Equal(got, want) {
+		t.Errorf("label filter values %v, want %v", got, want)
+	}
+	for _, c := range []struct {
+		labels []libpf.Label
+		want   uint64
+	}{
+		{[]libpf.Label{{Key: "tenant", Value: "alpha"}}, 35},
+		{[]libpf.Label{{Key: "tenant", Value: "alpha"}, {Key: "tenant", Value: "beta"}}, 55},
+		{[]libpf.Label{{Key: "tenant", Value: "alpha"}, {Key: "endpoint", Value: "/b"}}, 5},
+		{[]libpf.Label{{Key: "nope", Value: "x"}}, 0},
+	} {
+		if g := h.Flame(FlameQuery{Selection: Selection{Labels: c.labels}}); g.Total != c.want {
+			t.Errorf("selection %v: %d samples, want %d", c.labels, g.Total, c.want)
+		}
+	}
+
+	g := h.Flame(FlameQuery{GroupBy: GroupByLabelPrefix + "tenant"})
+	want := `all 65/0
+  tenant unset 10/0
+    svc 10/0
+      main 10/0
+        serve 10/0
+          parse 10/10
+  tenant=alpha 35/0
+    svc 35/0
+      main 35/0
+        serve 35/0
+          parse 30/30
+          render 5/5
+  tenant=beta 20/0
+    svc 20/0
+      main 20/0
+        serve 20/0
+          render 20/20
+`
+	if got := flameShape(g); got != want {
+		t.Errorf("grouped by tenant:\n%s\nwant:\n%s", got, want)
+	}
+	// Focus on one group, then a node under it, by id.
+	var alpha, alphaSvc FlameNode
+	for _, n := range g.Nodes {
+		switch {
+		case n.Name == "tenant=alpha":
+			alpha = n
+		case n.Name == "svc" && g.Nodes[n.Parent].Name == "tenant=alpha":
+			alphaSvc = n
+		}
+	}
+	if alpha.Kind != KindGroup {
+		t.Fatalf("group node %+v", alpha)
+	}
+	fg := h.Flame(FlameQuery{GroupBy: GroupByLabelPrefix + "tenant", Focus: []uint64{alpha.ID, alphaSvc.ID}, Search: "render"})
+	if fg.Total != 35 || fg.Matched != 5 || len(fg.Path) != 3 || fg.Path[1].Name != "tenant=alpha" {
+		t.Errorf("focus on tenant=alpha/svc: total %d matched %d path %+v", fg.Total, fg.Matched, fg.Path)
+	}
+	// Differential: endpoint /b against /a, grouped by tenant.
+	dg := h.Flame(FlameQuery{GroupBy: GroupByLabelPrefix + "tenant",
+		Selection: Selection{Labels: []libpf.Label{{Key: "endpoint", Value: "/b"}}},
+		Baseline:  &Selection{Labels: []libpf.Label{{Key: "endpoint", Value: "/a"}}}})
+	if dg.Total != 25 || dg.BaseTotal != 30 || dg.Nodes[1].Name != "tenant=alpha" || dg.Nodes[1].Total != 5 ||
+		dg.Nodes[1].BaseTotal != 30 {
+		t.Errorf("differential grouped by tenant:\n%s", flameShape(dg))
+	}
+	for _, by := range []string{"", GroupByThread, GroupByContainer, "label:k"} {
+		if !ValidGroupBy(by) {
+			t.Errorf("ValidGroupBy(%q) = false", by)
+		}
+	}
+	for _, by := range []string{"label:", "pod", "Label:x"} {
+		if ValidGroupBy(by) {
+			t.Errorf("ValidGroupBy(%q) = true", by)
+		}
+	}
 }

@@ -103,6 +103,8 @@ type filtersJSON struct {
 	Threads    []namedJSON     `json:"threads"`
 	Containers []containerJSON `json:"containers"`
 	Kinds      []namedJSON     `json:"kinds"`
+	// Labels are "key=value".
+	Labels []namedJSON `json:"labels"`
 }
 
 func (s *Server) filters(w http.ResponseWriter, r *http.Request) {
@@ -111,7 +113,8 @@ func (s *Server) filters(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fv := s.cfg.History.Filters(sel, maxFilterValues)
-	out := filtersJSON{Processes: []processJSON{}, Threads: []namedJSON{}, Containers: []containerJSON{}, Kinds: []namedJSON{}}
+	out := filtersJSON{Processes: []processJSON{}, Threads: []namedJSON{}, Containers: []containerJSON{}, Kinds: []namedJSON{},
+		Labels: []namedJSON{}}
 	for _, v := range fv.Processes {
 		out.Processes = append(out.Processes, processJSON{v.Name, uint32(v.PID), v.Container, v.Samples})
 	}
@@ -123,6 +126,9 @@ func (s *Server) filters(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, v := range fv.Kinds {
 		out.Kinds = append(out.Kinds, namedJSON{v.Name, v.Samples})
+	}
+	for _, v := range fv.Labels {
+		out.Labels = append(out.Labels, namedJSON{v.Name, v.Samples})
 	}
 	s.writeJSON(w, r, out)
 }
@@ -184,12 +190,20 @@ func nodeID(id uint64) string {
 }
 
 func (s *Server) flame(w http.ResponseWriter, r *http.Request) {
-	p, sel, base, ok := readRequest(w, r, true, "focus", "minShare", "search")
+	p, sel, base, ok := readRequest(w, r, true, "focus", "minShare", "search", "group")
 	if !ok {
 		return
 	}
 	q := reporter.FlameQuery{Selection: sel, Baseline: base, MaxNodes: maxFlameNodes}
-	var err error
+	group, _, err := p.one("group")
+	if err == nil && !reporter.ValidGroupBy(group) {
+		err = &badParam{"group", "want container, thread or label:KEY"}
+	}
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	q.GroupBy = group
 	if q.Focus, err = p.focus(); err != nil {
 		fail(w, err)
 		return

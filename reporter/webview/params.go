@@ -34,7 +34,7 @@ type badParam struct{ name, msg string }
 func (e *badParam) Error() string { return fmt.Sprintf("bad parameter %q: %s", e.name, e.msg) }
 
 // selectionParams are the parameters of a selection, without prefix.
-var selectionParams = []string{"from", "to", "pid", "process", "container", "thread", "kind"}
+var selectionParams = []string{"from", "to", "pid", "process", "container", "thread", "kind", "label"}
 
 // params reads a request's query string, checking every value's size.
 type params struct {
@@ -174,6 +174,16 @@ func (p *params) selection(prefix string, fallback *reporter.Selection) (reporte
 				return s, &badParam{prefix + "pid", fmt.Sprintf("%q is not a process id", v)}
 			}
 			s.PIDs = append(s.PIDs, libpf.PID(pid))
+		}
+	}
+	if p.has(prefix + "label") {
+		s.Labels = nil
+		for _, v := range p.q[prefix+"label"] {
+			key, value, ok := strings.Cut(v, "=")
+			if !ok || key == "" {
+				return s, &badParam{prefix + "label", fmt.Sprintf("%q is not key=value", v)}
+			}
+			s.Labels = append(s.Labels, libpf.Label{Key: key, Value: value})
 		}
 	}
 	for name, dst := range map[string]*[]string{

@@ -17,6 +17,7 @@ import (
 	"github.com/google/pprof/profile"
 
 	"github.com/hostprof/ebpf-profiler/test/webdriver"
+	"github.com/hostprof/ebpf-profiler/utils/gofetch"
 	"github.com/hostprof/ebpf-profiler/utils/testenv"
 )
 
@@ -145,6 +146,7 @@ func TestWebView(t *testing.T) {
 	daemon := buildDaemon(t)
 	cbin := buildWorkload(t, "fpchain", framePointers...)
 	script, _ := pythonWorkload(t)
+	gobin := buildGoLabels(t, goLabelBuild{version: gofetch.System})
 	skipIfPreparing(t)
 	webdriver.RequireBrowserTests(t)
 
@@ -154,18 +156,25 @@ func TestWebView(t *testing.T) {
 	d.WaitForLog(t, "Sampling ", time.Minute)
 	d.WaitForLog(t, "Web view at http://"+addr+"/", time.Second)
 
-	// The C workload alone, then both together.
+	// The C workload alone, then with Python and Go (goroutines under
+	// two tenants' labels).
 	cpid, _ := runWorkload(t, cbin, 2*time.Second)
 	both := exec.Command(cbin, "4")
-	if err := both.Start(); err != nil {
-		t.Fatal(err)
+	golabels := exec.Command(gobin, "4")
+	for _, c := range []*exec.Cmd{both, golabels} {
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	py := runScript(t, exec.Command("/usr/bin/python3", script, "recursion", "4"))
-	if err := both.Wait(); err != nil {
-		t.Fatal(err)
+	for _, c := range []*exec.Cmd{both, golabels} {
+		if err := c.Wait(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	base := "http://" + addr + "/"
 	waitForData(t, base, py.pid)
+	waitForData(t, base, golabels.Process.Pid)
 
 	p := &page{t: t, b: webdriver.StartTest(t, webdriver.Options{Width: 1400, Height: 1000}), url: base,
 		dir: webdriver.ArtifactDir(t, "webview")}
@@ -237,6 +246,18 @@ func TestWebView(t *testing.T) {
 		window.__profiler.frameRect('cf_leaf') !== null`, 10*time.Second)
 	p.choose("process-select", "All processes")
 
+	// Grouped by the goroutines' tenant label, then only tenant alpha.
+	p.choose("group-select", "label tenant")
+	p.wait(`window.__profiler.frameRect('tenant=alpha') !== null && window.__profiler.frameRect('tenant=beta') !== null &&
+		window.__profiler.frameRect('tenant unset') !== null`, 10*time.Second)
+	p.shot("5-group-by-tenant")
+	p.choose("label-select", "tenant=alpha")
+	p.wait(`window.__profiler.frameRect('main.alphaLoop') !== null && window.__profiler.frameRect('main.betaLoop') === null &&
+		window.__profiler.frameRect('tenant=beta') === null`, 10*time.Second)
+	p.shot("6-tenant-alpha")
+	p.choose("label-select", "All labels")
+	p.choose("group-select", "executable")
+
 	// The whole host against the C process alone.
 	p.click("view-diff")
 	p.choose("diff-baseline-process", fmt.Sprintf("fpchain (%d)", cpid))
@@ -260,7 +281,7 @@ func TestWebView(t *testing.T) {
 	if deltas["rec_leaf"] <= 0 || deltas["cf_leaf"] >= 0 {
 		t.Errorf("differential view: rec_leaf %+.3f (want grown), cf_leaf %+.3f (want shrunk)", deltas["rec_leaf"], deltas["cf_leaf"])
 	}
-	p.shot("5-diff")
+	p.shot("7-diff")
 
 	// The download link gives the page's selection as a pprof profile.
 	var href string

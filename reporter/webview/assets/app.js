@@ -27,6 +27,8 @@ const state = {
   baseProc: '',   // 'pid:N' or 'name:EXE', as state.proc
   dragTarget: 'base',   // what a drag on the timeline sets in diff/range mode
   proc: '', container: '', thread: '', kinds: new Set(),   // proc: 'pid:N' or 'name:EXE'
+  label: '',            // 'key=value': samples with that label
+  group: '',            // the flame graph's first level: '' (executables), 'container', 'thread', 'label:KEY'
   search: '',
   focus: [],            // ids from below the root to the zoomed node
   sort: 'self',
@@ -160,6 +162,7 @@ function filterParams() {
   addProcess(p, '', state.proc);
   if (state.container) p.append('container', state.container);
   if (state.thread) p.append('thread', state.thread);
+  if (state.label) p.append('label', state.label);
   for (const k of state.kinds) p.append('kind', k);
   return p;
 }
@@ -246,6 +249,11 @@ async function loadFilters() {
   fillSelect($('f-container'), 'All containers',
     (f.containers || []).map((c) => [c.id, c.id.length > 12 ? c.id.slice(0, 12) : c.id]), state.container);
   fillSelect($('f-thread'), 'All threads', (f.threads || []).map((t) => [t.name, t.name]), state.thread);
+  const labels = (f.labels || []).map((l) => l.name);
+  fillSelect($('f-label'), 'All labels', labels.map((l) => [l, l]), state.label);
+  const keys = [...new Set(labels.map((l) => l.slice(0, l.indexOf('='))))].sort();
+  fillSelect($('f-group'), 'executable', [['container', 'container'], ['thread', 'thread name'],
+    ...keys.map((k) => [`label:${k}`, `label ${k}`])], state.group);
   fillKinds((f.kinds || []).map((k) => k.name));
 }
 
@@ -291,6 +299,11 @@ function onFilterChange() {
   state.proc = $('f-process').value;
   state.container = $('f-container').value;
   state.thread = $('f-thread').value;
+  state.label = $('f-label').value;
+  if ($('f-group').value !== state.group) {
+    state.group = $('f-group').value;
+    state.focus = [];   // the tree's paths start elsewhere
+  }
   state.kinds = new Set([...$('f-kinds').querySelectorAll('input:checked')].map((c) => c.value));
   selectionChanged({ filters: false });
 }
@@ -528,6 +541,7 @@ const KIND_ALIASES = { cpython: 'python', jvm: 'hotspot', java: 'hotspot', js: '
 const PALETTE = {   // [hue, saturation %, lightness %]
   root: [0, 0, 74],
   process: [210, 18, 74],
+  group: [160, 14, 76],
   kernel: [28, 85, 62],
   native: [4, 66, 68],
   python: [212, 62, 69],
@@ -600,6 +614,7 @@ async function loadFlame() {
   }
   if (state.focus.length) p.set('focus', state.focus.join(','));
   if (state.search) p.set('search', state.search);
+  if (state.group) p.set('group', state.group);
   const r = await getJSON('flame', 'flame', p);
   if (!r) {
     if (errors.has('flame') && !state.flame) renderFlameEmpty('The flame graph could not be loaded: see the error above.');
@@ -1059,7 +1074,9 @@ function setBaseMode(mode) {
 }
 
 function initControls() {
-  for (const id of ['f-process', 'f-container', 'f-thread']) $(id).addEventListener('change', onFilterChange);
+  for (const id of ['f-process', 'f-container', 'f-thread', 'f-label', 'f-group']) {
+    $(id).addEventListener('change', onFilterChange);
+  }
   $('f-kinds').addEventListener('change', onFilterChange);
   for (const name of ['flame', 'top', 'diff']) $(`tab-${name}`).addEventListener('click', () => setView(name));
   $('live').addEventListener('click', () => {
