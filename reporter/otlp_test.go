@@ -2,7 +2,10 @@ package reporter
 
 import (
 	"bytes"
+	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -524,5 +527,47 @@ func TestBuildRequestTraceLinks(t *testing.T) {
 		default:
 			t.Errorf("sample of %d values", len(s.Values))
 		}
+	}
+}
+
+// TestBuildRequestLabels: a sample's program labels are sample attributes
+// under their own keys (one of the profiler's own, prefixed "label."), and
+// samples with other labels are other samples; the pprof file carries
+// them as labels.
+func TestBuildRequestLabels(t *testing.T) {
+	f := newFixture()
+	a := newAggregator(f.start, 10)
+	trace := &libpf.Trace{Hash: libpf.TraceHash{Lo: 7}, Frames: []libpf.Frame{
+		{Kind: libpf.FrameNative, Address: 0x100, Mapping: f.libcA, FunctionName: "write"}}}
+	alpha := libpf.MakeLabels([]libpf.Label{{Key: "tenant", Value: "alpha"}, {Key: attrThreadID, Value: "x"}})
+	beta := libpf.MakeLabels([]libpf.Label{{Key: "tenant", Value: "beta"}})
+	ts := uint64(f.start.UnixNano())
+	a.add(trace, &libpf.SampleMeta{Process: f.procA, TID: 5, Labels: alpha}, ts)
+	a.add(trace, &libpf.SampleMeta{Process: f.procA, TID: 5, Labels: alpha}, ts+1)
+	a.add(trace, &libpf.SampleMeta{Process: f.procA, TID: 5, Labels: beta}, ts+2)
+	a.add(trace, &libpf.SampleMeta{Process: f.procA, TID: 5}, ts+3)
+	iv := a.swap(f.end)
+	req := mustBuild(t, iv).req
+	d := req.Dictionary
+	samples := req.ResourceProfiles[0].ScopeProfiles[0].Profiles[0].Samples
+	got := map[string]int{}
+	for _, s := range samples {
+		attrs := attrsOf(d, s.AttributeIndices)
+		got[fmt.Sprintf("%v/%v", attrs["tenant"], attrs["label."+attrThreadID])] += len(s.Values)
+		if attrs[attrThreadID] != int64(5) {
+			t.Errorf("thread.id %v: a label took the profiler's own key", attrs[attrThreadID])
+		}
+	}
+	if want := map[string]int{"alpha/x": 2, "beta/<nil>": 1, "<nil>/<nil>": 1}; !maps.Equal(got, want) {
+		t.Errorf("samples by labels %v, want %v", got, want)
+	}
+
+	p := buildPprof(iv, 1)
+	tenants := map[string]int64{}
+	for _, s := range p.Sample {
+		tenants[strings.Join(s.Label["tenant"], ",")] += s.Value[0]
+	}
+	if want := map[string]int64{"alpha": 2, "beta": 1, "": 1}; !maps.Equal(tenants, want) {
+		t.Errorf("pprof samples by tenant %v, want %v", tenants, want)
 	}
 }

@@ -29,10 +29,14 @@ struct go_string {
 #define GO_MAX_LABEL_BUCKETS 2
 
 // The label slot i after the trace's frames (struct record's labels_room
-// keeps it inside the record when the trace is full).
+// keeps it inside the record when the trace is full). The empty asm makes
+// the compiler clamp the values where they are used: it would otherwise
+// reuse a check made before it spilled them to the stack, whose bounds
+// 5.10's verifier does not carry into the slot.
 static __always_inline struct label *label_slot(struct trace *t, u32 i)
 {
   u32 n = t->num_frames;
+  asm volatile("" : "+r"(n), "+r"(i));
   if (n > MAX_FRAMES)
     n = MAX_FRAMES;
   if (i >= MAX_LABELS)

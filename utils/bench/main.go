@@ -46,7 +46,8 @@ func main() {
 	rates := flag.String("rates", "", "sampling rates to measure under -load (default: the scenario table)")
 	runs := flag.Int("runs", 3, "runs per rate; the table shows each figure's median")
 	load := flag.String("load", "shell", "what keeps the CPUs busy: shell loops, c (utils/workloads/fpchain.c, -O2), "+
-		"python (utils/workloads/python/pyworkload.py chain under python3), manymaps (utils/workloads/manymaps.c: "+
+		"python (utils/workloads/python/pyworkload.py chain under python3), golabels (utils/workloads/golabels: "+
+		"goroutines under pprof labels), manymaps (utils/workloads/manymaps.c: "+
 		"30,000 file mappings, 15,000 executable), java (utils/workloads/java "+
 		"JWorkload chain under JDK 17), node (utils/workloads/node/v8work.js chain under Node 20), "+
 		"ruby (utils/workloads/ruby/rbworkload.rb chain under Debian 12's Ruby 3.1), "+
@@ -412,6 +413,9 @@ func busyProcesses(load string, n int) (stop func(), pids []int) {
 		argv = []string{buildLoad("fpchain", "gcc", "-O2", "-o", "BIN", "utils/workloads/fpchain.c"), "1000000"}
 	case "go":
 		argv = []string{buildLoad("gochain", "go", "build", "-o", "BIN", "./utils/workloads/gochain"), "1000000"}
+	case "golabels":
+		// Four goroutines, three under pprof labels (two, two and ten).
+		argv = []string{buildLoad("golabels", "go", "build", "-C", "utils/workloads/golabels", "-o", "BIN", "."), "1000000"}
 	case "manymaps":
 		argv = []string{buildLoad("manymaps", "gcc", "-O2", "-o", "BIN", "utils/workloads/manymaps.c"), "1000000"}
 	case "python":
