@@ -141,8 +141,9 @@ type ProcessInfo struct {
 	PID            PID
 	ExecutableName string
 	ExecutablePath string
-	// ContainerID is empty outside containers.
-	ContainerID string
+	// ContainerID is empty outside containers; PodUID outside Kubernetes
+	// pods.
+	ContainerID, PodUID string
 	// RuntimeName and RuntimeVersion name the language runtime the process
 	// runs, as the runtime names itself, and its release; empty for native
 	// programs.

@@ -21,6 +21,7 @@ const (
 	attrExeName     = "process.executable.name"
 	attrExePath     = "process.executable.path"
 	attrContainerID = "container.id"
+	attrPodUID      = "k8s.pod.uid"
 	attrRuntimeName = "process.runtime.name"
 	attrRuntimeVer  = "process.runtime.version"
 	attrServiceName = "service.name"
@@ -448,6 +449,7 @@ func resource(pid libpf.PID, proc *libpf.ProcessInfo, opts buildOptions) *resour
 		add(attrExeName, proc.ExecutableName)
 		add(attrExePath, proc.ExecutablePath)
 		add(attrContainerID, proc.ContainerID)
+		add(attrPodUID, proc.PodUID)
 		add(attrRuntimeName, proc.RuntimeName)
 		add(attrRuntimeVer, proc.RuntimeVersion)
 		add(attrServiceName, proc.ServiceName)

@@ -32,7 +32,7 @@ func (fs FS) Info(pid uint32, comm string) *libpf.ProcessInfo {
 		info.ExecutableName = comm
 	}
 	if f, err := os.Open(dir + "/cgroup"); err == nil {
-		info.ContainerID = containerIDFromCgroup(f)
+		info.ContainerID, info.PodUID = containerFromCgroup(f)
 		f.Close()
 	}
 	return info
@@ -52,14 +52,19 @@ var containerRuntimePrefixes = []string{
 	"docker-", "cri-containerd-", "containerd-", "crio-", "libpod-",
 }
 
-// containerIDFromCgroup finds the container id in a /proc/PID/cgroup file,
-// cgroup v1 ("N:controllers:/path") or v2 ("0::/path"). Container runtimes
-// name the cgroup after the 64-hex-digit container id, either as a whole path
-// component (docker and kubepods under cgroupfs: ".../<id>") or wrapped by
-// systemd (".../docker-<id>.scope", "cri-containerd-<id>.scope",
-// "crio-<id>.scope", "libpod-<id>.scope"). The deepest such component wins,
-// which is the innermost container when containers nest.
-func containerIDFromCgroup(r io.Reader) string {
+// containerFromCgroup finds the container id and the Kubernetes pod uid
+// in a /proc/PID/cgroup file, cgroup v1 ("N:controllers:/path") or v2
+// ("0::/path"). Container runtimes name the cgroup after the
+// 64-hex-digit container id, either as a whole path component (docker and
+// kubepods under cgroupfs: ".../<id>") or wrapped by systemd
+// (".../docker-<id>.scope", "cri-containerd-<id>.scope",
+// "crio-<id>.scope", "libpod-<id>.scope"). The deepest such component
+// wins, which is the innermost container when containers nest. The
+// kubelet puts a pod's containers under a cgroup named after the pod's
+// uid: "pod<uid>" (cgroupfs driver) or "kubepods-<qos>-pod<uid>.slice"
+// with the uid's dashes as underscores (systemd driver); the pod is the
+// one above the container (or, with no container, the deepest).
+func containerFromCgroup(r io.Reader) (id, podUID string) {
 	s := bufio.NewScanner(r)
 	for s.Scan() {
 		line := s.Text()
@@ -73,23 +78,62 @@ func containerIDFromCgroup(r io.Reader) string {
 		if !ok {
 			continue
 		}
-		if id := containerIDFromPath(cgroupPath); id != "" {
-			return id
+		id, podUID = containerFromPath(cgroupPath)
+		if id != "" || podUID != "" {
+			return id, podUID
 		}
+	}
+	return "", ""
+}
+
+func containerFromPath(p string) (id, podUID string) {
+	for p != "" && podUID == "" {
+		i := strings.LastIndexByte(p, '/')
+		component := p[i+1:]
+		p = p[:max(i, 0)]
+		if id == "" {
+			if id = containerIDFromComponent(component); id != "" {
+				continue
+			}
+		}
+		podUID = podUIDFromComponent(component)
+	}
+	return id, podUID
+}
+
+// podUIDFromComponent is the pod uid a cgroup path component names, if
+// it names one: "pod<uid>" or "kubepods[-<qos>]-pod<uid>.slice".
+func podUIDFromComponent(c string) string {
+	if rest, ok := strings.CutSuffix(c, ".slice"); ok {
+		i := strings.LastIndex(rest, "-pod")
+		if !strings.HasPrefix(rest, "kubepods-") || i < 0 {
+			return ""
+		}
+		c = "pod" + strings.ReplaceAll(rest[i+len("-pod"):], "_", "-")
+	}
+	uid, ok := strings.CutPrefix(c, "pod")
+	if ok && isPodUID(uid) {
+		return uid
 	}
 	return ""
 }
 
-func containerIDFromPath(p string) string {
-	for p != "" {
-		i := strings.LastIndexByte(p, '/')
-		component := p[i+1:]
-		p = p[:max(i, 0)]
-		if id := containerIDFromComponent(component); id != "" {
-			return id
+// isPodUID says whether s is a pod uid: a UUID (8-4-4-4-12 lower-case
+// hex digits), or, for a static pod, the 32 hex digits of its manifest's
+// hash.
+func isPodUID(s string) bool {
+	switch len(s) {
+	case 32:
+		return isHex(s)
+	case 36:
+		for _, i := range []int{8, 13, 18, 23} {
+			if s[i] != '-' {
+				return false
+			}
 		}
+		return isHex(s[:8] + s[9:13] + s[14:18] + s[19:23] + s[24:])
 	}
-	return ""
+	return false
 }
 
 func containerIDFromComponent(c string) string {
@@ -110,10 +154,10 @@ func containerIDFromComponent(c string) string {
 	return ""
 }
 
-func isHexID(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
+func isHexID(s string) bool { return len(s) == 64 && isHex(s) }
+
+// isHex says whether s is lower-case hex digits only.
+func isHex(s string) bool {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
