@@ -24,7 +24,7 @@ cd "$(dirname "$0")/.."
 packages=(clang-16 clang-format-16 llvm-16 gcc g++ binutils make bpftool libc6-arm64-cross libgcc-s1-arm64-cross
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross python3 python3-dbg python3.11-dbg libc6-dbg musl-tools systemd util-linux
   qemu-system-x86 qemu-system-arm openjdk-17-jdk-headless patchelf libc6-dev xz-utils libssl-dev libyaml-dev zlib1g-dev
-  libffi-dev php8.2-cli php8.2-fpm php8.2-opcache php8.2-dev chromium chromium-driver)
+  libffi-dev php8.2-cli php8.2-fpm php8.2-opcache php8.2-dev chromium chromium-driver containerd runc)
 command -v rustc >/dev/null || packages+=(rustc)
 missing=()
 for p in "${packages[@]}"; do
