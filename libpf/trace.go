@@ -144,6 +144,9 @@ type ProcessInfo struct {
 	// ContainerID is empty outside containers; PodUID outside Kubernetes
 	// pods.
 	ContainerID, PodUID string
+	// PodName, Namespace and ContainerName are the container's Kubernetes
+	// names, as the node's container runtime gives them.
+	PodName, Namespace, ContainerName string
 	// RuntimeName and RuntimeVersion name the language runtime the process
 	// runs, as the runtime names itself, and its release; empty for native
 	// programs.

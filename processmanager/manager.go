@@ -54,6 +54,10 @@ type Config struct {
 	// Correlator, when set, is told of APM agents and counts the samples
 	// taken in their traces.
 	Correlator *tracecorr.Correlator
+	// CRISockets are the container runtime sockets asked for the
+	// Kubernetes names of processes' containers (cri.DefaultSockets); none
+	// when empty.
+	CRISockets []string
 	// Runtimes are the language runtimes looked for in processes
 	// (package interpreter's registry, as -tracers selects it); none when
 	// empty.
@@ -104,8 +108,11 @@ type Manager struct {
 	rereadInterval time.Duration
 	checkInterval  time.Duration
 	corr           *tracecorr.Correlator
-	runtimes       []*interpreter.Runtime
-	demangler      *execinfo.Demangler
+	// names asks the node's container runtime for containers' Kubernetes
+	// names; nil without CRI sockets.
+	names     *containerNames
+	runtimes  []*interpreter.Runtime
+	demangler *execinfo.Demangler
 	// lines finds source lines and inlined calls of native frames; nil
 	// when Config.DebugInfoBytes turned them off.
 	lines *lineSymbolizer
@@ -286,6 +293,9 @@ func New(cfg Config) (*Manager, error) {
 	m.exited = libpf.NewLRU[uint32, exitedProcess](maxExitedProcesses, 0)
 	m.unread = libpf.NewLRU[uint32, struct{}](maxExitedProcesses, 0)
 	m.kernel = m.loadKernel()
+	if len(cfg.CRISockets) > 0 {
+		m.names = newContainerNames(cfg.CRISockets, m.applyContainerNames)
+	}
 	if u := cfg.Unwinding; u != nil {
 		m.unwinding = *u
 		m.unwind = unwindmaps.New(*u, m.log)
@@ -308,6 +318,9 @@ func (m *Manager) Close() {
 		m.lines.close()
 	}
 	m.mu.Unlock()
+	if m.names != nil {
+		m.names.close()
+	}
 	if m.unwind != nil {
 		m.unwind.Close()
 	}
@@ -714,6 +727,7 @@ func (m *Manager) processFor(pid uint32, comm string) *process {
 	} else {
 		p.info = m.source.Info(pid, comm)
 	}
+	m.nameContainer(p)
 	m.procs[pid] = p
 	m.unread.Remove(pid)
 	m.counters.processesSeen++

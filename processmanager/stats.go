@@ -59,6 +59,10 @@ type Stats struct {
 	// GoPrograms counts Go programs whose goroutine labels BPF was told
 	// to read; GoLabelErrors the writes of that which failed.
 	GoPrograms, GoLabelErrors uint64
+	// ContainersNamed counts containers the runtime named; CRIErrors the
+	// questions that failed for another reason than no runtime or a
+	// container it does not run.
+	ContainersNamed, CRIErrors uint64
 	// ProcessChecks counts periodic checks of sampled processes.
 	ProcessChecks uint64
 	// StaleExecs counts exec events handled after the new image's state
@@ -143,6 +147,8 @@ type counters struct {
 	apmErrors          uint64
 	goPrograms         uint64
 	goLabelErrors      uint64
+	containersNamed    uint64
+	criErrors          uint64
 	processChecks      uint64
 	staleExecs         uint64
 	execsDeferred      uint64
@@ -178,6 +184,8 @@ func (m *Manager) Stats() Stats {
 		APMErrors:             c.apmErrors,
 		GoPrograms:            c.goPrograms,
 		GoLabelErrors:         c.goLabelErrors,
+		ContainersNamed:       c.containersNamed,
+		CRIErrors:             c.criErrors,
 		ProcessChecks:         c.processChecks,
 		DemangleFailures:      m.demangler.Failures(),
 		StaleExecs:            c.staleExecs,

@@ -45,7 +45,8 @@ func newFixture() *fixture {
 		start: time.Date(2026, 11, 22, 10, 30, 0, 0, time.UTC),
 		procA: &libpf.ProcessInfo{PID: 100, ExecutableName: "app-a", ExecutablePath: "/usr/bin/app-a"},
 		procB: &libpf.ProcessInfo{PID: 200, ExecutableName: "app-b", ExecutablePath: "/opt/b/app-b",
-			ContainerID: "c0ffee", PodUID: "1b7c8f4e-2a3d-4e5f-8a9b-0c1d2e3f4a5b", RuntimeName: "CPython", RuntimeVersion: "3.12.1"},
+			ContainerID: "c0ffee", PodUID: "1b7c8f4e-2a3d-4e5f-8a9b-0c1d2e3f4a5b",
+			PodName: "b-0", Namespace: "ns", ContainerName: "app", RuntimeName: "CPython", RuntimeVersion: "3.12.1"},
 	}
 	f.end = f.start.Add(5 * time.Second)
 	f.vmlinux = &libpf.Mapping{FileID: libpf.FileIDFromKernelBuildID("0badc0de"), Path: "vmlinux",

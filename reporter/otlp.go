@@ -22,6 +22,9 @@ const (
 	attrExePath     = "process.executable.path"
 	attrContainerID = "container.id"
 	attrPodUID      = "k8s.pod.uid"
+	attrPodName     = "k8s.pod.name"
+	attrNamespace   = "k8s.namespace.name"
+	attrContainer   = "container.name"
 	attrRuntimeName = "process.runtime.name"
 	attrRuntimeVer  = "process.runtime.version"
 	attrServiceName = "service.name"
@@ -449,6 +452,9 @@ func resource(pid libpf.PID, proc *libpf.ProcessInfo, opts buildOptions) *resour
 		add(attrExeName, proc.ExecutableName)
 		add(attrExePath, proc.ExecutablePath)
 		add(attrContainerID, proc.ContainerID)
+		add(attrContainer, proc.ContainerName)
+		add(attrPodName, proc.PodName)
+		add(attrNamespace, proc.Namespace)
 		add(attrPodUID, proc.PodUID)
 		add(attrRuntimeName, proc.RuntimeName)
 		add(attrRuntimeVer, proc.RuntimeVersion)

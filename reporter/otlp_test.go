@@ -118,6 +118,7 @@ func TestBuildRequestResources(t *testing.T) {
 			"process.executable.path": "/usr/bin/app-a", "host.id": "machine-1", "host.name": "host-1"},
 		{"process.pid": int64(200), "process.executable.name": "app-b",
 			"process.executable.path": "/opt/b/app-b", "container.id": "c0ffee", "k8s.pod.uid": "1b7c8f4e-2a3d-4e5f-8a9b-0c1d2e3f4a5b",
+			"k8s.pod.name": "b-0", "k8s.namespace.name": "ns", "container.name": "app",
 			"process.runtime.name": "CPython", "process.runtime.version": "3.12.1",
 			"host.id": "machine-1", "host.name": "host-1"},
 	}

@@ -74,8 +74,13 @@ func pprofLabels(g *sampleGroup) map[string][]string {
 	if g.key.threadName != "" {
 		labels["thread_name"] = []string{g.key.threadName}
 	}
-	if g.key.process != nil && g.key.process.ExecutableName != "" {
-		labels["process"] = []string{g.key.process.ExecutableName}
+	if p := g.key.process; p != nil {
+		for key, v := range map[string]string{"process": p.ExecutableName, "pod": p.PodName,
+			"namespace": p.Namespace, "container": p.ContainerName} {
+			if v != "" {
+				labels[key] = []string{v}
+			}
+		}
 	}
 	for k, v := range g.key.labels.All() {
 		labels[sampleLabelKey(k, pprofSampleKeys)] = []string{v}
@@ -85,7 +90,7 @@ func pprofLabels(g *sampleGroup) map[string][]string {
 
 // pprofSampleKeys are the pprof sample labels the profiler sets itself,
 // string and numeric.
-var pprofSampleKeys = []string{"thread_name", "process", "pid", "tid", "cpu"}
+var pprofSampleKeys = []string{"thread_name", "process", "pod", "namespace", "container", "pid", "tid", "cpu"}
 
 type pprofLocKey struct {
 	mapping *profile.Mapping

@@ -148,7 +148,7 @@ func TestValidateRejects(t *testing.T) {
 		{"repeated resource attribute", func(r *req) {
 			res := r.ResourceProfiles[1].Resource
 			res.Attributes = append(res.Attributes, res.Attributes[0])
-		}, `resource_profiles[1]: resource.attributes[9]: key "process.pid" repeated`},
+		}, `resource_profiles[1]: resource.attributes[12]: key "process.pid" repeated`},
 		{"nil resource profiles", func(r *req) { r.ResourceProfiles[0] = nil }, "resource_profiles[0]: nil"},
 	}
 	for _, tt := range tests {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/processmanager"
+	"github.com/hostprof/ebpf-profiler/processmanager/cri"
 	"github.com/hostprof/ebpf-profiler/processmanager/execinfo"
 	"github.com/hostprof/ebpf-profiler/reporter"
 	"github.com/hostprof/ebpf-profiler/tracer"
@@ -75,7 +76,9 @@ type config struct {
 	bpfLogLevel    uint
 	mapScaleFactor uint
 	// goLabels reads Go programs' goroutine labels into samples.
-	goLabels       bool
+	goLabels bool
+	// criSockets are asked for containers' Kubernetes names.
+	criSockets     []string
 	verbose        bool
 	version        bool
 	outputDir      string
@@ -100,7 +103,7 @@ type config struct {
 // (environ as os.Environ returns it); usage and errors go to out.
 func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	var c config
-	var tracers, demangle, debugDirs, debuginfodURLs string
+	var tracers, demangle, debugDirs, debuginfodURLs, criSockets string
 	outputDirSet := false
 	fs := flag.NewFlagSet("ebpf-profiler", flag.ContinueOnError)
 	fs.SetOutput(out)
@@ -152,6 +155,9 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 			"(the status line's map fill levels). 0 holds 4M stack deltas, all maps taking about 18 MiB of kernel "+
 			"memory; %d holds 1G in 4.3 GiB.",
 			tracer.MaxMapScaleFactor, tracer.MaxMapScaleFactor))
+	fs.StringVar(&criSockets, "cri-sockets", strings.Join(cri.DefaultSockets, ","),
+		"Comma-separated container runtime (CRI) sockets; the first that serves is asked for the pod name, namespace "+
+			"and container name of each container whose processes are sampled (\"\" disables).")
 	fs.BoolVar(&c.goLabels, "go-labels", true,
 		"Read the pprof labels (pprof.Do, pprof.SetGoroutineLabels) of the goroutine each sample of a Go program "+
 			"ran, and put them on the sample (at most 10, keys cut to 16 bytes, values to 48).")
@@ -204,6 +210,11 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	for _, d := range strings.Split(debugDirs, ",") {
 		if d = strings.TrimSpace(d); d != "" {
 			c.debugDirs = append(c.debugDirs, d)
+		}
+	}
+	for _, s := range strings.Split(criSockets, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			c.criSockets = append(c.criSockets, s)
 		}
 	}
 	return &c, c.validate()

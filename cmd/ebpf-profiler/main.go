@@ -180,7 +180,8 @@ func profile(ctx context.Context, cfg *config) error {
 			return err
 		}
 	}
-	pm, err := processmanager.New(processmanager.Config{Unwinding: unwinding(tr, deltaCache(cfg), cfg.goLabels), Correlator: corr, Runtimes: runtimes,
+	pm, err := processmanager.New(processmanager.Config{Unwinding: unwinding(tr, deltaCache(cfg), cfg.goLabels), Correlator: corr,
+		CRISockets: cfg.criSockets, Runtimes: runtimes,
 		Demangle: cfg.demangle, DebugDirs: cfg.debugDirs, DebugInfoBytes: debugInfoBytes(cfg.debugInfoMiB),
 		DebugInfoInflateDir: inflateDir(cfg), Debuginfod: dfd})
 	if err != nil {

@@ -1,0 +1,116 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/processmanager"
+	"github.com/hostprof/ebpf-profiler/test/critest"
+	"github.com/hostprof/ebpf-profiler/utils/gofetch"
+)
+
+// buildPause builds the pods' sandbox program: a static C program that
+// waits for signals.
+func buildPause(t *testing.T) []byte {
+	t.Helper()
+	dir := t.TempDir()
+	src := filepath.Join(dir, "pause.c")
+	if err := os.WriteFile(src, []byte("#include <unistd.h>\nint main(void) { for (;;) pause(); }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "pause")
+	run(t, dir, nil, "gcc", "-static", "-O2", "-o", bin, src)
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestKubernetesNames runs two pods, each a container of the golabels
+// workload (a static Go program), through a containerd of the test's own
+// via the CRI, as the kubelet would. The process manager asks that
+// containerd for each container's names once, in the background: from the
+// first sample that has them on, every sample of a container must carry
+// its pod's name, namespace and uid, its container's name and id, and
+// never the other pod's; the goroutines' labels come along.
+func TestKubernetesNames(t *testing.T) {
+	requireRoot(t)
+	if inVM() {
+		t.Fatal("not a kernel-matrix test: the VMs have no containerd")
+	}
+	pause := buildPause(t)
+	workload, err := os.ReadFile(buildGoLabels(t, goLabelBuild{version: gofetch.System}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	skipIfPreparing(t)
+	c := critest.Start(t, pause)
+	c.Import(t, "hostprof.test/golabels:1", critest.Image{"/golabels": workload}, []string{"/golabels"})
+	s := startSessionWith(t, testHz, func(cfg *processmanager.Config) { cfg.CRISockets = []string{c.Socket} })
+
+	pods := []critest.Pod{
+		{Name: "checkout-5c7d9", Namespace: "shop", UID: "6f1e2d3c-4b5a-4697-8877-665544332211", ContainerName: "worker",
+			Image: "hostprof.test/golabels:1", Args: []string{"4"}},
+		{Name: "billing-0", Namespace: "finance", UID: "0a1b2c3d-4e5f-4a6b-9c8d-7e6f5a4b3c2d", ContainerName: "ledger",
+			Image: "hostprof.test/golabels:1", Args: []string{"4"}},
+	}
+	ids := make([]string, len(pods))
+	pids := make([]int, len(pods))
+	for i, p := range pods {
+		ids[i] = c.Run(t, p)
+		pids[i] = c.PID(t, ids[i])
+	}
+	for _, pid := range pids {
+		s.waitExited(t, pid)
+	}
+	for i, p := range pods {
+		samples := s.rec.ofPID(pids[i])
+		want := libpf.ProcessInfo{ContainerID: ids[i], PodUID: p.UID, PodName: p.Name, Namespace: p.Namespace,
+			ContainerName: p.ContainerName}
+		first := -1
+		var right, labelled int
+		for j, smp := range samples {
+			got := smp.meta.Process
+			if got == nil {
+				continue
+			}
+			if got.PodName != "" && first < 0 {
+				first = j
+			}
+			if got.PodName != "" && got.PodName != p.Name {
+				t.Errorf("%s: a sample of pod %s carries %s/%s", p.Name, p.Name, got.Namespace, got.PodName)
+			}
+			if first < 0 {
+				continue
+			}
+			if got.ContainerID == want.ContainerID && got.PodUID == want.PodUID && got.PodName == want.PodName &&
+				got.Namespace == want.Namespace && got.ContainerName == want.ContainerName {
+				right++
+			}
+			if !smp.meta.Labels.IsZero() {
+				labelled++
+			}
+		}
+		if first < 0 || first > maxWarmupSamples {
+			t.Fatalf("%s: %d samples before the first with its names (-1: none of %d), want <= %d",
+				p.Name, first, len(samples), maxWarmupSamples)
+		}
+		n := len(samples) - first
+		t.Logf("pod %s/%s: %d of %d samples before the first with its names; then %d of %d (%.1f%%) with all of "+
+			"them right, %d with goroutine labels", p.Namespace, p.Name, first, len(samples), right, n,
+			100*float64(right)/float64(n), labelled)
+		if float64(right) < 0.95*float64(n) {
+			t.Errorf("%s: %d of %d samples carry its names %+v, want >= 95%%", p.Name, right, n, want)
+		}
+		if labelled == 0 {
+			t.Errorf("%s: no sample carries goroutine labels", p.Name)
+		}
+	}
+	// The runtime is asked once per container, not per process or sample.
+	if st := s.pm.Stats(); st.ContainersNamed < uint64(len(pods)) || st.CRIErrors != 0 {
+		t.Errorf("containers named %d, CRI errors %d; want >= %d and 0", st.ContainersNamed, st.CRIErrors, len(pods))
+	}
+}
