@@ -119,7 +119,10 @@ type histMeta struct {
 	pid       libpf.PID
 	process   string
 	container string
-	thread    string
+	// containerName, pod ("namespace/name") and namespace are the
+	// container's Kubernetes names, empty outside Kubernetes.
+	containerName, pod, namespace string
+	thread                        string
 	// labels are the program's labels of the sampled work.
 	labels libpf.Labels
 }
@@ -417,7 +420,8 @@ func (t *histTables) meta(m histMeta) uint32 {
 	i := uint32(len(t.metas))
 	t.metas = append(t.metas, m)
 	t.metaIdx[m] = i
-	t.bytes += metaCost + int64(len(m.process)+len(m.container)+len(m.thread)+m.labels.Size())
+	t.bytes += metaCost + int64(len(m.process)+len(m.container)+len(m.containerName)+len(m.pod)+len(m.namespace)+
+		len(m.thread)+m.labels.Size())
 	return i
 }
 
@@ -425,6 +429,10 @@ func metaOf(k *sampleKey) histMeta {
 	m := histMeta{pid: k.pid, thread: k.threadName, labels: k.labels}
 	if p := k.process; p != nil {
 		m.process, m.container = p.ExecutableName, p.ContainerID
+		m.containerName, m.namespace = p.ContainerName, p.Namespace
+		if p.PodName != "" {
+			m.pod = p.Namespace + "/" + p.PodName
+		}
 	}
 	if m.process == "" {
 		m.process = "[unknown]"

@@ -45,7 +45,11 @@ func (h *History) selectionInterval(sel *Selection) *interval {
 			m := &h.tab.metas[sr.meta]
 			p := procs[sr.meta]
 			if p == nil {
-				p = &libpf.ProcessInfo{PID: m.pid, ExecutableName: m.process, ContainerID: m.container}
+				p = &libpf.ProcessInfo{PID: m.pid, ExecutableName: m.process, ContainerID: m.container,
+					ContainerName: m.containerName, Namespace: m.namespace}
+				if _, name, ok := strings.Cut(m.pod, "/"); ok {
+					p.PodName = name
+				}
 				procs[sr.meta] = p
 			}
 			g.key = sampleKey{pid: m.pid, process: p, threadName: m.thread, labels: m.labels,

@@ -9,6 +9,8 @@ import (
 // (FlameQuery.GroupBy); without one it is the executable.
 const (
 	GroupByContainer = "container"
+	GroupByPod       = "pod"
+	GroupByNamespace = "namespace"
 	GroupByThread    = "thread"
 	// GroupByLabelPrefix + a label's key groups by that label's value.
 	GroupByLabelPrefix = "label:"
@@ -17,7 +19,7 @@ const (
 // ValidGroupBy says whether FlameQuery.GroupBy can take g.
 func ValidGroupBy(g string) bool {
 	switch {
-	case g == "", g == GroupByContainer, g == GroupByThread:
+	case g == "", g == GroupByContainer, g == GroupByPod, g == GroupByNamespace, g == GroupByThread:
 		return true
 	case strings.HasPrefix(g, GroupByLabelPrefix):
 		return len(g) > len(GroupByLabelPrefix)
@@ -29,10 +31,23 @@ func ValidGroupBy(g string) bool {
 func groupName(by string, m *histMeta) string {
 	switch by {
 	case GroupByContainer:
-		if m.container == "" {
+		switch {
+		case m.container == "":
 			return "no container"
+		case m.containerName != "":
+			return "container " + m.containerName + " (" + m.container[:min(len(m.container), 12)] + ")"
 		}
 		return "container " + m.container
+	case GroupByPod:
+		if m.pod == "" {
+			return "no pod"
+		}
+		return "pod " + m.pod
+	case GroupByNamespace:
+		if m.namespace == "" {
+			return "no namespace"
+		}
+		return "namespace " + m.namespace
 	case GroupByThread:
 		return "thread " + m.thread
 	}

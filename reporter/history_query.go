@@ -19,7 +19,9 @@ type Selection struct {
 	PIDs       []libpf.PID
 	Processes  []string // executable names
 	Containers []string
-	Threads    []string // thread names
+	// Pods ("namespace/name") and Namespaces are Kubernetes'.
+	Pods, Namespaces []string
+	Threads          []string // thread names
 	// Kinds keeps the samples whose stack has a frame of one of the kinds.
 	Kinds []string
 	// Labels keeps the samples that have, for each key among them, one of
@@ -86,6 +88,8 @@ func (s *selector) meta(i uint32) bool {
 	ok := (len(s.sel.PIDs) == 0 || slices.Contains(s.sel.PIDs, m.pid)) &&
 		(len(s.sel.Processes) == 0 || slices.Contains(s.sel.Processes, m.process)) &&
 		(len(s.sel.Containers) == 0 || slices.Contains(s.sel.Containers, m.container)) &&
+		(len(s.sel.Pods) == 0 || slices.Contains(s.sel.Pods, m.pod)) &&
+		(len(s.sel.Namespaces) == 0 || slices.Contains(s.sel.Namespaces, m.namespace)) &&
 		(len(s.sel.Threads) == 0 || slices.Contains(s.sel.Threads, m.thread)) &&
 		hasLabels(m.labels, s.sel.Labels)
 	s.metaOK[i] = boolInt8(ok)
@@ -234,6 +238,8 @@ type FilterValue struct {
 // FilterValues are the values the filters offer in a time range.
 type FilterValues struct {
 	Processes, Threads, Containers, Kinds []FilterValue
+	// Pods are "namespace/name".
+	Pods, Namespaces []FilterValue
 	// Labels are "key=value".
 	Labels []FilterValue
 }
@@ -257,6 +263,7 @@ func (h *History) Filters(sel Selection, limit int) FilterValues {
 	threads := make(map[string]uint64)
 	containers := make(map[string]uint64)
 	labels := make(map[string]uint64)
+	pods, namespaces := make(map[string]uint64), make(map[string]uint64)
 	for i, n := range byMeta {
 		if n == 0 {
 			continue
@@ -269,6 +276,12 @@ func (h *History) Filters(sel Selection, limit int) FilterValues {
 		}
 		for k, v := range m.labels.All() {
 			labels[k+"="+v] += n
+		}
+		if m.pod != "" {
+			pods[m.pod] += n
+		}
+		if m.namespace != "" {
+			namespaces[m.namespace] += n
 		}
 	}
 	// A stack counts once for each kind of frame it has: kinds are few,
@@ -316,7 +329,9 @@ func (h *History) Filters(sel Selection, limit int) FilterValues {
 	fv.Containers = namedValues(containers)
 	fv.Kinds = namedValues(kinds)
 	fv.Labels = namedValues(labels)
-	for _, l := range []*[]FilterValue{&fv.Processes, &fv.Threads, &fv.Containers, &fv.Kinds, &fv.Labels} {
+	fv.Pods, fv.Namespaces = namedValues(pods), namedValues(namespaces)
+	for _, l := range []*[]FilterValue{&fv.Processes, &fv.Threads, &fv.Containers, &fv.Kinds, &fv.Labels, &fv.Pods,
+		&fv.Namespaces} {
 		slices.SortFunc(*l, func(a, b FilterValue) int {
 			return cmp.Or(cmp.Compare(b.Samples, a.Samples), cmp.Compare(a.Name, b.Name), cmp.Compare(a.PID, b.PID))
 		})

@@ -622,14 +622,57 @@ func TestHistoryLabels(t *testing.T) {
 		dg.Nodes[1].BaseTotal != 30 {
 		t.Errorf("differential grouped by tenant:\n%s", flameShape(dg))
 	}
-	for _, by := range []string{"", GroupByThread, GroupByContainer, "label:k"} {
+	for _, by := range []string{"", GroupByThread, GroupByContainer, GroupByPod, GroupByNamespace, "label:k"} {
 		if !ValidGroupBy(by) {
 			t.Errorf("ValidGroupBy(%q) = false", by)
 		}
 	}
-	for _, by := range []string{"label:", "pod", "Label:x"} {
+	for _, by := range []string{"label:", "service", "Label:x"} {
 		if ValidGroupBy(by) {
 			t.Errorf("ValidGroupBy(%q) = true", by)
+		}
+	}
+}
+
+// TestHistoryKubernetes: processes of pods are listed, selected and grouped
+// by pod ("namespace/name") and namespace, containers by name.
+func TestHistoryKubernetes(t *testing.T) {
+	h := newTestHistory(t, HistoryConfig{})
+	start := time.Unix(1_800_000_000, 0)
+	const id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	shop := &libpf.ProcessInfo{PID: 7, ExecutableName: "svc", ContainerID: id, ContainerName: "worker",
+		PodName: "checkout-0", Namespace: "shop"}
+	host := &libpf.ProcessInfo{PID: 8, ExecutableName: "sshd"}
+	h.add(intervalOf(start, time.Second, shop, map[*libpf.Trace]int{chain(1, "main", "serve"): 30}), testPeriod)
+	h.add(intervalOf(start.Add(time.Second), time.Second, host, map[*libpf.Trace]int{chain(2, "main", "poll"): 10}), testPeriod)
+
+	fv := h.Filters(Selection{}, 10)
+	if len(fv.Pods) != 1 || fv.Pods[0].Name != "shop/checkout-0" || fv.Pods[0].Samples != 30 ||
+		len(fv.Namespaces) != 1 || fv.Namespaces[0].Name != "shop" {
+		t.Errorf("pods %+v, namespaces %+v", fv.Pods, fv.Namespaces)
+	}
+	if g := h.Flame(FlameQuery{Selection: Selection{Pods: []string{"shop/checkout-0"}}}); g.Total != 30 {
+		t.Errorf("pod selection: %d samples, want 30", g.Total)
+	}
+	if g := h.Flame(FlameQuery{Selection: Selection{Namespaces: []string{"kube-system"}}}); g.Total != 0 {
+		t.Errorf("another namespace: %d samples, want 0", g.Total)
+	}
+	for by, want := range map[string][]string{
+		GroupByPod:       {"no pod", "pod shop/checkout-0"},
+		GroupByNamespace: {"namespace shop", "no namespace"},
+		GroupByContainer: {"container worker (0123456789ab)", "no container"},
+	} {
+		g := h.Flame(FlameQuery{GroupBy: by})
+		var groups []string
+		for _, n := range g.Nodes {
+			if n.Kind == KindGroup {
+				groups = append(groups, n.Name)
+			}
+		}
+		slices.Sort(groups)
+		slices.Sort(want)
+		if !slices.Equal(groups, want) {
+			t.Errorf("grouped by %s: %v, want %v", by, groups, want)
 		}
 	}
 }

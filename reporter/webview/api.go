@@ -103,6 +103,9 @@ type filtersJSON struct {
 	Threads    []namedJSON     `json:"threads"`
 	Containers []containerJSON `json:"containers"`
 	Kinds      []namedJSON     `json:"kinds"`
+	// Pods are "namespace/name".
+	Pods       []namedJSON `json:"pods"`
+	Namespaces []namedJSON `json:"namespaces"`
 	// Labels are "key=value".
 	Labels []namedJSON `json:"labels"`
 }
@@ -114,7 +117,7 @@ func (s *Server) filters(w http.ResponseWriter, r *http.Request) {
 	}
 	fv := s.cfg.History.Filters(sel, maxFilterValues)
 	out := filtersJSON{Processes: []processJSON{}, Threads: []namedJSON{}, Containers: []containerJSON{}, Kinds: []namedJSON{},
-		Labels: []namedJSON{}}
+		Labels: []namedJSON{}, Pods: []namedJSON{}, Namespaces: []namedJSON{}}
 	for _, v := range fv.Processes {
 		out.Processes = append(out.Processes, processJSON{v.Name, uint32(v.PID), v.Container, v.Samples})
 	}
@@ -129,6 +132,12 @@ func (s *Server) filters(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, v := range fv.Labels {
 		out.Labels = append(out.Labels, namedJSON{v.Name, v.Samples})
+	}
+	for _, v := range fv.Pods {
+		out.Pods = append(out.Pods, namedJSON{v.Name, v.Samples})
+	}
+	for _, v := range fv.Namespaces {
+		out.Namespaces = append(out.Namespaces, namedJSON{v.Name, v.Samples})
 	}
 	s.writeJSON(w, r, out)
 }
@@ -197,7 +206,7 @@ func (s *Server) flame(w http.ResponseWriter, r *http.Request) {
 	q := reporter.FlameQuery{Selection: sel, Baseline: base, MaxNodes: maxFlameNodes}
 	group, _, err := p.one("group")
 	if err == nil && !reporter.ValidGroupBy(group) {
-		err = &badParam{"group", "want container, thread or label:KEY"}
+		err = &badParam{"group", "want container, pod, namespace, thread or label:KEY"}
 	}
 	if err != nil {
 		fail(w, err)

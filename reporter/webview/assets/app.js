@@ -28,6 +28,8 @@ const state = {
   dragTarget: 'base',   // what a drag on the timeline sets in diff/range mode
   proc: '', container: '', thread: '', kinds: new Set(),   // proc: 'pid:N' or 'name:EXE'
   label: '',            // 'key=value': samples with that label
+  namespace: '', pod: '',   // Kubernetes: pod is 'namespace/name'
+
   group: '',            // the flame graph's first level: '' (executables), 'container', 'thread', 'label:KEY'
   search: '',
   focus: [],            // ids from below the root to the zoomed node
@@ -163,6 +165,8 @@ function filterParams() {
   if (state.container) p.append('container', state.container);
   if (state.thread) p.append('thread', state.thread);
   if (state.label) p.append('label', state.label);
+  if (state.namespace) p.append('namespace', state.namespace);
+  if (state.pod) p.append('pod', state.pod);
   for (const k of state.kinds) p.append('kind', k);
   return p;
 }
@@ -252,7 +256,10 @@ async function loadFilters() {
   const labels = (f.labels || []).map((l) => l.name);
   fillSelect($('f-label'), 'All labels', labels.map((l) => [l, l]), state.label);
   const keys = [...new Set(labels.map((l) => l.slice(0, l.indexOf('='))))].sort();
-  fillSelect($('f-group'), 'executable', [['container', 'container'], ['thread', 'thread name'],
+  fillSelect($('f-namespace'), 'All namespaces', (f.namespaces || []).map((n) => [n.name, n.name]), state.namespace);
+  fillSelect($('f-pod'), 'All pods', (f.pods || []).map((n) => [n.name, n.name]), state.pod);
+  fillSelect($('f-group'), 'executable', [['container', 'container'], ['pod', 'pod'], ['namespace', 'namespace'],
+    ['thread', 'thread name'],
     ...keys.map((k) => [`label:${k}`, `label ${k}`])], state.group);
   fillKinds((f.kinds || []).map((k) => k.name));
 }
@@ -300,6 +307,8 @@ function onFilterChange() {
   state.container = $('f-container').value;
   state.thread = $('f-thread').value;
   state.label = $('f-label').value;
+  state.namespace = $('f-namespace').value;
+  state.pod = $('f-pod').value;
   if ($('f-group').value !== state.group) {
     state.group = $('f-group').value;
     state.focus = [];   // the tree's paths start elsewhere
@@ -1074,7 +1083,7 @@ function setBaseMode(mode) {
 }
 
 function initControls() {
-  for (const id of ['f-process', 'f-container', 'f-thread', 'f-label', 'f-group']) {
+  for (const id of ['f-process', 'f-container', 'f-namespace', 'f-pod', 'f-thread', 'f-label', 'f-group']) {
     $(id).addEventListener('change', onFilterChange);
   }
   $('f-kinds').addEventListener('change', onFilterChange);
