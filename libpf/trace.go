@@ -151,9 +151,13 @@ type ProcessInfo struct {
 	// runs, as the runtime names itself, and its release; empty for native
 	// programs.
 	RuntimeName, RuntimeVersion string
-	// ServiceName and DeploymentEnvironment are what the process's APM
-	// agent publishes; empty without one.
-	ServiceName, DeploymentEnvironment string
+	// ServiceName, ServiceVersion and DeploymentEnvironment are what the
+	// process's OpenTelemetry process context or APM agent publishes;
+	// empty without one.
+	ServiceName, ServiceVersion, DeploymentEnvironment string
+	// Resource are the resource attributes of the process's OpenTelemetry
+	// process context (values as strings).
+	Resource Labels
 }
 
 // SampleMeta is what is specific to one sample of a trace.

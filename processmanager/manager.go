@@ -212,6 +212,9 @@ type process struct {
 	// goLabels is set while BPF reads the goroutine labels of the
 	// process, a Go program.
 	goLabels *golabels.Layout
+	// procCtx is set when the process published an OpenTelemetry process
+	// context.
+	procCtx *processContext
 	// mem is the process's memory (Source.OpenMemory), opened on first need
 	// by the interpreter and APM readers and closed when it is forgotten.
 	mem proc.ReadAtCloser
@@ -880,6 +883,8 @@ func (m *Manager) loadMaps(p *process) (changed bool, err error) {
 			return false, err
 		}
 	}
+	entries, ctxAddr := splitContextMapping(entries)
+	defer m.readProcessContext(p, ctxAddr)
 	slices.SortFunc(entries, func(a, b proc.MapsEntry) int { return cmp.Compare(a.Start, b.Start) })
 
 	old := p.mappings

@@ -62,6 +62,7 @@ func (m *Manager) readAfterExec(p *process) bool {
 		return false
 	}
 	entries, err := m.source.Maps(p.pid, proc.ExecutableMappings)
+	entries, _ = splitContextMapping(entries)
 	if err != nil || len(entries) != len(p.mappings) {
 		return false
 	}

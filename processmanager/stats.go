@@ -63,6 +63,9 @@ type Stats struct {
 	// questions that failed for another reason than no runtime or a
 	// container it does not run.
 	ContainersNamed, CRIErrors uint64
+	// ProcessContexts counts OpenTelemetry process contexts read (each
+	// publication once); ProcessContextErrors those that could not be.
+	ProcessContexts, ProcessContextErrors uint64
 	// ProcessChecks counts periodic checks of sampled processes.
 	ProcessChecks uint64
 	// StaleExecs counts exec events handled after the new image's state
@@ -128,33 +131,35 @@ type Stats struct {
 
 // counters are the Manager's mutable counts, guarded by its mutex.
 type counters struct {
-	tracesConverted    uint64
-	truncatedTraces    uint64
-	unmappedFrames     uint64
-	processesSeen      uint64
-	processesExited    uint64
-	processesVanished  uint64
-	procErrors         uint64
-	mapsReads          uint64
-	mapsRereadsLimited uint64
-	fileErrors         uint64
-	mappingsAdded      uint64
-	interpreterErrors  uint64
-	runtimeAttached    map[string]uint64
-	runtimeFrameErrors uint64
-	runtimeRefusals    map[string]uint64
-	apmAgents          uint64
-	apmErrors          uint64
-	goPrograms         uint64
-	goLabelErrors      uint64
-	containersNamed    uint64
-	criErrors          uint64
-	processChecks      uint64
-	staleExecs         uint64
-	execsDeferred      uint64
-	execsFoundBySample uint64
-	mappingsDeferred   uint64
-	native             NativeFrameCounts
+	tracesConverted      uint64
+	truncatedTraces      uint64
+	unmappedFrames       uint64
+	processesSeen        uint64
+	processesExited      uint64
+	processesVanished    uint64
+	procErrors           uint64
+	mapsReads            uint64
+	mapsRereadsLimited   uint64
+	fileErrors           uint64
+	mappingsAdded        uint64
+	interpreterErrors    uint64
+	runtimeAttached      map[string]uint64
+	runtimeFrameErrors   uint64
+	runtimeRefusals      map[string]uint64
+	apmAgents            uint64
+	apmErrors            uint64
+	goPrograms           uint64
+	goLabelErrors        uint64
+	containersNamed      uint64
+	criErrors            uint64
+	processContexts      uint64
+	processContextErrors uint64
+	processChecks        uint64
+	staleExecs           uint64
+	execsDeferred        uint64
+	execsFoundBySample   uint64
+	mappingsDeferred     uint64
+	native               NativeFrameCounts
 }
 
 // Stats returns the Manager's counters; the Handler fields are zero.
@@ -186,6 +191,8 @@ func (m *Manager) Stats() Stats {
 		GoLabelErrors:         c.goLabelErrors,
 		ContainersNamed:       c.containersNamed,
 		CRIErrors:             c.criErrors,
+		ProcessContexts:       c.processContexts,
+		ProcessContextErrors:  c.processContextErrors,
 		ProcessChecks:         c.processChecks,
 		DemangleFailures:      m.demangler.Failures(),
 		StaleExecs:            c.staleExecs,

@@ -122,7 +122,9 @@ type histMeta struct {
 	// containerName, pod ("namespace/name") and namespace are the
 	// container's Kubernetes names, empty outside Kubernetes.
 	containerName, pod, namespace string
-	thread                        string
+	// service is the process's service.name.
+	service string
+	thread  string
 	// labels are the program's labels of the sampled work.
 	labels libpf.Labels
 }
@@ -421,7 +423,7 @@ func (t *histTables) meta(m histMeta) uint32 {
 	t.metas = append(t.metas, m)
 	t.metaIdx[m] = i
 	t.bytes += metaCost + int64(len(m.process)+len(m.container)+len(m.containerName)+len(m.pod)+len(m.namespace)+
-		len(m.thread)+m.labels.Size())
+		len(m.service)+len(m.thread)+m.labels.Size())
 	return i
 }
 
@@ -429,7 +431,7 @@ func metaOf(k *sampleKey) histMeta {
 	m := histMeta{pid: k.pid, thread: k.threadName, labels: k.labels}
 	if p := k.process; p != nil {
 		m.process, m.container = p.ExecutableName, p.ContainerID
-		m.containerName, m.namespace = p.ContainerName, p.Namespace
+		m.containerName, m.namespace, m.service = p.ContainerName, p.Namespace, p.ServiceName
 		if p.PodName != "" {
 			m.pod = p.Namespace + "/" + p.PodName
 		}

@@ -46,7 +46,7 @@ func (h *History) selectionInterval(sel *Selection) *interval {
 			p := procs[sr.meta]
 			if p == nil {
 				p = &libpf.ProcessInfo{PID: m.pid, ExecutableName: m.process, ContainerID: m.container,
-					ContainerName: m.containerName, Namespace: m.namespace}
+					ContainerName: m.containerName, Namespace: m.namespace, ServiceName: m.service}
 				if _, name, ok := strings.Cut(m.pod, "/"); ok {
 					p.PodName = name
 				}

@@ -11,6 +11,7 @@ const (
 	GroupByContainer = "container"
 	GroupByPod       = "pod"
 	GroupByNamespace = "namespace"
+	GroupByService   = "service"
 	GroupByThread    = "thread"
 	// GroupByLabelPrefix + a label's key groups by that label's value.
 	GroupByLabelPrefix = "label:"
@@ -19,7 +20,8 @@ const (
 // ValidGroupBy says whether FlameQuery.GroupBy can take g.
 func ValidGroupBy(g string) bool {
 	switch {
-	case g == "", g == GroupByContainer, g == GroupByPod, g == GroupByNamespace, g == GroupByThread:
+	case g == "", g == GroupByContainer, g == GroupByPod, g == GroupByNamespace, g == GroupByService,
+		g == GroupByThread:
 		return true
 	case strings.HasPrefix(g, GroupByLabelPrefix):
 		return len(g) > len(GroupByLabelPrefix)
@@ -43,6 +45,11 @@ func groupName(by string, m *histMeta) string {
 			return "no pod"
 		}
 		return "pod " + m.pod
+	case GroupByService:
+		if m.service == "" {
+			return "no service"
+		}
+		return "service " + m.service
 	case GroupByNamespace:
 		if m.namespace == "" {
 			return "no namespace"

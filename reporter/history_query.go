@@ -21,7 +21,9 @@ type Selection struct {
 	Containers []string
 	// Pods ("namespace/name") and Namespaces are Kubernetes'.
 	Pods, Namespaces []string
-	Threads          []string // thread names
+	// Services are service.name values.
+	Services []string
+	Threads  []string // thread names
 	// Kinds keeps the samples whose stack has a frame of one of the kinds.
 	Kinds []string
 	// Labels keeps the samples that have, for each key among them, one of
@@ -90,6 +92,7 @@ func (s *selector) meta(i uint32) bool {
 		(len(s.sel.Containers) == 0 || slices.Contains(s.sel.Containers, m.container)) &&
 		(len(s.sel.Pods) == 0 || slices.Contains(s.sel.Pods, m.pod)) &&
 		(len(s.sel.Namespaces) == 0 || slices.Contains(s.sel.Namespaces, m.namespace)) &&
+		(len(s.sel.Services) == 0 || slices.Contains(s.sel.Services, m.service)) &&
 		(len(s.sel.Threads) == 0 || slices.Contains(s.sel.Threads, m.thread)) &&
 		hasLabels(m.labels, s.sel.Labels)
 	s.metaOK[i] = boolInt8(ok)
@@ -239,7 +242,7 @@ type FilterValue struct {
 type FilterValues struct {
 	Processes, Threads, Containers, Kinds []FilterValue
 	// Pods are "namespace/name".
-	Pods, Namespaces []FilterValue
+	Pods, Namespaces, Services []FilterValue
 	// Labels are "key=value".
 	Labels []FilterValue
 }
@@ -263,7 +266,7 @@ func (h *History) Filters(sel Selection, limit int) FilterValues {
 	threads := make(map[string]uint64)
 	containers := make(map[string]uint64)
 	labels := make(map[string]uint64)
-	pods, namespaces := make(map[string]uint64), make(map[string]uint64)
+	pods, namespaces, services := make(map[string]uint64), make(map[string]uint64), make(map[string]uint64)
 	for i, n := range byMeta {
 		if n == 0 {
 			continue
@@ -282,6 +285,9 @@ func (h *History) Filters(sel Selection, limit int) FilterValues {
 		}
 		if m.namespace != "" {
 			namespaces[m.namespace] += n
+		}
+		if m.service != "" {
+			services[m.service] += n
 		}
 	}
 	// A stack counts once for each kind of frame it has: kinds are few,
@@ -329,9 +335,9 @@ func (h *History) Filters(sel Selection, limit int) FilterValues {
 	fv.Containers = namedValues(containers)
 	fv.Kinds = namedValues(kinds)
 	fv.Labels = namedValues(labels)
-	fv.Pods, fv.Namespaces = namedValues(pods), namedValues(namespaces)
+	fv.Pods, fv.Namespaces, fv.Services = namedValues(pods), namedValues(namespaces), namedValues(services)
 	for _, l := range []*[]FilterValue{&fv.Processes, &fv.Threads, &fv.Containers, &fv.Kinds, &fv.Labels, &fv.Pods,
-		&fv.Namespaces} {
+		&fv.Namespaces, &fv.Services} {
 		slices.SortFunc(*l, func(a, b FilterValue) int {
 			return cmp.Or(cmp.Compare(b.Samples, a.Samples), cmp.Compare(a.Name, b.Name), cmp.Compare(a.PID, b.PID))
 		})

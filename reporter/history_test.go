@@ -622,12 +622,12 @@ func TestHistoryLabels(t *testing.T) {
 		dg.Nodes[1].BaseTotal != 30 {
 		t.Errorf("differential grouped by tenant:\n%s", flameShape(dg))
 	}
-	for _, by := range []string{"", GroupByThread, GroupByContainer, GroupByPod, GroupByNamespace, "label:k"} {
+	for _, by := range []string{"", GroupByThread, GroupByContainer, GroupByPod, GroupByNamespace, GroupByService, "label:k"} {
 		if !ValidGroupBy(by) {
 			t.Errorf("ValidGroupBy(%q) = false", by)
 		}
 	}
-	for _, by := range []string{"label:", "service", "Label:x"} {
+	for _, by := range []string{"label:", "node", "Label:x"} {
 		if ValidGroupBy(by) {
 			t.Errorf("ValidGroupBy(%q) = true", by)
 		}
@@ -641,7 +641,7 @@ func TestHistoryKubernetes(t *testing.T) {
 	start := time.Unix(1_800_000_000, 0)
 	const id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	shop := &libpf.ProcessInfo{PID: 7, ExecutableName: "svc", ContainerID: id, ContainerName: "worker",
-		PodName: "checkout-0", Namespace: "shop"}
+		PodName: "checkout-0", Namespace: "shop", ServiceName: "checkout"}
 	host := &libpf.ProcessInfo{PID: 8, ExecutableName: "sshd"}
 	h.add(intervalOf(start, time.Second, shop, map[*libpf.Trace]int{chain(1, "main", "serve"): 30}), testPeriod)
 	h.add(intervalOf(start.Add(time.Second), time.Second, host, map[*libpf.Trace]int{chain(2, "main", "poll"): 10}), testPeriod)
@@ -654,6 +654,10 @@ func TestHistoryKubernetes(t *testing.T) {
 	if g := h.Flame(FlameQuery{Selection: Selection{Pods: []string{"shop/checkout-0"}}}); g.Total != 30 {
 		t.Errorf("pod selection: %d samples, want 30", g.Total)
 	}
+	if g := h.Flame(FlameQuery{Selection: Selection{Services: []string{"checkout"}}}); g.Total != 30 ||
+		len(fv.Services) != 1 || fv.Services[0].Name != "checkout" {
+		t.Errorf("service selection: %d samples, want 30; services %+v", g.Total, fv.Services)
+	}
 	if g := h.Flame(FlameQuery{Selection: Selection{Namespaces: []string{"kube-system"}}}); g.Total != 0 {
 		t.Errorf("another namespace: %d samples, want 0", g.Total)
 	}
@@ -661,6 +665,7 @@ func TestHistoryKubernetes(t *testing.T) {
 		GroupByPod:       {"no pod", "pod shop/checkout-0"},
 		GroupByNamespace: {"namespace shop", "no namespace"},
 		GroupByContainer: {"container worker (0123456789ab)", "no container"},
+		GroupByService:   {"service checkout", "no service"},
 	} {
 		g := h.Flame(FlameQuery{GroupBy: by})
 		var groups []string

@@ -28,6 +28,7 @@ const (
 	attrRuntimeName = "process.runtime.name"
 	attrRuntimeVer  = "process.runtime.version"
 	attrServiceName = "service.name"
+	attrServiceVer  = "service.version"
 	attrDeployEnv   = "deployment.environment.name"
 	attrHostID      = "host.id"
 	attrHostName    = "host.name"
@@ -459,10 +460,20 @@ func resource(pid libpf.PID, proc *libpf.ProcessInfo, opts buildOptions) *resour
 		add(attrRuntimeName, proc.RuntimeName)
 		add(attrRuntimeVer, proc.RuntimeVersion)
 		add(attrServiceName, proc.ServiceName)
+		add(attrServiceVer, proc.ServiceVersion)
 		add(attrDeployEnv, proc.DeploymentEnvironment)
 	}
 	add(attrHostID, opts.hostID)
 	add(attrHostName, opts.hostName)
+	if proc != nil {
+		// The rest of what the process's SDK published: what the
+		// profiler knows itself (the pid, the host) stays.
+		for k, v := range proc.Resource.All() {
+			if !slices.ContainsFunc(attrs, func(a *commonpb.KeyValue) bool { return a.Key == k }) {
+				attrs = append(attrs, &commonpb.KeyValue{Key: k, Value: stringValue(v)})
+			}
+		}
+	}
 	return &resourcepb.Resource{Attributes: attrs}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"github.com/hostprof/ebpf-profiler/processmanager/processctx"
 	"io"
 	"os"
 	"strconv"
@@ -120,7 +121,7 @@ func parseMaps(r io.Reader, which Mappings) ([]MapsEntry, error) {
 		if err != nil {
 			return nil, err
 		}
-		if which == AllMappings || e.Executable {
+		if which == AllMappings || e.Executable || processctx.IsMapping(e.Path, e.Executable) {
 			out = append(out, e)
 		}
 	}

@@ -30,7 +30,8 @@ var ErrMappingGone = errors.New("mapping gone")
 type Mappings int
 
 const (
-	// ExecutableMappings are the mappings with execute permission.
+	// ExecutableMappings are the mappings with execute permission, and
+	// an OpenTelemetry process context's (processctx.IsMapping).
 	ExecutableMappings Mappings = iota
 	AllMappings
 )

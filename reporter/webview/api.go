@@ -106,6 +106,7 @@ type filtersJSON struct {
 	// Pods are "namespace/name".
 	Pods       []namedJSON `json:"pods"`
 	Namespaces []namedJSON `json:"namespaces"`
+	Services   []namedJSON `json:"services"`
 	// Labels are "key=value".
 	Labels []namedJSON `json:"labels"`
 }
@@ -117,7 +118,8 @@ func (s *Server) filters(w http.ResponseWriter, r *http.Request) {
 	}
 	fv := s.cfg.History.Filters(sel, maxFilterValues)
 	out := filtersJSON{Processes: []processJSON{}, Threads: []namedJSON{}, Containers: []containerJSON{}, Kinds: []namedJSON{},
-		Labels: []namedJSON{}, Pods: []namedJSON{}, Namespaces: []namedJSON{}}
+		Labels: []namedJSON{}, Pods: []namedJSON{}, Namespaces: []namedJSON{},
+		Services: []namedJSON{}}
 	for _, v := range fv.Processes {
 		out.Processes = append(out.Processes, processJSON{v.Name, uint32(v.PID), v.Container, v.Samples})
 	}
@@ -138,6 +140,9 @@ func (s *Server) filters(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, v := range fv.Namespaces {
 		out.Namespaces = append(out.Namespaces, namedJSON{v.Name, v.Samples})
+	}
+	for _, v := range fv.Services {
+		out.Services = append(out.Services, namedJSON{v.Name, v.Samples})
 	}
 	s.writeJSON(w, r, out)
 }
@@ -206,7 +211,7 @@ func (s *Server) flame(w http.ResponseWriter, r *http.Request) {
 	q := reporter.FlameQuery{Selection: sel, Baseline: base, MaxNodes: maxFlameNodes}
 	group, _, err := p.one("group")
 	if err == nil && !reporter.ValidGroupBy(group) {
-		err = &badParam{"group", "want container, pod, namespace, thread or label:KEY"}
+		err = &badParam{"group", "want container, pod, namespace, service, thread or label:KEY"}
 	}
 	if err != nil {
 		fail(w, err)

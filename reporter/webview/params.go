@@ -34,7 +34,8 @@ type badParam struct{ name, msg string }
 func (e *badParam) Error() string { return fmt.Sprintf("bad parameter %q: %s", e.name, e.msg) }
 
 // selectionParams are the parameters of a selection, without prefix.
-var selectionParams = []string{"from", "to", "pid", "process", "container", "pod", "namespace", "thread", "kind", "label"}
+var selectionParams = []string{"from", "to", "pid", "process", "container", "pod", "namespace", "service", "thread", "kind",
+	"label"}
 
 // params reads a request's query string, checking every value's size.
 type params struct {
@@ -188,7 +189,8 @@ func (p *params) selection(prefix string, fallback *reporter.Selection) (reporte
 	}
 	for name, dst := range map[string]*[]string{
 		"process": &s.Processes, "container": &s.Containers, "pod": &s.Pods, "namespace": &s.Namespaces,
-		"thread": &s.Threads, "kind": &s.Kinds,
+		"service": &s.Services,
+		"thread":  &s.Threads, "kind": &s.Kinds,
 	} {
 		if p.has(prefix + name) {
 			// Thread and process names may hold commas: only kinds and

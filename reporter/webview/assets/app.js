@@ -29,6 +29,7 @@ const state = {
   proc: '', container: '', thread: '', kinds: new Set(),   // proc: 'pid:N' or 'name:EXE'
   label: '',            // 'key=value': samples with that label
   namespace: '', pod: '',   // Kubernetes: pod is 'namespace/name'
+  service: '',          // service.name
 
   group: '',            // the flame graph's first level: '' (executables), 'container', 'thread', 'label:KEY'
   search: '',
@@ -165,6 +166,7 @@ function filterParams() {
   if (state.container) p.append('container', state.container);
   if (state.thread) p.append('thread', state.thread);
   if (state.label) p.append('label', state.label);
+  if (state.service) p.append('service', state.service);
   if (state.namespace) p.append('namespace', state.namespace);
   if (state.pod) p.append('pod', state.pod);
   for (const k of state.kinds) p.append('kind', k);
@@ -256,9 +258,11 @@ async function loadFilters() {
   const labels = (f.labels || []).map((l) => l.name);
   fillSelect($('f-label'), 'All labels', labels.map((l) => [l, l]), state.label);
   const keys = [...new Set(labels.map((l) => l.slice(0, l.indexOf('='))))].sort();
+  fillSelect($('f-service'), 'All services', (f.services || []).map((n) => [n.name, n.name]), state.service);
   fillSelect($('f-namespace'), 'All namespaces', (f.namespaces || []).map((n) => [n.name, n.name]), state.namespace);
   fillSelect($('f-pod'), 'All pods', (f.pods || []).map((n) => [n.name, n.name]), state.pod);
-  fillSelect($('f-group'), 'executable', [['container', 'container'], ['pod', 'pod'], ['namespace', 'namespace'],
+  fillSelect($('f-group'), 'executable', [['container', 'container'], ['service', 'service'], ['pod', 'pod'],
+    ['namespace', 'namespace'],
     ['thread', 'thread name'],
     ...keys.map((k) => [`label:${k}`, `label ${k}`])], state.group);
   fillKinds((f.kinds || []).map((k) => k.name));
@@ -307,6 +311,7 @@ function onFilterChange() {
   state.container = $('f-container').value;
   state.thread = $('f-thread').value;
   state.label = $('f-label').value;
+  state.service = $('f-service').value;
   state.namespace = $('f-namespace').value;
   state.pod = $('f-pod').value;
   if ($('f-group').value !== state.group) {
@@ -1083,7 +1088,7 @@ function setBaseMode(mode) {
 }
 
 function initControls() {
-  for (const id of ['f-process', 'f-container', 'f-namespace', 'f-pod', 'f-thread', 'f-label', 'f-group']) {
+  for (const id of ['f-process', 'f-container', 'f-service', 'f-namespace', 'f-pod', 'f-thread', 'f-label', 'f-group']) {
     $(id).addEventListener('change', onFilterChange);
   }
   $('f-kinds').addEventListener('change', onFilterChange);
