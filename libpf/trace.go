@@ -158,6 +158,20 @@ type ProcessInfo struct {
 	// Resource are the resource attributes of the process's OpenTelemetry
 	// process context (values as strings).
 	Resource Labels
+	// Before, when set, is the info of samples taken before Since
+	// (CLOCK_MONOTONIC ns, the samples' clock): the process published a
+	// change at a known time, and samples taken before it may be
+	// converted after it was read. One step back only.
+	Before *ProcessInfo
+	Since  uint64
+}
+
+// At is the info of a sample taken at ktime (CLOCK_MONOTONIC ns).
+func (p *ProcessInfo) At(ktime uint64) *ProcessInfo {
+	if p != nil && p.Before != nil && ktime < p.Since {
+		return p.Before
+	}
+	return p
 }
 
 // SampleMeta is what is specific to one sample of a trace.

@@ -3,7 +3,9 @@ package processmanager
 import (
 	"cmp"
 	"errors"
+	"golang.org/x/sys/unix"
 	"slices"
+	"time"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
 	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
@@ -41,7 +43,7 @@ func (m *Manager) readProcessContext(p *process, addr uint64) {
 	if addr == 0 {
 		if p.procCtx != nil {
 			p.procCtx = nil
-			m.setResource(p, nil)
+			m.setResource(p, nil, 0)
 		}
 		return
 	}
@@ -64,7 +66,7 @@ func (m *Manager) readProcessContext(p *process, addr uint64) {
 	}
 	m.counters.processContexts++
 	p.procCtx = &processContext{addr: addr, publishedAt: ctx.PublishedAt, ctx: ctx}
-	m.setResource(p, ctx)
+	m.setResource(p, ctx, monotonicOf(ctx.PublishedAt))
 	m.log.Debugf("process %d: process context of service %q (%d resource attributes)", p.pid,
 		ctx.Get("service.name"), len(ctx.Resource))
 }
@@ -72,9 +74,15 @@ func (m *Manager) readProcessContext(p *process, addr uint64) {
 // setResource puts a process context's resource on the process's info (a
 // copy: reported samples keep theirs): its attributes for the OTLP
 // resource, and the service and environment names it gives, which win
-// over an APM agent's. The caller holds m.mu.
-func (m *Manager) setResource(p *process, ctx *processctx.Context) {
-	info := *p.info
+// over an APM agent's. Samples taken before since (CLOCK_MONOTONIC ns;
+// 0: none) keep the info before. The caller holds m.mu.
+func (m *Manager) setResource(p *process, ctx *processctx.Context, since uint64) {
+	before := *p.info
+	before.Before, before.Since = nil, 0
+	info := before
+	if since > 0 {
+		info.Before, info.Since = &before, since
+	}
 	info.Resource = libpf.Labels{}
 	if ctx != nil {
 		attrs := make([]libpf.Label, 0, len(ctx.Resource))
@@ -88,4 +96,22 @@ func (m *Manager) setResource(p *process, ctx *processctx.Context) {
 	}
 	p.info = &info
 	p.gen = m.newGeneration()
+}
+
+// monotonicOf turns a published-at time, CLOCK_BOOTTIME as the OTEP
+// recommends, into the samples' CLOCK_MONOTONIC (the two differ by the
+// time the host was suspended); 0 when it is not a boot time (in the
+// future, or before boot): the change is then dated when it was read.
+func monotonicOf(boottime uint64) uint64 {
+	var b, mono unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &b) != nil || unix.ClockGettime(unix.CLOCK_MONOTONIC, &mono) != nil {
+		return 0
+	}
+	// Read one after the other, the two differ by a few hundred ns
+	// either way when the host never slept.
+	suspended := uint64(max(b.Nano()-mono.Nano(), 0))
+	if boottime > uint64(b.Nano())+uint64(time.Second) || boottime < suspended {
+		return 0
+	}
+	return boottime - suspended
 }

@@ -246,7 +246,7 @@ func (h *Handler) report(raw *support.Trace, trace *libpf.Trace, info *libpf.Pro
 		TID:        libpf.TID(raw.TID),
 		ThreadName: raw.Comm,
 		CPU:        int(raw.CPU),
-		Process:    info,
+		Process:    info.At(raw.KTime),
 		APM:        raw.APM,
 		Labels:     libpf.MakeLabels(raw.Labels),
 	})
