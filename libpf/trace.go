@@ -158,6 +158,10 @@ type ProcessInfo struct {
 	// Resource are the resource attributes of the process's OpenTelemetry
 	// process context (values as strings).
 	Resource Labels
+	// AttributeKeys is the key table of the process's OpenTelemetry
+	// thread contexts (OTEP 4947): a record's attribute keys are
+	// indexes into it. Shared, not to be changed.
+	AttributeKeys *[]string
 	// Before, when set, is the info of samples taken before Since
 	// (CLOCK_MONOTONIC ns, the samples' clock): the process published a
 	// change at a known time, and samples taken before it may be
@@ -185,8 +189,18 @@ type SampleMeta struct {
 	// agent that published one (package tracecorr).
 	APM APMContext
 	// Labels are the labels of the work the thread did: its goroutine's
-	// pprof labels.
+	// pprof labels, or the attributes of its OpenTelemetry thread context.
 	Labels Labels
+	// Span is the OpenTelemetry span the thread was in (its thread
+	// context, OTEP 4947).
+	Span SpanContext
+}
+
+// SpanContext identifies the OpenTelemetry span a sample was taken in.
+type SpanContext struct {
+	Valid   bool
+	TraceID [16]byte
+	SpanID  [8]byte
 }
 
 // APMContext identifies the distributed trace a sample was taken in.

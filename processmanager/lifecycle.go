@@ -100,6 +100,7 @@ func (l *lifecycle) queueTrace(raw *support.Trace) {
 	c.Frames = append([]support.Frame(nil), raw.Frames...)
 	c.KernelStack = append([]uint64(nil), raw.KernelStack...)
 	c.Labels = append([]libpf.Label(nil), raw.Labels...)
+	c.ContextAttrs = append([]support.ContextAttr(nil), raw.ContextAttrs...)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.traces >= maxQueuedTraces && !l.closed {

@@ -213,8 +213,9 @@ type process struct {
 	// process, a Go program.
 	goLabels *golabels.Layout
 	// procCtx is set when the process published an OpenTelemetry process
-	// context.
-	procCtx *processContext
+	// context; threadCtxInBPF once BPF reads its threads' contexts.
+	procCtx        *processContext
+	threadCtxInBPF bool
 	// mem is the process's memory (Source.OpenMemory), opened on first need
 	// by the interpreter and APM readers and closed when it is forgotten.
 	mem proc.ReadAtCloser
@@ -336,6 +337,7 @@ func (m *Manager) forget(pid uint32) {
 		m.dropRuntimes(p)
 		m.dropAPM(p)
 		m.dropGoProgram(p)
+		m.dropThreadContext(p)
 		if p.mem != nil {
 			p.mem.Close()
 		}

@@ -40,6 +40,7 @@ func splitContextMapping(entries []proc.MapsEntry) ([]proc.MapsEntry, uint64) {
 // is gone. Called with each read of the process's maps, which a sampled
 // process has now and then. The caller holds m.mu.
 func (m *Manager) readProcessContext(p *process, addr uint64) {
+	defer m.findThreadContext(p)
 	if addr == 0 {
 		if p.procCtx != nil {
 			p.procCtx = nil
@@ -83,7 +84,7 @@ func (m *Manager) setResource(p *process, ctx *processctx.Context, since uint64)
 	if since > 0 {
 		info.Before, info.Since = &before, since
 	}
-	info.Resource = libpf.Labels{}
+	info.Resource, info.AttributeKeys = libpf.Labels{}, nil
 	if ctx != nil {
 		attrs := make([]libpf.Label, 0, len(ctx.Resource))
 		for _, a := range ctx.Resource {
@@ -93,6 +94,10 @@ func (m *Manager) setResource(p *process, ctx *processctx.Context, since uint64)
 		info.ServiceName = cmp.Or(ctx.Get("service.name"), info.ServiceName)
 		info.ServiceVersion = ctx.Get("service.version")
 		info.DeploymentEnvironment = cmp.Or(ctx.Get("deployment.environment.name"), info.DeploymentEnvironment)
+		if len(ctx.KeyMap) > 0 {
+			keys := slices.Clone(ctx.KeyMap)
+			info.AttributeKeys = &keys
+		}
 	}
 	p.info = &info
 	p.gen = m.newGeneration()

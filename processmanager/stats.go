@@ -66,6 +66,13 @@ type Stats struct {
 	// ProcessContexts counts OpenTelemetry process contexts read (each
 	// publication once); ProcessContextErrors those that could not be.
 	ProcessContexts, ProcessContextErrors uint64
+	// ThreadContexts counts processes whose threads' OpenTelemetry
+	// contexts BPF was told to read; ThreadContextErrors those it could
+	// not be told of.
+	ThreadContexts, ThreadContextErrors uint64
+	// UnknownAttributeKeys counts thread context attributes left out: the
+	// process's key table lacked their index.
+	UnknownAttributeKeys uint64
 	// ProcessChecks counts periodic checks of sampled processes.
 	ProcessChecks uint64
 	// StaleExecs counts exec events handled after the new image's state
@@ -154,6 +161,8 @@ type counters struct {
 	criErrors            uint64
 	processContexts      uint64
 	processContextErrors uint64
+	threadContexts       uint64
+	threadContextErrors  uint64
 	processChecks        uint64
 	staleExecs           uint64
 	execsDeferred        uint64
@@ -193,6 +202,8 @@ func (m *Manager) Stats() Stats {
 		CRIErrors:             c.criErrors,
 		ProcessContexts:       c.processContexts,
 		ProcessContextErrors:  c.processContextErrors,
+		ThreadContexts:        c.threadContexts,
+		ThreadContextErrors:   c.threadContextErrors,
 		ProcessChecks:         c.processChecks,
 		DemangleFailures:      m.demangler.Failures(),
 		StaleExecs:            c.staleExecs,

@@ -51,6 +51,9 @@ type Handler struct {
 
 	received, hits, misses, errors atomic.Uint64
 	cacheSize                      atomic.Int64
+	// unknownAttrKeys counts thread context attributes whose key index
+	// the process's key table lacked.
+	unknownAttrKeys atomic.Uint64
 
 	// exited are the processes that exited since the cache was last swept
 	// of their traces (lastSweep): a trace's hash covers its pid, so they
@@ -241,15 +244,40 @@ func (h *Handler) report(raw *support.Trace, trace *libpf.Trace, info *libpf.Pro
 	if raw.APM.Valid && h.m.corr != nil {
 		h.m.corr.Count(raw.PID, raw.APM, trace.Hash)
 	}
+	info = info.At(raw.KTime)
 	h.reporter.ReportSample(trace, &libpf.SampleMeta{
 		Time:       h.wallTime(raw.KTime),
 		TID:        libpf.TID(raw.TID),
 		ThreadName: raw.Comm,
 		CPU:        int(raw.CPU),
-		Process:    info.At(raw.KTime),
+		Process:    info,
 		APM:        raw.APM,
-		Labels:     libpf.MakeLabels(raw.Labels),
+		Span:       raw.Span,
+		Labels:     libpf.MakeLabels(h.sampleLabels(raw, info)),
 	})
+}
+
+// sampleLabels are a sample's labels: a goroutine's, and its thread
+// context's attributes named by the process's key table (an index beyond
+// it is counted and left out; the table grows with the process context's
+// next publication).
+func (h *Handler) sampleLabels(raw *support.Trace, info *libpf.ProcessInfo) []libpf.Label {
+	if len(raw.ContextAttrs) == 0 {
+		return raw.Labels
+	}
+	var keys []string
+	if info != nil && info.AttributeKeys != nil {
+		keys = *info.AttributeKeys
+	}
+	labels := raw.Labels
+	for _, a := range raw.ContextAttrs {
+		if int(a.Key) >= len(keys) {
+			h.unknownAttrKeys.Add(1)
+			continue
+		}
+		labels = append(labels, libpf.Label{Key: keys[a.Key], Value: a.Value})
+	}
+	return labels
 }
 
 // lookup returns the cached conversion of raw if it is still valid: made
@@ -336,6 +364,7 @@ func (h *Handler) Stats() Stats {
 	s.TraceCacheMisses = h.misses.Load()
 	s.TraceCacheSize = int(h.cacheSize.Load())
 	s.ConversionErrors = h.errors.Load()
+	s.UnknownAttributeKeys = h.unknownAttrKeys.Load()
 	s.Lifecycle = h.life.stats()
 	return s
 }

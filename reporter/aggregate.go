@@ -82,8 +82,11 @@ func (a *aggregator) add(t *libpf.Trace, meta *libpf.SampleMeta, ts uint64) bool
 		cpu:        meta.CPU,
 		labels:     meta.Labels,
 	}
-	if meta.APM.Valid {
+	switch {
+	case meta.APM.Valid:
 		key.link = traceLink{traceID: meta.APM.TraceID, spanID: meta.APM.SpanID}
+	case meta.Span.Valid:
+		key.link = traceLink{traceID: meta.Span.TraceID, spanID: meta.Span.SpanID}
 	}
 	if meta.Process != nil {
 		key.pid = meta.Process.PID

@@ -150,6 +150,7 @@ var mirrors = map[string]any{
 	"apm_context":      apmContext{},
 	"go_proc":          GoProc{},
 	"label":            label{},
+	"thread_ctx_proc":  ThreadCtxProc{},
 }
 
 // checkMirrors makes sure each Go mirror has its C struct's layout.

@@ -21,3 +21,18 @@ type label struct {
 	Key      [16]byte
 	Value    [48]byte
 }
+
+// ThreadCtxProc mirrors struct thread_ctx_proc: where a process keeps its
+// threads' OpenTelemetry thread context pointer, as tls_variable_address
+// takes it.
+type ThreadCtxProc struct {
+	TLSIndex  uint64
+	TLSOffset uint64
+}
+
+// ContextAttr is an attribute of a thread's OpenTelemetry context: its key
+// an index into the process's key table.
+type ContextAttr struct {
+	Key   uint8
+	Value string
+}

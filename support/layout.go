@@ -70,10 +70,13 @@ type traceLayout struct {
 	flagAPM uint8
 	// numLabels is struct trace's num_labels; label* are struct label's
 	// size, offsets and room (key and value arrays' lengths);
-	// flagLabelsCut is TRACE_FLAG_LABELS_CUT.
-	numLabels, labelSize, labelKeyLen, labelValueLen, labelKey, labelValue int
-	labelKeyMax, labelValueMax                                             int
-	flagLabelsCut                                                          uint8
+	// flagLabelsCut is TRACE_FLAG_LABELS_CUT, labelKeyIndex
+	// LABEL_KEY_INDEX.
+	numLabels, labelSize, labelKeyLen, labelValueLen, labelKey, labelValue, labelFlags int
+	labelKeyMax, labelValueMax                                                         int
+	flagLabelsCut, labelKeyIndex                                                       uint8
+	// flagSpan is TRACE_FLAG_SPAN_CONTEXT: apm holds a span's ids.
+	flagSpan uint8
 }
 
 // ReadShared extracts the shared definitions from the object's BTF and checks
@@ -344,6 +347,7 @@ func (l *traceLayout) read(types *btf.Spec) error {
 	t, f, pe := r.structure("trace"), r.structure("frame"), r.structure("process_event")
 	xe, me, lb := r.structure("exec_event"), r.structure("mmap_event"), r.structure("label")
 	events, traceFlags, frameFlags := r.enum("event_type"), r.enum("trace_flag"), r.enum("frame_flag")
+	labelFlags := r.enum("label_flag")
 	*l = traceLayout{
 		typ: t.offset("type"), pid: t.offset("pid"), tid: t.offset("tid"), cpu: t.offset("cpu"),
 		ktime: t.offset("ktime"), hash: t.offset("hash"), comm: t.offset("comm"), flags: t.offset("flags"),
@@ -351,6 +355,7 @@ func (l *traceLayout) read(types *btf.Spec) error {
 		frames: t.offset("frames"), maxFrames: t.arrayLen("frames"), apm: t.offset("apm"),
 		numLabels: t.offset("num_labels"), labelSize: lb.size, labelKeyLen: lb.offset("key_len"),
 		labelValueLen: lb.offset("value_len"), labelKey: lb.offset("key"), labelValue: lb.offset("value"),
+		labelFlags:  lb.offset("flags"),
 		labelKeyMax: lb.arrayLen("key"), labelValueMax: lb.arrayLen("value"),
 		frameSize: f.size, frameFileID: f.offset("file_id"), frameAddr: f.offset("addr"),
 		frameKind: f.offset("kind"), frameFlags: f.offset("flags"),
@@ -366,6 +371,8 @@ func (l *traceLayout) read(types *btf.Spec) error {
 		flagTruncated:    uint8(traceFlags.value("TRACE_FLAG_TRUNCATED")),
 		flagAPM:          uint8(traceFlags.value("TRACE_FLAG_APM_CONTEXT")),
 		flagLabelsCut:    uint8(traceFlags.value("TRACE_FLAG_LABELS_CUT")),
+		flagSpan:         uint8(traceFlags.value("TRACE_FLAG_SPAN_CONTEXT")),
+		labelKeyIndex:    uint8(labelFlags.value("LABEL_KEY_INDEX")),
 		frameFlagReturn:  uint8(frameFlags.value("FRAME_FLAG_RETURN_ADDRESS")),
 	}
 	if err := r.err(); err != nil {
@@ -384,7 +391,7 @@ func (l *traceLayout) read(types *btf.Spec) error {
 	// would match every record or none.
 	if l.eventTrace == 0 || l.eventProcessExit == 0 || l.eventProcessExec == 0 || l.eventUnknownPC == 0 ||
 		l.eventExecMapped == 0 || l.flagTruncated == 0 || l.frameFlagReturn == 0 || l.flagAPM == 0 ||
-		l.flagLabelsCut == 0 {
+		l.flagLabelsCut == 0 || l.flagSpan == 0 || l.labelKeyIndex == 0 {
 		return errors.New("BPF object has a zero event type, trace flag or frame flag")
 	}
 	return nil
@@ -483,10 +490,21 @@ func (s *Shared) DecodeEvent(raw []byte, trace *Trace) (Event, error) {
 		copy(trace.APM.SpanID[:], a[16:])
 		copy(trace.APM.TransactionID[:], a[24:])
 	}
+	trace.Span = libpf.SpanContext{Valid: raw[l.flags]&l.flagSpan != 0}
+	if trace.Span.Valid {
+		copy(trace.Span.TraceID[:], raw[l.apm:])
+		copy(trace.Span.SpanID[:], raw[l.apm+16:])
+	}
 	trace.LabelsCut = raw[l.flags]&l.flagLabelsCut != 0
-	trace.Labels = trace.Labels[:0]
+	trace.Labels, trace.ContextAttrs = trace.Labels[:0], trace.ContextAttrs[:0]
 	for i := range nl {
-		trace.Labels = append(trace.Labels, l.decodeLabel(raw[l.frames+n*l.frameSize+i*l.labelSize:]))
+		b := raw[l.frames+n*l.frameSize+i*l.labelSize:]
+		label := l.decodeLabel(b)
+		if b[l.labelFlags]&l.labelKeyIndex != 0 {
+			trace.ContextAttrs = append(trace.ContextAttrs, ContextAttr{Key: b[l.labelKey], Value: label.Value})
+			continue
+		}
+		trace.Labels = append(trace.Labels, label)
 	}
 	trace.KernelStack = trace.KernelStack[:0]
 	trace.Frames = trace.Frames[:0]

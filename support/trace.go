@@ -25,6 +25,11 @@ type Trace struct {
 	// at most MaxLabels; LabelsCut says it had more. Not part of Hash.
 	Labels    []libpf.Label
 	LabelsCut bool
+	// Span is the OpenTelemetry span the thread was in (its thread
+	// context, OTEP 4947), and ContextAttrs the attributes the context
+	// set, keyed by index (not part of Hash).
+	Span         libpf.SpanContext
+	ContextAttrs []ContextAttr
 }
 
 // MaxLabels is the most labels a trace carries (MAX_LABELS in

@@ -156,6 +156,18 @@ func (t *Tracer) SetAPMProc(pid uint32, p support.APMProc) error {
 	return t.objs.APMProcs.Put(pid, p)
 }
 
+// SetThreadCtxProc says where process pid keeps its threads'
+// OpenTelemetry thread context pointer.
+func (t *Tracer) SetThreadCtxProc(pid uint32, p support.ThreadCtxProc) error {
+	return t.objs.ThreadCtxProcs.Put(pid, p)
+}
+
+// DeleteThreadCtxProc forgets a process's thread context; a missing one is
+// not an error.
+func (t *Tracer) DeleteThreadCtxProc(pid uint32) error {
+	return ignoreMissing(t.objs.ThreadCtxProcs.Delete(pid))
+}
+
 // SetGoProc says how to read the goroutine labels of Go program pid.
 func (t *Tracer) SetGoProc(pid uint32, p support.GoProc) error {
 	return t.objs.GoProcs.Put(pid, p)

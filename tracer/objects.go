@@ -33,6 +33,7 @@ type mapObjects struct {
 	RuntimeProcs   *ebpf.Map `ebpf:"runtime_procs"`
 	APMProcs       *ebpf.Map `ebpf:"apm_procs"`
 	GoProcs        *ebpf.Map `ebpf:"go_procs"`
+	ThreadCtxProcs *ebpf.Map `ebpf:"thread_ctx_procs"`
 	TrackedPIDs    *ebpf.Map `ebpf:"tracked_pids"`
 }
 

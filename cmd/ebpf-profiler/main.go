@@ -352,7 +352,7 @@ func servePprof(addr string) {
 func unwinding(tr *tracer.Tracer, cache *unwindmaps.DeltaCache, goLabels bool) *unwindmaps.Unwinding {
 	u := &unwindmaps.Unwinding{
 		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Runtimes: tr, APM: tr,
-		ReadAtFirstSample: tr.ResolvesUnread(), Tracked: tr, Cache: cache,
+		ThreadCtx: tr, ReadAtFirstSample: tr.ResolvesUnread(), Tracked: tr, Cache: cache,
 	}
 	if goLabels {
 		u.GoLabels = tr

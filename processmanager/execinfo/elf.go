@@ -15,6 +15,7 @@ import (
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
 	"github.com/hostprof/ebpf-profiler/processmanager/golabels"
+	"github.com/hostprof/ebpf-profiler/processmanager/threadctx"
 	"github.com/hostprof/ebpf-profiler/support"
 	"github.com/hostprof/ebpf-profiler/tracecorr"
 )
@@ -43,6 +44,11 @@ type ELF struct {
 	// whose labels cannot be read.
 	GoLabels    *golabels.Layout
 	GoLabelsErr error
+	// ThreadCtx is where the file keeps the OpenTelemetry thread context
+	// pointer (OTEP 4947), nil when it defines none; ThreadCtxErr says
+	// why one it defines cannot be read.
+	ThreadCtx    *threadctx.Var
+	ThreadCtxErr error
 	// symbols is nil when the file has no function symbols: none in
 	// .symtab, .dynsym or, for Go binaries, .gopclntab.
 	symbols *symbolTable
@@ -142,6 +148,9 @@ func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime, debugDirs 
 		return nil
 	})
 	d.symbols = buildSymbolTable(cands)
+	if d.ThreadCtx, err = threadctx.Find(f, dynsym); err != nil && !errors.Is(err, threadctx.ErrNoVariable) {
+		d.ThreadCtxErr = err
+	}
 	if d.GoBuildID != "" || f.Section(".go.buildinfo") != nil {
 		d.GoLabels, d.GoLabelsErr = golabels.Read(f, r, symtab)
 	}

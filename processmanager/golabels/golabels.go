@@ -15,6 +15,8 @@ import (
 	"io"
 	"regexp"
 	"strconv"
+
+	"github.com/hostprof/ebpf-profiler/processmanager/elftls"
 )
 
 // Errors of Read. ErrNotGo is expected (most programs are not Go's).
@@ -125,12 +127,7 @@ func releaseMinor(v string) (int, bool) {
 // cgo has no segment and keeps g in x28 only, as does, for us, a stripped
 // one (its segment holds two variables, and x28 is g while Go code runs).
 func (l *Layout) findG(f *elf.File, symtab []elf.Symbol) error {
-	var tls *elf.Prog
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_TLS {
-			tls = p
-		}
-	}
+	tls := elftls.Segment(f)
 	var name string
 	switch f.Machine {
 	case elf.EM_X86_64:
@@ -146,18 +143,17 @@ func (l *Layout) findG(f *elf.File, symtab []elf.Symbol) error {
 		return err
 	case f.Machine == elf.EM_AARCH64 && !found:
 		l.GInRegister = true
-	case f.Machine == elf.EM_AARCH64:
-		l.TLSOffset = int64(roundUp(16, max(tls.Align, 1)) + value)
+		return nil
 	case tls == nil:
 		l.TLSOffset = -8
+		return nil
 	case !found && tls.Memsz != 8:
 		return fmt.Errorf("%w: no %s in a TLS segment of %d bytes", ErrNoG, name, tls.Memsz)
-	default:
-		// Found, or stripped with the segment holding that variable
-		// alone (8 bytes), at 0.
-		l.TLSOffset = int64(value) - int64(roundUp(tls.Memsz, max(tls.Align, 1)))
 	}
-	return nil
+	// Found, or stripped with the segment holding that variable alone
+	// (8 bytes, at 0).
+	l.TLSOffset, err = elftls.ExecutableOffset(f.Machine, tls, value)
+	return err
 }
 
 // tlsSymbolValue is the value (offset in the TLS segment tls, nil when
@@ -176,8 +172,6 @@ func tlsSymbolValue(symtab []elf.Symbol, tls *elf.Prog, name string) (uint64, bo
 	}
 	return 0, false, nil
 }
-
-func roundUp(n, align uint64) uint64 { return (n + align - 1) / align * align }
 
 // offsets are the runtime's struct offsets on the way from a thread's g to
 // its goroutine's labels: g.m, m.curg (the goroutine the thread runs,

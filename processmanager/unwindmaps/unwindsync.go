@@ -39,6 +39,9 @@ type Unwinding struct {
 	// GoLabels, when set, receives how to read the goroutine labels of
 	// each Go program's threads.
 	GoLabels GoLabelMaps
+	// ThreadCtx, when set, receives where processes keep their threads'
+	// OpenTelemetry thread context.
+	ThreadCtx ThreadCtxMaps
 	// Cache, when set, keeps extracted deltas on disk by file id.
 	Cache *DeltaCache
 	// ReadAtFirstSample says BPF unwinds a process's samples before its
@@ -75,6 +78,13 @@ type APMMaps interface {
 type GoLabelMaps interface {
 	SetGoProc(pid uint32, p support.GoProc) error
 	DeleteGoProc(pid uint32) error
+}
+
+// ThreadCtxMaps writes the BPF map of processes with an OpenTelemetry
+// thread context; the tracer implements it.
+type ThreadCtxMaps interface {
+	SetThreadCtxProc(pid uint32, p support.ThreadCtxProc) error
+	DeleteThreadCtxProc(pid uint32) error
 }
 
 // TrackedProcesses filters BPF's process events (tracer.Tracer).

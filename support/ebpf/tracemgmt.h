@@ -56,6 +56,8 @@ volatile const struct btf_exports {
   struct apm_proc apm_proc;
   enum apm_record_layout apm_record_layout;
   struct go_proc go_proc;
+  struct thread_ctx_proc thread_ctx_proc;
+  enum thread_ctx_layout thread_ctx_layout;
   struct label label;
   enum label_flag label_flag;
 } btf_exports __attribute__((used));
@@ -170,6 +172,15 @@ struct {
   __type(key, u32);
   __type(value, struct go_proc);
 } go_procs SEC(".maps");
+
+// Processes with an OpenTelemetry thread context, by pid (preallocated, as
+// runtime_procs).
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 4096);
+  __type(key, u32);
+  __type(value, struct thread_ctx_proc);
+} thread_ctx_procs SEC(".maps");
 
 // When a trace last woke the events reader early (ktime ns), for
 // trace_wakeup_latency.

@@ -172,6 +172,9 @@ enum trace_flag {
   TRACE_FLAG_RUNTIME_FRAMES = 4,
   // The thread had more labels than MAX_LABELS: the others were left out.
   TRACE_FLAG_LABELS_CUT = 8,
+  // The thread was in an OpenTelemetry span (OTEP 4947's thread context):
+  // struct trace's apm holds its trace and span ids (no transaction id).
+  TRACE_FLAG_SPAN_CONTEXT = 16,
 };
 
 // Sample labels: key/value strings a program keeps for the work a thread
@@ -184,6 +187,9 @@ enum trace_flag {
 enum label_flag {
   LABEL_KEY_CUT = 1,
   LABEL_VALUE_CUT = 2,
+  // The key is an index into the process's key table (OTEP 4947), in
+  // key[0], which user space turns into its name.
+  LABEL_KEY_INDEX = 4,
 };
 
 struct label {
@@ -193,6 +199,28 @@ struct label {
   u8 pad[5];
   char key[LABEL_KEY_MAX];
   char value[LABEL_VALUE_MAX];
+};
+
+// Where a process keeps its threads' OpenTelemetry thread context
+// pointer (OTEP 4947's otel_thread_ctx_v1), as tls_variable_address takes
+// it, by pid.
+struct thread_ctx_proc {
+  u64 tls_index;
+  u64 tls_offset;
+};
+
+// A thread context record (OTEP 4947), packed, in the process's byte
+// order: trace id, span id, valid (1), trace flags, the size of the
+// attributes that follow (entries of key index, length, value).
+enum thread_ctx_layout {
+  THREAD_CTX_TRACE_ID = 0,
+  THREAD_CTX_SPAN_ID = 16,
+  THREAD_CTX_VALID = 24,
+  THREAD_CTX_ATTRS_SIZE = 26,
+  THREAD_CTX_HEADER_SIZE = 28,
+  // Attribute bytes read: the OTEP recommends records of at most 640
+  // bytes.
+  THREAD_CTX_MAX_ATTRS = 612,
 };
 
 // What BPF needs to read the goroutine labels of a Go program's threads,
@@ -354,6 +382,12 @@ enum metric_id {
   // A goroutine's labels were more than MAX_LABELS or longer than their
   // room: cut (the trace and labels say which).
   METRIC_GO_LABELS_CUT,
+  // Samples of a thread in an OpenTelemetry span (OTEP 4947).
+  METRIC_SPAN_CONTEXTS,
+  // A thread context pointer or record could not be read.
+  METRIC_ERR_THREAD_CTX_READ,
+  // A thread context record was not valid (being written, or detached).
+  METRIC_THREAD_CTX_INVALID,
   METRIC_COUNT,
 };
 

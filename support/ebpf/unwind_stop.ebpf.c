@@ -1,5 +1,6 @@
 // The end of every unwind: hash the trace and hand it to user space.
 #include "go_labels.h"
+#include "thread_ctx.h"
 #include "tracemgmt.h"
 
 // One round of a multiply-xorshift mix (constants from splitmix64).
@@ -69,6 +70,7 @@ int unwind_stop(struct bpf_perf_event_data *ctx)
   struct trace *t = &r->trace;
   read_apm_context(t);
   read_go_labels(r);
+  read_thread_context(t);
 
   u64 h = hash_mix(0x9e3779b97f4a7c15ULL, t->pid);
   h = hash_mix(h, t->flags & TRACE_FLAG_TRUNCATED);

@@ -165,7 +165,7 @@ func startSessionWith(t *testing.T, hz int, configure func(*processmanager.Confi
 	}
 	cfg := processmanager.Config{Unwinding: &unwindmaps.Unwinding{
 		Maps: tr, Capacity: tr.DeltaCapacity(), Extract: nativeunwind.ExtractReader, Runtimes: tr, APM: tr,
-		GoLabels: tr, ReadAtFirstSample: tr.ResolvesUnread(), Tracked: tr,
+		GoLabels: tr, ThreadCtx: tr, ReadAtFirstSample: tr.ResolvesUnread(), Tracked: tr,
 	}, Runtimes: runtimes}
 	if configure != nil {
 		configure(&cfg)
