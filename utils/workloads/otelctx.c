@@ -186,7 +186,8 @@ int main(int argc, char **argv)
   update(argv[3], "2.0");
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  printf("updated %llu\n", (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec);
+  printf("updated %llu\n",
+         (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec);
   fflush(stdout);
   after_update(start + atof(argv[1]));
   return 0;
