@@ -572,3 +572,32 @@ func TestBuildRequestLabels(t *testing.T) {
 		t.Errorf("pprof samples by tenant %v, want %v", tenants, want)
 	}
 }
+
+// TestBuildRequestSpanLinks: a sample in an OpenTelemetry span (its
+// thread context) links to the span, as one in an APM trace does.
+func TestBuildRequestSpanLinks(t *testing.T) {
+	f := newFixture()
+	a := newAggregator(f.start, 10)
+	trace := &libpf.Trace{Hash: libpf.TraceHash{Lo: 7}, Frames: []libpf.Frame{
+		{Kind: libpf.FrameNative, Address: 0x100, Mapping: f.libcA, FunctionName: "write"}}}
+	span := libpf.SpanContext{Valid: true, TraceID: [16]byte{4, 5}, SpanID: [8]byte{6}}
+	ts := uint64(f.start.UnixNano())
+	a.add(trace, &libpf.SampleMeta{Process: f.procA, TID: 5, Span: span}, ts)
+	a.add(trace, &libpf.SampleMeta{Process: f.procA, TID: 5}, ts+1)
+	req := mustBuild(t, a.swap(f.end)).req
+	d := req.Dictionary
+	samples := req.ResourceProfiles[0].ScopeProfiles[0].Profiles[0].Samples
+	linked := 0
+	for _, s := range samples {
+		if s.LinkIndex == 0 {
+			continue
+		}
+		linked++
+		if l := d.LinkTable[s.LinkIndex]; !bytes.Equal(l.TraceId, span.TraceID[:]) || !bytes.Equal(l.SpanId, span.SpanID[:]) {
+			t.Errorf("link %x/%x, want %x/%x", l.TraceId, l.SpanId, span.TraceID, span.SpanID)
+		}
+	}
+	if len(samples) != 2 || linked != 1 {
+		t.Errorf("%d samples, %d linked; want 2 and 1", len(samples), linked)
+	}
+}

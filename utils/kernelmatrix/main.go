@@ -35,7 +35,8 @@ import (
 // frame-pointer C workload, the kernel, and the workloads without frame
 // pointers whose unwinders need no runtime in the VM (stripped C, libc
 // calling back, the vDSO, Go and cgo, and on arm64 C with signed return
-// addresses), the APM trace context and goroutine labels read through the
+// addresses), the APM trace context, OpenTelemetry thread contexts (static
+// TLS, descriptors, __tls_get_addr) and goroutine labels read through the
 // thread pointer, and the daemon itself. The arm64 VMs also run the runtime tests with the
 // runtimes' arm64 builds (fetched on this machine, which runs only their
 // x86_64 builds): every tested version on fullRuntimesKernel, one
@@ -45,7 +46,7 @@ import (
 // the other arm64 kernels run the base tests only.
 var (
 	baseTests = []string{"TestProgramsLoad", "TestSamplingSwitch", "TestFramePointerChain", "TestKernelFramesAboveUser",
-		"TestUnwindWithoutFramePointers", "TestAPMTraceContext", "TestDaemonLocalOutput"}
+		"TestUnwindWithoutFramePointers", "TestAPMTraceContext", "TestThreadContext", "TestDaemonLocalOutput"}
 	baseSubtests = []string{"C_", "libc", "vDSO", "Go", "cgo"}
 	// Goroutine labels: read through the thread pointer, or x28 on arm64
 	// without cgo; from a map (Go 1.23) and a slice (1.26).
