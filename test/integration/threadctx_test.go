@@ -18,9 +18,9 @@ import (
 type spanWindow struct {
 	// thread is the workload's number of the thread (0 or 1).
 	thread, tid int
-	start, end time.Time
-	traceID    [16]byte
-	spanID     [8]byte
+	start, end  time.Time
+	traceID     [16]byte
+	spanID      [8]byte
 }
 
 // parseSpans reads otelspans' "span THREAD TID START END TRACE SPAN"
