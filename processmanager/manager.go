@@ -216,6 +216,7 @@ type process struct {
 	// context; threadCtxInBPF once BPF reads its threads' contexts.
 	procCtx        *processContext
 	threadCtxInBPF bool
+	threadCtx      support.ThreadCtxProc
 	// mem is the process's memory (Source.OpenMemory), opened on first need
 	// by the interpreter and APM readers and closed when it is forgotten.
 	mem proc.ReadAtCloser
@@ -664,8 +665,17 @@ func (m *Manager) checkIntervalOf(p *process) time.Duration {
 	if n := len(p.mappings); n > MaxEagerMappings {
 		return min(m.checkInterval*time.Duration(n/MaxEagerMappings+1), max(maxCheckInterval, m.checkInterval))
 	}
+	if m.now().Sub(p.seen) < m.youngProcess {
+		// What a program publishes as it starts (an OpenTelemetry
+		// process context, an APM agent's storage) is found within
+		// youngCheckInterval.
+		return min(m.checkInterval, youngCheckInterval)
+	}
 	return m.checkInterval
 }
+
+// youngCheckInterval is how often a young process is checked.
+const youngCheckInterval = 500 * time.Millisecond
 
 // maxCheckInterval bounds checkIntervalOf.
 const maxCheckInterval = time.Minute

@@ -24,10 +24,8 @@ func (m *Manager) findThreadContext(p *process) {
 		return
 	}
 	announced := p.procCtx != nil && threadContextSchemas[p.procCtx.ctx.SchemaVersion]
-	if !announced || p.threadCtxInBPF {
-		if !announced {
-			m.dropThreadContext(p)
-		}
+	if !announced {
+		m.dropThreadContext(p)
 		return
 	}
 	for _, mp := range p.mappings {
@@ -38,9 +36,18 @@ func (m *Manager) findThreadContext(p *process) {
 		if err != nil {
 			return
 		}
-		index, offset, err := mp.file.ELF.ThreadCtx.Where(mem, mp.pf.Bias)
+		// Looked at again with each maps read: a descriptor the loader
+		// resolves lazily changes at the variable's first use.
+		index, offset, gotPair, err := mp.file.ELF.ThreadCtx.Where(mem, mp.pf.Bias)
+		tp := support.ThreadCtxProc{TLSIndex: index, TLSOffset: offset}
+		if gotPair {
+			tp.GOTPair = 1
+		}
+		if err == nil && p.threadCtxInBPF && tp == p.threadCtx {
+			return
+		}
 		if err == nil {
-			err = m.unwinding.ThreadCtx.SetThreadCtxProc(p.pid, support.ThreadCtxProc{TLSIndex: index, TLSOffset: offset})
+			err = m.unwinding.ThreadCtx.SetThreadCtxProc(p.pid, tp)
 		}
 		if err != nil {
 			if !errors.Is(err, threadctx.ErrNotResolved) {
@@ -49,8 +56,10 @@ func (m *Manager) findThreadContext(p *process) {
 			}
 			return
 		}
-		p.threadCtxInBPF = true
-		m.counters.threadContexts++
+		if !p.threadCtxInBPF {
+			m.counters.threadContexts++
+		}
+		p.threadCtxInBPF, p.threadCtx = true, tp
 		return
 	}
 }

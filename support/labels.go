@@ -28,6 +28,8 @@ type label struct {
 type ThreadCtxProc struct {
 	TLSIndex  uint64
 	TLSOffset uint64
+	GOTPair   uint8
+	_         [7]uint8
 }
 
 // ContextAttr is an attribute of a thread's OpenTelemetry context: its key

@@ -13,8 +13,8 @@
 //   - R_*_TLSDESC: a TLS descriptor, whose argument the loader sets to the
 //     offset (static TLS) or to a pointer to {module id, offset} (dynamic
 //     TLS, for a library loaded later);
-//   - R_X86_64_DTPMOD64: a GOT pair {module id, offset} for
-//     __tls_get_addr (general-dynamic).
+//   - R_*_DTPMOD64: a GOT pair {module id, offset} for __tls_get_addr
+//     (general-dynamic).
 package threadctx
 
 import (
@@ -43,6 +43,7 @@ const (
 	relX86DTPMod64  = 16
 	relX86TPOff64   = 18
 	relX86TLSDesc   = 36
+	relA64DTPMod64  = 1028
 	relA64TPRel64   = 1030
 	relA64TLSDesc   = 1031
 	maxRelaSize     = 64 << 20
@@ -122,7 +123,7 @@ func (v *Var) readRelocations(f *elf.File, sym uint32) error {
 				v.Desc = addr
 			case relX86TPOff64, relA64TPRel64:
 				v.TPSlot = addr
-			case relX86DTPMod64:
+			case relX86DTPMod64, relA64DTPMod64:
 				v.GOTPair = addr
 			}
 		}
@@ -130,42 +131,44 @@ func (v *Var) readRelocations(f *elf.File, sym uint32) error {
 	return nil
 }
 
-// Where is what tls_variable_address takes to reach the variable in a
-// process that maps the file at bias (process address minus file
-// address), reading what the loader filled in from mem.
-func (v *Var) Where(mem io.ReaderAt, bias uint64) (index, offset uint64, err error) {
+// Where is what BPF takes to reach the variable in a process that maps
+// the file at bias (process address minus file address), reading what the
+// loader filled in from mem: tls_variable_address's index and offset, or,
+// with gotPair, a general-dynamic GOT pair's address and the variable's
+// offset in its module's block.
+func (v *Var) Where(mem io.ReaderAt, bias uint64) (index, offset uint64, gotPair bool, err error) {
 	switch {
 	case v.Static:
-		return 0, uint64(v.Offset), nil
+		return 0, uint64(v.Offset), false, nil
 	case v.Desc != 0 && v.Machine == elf.EM_AARCH64:
 		// BPF follows an arm64 descriptor itself, static or dynamic.
-		return v.Desc + bias, v.Value, nil
+		return v.Desc + bias, v.Value, false, nil
 	case v.Desc != 0:
 		var desc [16]byte
 		if _, err := mem.ReadAt(desc[:], int64(v.Desc+bias)); err != nil {
-			return 0, 0, fmt.Errorf("reading the TLS descriptor: %w", err)
+			return 0, 0, false, fmt.Errorf("reading the TLS descriptor: %w", err)
 		}
 		resolver, arg := binary.LittleEndian.Uint64(desc[:8]), binary.LittleEndian.Uint64(desc[8:])
 		if resolver == 0 {
-			return 0, 0, ErrNotResolved
+			return 0, 0, false, ErrNotResolved
 		}
 		if s := int64(arg); s > -maxStaticOffset && s < maxStaticOffset {
-			return 0, arg, nil
+			return 0, arg, false, nil
 		}
 		// Dynamic TLS: glibc's argument points to {module id, offset},
 		// as a general-dynamic GOT pair holds them.
-		return arg, v.Value, nil
+		return arg, v.Value, true, nil
 	case v.TPSlot != 0:
 		var slot [8]byte
 		if _, err := mem.ReadAt(slot[:], int64(v.TPSlot+bias)); err != nil {
-			return 0, 0, fmt.Errorf("reading the TLS GOT slot: %w", err)
+			return 0, 0, false, fmt.Errorf("reading the TLS GOT slot: %w", err)
 		}
 		off := binary.LittleEndian.Uint64(slot[:])
 		if off == 0 {
-			return 0, 0, ErrNotResolved
+			return 0, 0, false, ErrNotResolved
 		}
-		return 0, off, nil
+		return 0, off, false, nil
 	default:
-		return v.GOTPair + bias, v.Value, nil
+		return v.GOTPair + bias, v.Value, true, nil
 	}
 }

@@ -42,9 +42,13 @@ static __always_inline void read_thread_context(struct trace *t)
   const struct thread_ctx_proc *p = bpf_map_lookup_elem(&thread_ctx_procs, &t->pid);
   if (!p)
     return;
-  u64 tp = thread_pointer(), var = 0, record = 0;
-  if (tp)
+  u64 tp = thread_pointer(), var = 0, record = 0, module = 0;
+  if (tp && p->got_pair) {
+    if (!bpf_probe_read_user(&module, sizeof(module), (void *)p->tls_index))
+      var = tls_dtv_variable(tp, module, p->tls_offset);
+  } else if (tp) {
     var = tls_variable_address(tp, p->tls_index, p->tls_offset);
+  }
   if (!var || bpf_probe_read_user(&record, sizeof(record), (void *)var)) {
     increment_metric(METRIC_ERR_THREAD_CTX_READ);
     return;

@@ -202,11 +202,15 @@ struct label {
 };
 
 // Where a process keeps its threads' OpenTelemetry thread context
-// pointer (OTEP 4947's otel_thread_ctx_v1), as tls_variable_address takes
-// it, by pid.
+// pointer (OTEP 4947's otel_thread_ctx_v1), by pid: as tls_variable_address
+// takes it, or, when got_pair is set, tls_index is a general-dynamic GOT
+// pair {module id, offset} (on arm64 too, where tls_variable_address takes
+// descriptors).
 struct thread_ctx_proc {
   u64 tls_index;
   u64 tls_offset;
+  u8 got_pair;
+  u8 pad[7];
 };
 
 // A thread context record (OTEP 4947), packed, in the process's byte

@@ -413,6 +413,15 @@ func busyProcesses(load string, n int) (stop func(), pids []int) {
 		argv = []string{buildLoad("fpchain", "gcc", "-O2", "-o", "BIN", "utils/workloads/fpchain.c"), "1000000"}
 	case "go":
 		argv = []string{buildLoad("gochain", "go", "build", "-o", "BIN", "./utils/workloads/gochain"), "1000000"}
+	case "otelspans":
+		// Two threads in and out of OpenTelemetry spans (OTEP 4947);
+		// otelspans:off publishes no process context, so their records
+		// are not read.
+		argv = []string{buildLoad("otelspans", "gcc", "-O2", "-pthread", "-Wl,--export-dynamic-symbol=otel_thread_ctx_v1",
+			"-o", "BIN", "utils/workloads/otelspans.c"), "1000000"}
+		if version == "off" {
+			argv = append(argv, "nocontext")
+		}
 	case "golabels":
 		// Four goroutines, three under pprof labels (two, two and ten).
 		argv = []string{buildLoad("golabels", "go", "build", "-C", "utils/workloads/golabels", "-o", "BIN", "."), "1000000"}
