@@ -3,6 +3,8 @@ package processmanager
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"sync"
 
 	"github.com/hostprof/ebpf-profiler/processmanager/cri"
@@ -20,44 +22,73 @@ const maxPendingNames = 1024
 // lock.
 type containerNames struct {
 	r     *cri.Resolver
-	queue chan string
+	queue chan nameRequest
 	done  chan struct{}
+	// kubeletRoot is where the kubelet keeps its pods' directories, asked
+	// where no CRI socket answers; procFS where /proc is.
+	kubeletRoot, procFS string
 
 	mu      sync.Mutex
 	pending map[string]bool
 	closed  bool
 }
 
-func newContainerNames(sockets []string, apply func(id string, n cri.Names, err error)) *containerNames {
-	c := &containerNames{r: cri.NewResolver(sockets), queue: make(chan string, maxPendingNames),
-		done: make(chan struct{}), pending: map[string]bool{}}
+// nameRequest asks for a container's names, for one of its processes.
+type nameRequest struct {
+	id, podUID string
+	pid        uint32
+}
+
+func newContainerNames(sockets []string, kubeletRoot, procFS string,
+	apply func(id string, n cri.Names, err error)) *containerNames {
+	c := &containerNames{r: cri.NewResolver(sockets), queue: make(chan nameRequest, maxPendingNames),
+		done: make(chan struct{}), pending: map[string]bool{}, kubeletRoot: kubeletRoot, procFS: procFS}
 	go func() {
 		defer close(c.done)
-		for id := range c.queue {
-			n, err := c.r.Lookup(context.Background(), id)
+		for req := range c.queue {
+			n, err := c.lookup(req)
 			c.mu.Lock()
-			delete(c.pending, id)
+			delete(c.pending, req.id)
 			c.mu.Unlock()
-			apply(id, n, err)
+			apply(req.id, n, err)
 		}
 	}()
 	return c
 }
 
-// names returns a container's names if they are known, and otherwise
-// queues it to be asked for.
-func (c *containerNames) names(id string) (cri.Names, bool) {
-	if n, ok := c.r.Cached(id); ok {
+// lookup asks the runtime, or, where no CRI socket answers, reads the
+// kubelet's directory of the container's pod.
+func (c *containerNames) lookup(req nameRequest) (cri.Names, error) {
+	n, err := c.r.Lookup(context.Background(), req.id)
+	if !errors.Is(err, cri.ErrNoRuntime) || req.podUID == "" || c.kubeletRoot == "" {
+		return n, err
+	}
+	mountinfo, merr := os.Open(fmt.Sprintf("%s/%d/mountinfo", c.procFS, req.pid))
+	if merr == nil {
+		defer mountinfo.Close()
+	}
+	n, kerr := cri.FromKubelet(c.kubeletRoot, req.podUID, mountinfo)
+	if kerr != nil {
+		return n, err
+	}
+	c.r.Remember(req.id, n)
+	return n, nil
+}
+
+// names returns the names of a process's container if they are known,
+// and otherwise queues it to be asked for.
+func (c *containerNames) names(req nameRequest) (cri.Names, bool) {
+	if n, ok := c.r.Cached(req.id); ok {
 		return n, true
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed || c.pending[id] {
+	if c.closed || c.pending[req.id] {
 		return cri.Names{}, false
 	}
 	select {
-	case c.queue <- id:
-		c.pending[id] = true
+	case c.queue <- req:
+		c.pending[req.id] = true
 	default:
 	}
 	return cri.Names{}, false
@@ -80,7 +111,7 @@ func (m *Manager) nameContainer(p *process) {
 	if m.names == nil || p.info == nil || p.info.ContainerID == "" {
 		return
 	}
-	if n, ok := m.names.names(p.info.ContainerID); ok {
+	if n, ok := m.names.names(nameRequest{id: p.info.ContainerID, podUID: p.info.PodUID, pid: p.pid}); ok {
 		m.setContainerNames(p, n)
 	}
 }

@@ -56,8 +56,11 @@ type Config struct {
 	Correlator *tracecorr.Correlator
 	// CRISockets are the container runtime sockets asked for the
 	// Kubernetes names of processes' containers (cri.DefaultSockets); none
-	// when empty.
-	CRISockets []string
+	// when empty. KubeletRoot is the kubelet's directory
+	// (cri.DefaultKubeletRoot), read for them where no socket answers;
+	// not when empty.
+	CRISockets  []string
+	KubeletRoot string
 	// Runtimes are the language runtimes looked for in processes
 	// (package interpreter's registry, as -tracers selects it); none when
 	// empty.
@@ -298,8 +301,8 @@ func New(cfg Config) (*Manager, error) {
 	m.exited = libpf.NewLRU[uint32, exitedProcess](maxExitedProcesses, 0)
 	m.unread = libpf.NewLRU[uint32, struct{}](maxExitedProcesses, 0)
 	m.kernel = m.loadKernel()
-	if len(cfg.CRISockets) > 0 {
-		m.names = newContainerNames(cfg.CRISockets, m.applyContainerNames)
+	if len(cfg.CRISockets) > 0 || cfg.KubeletRoot != "" {
+		m.names = newContainerNames(cfg.CRISockets, cfg.KubeletRoot, cmp.Or(cfg.ProcFS, "/proc"), m.applyContainerNames)
 	}
 	if u := cfg.Unwinding; u != nil {
 		m.unwinding = *u

@@ -77,8 +77,10 @@ type config struct {
 	mapScaleFactor uint
 	// goLabels reads Go programs' goroutine labels into samples.
 	goLabels bool
-	// criSockets are asked for containers' Kubernetes names.
+	// criSockets are asked for containers' Kubernetes names, kubeletRoot
+	// read where none answers.
 	criSockets     []string
+	kubeletRoot    string
 	verbose        bool
 	version        bool
 	outputDir      string
@@ -158,6 +160,9 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	fs.StringVar(&criSockets, "cri-sockets", strings.Join(cri.DefaultSockets, ","),
 		"Comma-separated container runtime (CRI) sockets; the first that serves is asked for the pod name, namespace "+
 			"and container name of each container whose processes are sampled (\"\" disables).")
+	fs.StringVar(&c.kubeletRoot, "kubelet-root", cri.DefaultKubeletRoot,
+		"The kubelet's root directory, whose pod directories name containers where no -cri-sockets socket answers "+
+			"(\"\" disables).")
 	fs.BoolVar(&c.goLabels, "go-labels", true,
 		"Read the pprof labels (pprof.Do, pprof.SetGoroutineLabels) of the goroutine each sample of a Go program "+
 			"ran, and put them on the sample (at most 10, keys cut to 16 bytes, values to 48).")

@@ -181,7 +181,7 @@ func profile(ctx context.Context, cfg *config) error {
 		}
 	}
 	pm, err := processmanager.New(processmanager.Config{Unwinding: unwinding(tr, deltaCache(cfg), cfg.goLabels), Correlator: corr,
-		CRISockets: cfg.criSockets, Runtimes: runtimes,
+		CRISockets: cfg.criSockets, KubeletRoot: cfg.kubeletRoot, Runtimes: runtimes,
 		Demangle: cfg.demangle, DebugDirs: cfg.debugDirs, DebugInfoBytes: debugInfoBytes(cfg.debugInfoMiB),
 		DebugInfoInflateDir: inflateDir(cfg), Debuginfod: dfd})
 	if err != nil {

@@ -95,6 +95,13 @@ func (r *Resolver) Cached(containerID string) (Names, bool) {
 	return r.cache.Get(containerID)
 }
 
+// Remember caches names found elsewhere (the kubelet's directory).
+func (r *Resolver) Remember(containerID string, n Names) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cache.Add(containerID, n, 0)
+}
+
 // Lookup returns a container's names, asking the runtime unless they are
 // cached.
 func (r *Resolver) Lookup(ctx context.Context, containerID string) (Names, error) {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -101,4 +103,54 @@ func TestNoRuntime(t *testing.T) {
 	if _, err := r.Lookup(context.Background(), "c1"); !errors.Is(err, ErrNoRuntime) {
 		t.Errorf("Lookup without a runtime: %v, want ErrNoRuntime", err)
 	}
+}
+
+func TestFromKubelet(t *testing.T) {
+	root := t.TempDir()
+	const uid = "6f1e2d3c-4b5a-4697-8877-665544332211"
+	pod := filepath.Join(root, "pods", uid)
+	for path, text := range map[string]string{
+		"etc-hosts": "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n\n# Entries added by HostAliases.\n" +
+			"10.1.2.3\tcheckout-5c7d9\n",
+		"volumes/kubernetes.io~projected/kube-api-access-x2x9z/namespace": "shop",
+		"containers/worker/a1b2c3d4":                                      "",
+	} {
+		p := filepath.Join(pod, path)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mountinfo := "1403 1386 0:138 / / rw,relatime - overlay overlay rw\n" +
+		"1411 1403 254:1 /var/lib/kubelet/pods/" + uid + "/containers/worker/a1b2c3d4 /dev/termination-log rw - ext4 /dev/vda1 rw\n"
+	n, err := FromKubelet(root, uid, strings.NewReader(mountinfo))
+	want := Names{Pod: "checkout-5c7d9", Namespace: "shop", PodUID: uid, Container: "worker"}
+	if err != nil || n != want {
+		t.Errorf("FromKubelet = %+v, %v; want %+v", n, err, want)
+	}
+	for _, bad := range []string{"../etc", "", "a/b"} {
+		if _, err := FromKubelet(root, bad, nil); !errors.Is(err, ErrNoPodDir) {
+			t.Errorf("pod uid %q: %v, want ErrNoPodDir", bad, err)
+		}
+	}
+	// A symlinked namespace file is not followed.
+	ns := filepath.Join(pod, "volumes/kubernetes.io~projected/kube-api-access-x2x9z/namespace")
+	os.Remove(ns)
+	if err := os.Symlink("/etc/hostname", ns); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := FromKubelet(root, uid, nil); n.Namespace != "" || n.Container != "" || n.Pod != "checkout-5c7d9" {
+		t.Errorf("with a symlink and no mountinfo: %+v", n)
+	}
+}
+
+func FuzzContainerFromMountinfo(f *testing.F) {
+	f.Add("1411 1403 254:1 /var/lib/kubelet/pods/u/containers/worker/a1 /dev/termination-log rw - ext4 /dev/vda1 rw\n")
+	f.Fuzz(func(t *testing.T, s string) {
+		if name := containerFromMountinfo(strings.NewReader(s), "u"); name != "" && !isSafeName(name) {
+			t.Errorf("returned %q", name)
+		}
+	})
 }

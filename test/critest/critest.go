@@ -231,6 +231,10 @@ type Pod struct {
 	// line after its entry point.
 	Image string
 	Args  []string
+	// TerminationLog, when set, is a host file mounted at
+	// /dev/termination-log, as the kubelet mounts one from its pod
+	// directory.
+	TerminationLog string
 }
 
 // Run creates and starts the pod's sandbox (on the host's network, in the
@@ -261,6 +265,7 @@ func (c *Containerd) Run(t testing.TB, p Pod) string {
 			Metadata: &runtimeapi.ContainerMetadata{Name: p.ContainerName},
 			Image:    &runtimeapi.ImageSpec{Image: p.Image},
 			Args:     p.Args,
+			Mounts:   terminationLog(p.TerminationLog),
 			Labels: map[string]string{"io.kubernetes.container.name": p.ContainerName,
 				"io.kubernetes.pod.name": p.Name, "io.kubernetes.pod.namespace": p.Namespace,
 				"io.kubernetes.pod.uid": p.UID},
@@ -275,6 +280,13 @@ func (c *Containerd) Run(t testing.TB, p Pod) string {
 		t.Fatalf("StartContainer %s: %v; containerd's log: %s", created.ContainerId, err, c.log())
 	}
 	return created.ContainerId
+}
+
+func terminationLog(hostPath string) []*runtimeapi.Mount {
+	if hostPath == "" {
+		return nil
+	}
+	return []*runtimeapi.Mount{{ContainerPath: "/dev/termination-log", HostPath: hostPath}}
 }
 
 // PID is the host pid of a running container's process.

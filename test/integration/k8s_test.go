@@ -49,7 +49,41 @@ func TestKubernetesNames(t *testing.T) {
 	skipIfPreparing(t)
 	c := critest.Start(t, pause)
 	c.Import(t, "hostprof.test/golabels:1", critest.Image{"/golabels": workload}, []string{"/golabels"})
-	s := startSessionWith(t, testHz, func(cfg *processmanager.Config) { cfg.CRISockets = []string{c.Socket} })
+	t.Run("CRI", func(t *testing.T) {
+		s := startSessionWith(t, testHz, func(cfg *processmanager.Config) { cfg.CRISockets = []string{c.Socket} })
+		checkKubernetesNames(t, c, s, nil)
+	})
+	// No CRI socket: the kubelet's pod directories, laid out as the
+	// kubelet lays them out, and the termination log it mounts into the
+	// container.
+	t.Run("kubelet_directory", func(t *testing.T) {
+		kubelet := t.TempDir()
+		s := startSessionWith(t, testHz, func(cfg *processmanager.Config) { cfg.KubeletRoot = kubelet })
+		checkKubernetesNames(t, c, s, func(p *critest.Pod) {
+			// Other pods than the CRI subtest's, which still exist.
+			p.Name, p.UID = p.Name+"-k", p.UID[:len(p.UID)-2]+"99"
+			dir := filepath.Join(kubelet, "pods", p.UID)
+			p.TerminationLog = filepath.Join(dir, "containers", p.ContainerName, "4f3a2b1c")
+			for path, text := range map[string]string{
+				"etc-hosts": "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n10.0.0.7\t" + p.Name + "\n",
+				"volumes/kubernetes.io~projected/kube-api-access-7xk2p/namespace": p.Namespace,
+				"containers/" + p.ContainerName + "/4f3a2b1c":                     "",
+			} {
+				if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, path)), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(dir, path), []byte(text), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	})
+}
+
+// checkKubernetesNames runs two pods (prepare, when set, changes each
+// before it runs) and checks their samples' names.
+func checkKubernetesNames(t *testing.T, c *critest.Containerd, s *session, prepare func(*critest.Pod)) {
+	t.Helper()
 
 	pods := []critest.Pod{
 		{Name: "checkout-5c7d9", Namespace: "shop", UID: "6f1e2d3c-4b5a-4697-8877-665544332211", ContainerName: "worker",
@@ -59,15 +93,19 @@ func TestKubernetesNames(t *testing.T) {
 	}
 	ids := make([]string, len(pods))
 	pids := make([]int, len(pods))
-	for i, p := range pods {
-		ids[i] = c.Run(t, p)
+	for i := range pods {
+		if prepare != nil {
+			prepare(&pods[i])
+		}
+		ids[i] = c.Run(t, pods[i])
 		pids[i] = c.PID(t, ids[i])
 	}
 	for _, pid := range pids {
 		s.waitExited(t, pid)
 	}
-	for i, p := range pods {
+	for i := range pods {
 		samples := s.rec.ofPID(pids[i])
+		p := pods[i]
 		want := libpf.ProcessInfo{ContainerID: ids[i], PodUID: p.UID, PodName: p.Name, Namespace: p.Namespace,
 			ContainerName: p.ContainerName}
 		first := -1
@@ -109,7 +147,7 @@ func TestKubernetesNames(t *testing.T) {
 			t.Errorf("%s: no sample carries goroutine labels", p.Name)
 		}
 	}
-	// The runtime is asked once per container, not per process or sample.
+	// Named once per container, not per process or sample.
 	if st := s.pm.Stats(); st.ContainersNamed < uint64(len(pods)) || st.CRIErrors != 0 {
 		t.Errorf("containers named %d, CRI errors %d; want >= %d and 0", st.ContainersNamed, st.CRIErrors, len(pods))
 	}
