@@ -112,6 +112,22 @@ type histInterval struct {
 	start, end time.Time
 	entries    []histEntry
 	samples    uint64
+	// traces are, by trace id, the entries of the samples taken in a
+	// distributed trace (an APM agent's or an OpenTelemetry span's): a
+	// subset of entries, for Selection.Traces; nil without any.
+	traces map[[16]byte][]histEntry
+}
+
+// traceKeyCost estimates a traces map entry's memory beside its entries.
+const traceKeyCost = 16 + 24 + 16
+
+// bytes is the memory the interval's entries take.
+func (iv *histInterval) bytes() int64 {
+	n := int64(len(iv.entries)) * histEntrySize
+	for _, es := range iv.traces {
+		n += traceKeyCost + int64(len(es))*histEntrySize
+	}
+	return n
 }
 
 // histMeta is what a sample's process and thread are filtered by.
@@ -470,22 +486,42 @@ func (h *History) add(iv *interval, period int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	counts := make(map[entryKey]uint32)
+	traceCounts := make(map[[16]byte]map[entryKey]uint32)
 	for _, g := range iv.groups {
 		series := h.tab.seriesOf(h.tab.stack(g.trace), h.tab.meta(metaOf(&g.key)))
+		tc := traceCounts[g.key.link.traceID]
+		if g.key.link != (traceLink{}) && tc == nil {
+			tc = make(map[entryKey]uint32)
+			traceCounts[g.key.link.traceID] = tc
+		}
 		for _, ts := range g.timestamps {
 			sec := min(max(int64(ts), lo), hi)/int64(time.Second) - startSec
-			counts[entryKey{series, uint16(max(0, min(sec, 1<<16-1)))}]++
+			k := entryKey{series, uint16(max(0, min(sec, 1<<16-1)))}
+			counts[k]++
+			if tc != nil {
+				tc[k]++
+			}
 		}
+	}
+	entriesOf := func(counts map[entryKey]uint32) []histEntry {
+		es := make([]histEntry, 0, len(counts))
+		for k, c := range counts {
+			for ; c > 0; c -= min(c, math.MaxUint16) {
+				es = append(es, histEntry{series: k.series, sec: k.sec, count: uint16(min(c, math.MaxUint16))})
+			}
+		}
+		return es
 	}
 	hiv := &histInterval{startSec: startSec, start: time.Unix(0, first), end: time.Unix(0, last), samples: uint64(iv.samples)}
-	hiv.entries = make([]histEntry, 0, len(counts))
-	for k, c := range counts {
-		for ; c > 0; c -= min(c, math.MaxUint16) {
-			hiv.entries = append(hiv.entries, histEntry{series: k.series, sec: k.sec, count: uint16(min(c, math.MaxUint16))})
+	hiv.entries = entriesOf(counts)
+	for id, tc := range traceCounts {
+		if hiv.traces == nil {
+			hiv.traces = make(map[[16]byte][]histEntry, len(traceCounts))
 		}
+		hiv.traces[id] = entriesOf(tc)
 	}
 	h.intervals = append(h.intervals, hiv)
-	h.entryBytes += int64(len(hiv.entries)) * histEntrySize
+	h.entryBytes += hiv.bytes()
 	h.samplesHeld += hiv.samples
 	h.enforceBounds()
 }
@@ -530,7 +566,7 @@ func (h *History) dropOldest() {
 	iv := h.intervals[0]
 	h.intervals[0] = nil
 	h.intervals = h.intervals[1:]
-	h.entryBytes -= int64(len(iv.entries)) * histEntrySize
+	h.entryBytes -= iv.bytes()
 	h.droppedIntervals++
 	h.droppedSinceCompact = true
 	h.droppedSamples += iv.samples
@@ -572,6 +608,13 @@ func (h *History) compact() {
 			ns := nt.seriesOf(st, m)
 			seriesMap[e.series] = ns
 			e.series = ns
+		}
+		// The traces' entries are some of the entries: their series
+		// were renumbered above.
+		for _, es := range iv.traces {
+			for i := range es {
+				es[i].series = seriesMap[es[i].series]
+			}
 		}
 	}
 	h.tab = nt

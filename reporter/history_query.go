@@ -29,6 +29,25 @@ type Selection struct {
 	// Labels keeps the samples that have, for each key among them, one of
 	// its values.
 	Labels []libpf.Label
+	// Traces keeps the samples taken in one of these distributed traces
+	// (by trace id: an APM agent's or an OpenTelemetry span's).
+	Traces [][16]byte
+}
+
+// entriesOf are the entries of an interval a selection can select: those
+// of its traces when it names traces.
+func (s *Selection) entriesOf(iv *histInterval) []histEntry {
+	if len(s.Traces) == 0 {
+		return iv.entries
+	}
+	if len(s.Traces) == 1 {
+		return iv.traces[s.Traces[0]]
+	}
+	var es []histEntry
+	for _, id := range s.Traces {
+		es = append(es, iv.traces[id]...)
+	}
+	return es
 }
 
 // hasLabels says whether labels satisfy want (Selection.Labels).
@@ -139,8 +158,9 @@ func (h *History) each(sel *Selection, fn func(sr *histSeries, count uint64, sec
 		if !s.overlaps(iv) {
 			continue
 		}
-		for i := range iv.entries {
-			e := &iv.entries[i]
+		entries := sel.entriesOf(iv)
+		for i := range entries {
+			e := &entries[i]
 			sec := iv.startSec + int64(e.sec)
 			if sec < s.fromSec || sec >= s.toSec || !s.series(e.series) {
 				continue
@@ -173,7 +193,7 @@ func (h *History) seriesCounts(sel *Selection) []uint64 {
 			continue
 		}
 		whole := iv.startSec >= s.fromSec && iv.endSec() < s.toSec
-		for _, e := range iv.entries {
+		for _, e := range sel.entriesOf(iv) {
 			if !whole {
 				if sec := iv.startSec + int64(e.sec); sec < s.fromSec || sec >= s.toSec {
 					continue

@@ -681,3 +681,52 @@ func TestHistoryKubernetes(t *testing.T) {
 		}
 	}
 }
+
+// TestHistoryTraces: the samples taken in a distributed trace (an APM
+// agent's or an OpenTelemetry span's) are selected by its id, after the
+// tables were rebuilt too.
+func TestHistoryTraces(t *testing.T) {
+	h := newTestHistory(t, HistoryConfig{})
+	start := time.Unix(1_800_000_000, 0)
+	proc := &libpf.ProcessInfo{PID: 7, ExecutableName: "svc"}
+	a, b := chain(1, "main", "serve", "parse"), chain(2, "main", "serve", "render")
+	t1, t2 := [16]byte{1}, [16]byte{2}
+	agg := newAggregator(start, defaultMaxSamplesPerInterval)
+	for i, s := range []struct {
+		tr   *libpf.Trace
+		meta libpf.SampleMeta
+		n    int
+	}{
+		{a, libpf.SampleMeta{Span: libpf.SpanContext{Valid: true, TraceID: t1, SpanID: [8]byte{1}}}, 12},
+		{b, libpf.SampleMeta{Span: libpf.SpanContext{Valid: true, TraceID: t1, SpanID: [8]byte{2}}}, 3},
+		{b, libpf.SampleMeta{APM: libpf.APMContext{Valid: true, TraceID: t2, SpanID: [8]byte{3}}}, 5},
+		{a, libpf.SampleMeta{}, 20},
+	} {
+		for j := range s.n {
+			m := s.meta
+			m.Time, m.TID, m.ThreadName, m.Process = start.Add(time.Duration(100*i+j)*time.Millisecond), 7, "t", proc
+			agg.add(s.tr, &m, uint64(m.Time.UnixNano()))
+		}
+	}
+	h.add(agg.swap(start.Add(5*time.Second)), testPeriod)
+	check := func(when string) {
+		t.Helper()
+		for _, c := range []struct {
+			traces [][16]byte
+			want   uint64
+		}{{[][16]byte{t1}, 15}, {[][16]byte{t2}, 5}, {[][16]byte{t1, t2}, 20}, {[][16]byte{{9}}, 0}, {nil, 40}} {
+			if g := h.Flame(FlameQuery{Selection: Selection{Traces: c.traces}}); g.Total != c.want {
+				t.Errorf("%s: traces %x: %d samples, want %d", when, c.traces, g.Total, c.want)
+			}
+		}
+		rows, total, _ := h.TopFunctions(Selection{Traces: [][16]byte{t1}}, nil, false, 10)
+		if total != 15 || len(rows) == 0 || rows[0].Name != "parse" || rows[0].Self != 12 {
+			t.Errorf("%s: top of trace 1: %d, %+v", when, total, rows)
+		}
+	}
+	check("before a rebuild")
+	h.mu.Lock()
+	h.compact()
+	h.mu.Unlock()
+	check("after a rebuild")
+}

@@ -1,6 +1,7 @@
 package webview
 
 import (
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -35,7 +36,7 @@ func (e *badParam) Error() string { return fmt.Sprintf("bad parameter %q: %s", e
 
 // selectionParams are the parameters of a selection, without prefix.
 var selectionParams = []string{"from", "to", "pid", "process", "container", "pod", "namespace", "service", "thread", "kind",
-	"label"}
+	"label", "trace"}
 
 // params reads a request's query string, checking every value's size.
 type params struct {
@@ -175,6 +176,16 @@ func (p *params) selection(prefix string, fallback *reporter.Selection) (reporte
 				return s, &badParam{prefix + "pid", fmt.Sprintf("%q is not a process id", v)}
 			}
 			s.PIDs = append(s.PIDs, libpf.PID(pid))
+		}
+	}
+	if p.has(prefix + "trace") {
+		s.Traces = nil
+		for _, v := range p.list(prefix + "trace") {
+			id, err := hex.DecodeString(v)
+			if err != nil || len(id) != 16 {
+				return s, &badParam{prefix + "trace", fmt.Sprintf("%q is not a trace id (32 hex digits)", v)}
+			}
+			s.Traces = append(s.Traces, [16]byte(id))
 		}
 	}
 	if p.has(prefix + "label") {

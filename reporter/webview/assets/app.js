@@ -30,6 +30,7 @@ const state = {
   label: '',            // 'key=value': samples with that label
   namespace: '', pod: '',   // Kubernetes: pod is 'namespace/name'
   service: '',          // service.name
+  trace: '',            // a trace id (32 hex digits): the samples taken in it
 
   group: '',            // the flame graph's first level: '' (executables), 'container', 'thread', 'label:KEY'
   search: '',
@@ -167,6 +168,7 @@ function filterParams() {
   if (state.thread) p.append('thread', state.thread);
   if (state.label) p.append('label', state.label);
   if (state.service) p.append('service', state.service);
+  if (state.trace) p.append('trace', state.trace);
   if (state.namespace) p.append('namespace', state.namespace);
   if (state.pod) p.append('pod', state.pod);
   for (const k of state.kinds) p.append('kind', k);
@@ -1091,6 +1093,13 @@ function initControls() {
   for (const id of ['f-process', 'f-container', 'f-service', 'f-namespace', 'f-pod', 'f-thread', 'f-label', 'f-group']) {
     $(id).addEventListener('change', onFilterChange);
   }
+  // A trace id counts once it is whole (or cleared).
+  $('f-trace').addEventListener('input', () => {
+    const v = $('f-trace').value.trim().toLowerCase();
+    if (v === state.trace || (v !== '' && !/^[0-9a-f]{32}$/.test(v))) return;
+    state.trace = v;
+    selectionChanged({ filters: false });
+  });
   $('f-kinds').addEventListener('change', onFilterChange);
   for (const name of ['flame', 'top', 'diff']) $(`tab-${name}`).addEventListener('click', () => setView(name));
   $('live').addEventListener('click', () => {
