@@ -152,3 +152,26 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkRead reads a context with the C reference writer's seven
+// resource attributes and a two-key thread key table: B/op is what a
+// process's context costs to read (its Context keeps most of it).
+func BenchmarkRead(b *testing.B) {
+	var res []*commonpb.KeyValue
+	for _, k := range []string{"deployment.environment.name", "service.instance.id", "service.name", "service.version",
+		"telemetry.sdk.language", "telemetry.sdk.version", "telemetry.sdk.name"} {
+		res = append(res, str(k, "value-of-"+k))
+	}
+	keys := &commonpb.KeyValue{Key: "threadlocal.attribute_key_map", Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_ArrayValue{
+		ArrayValue: &commonpb.ArrayValue{Values: []*commonpb.AnyValue{
+			{Value: &commonpb.AnyValue_StringValue{StringValue: "http.route"}},
+			{Value: &commonpb.AnyValue_StringValue{StringValue: "tenant"}}}}}}}
+	p := payload(b, res, str("threadlocal.schema_version", "tlsdesc_v1_dev"), keys)
+	mem := &memory{data: map[uint64][]byte{headerAt: header(2, len(p), 1, payloadAt), payloadAt: p}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Read(mem, headerAt); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

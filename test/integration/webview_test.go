@@ -147,6 +147,7 @@ func TestWebView(t *testing.T) {
 	cbin := buildWorkload(t, "fpchain", framePointers...)
 	script, _ := pythonWorkload(t)
 	gobin := buildGoLabels(t, goLabelBuild{version: gofetch.System})
+	spansBin := buildOtelSpans(t, otelSpansBuild{name: "executable"})
 	skipIfPreparing(t)
 	webdriver.RequireBrowserTests(t)
 
@@ -161,13 +162,17 @@ func TestWebView(t *testing.T) {
 	cpid, _ := runWorkload(t, cbin, 2*time.Second)
 	both := exec.Command(cbin, "4")
 	golabels := exec.Command(gobin, "4")
-	for _, c := range []*exec.Cmd{both, golabels} {
+	// Two threads in and out of OpenTelemetry spans.
+	spans := exec.Command(spansBin, "3")
+	var spansOut strings.Builder
+	spans.Stdout = &spansOut
+	for _, c := range []*exec.Cmd{both, golabels, spans} {
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	py := runScript(t, exec.Command("/usr/bin/python3", script, "recursion", "4"))
-	for _, c := range []*exec.Cmd{both, golabels} {
+	for _, c := range []*exec.Cmd{both, golabels, spans} {
 		if err := c.Wait(); err != nil {
 			t.Fatal(err)
 		}
@@ -175,6 +180,7 @@ func TestWebView(t *testing.T) {
 	base := "http://" + addr + "/"
 	waitForData(t, base, py.pid)
 	waitForData(t, base, golabels.Process.Pid)
+	waitForData(t, base, spans.Process.Pid)
 
 	p := &page{t: t, b: webdriver.StartTest(t, webdriver.Options{Width: 1400, Height: 1000}), url: base,
 		dir: webdriver.ArtifactDir(t, "webview")}
@@ -258,6 +264,24 @@ func TestWebView(t *testing.T) {
 	p.choose("label-select", "All labels")
 	p.choose("group-select", "executable")
 
+	// One span's trace id: only that span's samples, in in_span.
+	windows := parseSpans(t, []byte(spansOut.String()))
+	traceID := fmt.Sprintf("%x", windows[len(windows)/2].traceID)
+	search, err = p.b.Find(`[data-testid="trace-input"]`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := search.SendKeys(traceID); err != nil {
+		t.Fatal(err)
+	}
+	p.wait(`window.__profiler.frameRect('in_span') !== null && window.__profiler.frameRect('cf_leaf') === null &&
+		window.__profiler.frameRect('no_span') === null`, 10*time.Second)
+	p.shot("7-trace")
+	if err := search.Clear(); err != nil {
+		t.Fatal(err)
+	}
+	p.wait(`window.__profiler.frameRect('cf_leaf') !== null`, 10*time.Second)
+
 	// The whole host against the C process alone.
 	p.click("view-diff")
 	p.choose("diff-baseline-process", fmt.Sprintf("fpchain (%d)", cpid))
@@ -281,7 +305,7 @@ func TestWebView(t *testing.T) {
 	if deltas["rec_leaf"] <= 0 || deltas["cf_leaf"] >= 0 {
 		t.Errorf("differential view: rec_leaf %+.3f (want grown), cf_leaf %+.3f (want shrunk)", deltas["rec_leaf"], deltas["cf_leaf"])
 	}
-	p.shot("7-diff")
+	p.shot("8-diff")
 
 	// The download link gives the page's selection as a pprof profile.
 	var href string
