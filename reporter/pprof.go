@@ -75,7 +75,8 @@ func pprofLabels(g *sampleGroup) map[string][]string {
 		labels["thread_name"] = []string{g.key.threadName}
 	}
 	if p := g.key.process; p != nil {
-		for key, v := range map[string]string{"process": p.ExecutableName, "service": p.ServiceName, "pod": p.PodName,
+		for key, v := range map[string]string{"process": p.ExecutableName, "service": p.ServiceName,
+			"service_version": p.ServiceVersion, "environment": p.DeploymentEnvironment, "pod": p.PodName,
 			"namespace": p.Namespace, "container": p.ContainerName} {
 			if v != "" {
 				labels[key] = []string{v}
@@ -90,7 +91,7 @@ func pprofLabels(g *sampleGroup) map[string][]string {
 
 // pprofSampleKeys are the pprof sample labels the profiler sets itself,
 // string and numeric.
-var pprofSampleKeys = []string{"thread_name", "process", "service", "pod", "namespace", "container", "pid", "tid", "cpu"}
+var pprofSampleKeys = []string{"thread_name", "process", "service", "service_version", "environment", "pod", "namespace", "container", "pid", "tid", "cpu"}
 
 type pprofLocKey struct {
 	mapping *profile.Mapping

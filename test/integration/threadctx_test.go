@@ -54,12 +54,13 @@ func parseSpans(t *testing.T, out []byte) []spanWindow {
 
 // otelSpansBuild is one way of building otelspans: the pointer in the
 // executable (static TLS), or in a shared library reached through a TLS
-// descriptor or __tls_get_addr; or its Go twin (cgo).
+// descriptor, __tls_get_addr or an initial-exec GOT slot; or its Go twin
+// (cgo).
 type otelSpansBuild struct {
 	name string
-	// libDialect, when set, puts the pointer in a library built with
-	// -mtls-dialect=libDialect.
-	libDialect string
+	// libFlag, when set, puts the pointer in a library built with it
+	// (-mtls-dialect=..., -ftls-model=initial-exec).
+	libFlag string
 	// goWriter builds utils/workloads/otelspansgo instead.
 	goWriter bool
 }
@@ -73,13 +74,16 @@ func (b otelSpansBuild) spanFunction() string {
 }
 
 func otelSpansBuilds() []otelSpansBuild {
-	goWriter := otelSpansBuild{name: "go_cgo", goWriter: true}
+	builds := []otelSpansBuild{{name: "executable"}}
 	if targetArch() == "arm64" {
-		return []otelSpansBuild{{"executable", "", false}, {"library_desc", "desc", false}, {"library_trad", "trad", false},
-			goWriter}
+		builds = append(builds, otelSpansBuild{name: "library_desc", libFlag: "-mtls-dialect=desc"},
+			otelSpansBuild{name: "library_trad", libFlag: "-mtls-dialect=trad"})
+	} else {
+		builds = append(builds, otelSpansBuild{name: "library_gnu2", libFlag: "-mtls-dialect=gnu2"},
+			otelSpansBuild{name: "library_gnu", libFlag: "-mtls-dialect=gnu"})
 	}
-	return []otelSpansBuild{{"executable", "", false}, {"library_gnu2", "gnu2", false}, {"library_gnu", "gnu", false},
-		goWriter}
+	return append(builds, otelSpansBuild{name: "library_initial_exec", libFlag: "-ftls-model=initial-exec"},
+		otelSpansBuild{name: "go_cgo", goWriter: true})
 }
 
 func buildOtelSpans(t *testing.T, b otelSpansBuild) string {
@@ -89,17 +93,17 @@ func buildOtelSpans(t *testing.T, b otelSpansBuild) string {
 		return bin
 	}
 	cc := targetToolchain(t).cc
-	bin, build := workloadPath(t, "otelspans", "c", "otelspans", b.libDialect)
+	bin, build := workloadPath(t, "otelspans", "c", "otelspans", b.libFlag)
 	if !build {
 		return bin
 	}
 	src := workloadDir("")
-	if b.libDialect == "" {
+	if b.libFlag == "" {
 		run(t, src, nil, cc, "-O2", "-pthread", "-Wl,--export-dynamic-symbol=otel_thread_ctx_v1", "-o", bin, "otelspans.c")
 		return bin
 	}
 	lib := filepath.Join(filepath.Dir(bin), "libotelspans.so")
-	run(t, src, nil, cc, "-O2", "-shared", "-fPIC", "-mtls-dialect="+b.libDialect, "-o", lib, "otelspans_lib.c")
+	run(t, src, nil, cc, "-O2", "-shared", "-fPIC", b.libFlag, "-o", lib, "otelspans_lib.c")
 	run(t, src, nil, cc, "-O2", "-pthread", "-DTHREAD_CTX_IN_LIB", "-o", bin, "otelspans.c", "-L"+filepath.Dir(bin),
 		"-lotelspans", "-Wl,-rpath,$ORIGIN")
 	return bin

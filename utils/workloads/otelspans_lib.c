@@ -1,7 +1,8 @@
 // otelspans_lib.c: the OpenTelemetry thread context pointer (OTEP 4947's
 // otel_thread_ctx_v1) in a shared library, for otelspans.c built with
 // -DTHREAD_CTX_IN_LIB: built with -mtls-dialect=gnu2 (TLSDESC, as the OTEP
-// recommends) or gnu (general-dynamic, __tls_get_addr).
+// recommends), gnu (general-dynamic, __tls_get_addr) or
+// -ftls-model=initial-exec (a GOT slot holding the offset).
 #include <stddef.h>
 
 __attribute__((visibility("default"))) __thread void *otel_thread_ctx_v1;
