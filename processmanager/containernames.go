@@ -71,7 +71,11 @@ func (c *containerNames) lookup(req nameRequest) (cri.Names, error) {
 	if kerr != nil {
 		return n, err
 	}
-	c.r.Remember(req.id, n)
+	// A container's first process may not have its mounts yet (the
+	// runtime's init): its next process looks again.
+	if n.Container != "" {
+		c.r.Remember(req.id, n)
+	}
 	return n, nil
 }
 

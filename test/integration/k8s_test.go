@@ -110,6 +110,7 @@ func checkKubernetesNames(t *testing.T, c *critest.Containerd, s *session, prepa
 			ContainerName: p.ContainerName}
 		first := -1
 		var right, labelled int
+		var wrong *libpf.ProcessInfo
 		for j, smp := range samples {
 			got := smp.meta.Process
 			if got == nil {
@@ -127,6 +128,8 @@ func checkKubernetesNames(t *testing.T, c *critest.Containerd, s *session, prepa
 			if got.ContainerID == want.ContainerID && got.PodUID == want.PodUID && got.PodName == want.PodName &&
 				got.Namespace == want.Namespace && got.ContainerName == want.ContainerName {
 				right++
+			} else if wrong == nil {
+				wrong = got
 			}
 			if !smp.meta.Labels.IsZero() {
 				labelled++
@@ -141,7 +144,7 @@ func checkKubernetesNames(t *testing.T, c *critest.Containerd, s *session, prepa
 			"them right, %d with goroutine labels", p.Namespace, p.Name, first, len(samples), right, n,
 			100*float64(right)/float64(n), labelled)
 		if float64(right) < 0.95*float64(n) {
-			t.Errorf("%s: %d of %d samples carry its names %+v, want >= 95%%", p.Name, right, n, want)
+			t.Errorf("%s: %d of %d samples carry its names %+v, want >= 95%%; one carries %+v", p.Name, right, n, want, wrong)
 		}
 		if labelled == 0 {
 			t.Errorf("%s: no sample carries goroutine labels", p.Name)

@@ -1094,12 +1094,14 @@ function initControls() {
     $(id).addEventListener('change', onFilterChange);
   }
   // A trace id counts once it is whole (or cleared).
-  $('f-trace').addEventListener('input', () => {
+  const onTrace = () => {
     const v = $('f-trace').value.trim().toLowerCase();
     if (v === state.trace || (v !== '' && !/^[0-9a-f]{32}$/.test(v))) return;
     state.trace = v;
     selectionChanged({ filters: false });
-  });
+  };
+  $('f-trace').addEventListener('input', onTrace);
+  $('f-trace').addEventListener('change', onTrace);
   $('f-kinds').addEventListener('change', onFilterChange);
   for (const name of ['flame', 'top', 'diff']) $(`tab-${name}`).addEventListener('click', () => setView(name));
   $('live').addEventListener('click', () => {
