@@ -310,6 +310,20 @@ func (m *monitor) summary() {
 		"requests_dropped":          rs.RequestsDropped,
 		"delta_cache_hits":          hs.DeltaCache.Hits,
 	}).Info("Stopped")
+	if hs.GoPrograms+hs.ProcessContexts+hs.ThreadContexts+hs.ContainersNamed+hs.CRIErrors > 0 {
+		log.WithFields(log.Fields{
+			"go_programs":            hs.GoPrograms,
+			"go_labelled_samples":    m.last.bpf["go_labels"],
+			"go_labels_cut":          m.last.bpf["go_labels_cut"],
+			"process_contexts":       hs.ProcessContexts,
+			"process_context_errors": hs.ProcessContextErrors,
+			"thread_contexts":        hs.ThreadContexts,
+			"span_samples":           m.last.bpf["span_contexts"],
+			"unknown_attribute_keys": hs.UnknownAttributeKeys,
+			"containers_named":       hs.ContainersNamed,
+			"cri_errors":             hs.CRIErrors,
+		}).Info("Attribution")
+	}
 	if cs := m.last.corr; cs.Registrations > 0 || cs.SamplesDropped > 0 || refusals(cs) > 0 {
 		log.WithFields(log.Fields{
 			"registrations":           cs.Registrations,
