@@ -117,34 +117,25 @@ func (s *Server) filters(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fv := s.cfg.History.Filters(sel, maxFilterValues)
-	out := filtersJSON{Processes: []processJSON{}, Threads: []namedJSON{}, Containers: []containerJSON{}, Kinds: []namedJSON{},
-		Labels: []namedJSON{}, Pods: []namedJSON{}, Namespaces: []namedJSON{},
-		Services: []namedJSON{}}
+	out := filtersJSON{Processes: []processJSON{}, Containers: []containerJSON{}, Threads: named(fv.Threads),
+		Kinds: named(fv.Kinds), Labels: named(fv.Labels), Pods: named(fv.Pods), Namespaces: named(fv.Namespaces),
+		Services: named(fv.Services)}
 	for _, v := range fv.Processes {
 		out.Processes = append(out.Processes, processJSON{v.Name, uint32(v.PID), v.Container, v.Samples})
-	}
-	for _, v := range fv.Threads {
-		out.Threads = append(out.Threads, namedJSON{v.Name, v.Samples})
 	}
 	for _, v := range fv.Containers {
 		out.Containers = append(out.Containers, containerJSON{v.Name, v.Samples})
 	}
-	for _, v := range fv.Kinds {
-		out.Kinds = append(out.Kinds, namedJSON{v.Name, v.Samples})
-	}
-	for _, v := range fv.Labels {
-		out.Labels = append(out.Labels, namedJSON{v.Name, v.Samples})
-	}
-	for _, v := range fv.Pods {
-		out.Pods = append(out.Pods, namedJSON{v.Name, v.Samples})
-	}
-	for _, v := range fv.Namespaces {
-		out.Namespaces = append(out.Namespaces, namedJSON{v.Name, v.Samples})
-	}
-	for _, v := range fv.Services {
-		out.Services = append(out.Services, namedJSON{v.Name, v.Samples})
-	}
 	s.writeJSON(w, r, out)
+}
+
+// named lists filter values by name; [] for none.
+func named(vs []reporter.FilterValue) []namedJSON {
+	out := make([]namedJSON, 0, len(vs))
+	for _, v := range vs {
+		out = append(out, namedJSON{v.Name, v.Samples})
+	}
+	return out
 }
 
 type pathJSON struct {
