@@ -26,7 +26,11 @@ struct go_string {
 #define GO_BUCKET_VALUES     (GO_BUCKET_KEYS + GO_BUCKET_SLOTS * sizeof(struct go_string))
 #define GO_BUCKET_SIZE       (GO_BUCKET_VALUES + GO_BUCKET_SLOTS * sizeof(struct go_string) + 8)
 #define GO_MIN_TOP_HASH      5
+#define GO_BUCKET_OVERFLOW   (GO_BUCKET_SIZE - 8)
 #define GO_MAX_LABEL_BUCKETS 2
+// Bucket reads per sample: the two main buckets and an overflow bucket
+// of each.
+#define GO_MAX_BUCKET_VISITS 4
 
 // The label slot i after the trace's frames (struct record's labels_room
 // keeps it inside the record when the trace is full). The empty asm makes
@@ -104,25 +108,33 @@ static __always_inline int read_go_label_slice(struct trace *t, u64 labels)
   return 0;
 }
 
-// Reads Go 1.9-1.23's labels: a map[string]string.
+// Reads Go 1.9-1.23's labels: a map[string]string. A bucket holds 8
+// entries, then chains overflow buckets (the seed of each map's hash
+// decides how many land in one): the main buckets and their overflow
+// buckets are visited in order, GO_MAX_BUCKET_VISITS at most.
 static __always_inline int read_go_label_map(struct trace *t, u64 labels)
 {
-  u64 hmap, buckets;
+  u64 hmap, buckets, bucket = 0;
   u8 log2_buckets, tophash[GO_BUCKET_SLOTS];
   if (bpf_probe_read_user(&hmap, sizeof(hmap), (void *)labels) || !hmap ||
       bpf_probe_read_user(&log2_buckets, 1, (void *)(hmap + GO_MAP_B)) ||
       bpf_probe_read_user(&buckets, sizeof(buckets), (void *)(hmap + GO_MAP_BUCKETS)))
     return -1;
+  if (!buckets)
+    return 0;
   u32 nbuckets = log2_buckets > 1 ? GO_MAX_LABEL_BUCKETS + 1 : 1u << log2_buckets;
   if (nbuckets > GO_MAX_LABEL_BUCKETS) {
     // More labels than fit in two buckets: more than MAX_LABELS.
     t->flags |= TRACE_FLAG_LABELS_CUT;
     nbuckets = GO_MAX_LABEL_BUCKETS;
   }
-  for (u32 b = 0; b < GO_MAX_LABEL_BUCKETS; b++) {
-    if (b >= nbuckets || !buckets)
-      break;
-    u64 bucket = buckets + b * GO_BUCKET_SIZE;
+  u32 next = 0;
+  for (u32 v = 0; v < GO_MAX_BUCKET_VISITS; v++) {
+    if (!bucket) {
+      if (next >= nbuckets)
+        break;
+      bucket = buckets + next++ * GO_BUCKET_SIZE;
+    }
     if (bpf_probe_read_user(tophash, sizeof(tophash), (void *)bucket))
       return -1;
     for (u32 i = 0; i < GO_BUCKET_SLOTS; i++) {
@@ -138,6 +150,8 @@ static __always_inline int read_go_label_map(struct trace *t, u64 labels)
       if (err)
         return err < 0 ? -1 : 0;
     }
+    if (bpf_probe_read_user(&bucket, sizeof(bucket), (void *)(bucket + GO_BUCKET_OVERFLOW)))
+      return -1;
   }
   return 0;
 }
