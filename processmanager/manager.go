@@ -668,17 +668,8 @@ func (m *Manager) checkIntervalOf(p *process) time.Duration {
 	if n := len(p.mappings); n > MaxEagerMappings {
 		return min(m.checkInterval*time.Duration(n/MaxEagerMappings+1), max(maxCheckInterval, m.checkInterval))
 	}
-	if m.now().Sub(p.seen) < m.youngProcess {
-		// What a program publishes as it starts (an OpenTelemetry
-		// process context, an APM agent's storage) is found within
-		// youngCheckInterval.
-		return min(m.checkInterval, youngCheckInterval)
-	}
 	return m.checkInterval
 }
-
-// youngCheckInterval is how often a young process is checked.
-const youngCheckInterval = 500 * time.Millisecond
 
 // maxCheckInterval bounds checkIntervalOf.
 const maxCheckInterval = time.Minute
