@@ -193,6 +193,8 @@ func TestSelections(t *testing.T) {
 		{base, "TestProgramsLoad", true},
 		{base, "TestUnwindWithoutFramePointers/C_stripped", true},
 		{base, "TestGoLabels/builds/go1.26_cgo", true},
+		{base, "TestThreadContext/library_initial_exec", true},
+		{one, "TestThreadContext/executable", true},
 		{base, "TestGoLabels/builds/go1.23", true},
 		{base, "TestGoLabels/builds/go1.22", false},
 		{base, "TestGoLabels/builds/go1.26_cgo_stripped", false},

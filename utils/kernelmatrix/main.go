@@ -46,11 +46,13 @@ import (
 // the other arm64 kernels run the base tests only.
 var (
 	baseTests = []string{"TestProgramsLoad", "TestSamplingSwitch", "TestFramePointerChain", "TestKernelFramesAboveUser",
-		"TestUnwindWithoutFramePointers", "TestAPMTraceContext", "TestThreadContext", "TestDaemonLocalOutput"}
+		"TestUnwindWithoutFramePointers", "TestAPMTraceContext", "TestDaemonLocalOutput"}
 	baseSubtests = []string{"C_", "libc", "vDSO", "Go", "cgo"}
 	// Goroutine labels: read through the thread pointer, or x28 on arm64
 	// without cgo; from a map (Go 1.23) and a slice (1.26).
 	goLabelTests = `^TestGoLabels$/^builds$/^go1\.(23|26|26_cgo)$`
+	// OpenTelemetry thread contexts: every TLS access model.
+	threadCtxTests = `^TestThreadContext$`
 	perlTests    = `^(TestPerlStacks|TestPerlEval|TestPerlSort|TestPerlThreads|TestPerlForks|TestPerlRecursion)$`
 	// Not TestPHPFPM: under emulation each request's own work (chdir,
 	// compiling nothing, output) takes 4-6% of the samples in requests,
@@ -108,7 +110,7 @@ func runsRuntimes(arch, series string) bool {
 // architecture.
 func runFor(arch, series string) string {
 	run := union([]string{"^(" + strings.Join(baseTests, "|") + ")$/^(" + strings.Join(baseSubtests, "|") + ")",
-		goLabelTests})
+		goLabelTests, threadCtxTests})
 	switch {
 	case !runsRuntimes(arch, series):
 		return run
