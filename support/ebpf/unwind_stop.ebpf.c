@@ -68,10 +68,10 @@ int unwind_stop(struct bpf_perf_event_data *ctx)
   if (!r)
     return 0;
   struct trace *t = &r->trace;
-  read_apm_context(t);
-  read_go_labels(r);
-  read_thread_context(t);
 
+  // The hash first: its loop over the frames is then verified once, not
+  // once for each of the many paths through the context and label readers
+  // (7.2's verifier gave up on that product).
   u64 h = hash_mix(0x9e3779b97f4a7c15ULL, t->pid);
   h = hash_mix(h, t->flags & TRACE_FLAG_TRUNCATED);
   for (u32 i = 0; i < MAX_FRAMES; i++) {
@@ -82,6 +82,10 @@ int unwind_stop(struct bpf_perf_event_data *ctx)
     h = hash_mix(h, f->file_id ^ ((u64)f->kind << 56) ^ ((u64)f->flags << 48));
   }
   t->hash = h;
+
+  read_apm_context(t);
+  read_go_labels(r);
+  read_thread_context(t);
 
   u64 n = t->num_frames;
   if (n > MAX_FRAMES)
