@@ -668,8 +668,18 @@ func (m *Manager) checkIntervalOf(p *process) time.Duration {
 	if n := len(p.mappings); n > MaxEagerMappings {
 		return min(m.checkInterval*time.Duration(n/MaxEagerMappings+1), max(maxCheckInterval, m.checkInterval))
 	}
+	if m.now().Sub(p.seen) < m.youngProcess {
+		// A process first read while its loader still ran publishes
+		// what it publishes (an OpenTelemetry process context) after:
+		// found within youngCheckInterval.
+		return min(m.checkInterval, youngCheckInterval)
+	}
 	return m.checkInterval
 }
+
+// youngCheckInterval is how often a process is checked in its first
+// youngProcess.
+const youngCheckInterval = time.Second
 
 // maxCheckInterval bounds checkIntervalOf.
 const maxCheckInterval = time.Minute
