@@ -96,6 +96,9 @@ type Tracer struct {
 	// memory: a file's deltas are written through a mapping of their
 	// span, not as map updates.
 	deltasMappable bool
+	// labelsRefused says the kernel's verifier refused the label
+	// readers: samples carry no goroutine labels or thread contexts.
+	labelsRefused bool
 	// resolvesUnread says ResolveVMA is loaded: the kernel has
 	// bpf_find_vma.
 	resolvesUnread bool
@@ -183,13 +186,24 @@ func (t *Tracer) loadPrograms(spec *ebpf.CollectionSpec, ls *preparedSpec) error
 	defer func() { t.loadTime = time.Since(start) }()
 	// Both loads relocate against the kernel's BTF: parse it once.
 	btfCache := btf.NewCache()
-	progs, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
+	opts := ebpf.CollectionOptions{
 		MapReplacements: t.coll.Maps,
 		// The statistics are a few lines; VerifiedInstructions reads
 		// them on kernels whose program info lacks the count.
 		Programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevel(t.cfg.BPFLogLevel) | ebpf.LogLevelStats},
 		Cache:    btfCache,
-	})
+	}
+	progs, err := ebpf.NewCollectionWithOptions(spec, opts)
+	if err != nil && errors.Is(err, unix.E2BIG) {
+		// A verifier that gives up on unwind_stop's label readers (7.2's):
+		// without them, the rest of the unwind works.
+		if serr := setConstants(spec, map[string]any{"read_labels": uint32(0)}); serr == nil {
+			log.Warnf("Not reading goroutine labels and OpenTelemetry thread contexts: this kernel's verifier "+
+				"refuses their readers (%v)", err)
+			t.labelsRefused = true
+			progs, err = ebpf.NewCollectionWithOptions(spec, opts)
+		}
+	}
 	if err != nil {
 		return loadError(err)
 	}

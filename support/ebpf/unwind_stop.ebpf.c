@@ -84,8 +84,10 @@ int unwind_stop(struct bpf_perf_event_data *ctx)
   t->hash = h;
 
   read_apm_context(t);
-  read_go_labels(r);
-  read_thread_context(t);
+  if (read_labels) {
+    read_go_labels(r);
+    read_thread_context(t);
+  }
 
   u64 n = t->num_frames;
   if (n > MAX_FRAMES)
