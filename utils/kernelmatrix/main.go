@@ -57,7 +57,7 @@ var (
 	// instructions): the daemon loads without them there (tracer.go),
 	// so these tests do not run on it.
 	labelsRefusedKernel = "7.2"
-	perlTests    = `^(TestPerlStacks|TestPerlEval|TestPerlSort|TestPerlThreads|TestPerlForks|TestPerlRecursion)$`
+	perlTests           = `^(TestPerlStacks|TestPerlEval|TestPerlSort|TestPerlThreads|TestPerlForks|TestPerlRecursion)$`
 	// Not TestPHPFPM: under emulation each request's own work (chdir,
 	// compiling nothing, output) takes 4-6% of the samples in requests,
 	// next to the 20 ms the chain spins (94.6-96.4% with the chain).
