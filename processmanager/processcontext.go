@@ -3,9 +3,10 @@ package processmanager
 import (
 	"cmp"
 	"errors"
-	"golang.org/x/sys/unix"
 	"slices"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
 	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
