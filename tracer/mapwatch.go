@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	log "github.com/sirupsen/logrus"
 )
@@ -17,35 +15,6 @@ import (
 // program names its target at load time, so it is loaded on its own after
 // the collection and a kernel without it still loads everything else.
 const MapWatchFexit = "exec_mapped_fexit"
-
-// splitMapWatch removes the fexit program from spec and returns it.
-func splitMapWatch(spec *ebpf.CollectionSpec) *ebpf.ProgramSpec {
-	ps := spec.Programs[MapWatchFexit]
-	delete(spec.Programs, MapWatchFexit)
-	return ps
-}
-
-// loadMapWatch loads the fexit program against the loaded collection's
-// maps.
-func loadMapWatch(spec *ebpf.CollectionSpec, ps *ebpf.ProgramSpec, coll *ebpf.Collection, cache *btf.Cache) (*ebpf.Program, error) {
-	if ps == nil {
-		return nil, errors.New("BPF object lacks " + MapWatchFexit)
-	}
-	one := spec.Copy()
-	one.Programs = map[string]*ebpf.ProgramSpec{MapWatchFexit: ps.Copy()}
-	c, err := ebpf.NewCollectionWithOptions(one, ebpf.CollectionOptions{
-		MapReplacements: coll.Maps,
-		Programs:        ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats},
-		Cache:           cache,
-	})
-	if err != nil {
-		return nil, err
-	}
-	p := c.Programs[MapWatchFexit]
-	delete(c.Programs, MapWatchFexit)
-	c.Close()
-	return p, nil
-}
 
 // attachMapWatch attaches whichever mapping watch the kernel supports.
 // Without one, new mappings are found from samples (EVENT_UNKNOWN_PC), so a

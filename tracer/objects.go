@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/support"
@@ -66,8 +67,10 @@ type preparedSpec struct {
 	shared *support.Shared
 	// runtimes are the runtimes whose unwinders stay in spec, by id.
 	runtimes map[interpreter.ID]*interpreter.Runtime
-	// mapWatch is the fexit program, loaded on its own (mapwatch.go).
+	// mapWatch and readContext are loaded on their own, after the
+	// collection (loadAlone).
 	mapWatch    *ebpf.ProgramSpec
+	readContext *ebpf.ProgramSpec
 	eventsBytes uint32
 	feats       kernelFeatures
 }
@@ -113,6 +116,36 @@ func prepareSpec(spec *ebpf.CollectionSpec, cfg Config, feats kernelFeatures, cp
 	if ls.runtimes, err = selectRuntimes(spec, shared, cfg.Runtimes); err != nil {
 		return nil, err
 	}
-	ls.mapWatch = splitMapWatch(spec)
+	ls.mapWatch = splitProgram(spec, MapWatchFexit)
+	ls.readContext = splitProgram(spec, ReadContext)
 	return ls, nil
+}
+
+// splitProgram removes program name from spec, to be loaded with
+// loadAlone, and returns it (nil if the object lacks it).
+func splitProgram(spec *ebpf.CollectionSpec, name string) *ebpf.ProgramSpec {
+	ps := spec.Programs[name]
+	delete(spec.Programs, name)
+	return ps
+}
+
+// loadAlone loads one program split from spec against the loaded
+// collection's maps: one that a kernel may refuse without the rest failing
+// with it.
+func loadAlone(spec *ebpf.CollectionSpec, name string, ps *ebpf.ProgramSpec, coll *ebpf.Collection,
+	opts ebpf.ProgramOptions, cache *btf.Cache) (*ebpf.Program, error) {
+	if ps == nil {
+		return nil, errors.New("BPF object lacks " + name)
+	}
+	one := spec.Copy()
+	one.Programs = map[string]*ebpf.ProgramSpec{name: ps.Copy()}
+	c, err := ebpf.NewCollectionWithOptions(one, ebpf.CollectionOptions{
+		MapReplacements: coll.Maps, Programs: opts, Cache: cache})
+	if err != nil {
+		return nil, err
+	}
+	p := c.Programs[name]
+	delete(c.Programs, name)
+	c.Close()
+	return p, nil
 }

@@ -96,9 +96,9 @@ type Tracer struct {
 	// memory: a file's deltas are written through a mapping of their
 	// span, not as map updates.
 	deltasMappable bool
-	// labelsRefused says the kernel's verifier refused the label
-	// readers: samples carry no goroutine labels or thread contexts.
-	labelsRefused bool
+	// readContext is ReadContext, nil where the kernel refused it (then
+	// samples carry no goroutine labels or thread contexts).
+	readContext *ebpf.Program
 	// resolvesUnread says ResolveVMA is loaded: the kernel has
 	// bpf_find_vma.
 	resolvesUnread bool
@@ -194,16 +194,6 @@ func (t *Tracer) loadPrograms(spec *ebpf.CollectionSpec, ls *preparedSpec) error
 		Cache:    btfCache,
 	}
 	progs, err := ebpf.NewCollectionWithOptions(spec, opts)
-	if err != nil && errors.Is(err, unix.E2BIG) {
-		// A verifier that gives up on unwind_stop's label readers (7.2's):
-		// without them, the rest of the unwind works.
-		if serr := setConstants(spec, map[string]any{"read_labels": uint32(0)}); serr == nil {
-			log.Warnf("Not reading goroutine labels and OpenTelemetry thread contexts: this kernel's verifier "+
-				"refuses their readers (%v)", err)
-			t.labelsRefused = true
-			progs, err = ebpf.NewCollectionWithOptions(spec, opts)
-		}
-	}
 	if err != nil {
 		return loadError(err)
 	}
@@ -211,7 +201,12 @@ func (t *Tracer) loadPrograms(spec *ebpf.CollectionSpec, ls *preparedSpec) error
 	if err := assignObjects(progs, &t.progs); err != nil {
 		return err
 	}
-	t.mapWatch, t.mapWatchErr = loadMapWatch(spec, ls.mapWatch, t.coll, btfCache)
+	t.mapWatch, t.mapWatchErr = loadAlone(spec, MapWatchFexit, ls.mapWatch, t.coll,
+		ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats}, btfCache)
+	if t.readContext, err = loadAlone(spec, ReadContext, ls.readContext, t.coll, opts.Programs, btfCache); err != nil {
+		// The unwind then ends in unwind_stop directly (tail_call_stop).
+		log.Warnf("Not reading goroutine labels and OpenTelemetry thread contexts: %v", loadError(err))
+	}
 	if t.cfg.BPFLogLevel != 0 {
 		for name, p := range progs.Programs {
 			log.Debugf("Verifier log of %s:\n%s", name, p.VerifierLog)
@@ -241,6 +236,11 @@ func (t *Tracer) ResolvesUnread() bool { return t.resolvesUnread }
 // bpf_find_vma (native_stack.ebpf.c): loaded only where the kernel supports
 // that; without it, the native unwinder goes on without.
 const ResolveVMA = "resolve_vma"
+
+// ReadContext is the program that reads goroutine labels and OpenTelemetry
+// thread contexts at the end of an unwind (read_context.ebpf.c): loaded on
+// its own, so that a kernel refusing it loses only those.
+const ReadContext = "read_context"
 
 func boolToU32(b bool) uint32 {
 	if b {
@@ -332,6 +332,12 @@ func (t *Tracer) fillProgArray() error {
 	if !t.resolvesUnread {
 		delete(slots, ResolveVMA)
 	}
+	if t.readContext != nil {
+		if err := t.objs.Progs.Put(slots[ReadContext], t.readContext); err != nil {
+			return fmt.Errorf("registering tail-call target %s: %w", ReadContext, err)
+		}
+	}
+	delete(slots, ReadContext)
 	for id, rt := range t.runtimes {
 		slots[support.RuntimeProgram(rt.Name)] = uint32(id)
 	}
@@ -447,6 +453,9 @@ func (t *Tracer) verifiedInstructions() map[string]uint32 {
 	if t.mapWatch != nil {
 		progs[MapWatchFexit] = t.mapWatch
 	}
+	if t.readContext != nil {
+		progs[ReadContext] = t.readContext
+	}
 	for name, p := range progs {
 		if info, err := p.Info(); err == nil {
 			if n, ok := info.VerifiedInstructions(); ok {
@@ -547,6 +556,9 @@ func (t *Tracer) Close() error {
 	}
 	if t.mapWatch != nil {
 		t.mapWatch.Close()
+	}
+	if t.readContext != nil {
+		t.readContext.Close()
 	}
 	return nil
 }

@@ -48,28 +48,35 @@ static __always_inline struct label *label_slot(struct trace *t, u32 i)
   return (struct label *)&t->frames[n] + i;
 }
 
-// Copies a Go string into a label's key or value room of max bytes;
-// returns the bytes copied, or -1 when the string could not be read.
-static __always_inline int copy_go_string(char *dst, u32 max, const struct go_string *s, u8 *flags,
-                                          u8 cut)
+// Copies the len bytes at ptr (a Go string) into a label's key or value
+// room of max bytes; returns the bytes copied, or -1 when the string could
+// not be read.
+static __always_inline int copy_go_string(char *dst, u32 max, u64 ptr, s64 len, u8 *flags, u8 cut)
 {
-  u64 n = s->len;
-  if (s->len < 0)
+  if (len < 0)
     return -1;
+  u64 n = len;
   if (n > max) {
     n = max;
     *flags |= cut;
   }
-  if (n && bpf_probe_read_user(dst, n & 0x3f, (void *)s->ptr))
+  if (bpf_probe_read_user(dst, n & 0x3f, (void *)ptr))
     return -1;
   return n;
 }
 
-// Appends the label key = value to the trace; returns -1 when it could not
-// be read, 1 when the trace has MAX_LABELS already.
-static __always_inline int push_label(struct trace *t, const struct go_string *key,
-                                      const struct go_string *value)
+// Appends the label key = value to the sampled trace; returns -1 when it
+// could not be read, 1 when the trace has MAX_LABELS already. A global
+// function: the verifier checks it once on its own, not once per call
+// site and path (kernel 7.2's gave up on the readers with it inlined at
+// each of the map's slots). Hence scalar arguments and its own record
+// lookup: 5.10 passes global functions no other pointers than the context.
+__attribute__((noinline)) int push_go_label(u64 key, s64 key_len, u64 value, s64 value_len)
 {
+  struct record *r = get_record();
+  if (!r)
+    return -1;
+  struct trace *t = &r->trace;
   u32 i = t->num_labels;
   if (i >= MAX_LABELS) {
     t->flags |= TRACE_FLAG_LABELS_CUT;
@@ -77,8 +84,8 @@ static __always_inline int push_label(struct trace *t, const struct go_string *k
   }
   struct label *l = label_slot(t, i);
   u8 flags = 0;
-  int kn = copy_go_string(l->key, LABEL_KEY_MAX, key, &flags, LABEL_KEY_CUT);
-  int vn = copy_go_string(l->value, LABEL_VALUE_MAX, value, &flags, LABEL_VALUE_CUT);
+  int kn = copy_go_string(l->key, LABEL_KEY_MAX, key, key_len, &flags, LABEL_KEY_CUT);
+  int vn = copy_go_string(l->value, LABEL_VALUE_MAX, value, value_len, &flags, LABEL_VALUE_CUT);
   if (kn < 0 || vn < 0)
     return -1;
   l->key_len = kn;
@@ -88,6 +95,11 @@ static __always_inline int push_label(struct trace *t, const struct go_string *k
   if (flags)
     increment_metric(METRIC_GO_LABELS_CUT);
   return 0;
+}
+
+static __always_inline int push_label(const struct go_string *key, const struct go_string *value)
+{
+  return push_go_label(key->ptr, key->len, value->ptr, value->len);
 }
 
 // Reads Go 1.24+'s labels: a slice of {key, value} strings.
@@ -101,7 +113,7 @@ static __always_inline int read_go_label_slice(struct trace *t, u64 labels)
       break;
     if (bpf_probe_read_user(kv, sizeof(kv), (void *)(list.ptr + i * sizeof(kv))))
       return -1;
-    int err = push_label(t, &kv[0], &kv[1]);
+    int err = push_label(&kv[0], &kv[1]);
     if (err)
       return err < 0 ? -1 : 0;
   }
@@ -146,7 +158,7 @@ static __always_inline int read_go_label_map(struct trace *t, u64 labels)
           bpf_probe_read_user(&value, sizeof(value),
                               (void *)(bucket + GO_BUCKET_VALUES + i * sizeof(value))))
         return -1;
-      int err = push_label(t, &key, &value);
+      int err = push_label(&key, &value);
       if (err)
         return err < 0 ? -1 : 0;
     }

@@ -6,7 +6,7 @@
 
 // A runtime's id is at once the frame kind of its frames (enum frame_kind
 // takes 0-3), its slot in the progs map (the program unwind_<name>, for
-// RUNTIME_<NAME>; enum prog_id takes 0-2) and its half of the key of its
+// RUNTIME_<NAME>; enum prog_id takes 0-3) and its half of the key of its
 // per-process configuration in runtime_procs. Ids are never reused; the Go
 // registry (package interpreter) names the same ids.
 enum runtime_id {

@@ -22,11 +22,6 @@ volatile const u64 unknown_pc_report_interval = 0;
 // memory, which is gone once the process exits, and owes APM agents their
 // correlation messages within the delay it announced.
 volatile const u64 trace_wakeup_latency = 0;
-// Set by user space before load: whether unwind_stop reads goroutine labels
-// and OpenTelemetry thread contexts. Cleared when a kernel's verifier
-// refuses the readers (7.2's gives up on them): the verifier then skips
-// them as dead code.
-volatile const u32 read_labels = 1;
 // log2 of the page size (vm_pgoff is in pages).
 volatile const u32 page_shift = 12;
 

@@ -16,7 +16,9 @@
 #define MAX_KERNEL_FRAMES 128
 
 // User frames one run of the native unwinder walks before it tail-calls
-// itself; with MAX_TAIL_CALLS this bounds a whole unwind.
+// itself; with MAX_TAIL_CALLS this bounds a whole unwind. The end of an
+// unwind takes two more tail calls (unwind_stop, read_context): 31 in all,
+// within the kernel's limit (33; 32 before 5.17 by its own count).
 #define NATIVE_FRAMES_PER_PROGRAM 16
 #define MAX_TAIL_CALLS            29
 
@@ -288,6 +290,9 @@ enum prog_id {
   PROG_UNWIND_NATIVE = 1,
   // Optional: loaded only where bpf_find_vma works (native_stack.ebpf.c).
   PROG_RESOLVE_VMA = 2,
+  // Optional: goroutine labels and thread contexts, read after unwind_stop
+  // and before the trace is sent (unwind_stop.ebpf.c).
+  PROG_READ_CONTEXT = 3,
   PROG_COUNT,
 };
 

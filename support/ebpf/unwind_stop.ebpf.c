@@ -1,4 +1,5 @@
-// The end of every unwind: hash the trace and hand it to user space.
+// The end of every unwind: the thread's contexts, the trace's hash, and the
+// trace handed to user space.
 #include "go_labels.h"
 #include "thread_ctx.h"
 #include "tracemgmt.h"
@@ -61,34 +62,10 @@ static __always_inline void read_apm_context(struct trace *t)
   increment_metric(METRIC_APM_CONTEXTS);
 }
 
-SEC("perf_event")
-int unwind_stop(struct bpf_perf_event_data *ctx)
+// Sends the trace (its frames, then its labels) to user space.
+static __always_inline void emit_trace(struct record *r)
 {
-  struct record *r = get_record();
-  if (!r)
-    return 0;
   struct trace *t = &r->trace;
-
-  // The hash first: its loop over the frames is then verified once, not
-  // once for each of the many paths through the context and label readers
-  // (7.2's verifier gave up on that product).
-  u64 h = hash_mix(0x9e3779b97f4a7c15ULL, t->pid);
-  h = hash_mix(h, t->flags & TRACE_FLAG_TRUNCATED);
-  for (u32 i = 0; i < MAX_FRAMES; i++) {
-    if (i >= t->num_frames)
-      break;
-    struct frame *f = &t->frames[i];
-    h = hash_mix(h, f->addr);
-    h = hash_mix(h, f->file_id ^ ((u64)f->kind << 56) ^ ((u64)f->flags << 48));
-  }
-  t->hash = h;
-
-  read_apm_context(t);
-  if (read_labels) {
-    read_go_labels(r);
-    read_thread_context(t);
-  }
-
   u64 n = t->num_frames;
   if (n > MAX_FRAMES)
     n = MAX_FRAMES;
@@ -101,5 +78,50 @@ int unwind_stop(struct bpf_perf_event_data *ctx)
     increment_metric(METRIC_ERR_TRACE_DROPPED);
   else
     increment_metric(METRIC_TRACES_SENT);
+}
+
+// Reads the APM trace the thread is in and hashes the frames, then hands
+// the trace to read_context, or sends it itself where read_context is not
+// loaded (its slot is empty: the tail call falls through).
+SEC("perf_event")
+int unwind_stop(struct bpf_perf_event_data *ctx)
+{
+  struct record *r = get_record();
+  if (!r)
+    return 0;
+  struct trace *t = &r->trace;
+  read_apm_context(t);
+
+  u64 h = hash_mix(0x9e3779b97f4a7c15ULL, t->pid);
+  h = hash_mix(h, t->flags & TRACE_FLAG_TRUNCATED);
+  for (u32 i = 0; i < MAX_FRAMES; i++) {
+    if (i >= t->num_frames)
+      break;
+    struct frame *f = &t->frames[i];
+    h = hash_mix(h, f->addr);
+    h = hash_mix(h, f->file_id ^ ((u64)f->kind << 56) ^ ((u64)f->flags << 48));
+  }
+  t->hash = h;
+
+  bpf_tail_call(ctx, &progs, PROG_READ_CONTEXT);
+  emit_trace(r);
+  return 0;
+}
+
+// Reads the thread's goroutine labels and OpenTelemetry thread context
+// into the trace and sends it. A program of its own, loaded on its own
+// (user space): the verifier walks its paths once rather than once per
+// exit of unwind_stop's frame loop, and a kernel that refuses it loses
+// only the labels. It makes no tail call: arm64 before 6.0 allows none in
+// a program with subprograms (push_go_label).
+SEC("perf_event")
+int read_context(struct bpf_perf_event_data *ctx)
+{
+  struct record *r = get_record();
+  if (!r)
+    return 0;
+  read_go_labels(r);
+  read_thread_context(&r->trace);
+  emit_trace(r);
   return 0;
 }

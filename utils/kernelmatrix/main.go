@@ -53,11 +53,7 @@ var (
 	goLabelTests = `^TestGoLabels$/^builds$/^go1\.(23|26|26_cgo)$`
 	// OpenTelemetry thread contexts: every TLS access model.
 	threadCtxTests = `^TestThreadContext$`
-	// The series whose verifier refuses the label readers (1M
-	// instructions): the daemon loads without them there (tracer.go),
-	// so these tests do not run on it.
-	labelsRefusedKernel = "7.2"
-	perlTests           = `^(TestPerlStacks|TestPerlEval|TestPerlSort|TestPerlThreads|TestPerlForks|TestPerlRecursion)$`
+	perlTests      = `^(TestPerlStacks|TestPerlEval|TestPerlSort|TestPerlThreads|TestPerlForks|TestPerlRecursion)$`
 	// Not TestPHPFPM: under emulation each request's own work (chdir,
 	// compiling nothing, output) takes 4-6% of the samples in requests,
 	// next to the 20 ms the chain spins (94.6-96.4% with the chain).
@@ -113,11 +109,8 @@ func runsRuntimes(arch, series string) bool {
 // runFor is the selection (go test -run) a kernel series runs on an
 // architecture.
 func runFor(arch, series string) string {
-	runs := []string{"^(" + strings.Join(baseTests, "|") + ")$/^(" + strings.Join(baseSubtests, "|") + ")"}
-	if series != labelsRefusedKernel {
-		runs = append(runs, goLabelTests, threadCtxTests)
-	}
-	run := union(runs)
+	run := union([]string{"^(" + strings.Join(baseTests, "|") + ")$/^(" + strings.Join(baseSubtests, "|") + ")",
+		goLabelTests, threadCtxTests})
 	switch {
 	case !runsRuntimes(arch, series):
 		return run
