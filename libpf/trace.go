@@ -194,6 +194,9 @@ type SampleMeta struct {
 	// Span is the OpenTelemetry span the thread was in (its thread
 	// context, OTEP 4947).
 	Span SpanContext
+	// OffCPU is, for a sample taken as the thread left the CPU to wait,
+	// how long it waited (Time is when it began); zero for a CPU sample.
+	OffCPU time.Duration
 }
 
 // SpanContext identifies the OpenTelemetry span a sample was taken in.

@@ -94,6 +94,13 @@ func (m *Manager) convert(raw *support.Trace, p *process) conversion {
 			frames = append(frames, m.kernel.frame(addr, i > 0))
 		}
 	}
+	if raw.OffCPU {
+		top := 0
+		for top < len(frames) && isTracingFrame(frames[top].FunctionName) {
+			top++
+		}
+		frames = append(frames[:0], frames[top:]...)
+	}
 	c := conversion{info: p.info, gen: p.gen}
 	var missed bool
 	m.linesRetryAt, m.linesOpening = time.Time{}, false

@@ -268,6 +268,14 @@ func (k *kernel) frame(addr uint64, returnAddress bool) libpf.Frame {
 	return f
 }
 
+// isTracingFrame says whether a kernel function is the BPF program or the
+// tracepoint machinery that took an off-CPU trace's stack: they top every
+// such stack, above the scheduler, and say nothing of the wait.
+func isTracingFrame(name string) bool {
+	return strings.HasPrefix(name, "bpf_prog_") || strings.HasPrefix(name, "bpf_trace_run") ||
+		strings.HasPrefix(name, "__bpf_trace_") || strings.HasPrefix(name, "__traceiter_")
+}
+
 // module returns the shared mapping of a module, reading its build id from
 // sysfs the first time. Its path is the module's name in brackets,
 // "[nf_tables]", as perf names modules. Pseudo modules such as [bpf] or

@@ -254,6 +254,7 @@ func (h *Handler) report(raw *support.Trace, trace *libpf.Trace, info *libpf.Pro
 		APM:        raw.APM,
 		Span:       raw.Span,
 		Labels:     libpf.MakeLabels(h.sampleLabels(raw, info)),
+		OffCPU:     raw.Waited,
 	})
 }
 

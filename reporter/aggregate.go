@@ -23,6 +23,9 @@ type sampleKey struct {
 	// labels are the program's labels of the sampled work (a
 	// goroutine's).
 	labels libpf.Labels
+	// offCPU says the samples are waits off the CPU (SampleMeta.OffCPU),
+	// not CPU samples.
+	offCPU bool
 }
 
 // traceLink is a sample's link to a distributed trace.
@@ -37,6 +40,9 @@ type sampleGroup struct {
 	trace *libpf.Trace
 	// timestamps are unix nanoseconds, one per sample, in arrival order.
 	timestamps []uint64
+	// waits are, in an off-CPU group, each sample's wait in nanoseconds,
+	// one per timestamp.
+	waits []int64
 	// summed, when not zero, is the group's samples where they were
 	// counted without their times (the history's exports; timestamps is
 	// then empty), and the group has no thread id and CPU.
@@ -45,6 +51,15 @@ type sampleGroup struct {
 
 // count is the group's number of samples.
 func (g *sampleGroup) count() int { return len(g.timestamps) + g.summed }
+
+// waited is an off-CPU group's time off the CPU, in nanoseconds.
+func (g *sampleGroup) waited() int64 {
+	var sum int64
+	for _, w := range g.waits {
+		sum += w
+	}
+	return sum
+}
 
 // interval is the immutable result of one reporting interval once it has
 // been swapped out of the aggregator.
@@ -81,6 +96,7 @@ func (a *aggregator) add(t *libpf.Trace, meta *libpf.SampleMeta, ts uint64) bool
 		threadName: meta.ThreadName,
 		cpu:        meta.CPU,
 		labels:     meta.Labels,
+		offCPU:     meta.OffCPU > 0,
 	}
 	switch {
 	case meta.APM.Valid:
@@ -105,6 +121,9 @@ func (a *aggregator) add(t *libpf.Trace, meta *libpf.SampleMeta, ts uint64) bool
 		iv.groups[key] = g
 	}
 	g.timestamps = append(g.timestamps, ts)
+	if key.offCPU {
+		g.waits = append(g.waits, int64(meta.OffCPU))
+	}
 	iv.samples++
 	return true
 }

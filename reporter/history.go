@@ -488,6 +488,9 @@ func (h *History) add(iv *interval, period int64) {
 	counts := make(map[entryKey]uint32)
 	traceCounts := make(map[[16]byte]map[entryKey]uint32)
 	for _, g := range iv.groups {
+		if g.key.offCPU {
+			continue // TODO(issue 38): the web view's off-CPU and wall views
+		}
 		series := h.tab.seriesOf(h.tab.stack(g.trace), h.tab.meta(metaOf(&g.key)))
 		tc := traceCounts[g.key.link.traceID]
 		if g.key.link != (traceLink{}) && tc == nil {

@@ -265,20 +265,35 @@ func buildRequest(iv *interval, opts buildOptions) otlpRequest {
 	byProcess := groupsByProcess(iv)
 	req := &collectorpb.ExportProfilesServiceRequest{}
 	for _, groups := range byProcess {
-		prof := &profilespb.Profile{
-			SampleType:   &profilespb.ValueType{TypeStrindex: b.str("samples"), UnitStrindex: b.str("count")},
-			PeriodType:   &profilespb.ValueType{TypeStrindex: b.str("cpu"), UnitStrindex: b.str("nanoseconds")},
-			Period:       opts.period,
-			TimeUnixNano: start,
-			DurationNano: end - start,
-			ProfileId:    newProfileID(),
-			Samples:      b.samples(groups, start, end),
+		var profs []*profilespb.Profile
+		cpu, offCPU := splitOffCPU(groups)
+		if len(cpu) > 0 {
+			profs = append(profs, &profilespb.Profile{
+				SampleType:   &profilespb.ValueType{TypeStrindex: b.str("samples"), UnitStrindex: b.str("count")},
+				PeriodType:   &profilespb.ValueType{TypeStrindex: b.str("cpu"), UnitStrindex: b.str("nanoseconds")},
+				Period:       opts.period,
+				TimeUnixNano: start,
+				DurationNano: end - start,
+				ProfileId:    newProfileID(),
+				Samples:      b.samples(cpu, start, end),
+			})
+		}
+		if len(offCPU) > 0 {
+			// Each sample's value is how long its thread waited off the
+			// CPU; its timestamp when the wait began.
+			profs = append(profs, &profilespb.Profile{
+				SampleType:   &profilespb.ValueType{TypeStrindex: b.str("off_cpu"), UnitStrindex: b.str("nanoseconds")},
+				TimeUnixNano: start,
+				DurationNano: end - start,
+				ProfileId:    newProfileID(),
+				Samples:      b.samples(offCPU, start, end),
+			})
 		}
 		req.ResourceProfiles = append(req.ResourceProfiles, &profilespb.ResourceProfiles{
 			Resource: resource(groups[0].key.pid, groups[0].key.process, opts),
 			ScopeProfiles: []*profilespb.ScopeProfiles{{
 				Scope:    &commonpb.InstrumentationScope{Name: scopeName, Version: opts.version},
-				Profiles: []*profilespb.Profile{prof},
+				Profiles: profs,
 			}},
 		})
 	}
@@ -303,6 +318,7 @@ type sampleIdent struct {
 func (b *dictBuilder) samples(groups []*sampleGroup, start, end uint64) []*profilespb.Sample {
 	var out []*profilespb.Sample
 	merged := make(map[sampleIdent]*profilespb.Sample, len(groups))
+	values := make(map[*profilespb.Sample][]timedValue, len(groups))
 	for _, g := range groups {
 		id := sampleIdent{stack: b.stack(g.trace), tid: g.key.tid, threadName: g.key.threadName, cpu: g.key.cpu,
 			link: b.link(g.key.link), labels: g.key.labels}
@@ -316,21 +332,45 @@ func (b *dictBuilder) samples(groups []*sampleGroup, start, end uint64) []*profi
 			merged[id] = s
 			out = append(out, s)
 		}
-		for _, ts := range g.timestamps {
-			s.TimestampsUnixNano = append(s.TimestampsUnixNano, clampTime(ts, start, end))
+		for i, ts := range g.timestamps {
+			v := int64(1)
+			if g.key.offCPU {
+				v = g.waits[i]
+			}
+			values[s] = append(values[s], timedValue{clampTime(ts, start, end), v})
 		}
 	}
 	for _, s := range out {
-		slices.Sort(s.TimestampsUnixNano)
 		// The spec requires values and timestamps to pair up one to one when
-		// both are set; one count per timestamp keeps consumers that only sum
-		// values and those that read timestamps in agreement.
-		s.Values = make([]int64, len(s.TimestampsUnixNano))
-		for i := range s.Values {
-			s.Values[i] = 1
+		// both are set: a CPU sample counts one per timestamp, which keeps
+		// consumers that only sum values and those that read timestamps in
+		// agreement; an off-CPU sample its wait.
+		tv := values[s]
+		slices.SortStableFunc(tv, func(a, b timedValue) int { return cmp.Compare(a.ts, b.ts) })
+		s.TimestampsUnixNano = make([]uint64, len(tv))
+		s.Values = make([]int64, len(tv))
+		for i, v := range tv {
+			s.TimestampsUnixNano[i], s.Values[i] = v.ts, v.value
 		}
 	}
 	return out
+}
+
+type timedValue struct {
+	ts    uint64
+	value int64
+}
+
+// splitOffCPU splits a process's groups into CPU and off-CPU samples.
+func splitOffCPU(groups []*sampleGroup) (cpu, offCPU []*sampleGroup) {
+	for _, g := range groups {
+		if g.key.offCPU {
+			offCPU = append(offCPU, g)
+		} else {
+			cpu = append(cpu, g)
+		}
+	}
+	return cpu, offCPU
 }
 
 // link is the link table index of a sample's trace link; 0 for none.
@@ -419,6 +459,7 @@ func groupsByProcess(iv *interval) [][]*sampleGroup {
 				cmp.Compare(a.key.hash.Hi, b.key.hash.Hi),
 				cmp.Compare(a.key.hash.Lo, b.key.hash.Lo),
 				a.key.labels.Compare(b.key.labels),
+				cmp.Compare(boolToInt(a.key.offCPU), boolToInt(b.key.offCPU)),
 			)
 		})
 		out = append(out, gs)
@@ -501,4 +542,11 @@ func newProfileID() []byte {
 	// crypto/rand.Read never fails since Go 1.24 (it aborts the program instead).
 	_, _ = rand.Read(id)
 	return id
+}
+
+func boolToInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -39,11 +39,24 @@ func buildPprof(iv *interval, period int64) *profile.Profile {
 		locations: make(map[pprofLocKey]*profile.Location),
 		stacks:    make(map[*libpf.Trace][]*profile.Location),
 	}
+	offCPU := hasOffCPU(iv)
+	if offCPU {
+		// A third sample type: an off-CPU sample's wait, where the CPU
+		// sample types count 0 (and a CPU sample's wait is 0).
+		p.SampleType = append(p.SampleType, &profile.ValueType{Type: "off_cpu", Unit: "nanoseconds"})
+	}
 	for _, groups := range groupsByProcess(iv) {
 		for _, g := range groups {
 			n := int64(g.count())
+			value := []int64{n, n * period}
+			switch {
+			case g.key.offCPU:
+				value = []int64{0, 0, g.waited()}
+			case offCPU:
+				value = append(value, 0)
+			}
 			s := &profile.Sample{
-				Value:    []int64{n, n * period},
+				Value:    value,
 				Location: b.stack(g.trace),
 				Label:    pprofLabels(g),
 				NumLabel: map[string][]int64{
@@ -67,6 +80,16 @@ func buildPprof(iv *interval, period int64) *profile.Profile {
 		}
 	}
 	return p
+}
+
+// hasOffCPU says whether an interval has off-CPU samples.
+func hasOffCPU(iv *interval) bool {
+	for _, g := range iv.groups {
+		if g.key.offCPU {
+			return true
+		}
+	}
+	return false
 }
 
 func pprofLabels(g *sampleGroup) map[string][]string {

@@ -22,6 +22,9 @@ type topEntry struct {
 func topFunctions(iv *interval, n int) []topEntry {
 	counts := make(map[[2]string]int)
 	for _, g := range iv.groups {
+		if g.key.offCPU {
+			continue // the summary ranks CPU samples
+		}
 		proc := "unknown"
 		if g.key.process != nil && g.key.process.ExecutableName != "" {
 			proc = g.key.process.ExecutableName

@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
@@ -77,6 +78,11 @@ type traceLayout struct {
 	flagLabelsCut, labelKeyIndex                                                       uint8
 	// flagSpan is TRACE_FLAG_SPAN_CONTEXT: apm holds a span's ids.
 	flagSpan uint8
+	// flagOffCPU is TRACE_FLAG_OFF_CPU; offCPUEnd* are struct
+	// off_cpu_end's offsets and size, of EVENT_OFF_CPU_END.
+	flagOffCPU                                                                   uint8
+	eventOffCPUEnd                                                               uint32
+	offCPUEndPID, offCPUEndTID, offCPUEndStart, offCPUEndDuration, offCPUEndSize int
 }
 
 // ReadShared extracts the shared definitions from the object's BTF and checks
@@ -347,7 +353,7 @@ func (l *traceLayout) read(types *btf.Spec) error {
 	t, f, pe := r.structure("trace"), r.structure("frame"), r.structure("process_event")
 	xe, me, lb := r.structure("exec_event"), r.structure("mmap_event"), r.structure("label")
 	events, traceFlags, frameFlags := r.enum("event_type"), r.enum("trace_flag"), r.enum("frame_flag")
-	labelFlags := r.enum("label_flag")
+	labelFlags, oe := r.enum("label_flag"), r.structure("off_cpu_end")
 	*l = traceLayout{
 		typ: t.offset("type"), pid: t.offset("pid"), tid: t.offset("tid"), cpu: t.offset("cpu"),
 		ktime: t.offset("ktime"), hash: t.offset("hash"), comm: t.offset("comm"), flags: t.offset("flags"),
@@ -373,7 +379,11 @@ func (l *traceLayout) read(types *btf.Spec) error {
 		flagLabelsCut:    uint8(traceFlags.value("TRACE_FLAG_LABELS_CUT")),
 		flagSpan:         uint8(traceFlags.value("TRACE_FLAG_SPAN_CONTEXT")),
 		labelKeyIndex:    uint8(labelFlags.value("LABEL_KEY_INDEX")),
-		frameFlagReturn:  uint8(frameFlags.value("FRAME_FLAG_RETURN_ADDRESS")),
+		flagOffCPU:       uint8(traceFlags.value("TRACE_FLAG_OFF_CPU")),
+		eventOffCPUEnd:   uint32(events.value("EVENT_OFF_CPU_END")),
+		offCPUEndPID:     oe.offset("pid"), offCPUEndTID: oe.offset("tid"), offCPUEndStart: oe.offset("start"),
+		offCPUEndDuration: oe.offset("duration"), offCPUEndSize: oe.size,
+		frameFlagReturn: uint8(frameFlags.value("FRAME_FLAG_RETURN_ADDRESS")),
 	}
 	if err := r.err(); err != nil {
 		return err
@@ -391,7 +401,8 @@ func (l *traceLayout) read(types *btf.Spec) error {
 	// would match every record or none.
 	if l.eventTrace == 0 || l.eventProcessExit == 0 || l.eventProcessExec == 0 || l.eventUnknownPC == 0 ||
 		l.eventExecMapped == 0 || l.flagTruncated == 0 || l.frameFlagReturn == 0 || l.flagAPM == 0 ||
-		l.flagLabelsCut == 0 || l.flagSpan == 0 || l.labelKeyIndex == 0 {
+		l.flagLabelsCut == 0 || l.flagSpan == 0 || l.labelKeyIndex == 0 || l.flagOffCPU == 0 ||
+		l.eventOffCPUEnd == 0 {
 		return errors.New("BPF object has a zero event type, trace flag or frame flag")
 	}
 	return nil
@@ -411,6 +422,9 @@ const (
 	EventUnknownPC
 	// EventExecMapped: PID mapped a file executable (Event.Mapping).
 	EventExecMapped
+	// EventOffCPUEnd: thread TID of PID, whose off-CPU trace has KTime
+	// Start, waited Duration.
+	EventOffCPUEnd
 )
 
 // ExecMapping is a new executable file mapping: [Start, End) maps the file
@@ -436,6 +450,10 @@ type Event struct {
 	// Addr is, for EventUnknownPC, the PC (0: a runtime's code ran where
 	// it was not described to BPF).
 	Addr uint64
+	// TID, Start and Duration are set for EventOffCPUEnd.
+	TID      uint32
+	Start    uint64
+	Duration time.Duration
 }
 
 // ErrMalformedEvent is returned for records that do not decode.
@@ -462,6 +480,13 @@ func (s *Shared) DecodeEvent(raw []byte, trace *Trace) (Event, error) {
 			Addr: le.Uint64(raw[l.processEventAddr:])}, nil
 	case l.eventExecMapped:
 		return s.decodeExecMapped(raw)
+	case l.eventOffCPUEnd:
+		if len(raw) < l.offCPUEndSize {
+			return Event{}, fmt.Errorf("%w: off-CPU end of %d bytes", ErrMalformedEvent, len(raw))
+		}
+		return Event{Kind: EventOffCPUEnd, PID: libpf.PID(le.Uint32(raw[l.offCPUEndPID:])),
+			TID: le.Uint32(raw[l.offCPUEndTID:]), Start: le.Uint64(raw[l.offCPUEndStart:]),
+			Duration: time.Duration(le.Uint64(raw[l.offCPUEndDuration:]))}, nil
 	case l.eventTrace:
 	default:
 		return Event{}, fmt.Errorf("%w: type %d", ErrMalformedEvent, le.Uint32(raw))
@@ -483,6 +508,8 @@ func (s *Shared) DecodeEvent(raw []byte, trace *Trace) (Event, error) {
 	trace.Hash = le.Uint64(raw[l.hash:])
 	trace.Comm = cString(raw[l.comm : l.comm+16])
 	trace.Truncated = raw[l.flags]&l.flagTruncated != 0
+	trace.OffCPU = raw[l.flags]&l.flagOffCPU != 0
+	trace.Waited = 0
 	trace.APM = libpf.APMContext{Valid: raw[l.flags]&l.flagAPM != 0}
 	if trace.APM.Valid {
 		a := raw[l.apm:]

@@ -1,6 +1,10 @@
 package support
 
-import "github.com/hostprof/ebpf-profiler/libpf"
+import (
+	"time"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
+)
 
 // Trace is a raw trace as the BPF unwinder hands it to user space, decoded
 // from struct trace in ebpf/types.h.
@@ -15,6 +19,11 @@ type Trace struct {
 	Hash uint64
 	// Truncated is set when the stack had more than MaxFrames frames.
 	Truncated bool
+	// OffCPU says the trace was taken as the thread left the CPU to wait
+	// (KTime is when), not by a sample; Waited is how long it waited, once
+	// known (the tracer joins the trace with the wait's end).
+	OffCPU bool
+	Waited time.Duration
 	// KernelStack holds kernel return addresses, leaf first.
 	KernelStack []uint64
 	// Frames holds user-space frames, leaf first.

@@ -71,6 +71,9 @@ type preparedSpec struct {
 	// collection (loadAlone).
 	mapWatch    *ebpf.ProgramSpec
 	readContext *ebpf.ProgramSpec
+	// offCPU is the sched_switch program, nil when off-CPU profiling is
+	// (offcpu.go).
+	offCPU      *ebpf.ProgramSpec
 	eventsBytes uint32
 	feats       kernelFeatures
 }
@@ -118,6 +121,9 @@ func prepareSpec(spec *ebpf.CollectionSpec, cfg Config, feats kernelFeatures, cp
 	}
 	ls.mapWatch = splitProgram(spec, MapWatchFexit)
 	ls.readContext = splitProgram(spec, ReadContext)
+	if ls.offCPU, err = prepareOffCPU(spec, cfg.OffCPU); err != nil {
+		return nil, err
+	}
 	return ls, nil
 }
 

@@ -128,7 +128,15 @@ func (t *Tracer) dispatch(raw []byte, trace *support.Trace, h Handler) {
 	}
 	switch ev.Kind {
 	case support.EventTrace:
+		if ev.Trace.OffCPU {
+			if t.offCPUPending != nil {
+				t.offCPUPending.hold(ev.Trace, raw)
+			}
+			return
+		}
 		h.HandleTrace(ev.Trace)
+	case support.EventOffCPUEnd:
+		t.endOffCPU(ev, trace, h)
 	case support.EventProcessExec:
 		h.ProcessExeced(ev.PID, ev.Program)
 	case support.EventProcessExit:
@@ -138,6 +146,23 @@ func (t *Tracer) dispatch(raw []byte, trace *support.Trace, h Handler) {
 	case support.EventExecMapped:
 		h.ExecMapped(ev.PID, ev.Mapping)
 	}
+}
+
+// endOffCPU hands h the trace of the wait ev ends, with how long it was.
+func (t *Tracer) endOffCPU(ev support.Event, trace *support.Trace, h Handler) {
+	if t.offCPUPending == nil {
+		return
+	}
+	raw, ok := t.offCPUPending.take(ev)
+	if !ok {
+		return
+	}
+	if _, err := t.shared.DecodeEvent(raw, trace); err != nil {
+		t.malformed.Add(1)
+		return
+	}
+	trace.Waited = ev.Duration
+	h.HandleTrace(trace)
 }
 
 // ringWaiter parks the pump in Go's network poller until BPF wakes the

@@ -33,6 +33,8 @@ import (
 type Config struct {
 	// SamplesPerSecond is the sampling frequency per CPU.
 	SamplesPerSecond int
+	// OffCPU says which context switches are traced (offcpu.go).
+	OffCPU OffCPUConfig
 	// BPFLogLevel is passed to the verifier (0 = only on failure).
 	BPFLogLevel uint32
 	// MapScaleFactor doubles the maps that hold stack deltas and process
@@ -99,6 +101,10 @@ type Tracer struct {
 	// readContext is ReadContext, nil where the kernel refused it (then
 	// samples carry no goroutine labels or thread contexts).
 	readContext *ebpf.Program
+	// offCPU holds the off-CPU programs, nil when off (offcpu.go);
+	// offCPUPending the traces of the waits that have not ended.
+	offCPU        *ebpf.Collection
+	offCPUPending *offCPUPending
 	// resolvesUnread says ResolveVMA is loaded: the kernel has
 	// bpf_find_vma.
 	resolvesUnread bool
@@ -212,7 +218,14 @@ func (t *Tracer) loadPrograms(spec *ebpf.CollectionSpec, ls *preparedSpec) error
 			log.Debugf("Verifier log of %s:\n%s", name, p.VerifierLog)
 		}
 	}
-	if err := t.fillProgArray(); err != nil {
+	targets := maps.Clone(t.progColl.Programs)
+	if t.readContext != nil {
+		targets[ReadContext] = t.readContext
+	}
+	if err := t.fillProgArray(t.objs.Progs, targets); err != nil {
+		return err
+	}
+	if t.offCPU, err = t.loadOffCPU(spec, ls, opts.Programs, btfCache); err != nil {
 		return err
 	}
 	log.Debugf("Loaded BPF programs (bpf_task_pt_regs %v, bpf_find_vma %v); instructions the verifier processed: %v",
@@ -325,28 +338,31 @@ func selectRuntimes(spec *ebpf.CollectionSpec, shared *support.Shared, want []*i
 	return loaded, nil
 }
 
-// fillProgArray registers the tail-call targets: the core's by the names
-// of enum prog_id, the runtimes' by the names the registry gives.
-func (t *Tracer) fillProgArray() error {
+// progSlots are the tail-call targets that loaded, by name: the core's by
+// the names of enum prog_id, the runtimes' by the names the registry
+// gives.
+func (t *Tracer) progSlots() map[string]uint32 {
 	slots := maps.Clone(t.shared.Programs)
 	if !t.resolvesUnread {
 		delete(slots, ResolveVMA)
 	}
-	if t.readContext != nil {
-		if err := t.objs.Progs.Put(slots[ReadContext], t.readContext); err != nil {
-			return fmt.Errorf("registering tail-call target %s: %w", ReadContext, err)
-		}
+	if t.readContext == nil {
+		delete(slots, ReadContext)
 	}
-	delete(slots, ReadContext)
 	for id, rt := range t.runtimes {
 		slots[support.RuntimeProgram(rt.Name)] = uint32(id)
 	}
-	for name, idx := range slots {
-		p, ok := t.progColl.Programs[name]
+	return slots
+}
+
+// fillProgArray registers the tail-call targets in array from progs.
+func (t *Tracer) fillProgArray(array *ebpf.Map, progs map[string]*ebpf.Program) error {
+	for name, idx := range t.progSlots() {
+		p, ok := progs[name]
 		if !ok {
 			return fmt.Errorf("BPF object lacks program %s for tail-call slot %d", name, idx)
 		}
-		if err := t.objs.Progs.Put(idx, p); err != nil {
+		if err := array.Put(idx, p); err != nil {
 			return fmt.Errorf("registering tail-call target %s: %w", name, err)
 		}
 	}
@@ -381,6 +397,10 @@ func (t *Tracer) Attach() error {
 		t.procLinks = append(t.procLinks, l)
 	}
 	t.attachMapWatch()
+	if err := t.attachOffCPU(); err != nil {
+		t.Detach()
+		return err
+	}
 	mode, err := t.openPerfEvents()
 	if err != nil {
 		t.Detach()
@@ -559,6 +579,9 @@ func (t *Tracer) Close() error {
 	}
 	if t.readContext != nil {
 		t.readContext.Close()
+	}
+	if t.offCPU != nil {
+		t.offCPU.Close()
 	}
 	return nil
 }

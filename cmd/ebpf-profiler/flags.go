@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -77,6 +78,8 @@ type config struct {
 	mapScaleFactor uint
 	// goLabels reads Go programs' goroutine labels into samples.
 	goLabels bool
+	// offCPU says which context switches are traced.
+	offCPU tracer.OffCPUConfig
 	// criSockets are asked for containers' Kubernetes names, kubeletRoot
 	// read where none answers.
 	criSockets     []string
@@ -166,6 +169,20 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	fs.BoolVar(&c.goLabels, "go-labels", true,
 		"Read the pprof labels (pprof.Do, pprof.SetGoroutineLabels) of the goroutine each sample of a Go program "+
 			"ran, and put them on the sample (at most 10, keys cut to 16 bytes, values to 48).")
+	fs.Float64Var(&c.offCPU.Threshold, "off-cpu-threshold", 0,
+		"Off-CPU profiling: the share of context switches (0-1) at which the thread leaving the CPU has its stack "+
+			"unwound, to report how long it waited there. 0 (the default) turns it off.")
+	fs.DurationVar(&c.offCPU.MinWait, "off-cpu-min-wait", 0,
+		"Off-CPU profiling: waits shorter than this are not reported.")
+	fs.Func("off-cpu-per-second", fmt.Sprintf("Off-CPU profiling: at most this many context switches are unwound "+
+		"per CPU and second, whatever the threshold (default %d).", tracer.DefaultOffCPUPerSecond), func(v string) error {
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil || n == 0 {
+			return fmt.Errorf("want a positive number, got %q", v)
+		}
+		c.offCPU.PerSecond = uint32(n)
+		return nil
+	})
 	fs.BoolVar(&c.verbose, "verbose", false, "Log debug messages.")
 	fs.BoolVar(&c.verbose, "v", false, "Shorthand for -verbose.")
 	fs.BoolVar(&c.version, "version", false, "Print the version and exit.")
@@ -277,6 +294,9 @@ func (c *config) validate() error {
 		if (c.tlsCertFile == "") != (c.tlsKeyFile == "") {
 			errs = append(errs, errors.New("-tls-cert-file and -tls-key-file go together"))
 		}
+	}
+	if err := c.offCPU.Validate(); err != nil {
+		return err
 	}
 	if c.probabilisticThreshold < 1 || c.probabilisticThreshold > 100 {
 		errs = append(errs, fmt.Errorf("-probabilistic-threshold=%d: want 1 to 99, or 100 to always sample",

@@ -118,6 +118,7 @@ func profile(ctx context.Context, cfg *config) error {
 	}
 	tr, err := tracer.New(tracer.Config{
 		SamplesPerSecond: cfg.samplesPerSecond,
+		OffCPU:           cfg.offCPU,
 		BPFLogLevel:      uint32(cfg.bpfLogLevel),
 		MapScaleFactor:   cfg.mapScaleFactor,
 		Runtimes:         runtimes,

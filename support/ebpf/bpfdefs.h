@@ -43,6 +43,7 @@ static long (*bpf_map_update_elem)(void *map, const void *key, const void *value
                                    u64 flags) = (void *)2;
 static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)3;
 static u64 (*bpf_ktime_get_ns)(void) = (void *)5;
+static u32 (*bpf_get_prandom_u32)(void) = (void *)7;
 static u32 (*bpf_get_smp_processor_id)(void) = (void *)8;
 static long (*bpf_tail_call)(void *ctx, void *prog_array_map, u32 index) = (void *)12;
 static u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;
@@ -109,8 +110,14 @@ struct task_struct {
   struct signal_struct *signal;
   struct thread_struct thread;
   struct mm_struct *mm;
+  int pid;
   int tgid;
+  // The task's state (0: TASK_RUNNING), since 5.14; state before.
+  unsigned int __state;
   struct task_struct *real_parent;
+} __attribute__((preserve_access_index));
+struct task_struct___before_5_14 {
+  long state;
 } __attribute__((preserve_access_index));
 struct vm_area_struct {
   unsigned long vm_start;
@@ -121,6 +128,10 @@ struct vm_area_struct {
   struct file *vm_file;
 } __attribute__((preserve_access_index));
 #define VM_EXEC 0x4
+
+// Whether the running kernel has the field (a CO-RE relocation: a
+// branch on it that the kernel lacks is dead code to the verifier).
+#define CORE_FIELD_EXISTS(field) __builtin_preserve_field_info(field, 2)
 
 // Reads a kernel field through a CO-RE relocated address.
 #define CORE_READ_KERNEL(dst, src)                                                                 \
@@ -167,6 +178,11 @@ struct bpf_perf_event_data {
   struct pt_regs regs;
   u64 sample_period;
   u64 addr;
+};
+
+// A raw tracepoint's arguments (the tracepoint's TP_PROTO).
+struct bpf_raw_tracepoint_args {
+  u64 args[0];
 };
 
 #endif // BPFDEFS_H

@@ -3,14 +3,10 @@
 // native unwinder.
 #include "tracemgmt.h"
 
-// The user registers of a thread interrupted in the kernel, saved at the top
-// of its kernel stack on entry.
-static __always_inline int read_user_regs(struct bpf_perf_event_data *ctx, struct pt_regs *regs)
+// The user registers of the current thread while it is in the kernel, saved
+// at the top of its kernel stack on entry.
+static __always_inline int read_saved_user_regs(struct pt_regs *regs)
 {
-  if (!regs_in_kernel(&ctx->regs)) {
-    *regs = ctx->regs;
-    return 0;
-  }
   const void *saved;
   if (have_task_pt_regs) {
     saved = (const void *)bpf_task_pt_regs(bpf_get_current_task_btf());
@@ -27,7 +23,19 @@ static __always_inline int read_user_regs(struct bpf_perf_event_data *ctx, struc
   return regs_in_kernel(regs) ? -1 : 0;
 }
 
-static __always_inline void add_kernel_frames(struct bpf_perf_event_data *ctx, struct record *r)
+// The user registers of the interrupted thread.
+static __always_inline int read_user_regs(struct bpf_perf_event_data *ctx, struct pt_regs *regs)
+{
+  if (!regs_in_kernel(&ctx->regs)) {
+    *regs = ctx->regs;
+    return 0;
+  }
+  return read_saved_user_regs(regs);
+}
+
+// The kernel stack of the program's context (a perf event's or a
+// tracepoint's) as the trace's first frames.
+static __always_inline void add_kernel_frames(void *ctx, struct record *r)
 {
   struct trace *t = &r->trace;
   long bytes = bpf_get_stack(ctx, r->kernel_stack, sizeof(r->kernel_stack), 0);
@@ -50,28 +58,18 @@ static __always_inline void add_kernel_frames(struct bpf_perf_event_data *ctx, s
   t->num_frames = n;
 }
 
-SEC("perf_event")
-int sample_entry(struct bpf_perf_event_data *ctx)
+// Starts the current thread's trace in r: no frames yet, a fresh unwind
+// state.
+static __always_inline void start_trace(struct record *r, u64 pid_tgid, u32 flags)
 {
-  u64 pid_tgid = bpf_get_current_pid_tgid();
-  u32 pid = pid_tgid >> 32;
-  if (pid == 0) {
-    increment_metric(METRIC_IDLE_SAMPLES);
-    return 0;
-  }
-  struct record *r = get_record();
-  if (!r)
-    return 0;
-  increment_metric(METRIC_SAMPLES);
-
   struct trace *t = &r->trace;
   t->type = EVENT_TRACE;
-  t->pid = pid;
+  t->pid = pid_tgid >> 32;
   t->tid = (u32)pid_tgid;
   t->ktime = bpf_ktime_get_ns();
   t->hash = 0;
   t->cpu = bpf_get_smp_processor_id();
-  t->flags = 0;
+  t->flags = flags;
   t->num_kernel_frames = 0;
   t->num_frames = 0;
   t->num_labels = 0;
@@ -87,31 +85,58 @@ int sample_entry(struct bpf_perf_event_data *ctx)
   r->state.fp_step_sp = 0;
   r->state.handoff.done_mask = 0;
   r->state.inline_walk.runtime = 0;
+}
 
-  if (regs_in_kernel(&ctx->regs))
-    add_kernel_frames(ctx, r);
-
+// Whether the current thread is a kernel thread (no user stack).
+static __always_inline int current_is_kthread(void)
+{
   struct task_struct *task = (struct task_struct *)bpf_get_current_task();
   unsigned int task_flags = 0;
   CORE_READ_KERNEL(&task_flags, &task->flags);
-  if (task_flags & PF_KTHREAD) {
-    increment_metric(METRIC_KERNEL_THREAD_SAMPLES);
-    return tail_call_stop(ctx);
-  }
+  return task_flags & PF_KTHREAD;
+}
 
-  struct pt_regs regs;
-  if (read_user_regs(ctx, &regs)) {
+// Hands the trace, its user registers read (or not: err), to the native
+// unwinder.
+static __always_inline int start_unwind(void *ctx, struct record *r, const struct pt_regs *regs,
+                                        int err)
+{
+  if (err) {
     increment_metric(METRIC_ERR_USER_REGS);
-    push_frame(t, FRAME_KIND_ABORT, 0, 0, UNWIND_ERROR_USER_REGS);
+    push_frame(&r->trace, FRAME_KIND_ABORT, 0, 0, UNWIND_ERROR_USER_REGS);
     return tail_call_stop(ctx);
   }
-  r->state.pc = REGS_PC(&regs);
-  r->state.sp = REGS_SP(&regs);
-  r->state.fp = REGS_FP(&regs);
-  r->state.lr = REGS_LR(&regs);
-  r->state.user_regs = regs;
-
+  r->state.pc = REGS_PC(regs);
+  r->state.sp = REGS_SP(regs);
+  r->state.fp = REGS_FP(regs);
+  r->state.lr = REGS_LR(regs);
+  r->state.user_regs = *regs;
   bpf_tail_call(ctx, &progs, PROG_UNWIND_NATIVE);
   increment_metric(METRIC_ERR_TAIL_CALL);
   return 0;
+}
+
+SEC("perf_event")
+int sample_entry(struct bpf_perf_event_data *ctx)
+{
+  u64 pid_tgid = bpf_get_current_pid_tgid();
+  if (pid_tgid >> 32 == 0) {
+    increment_metric(METRIC_IDLE_SAMPLES);
+    return 0;
+  }
+  struct record *r = get_record();
+  if (!r)
+    return 0;
+  increment_metric(METRIC_SAMPLES);
+  start_trace(r, pid_tgid, 0);
+
+  if (regs_in_kernel(&ctx->regs))
+    add_kernel_frames(ctx, r);
+  if (current_is_kthread()) {
+    increment_metric(METRIC_KERNEL_THREAD_SAMPLES);
+    return tail_call_stop(ctx);
+  }
+  struct pt_regs regs;
+  int err = read_user_regs(ctx, &regs);
+  return start_unwind(ctx, r, &regs, err);
 }

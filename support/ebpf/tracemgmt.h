@@ -22,6 +22,16 @@ volatile const u64 unknown_pc_report_interval = 0;
 // memory, which is gone once the process exits, and owes APM agents their
 // correlation messages within the delay it announced.
 volatile const u64 trace_wakeup_latency = 0;
+// Off-CPU profiling (off_cpu.ebpf.c), set by user space when it is on: a
+// switch-out is traced with probability off_cpu_threshold / 2^32 (2^32: all
+// of them), at most off_cpu_per_second times a second per CPU, and its
+// wait reported when it lasted at least off_cpu_min_ns.
+volatile const u64 off_cpu_threshold = 0;
+volatile const u64 off_cpu_per_second = 0;
+volatile const u64 off_cpu_min_ns = 0;
+// The daemon's own process, whose waits are left out: tracing them would
+// feed back (each traced switch wakes the daemon to read it).
+volatile const u32 off_cpu_self_pid = 0;
 // log2 of the page size (vm_pgoff is in pages).
 volatile const u32 page_shift = 12;
 
@@ -60,6 +70,7 @@ volatile const struct btf_exports {
   enum thread_ctx_layout thread_ctx_layout;
   struct label label;
   enum label_flag label_flag;
+  struct off_cpu_end off_cpu_end;
 } btf_exports __attribute__((used));
 
 // The per-CPU scratch record a sample is built in.

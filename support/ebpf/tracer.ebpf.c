@@ -5,6 +5,7 @@
 #include "native_stack.ebpf.c"
 #include "unwind_stop.ebpf.c"
 #include "process_events.ebpf.c"
+#include "off_cpu.ebpf.c"
 
 // The runtimes' unwinders (registry: runtimes.h), one line each.
 #include "cpython.ebpf.c"

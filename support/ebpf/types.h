@@ -177,6 +177,10 @@ enum trace_flag {
   // The thread was in an OpenTelemetry span (OTEP 4947's thread context):
   // struct trace's apm holds its trace and span ids (no transaction id).
   TRACE_FLAG_SPAN_CONTEXT = 16,
+  // Taken as the thread left the CPU to wait (off_cpu.ebpf.c), not by a
+  // perf event: its ktime is when the wait began, and an EVENT_OFF_CPU_END
+  // of the thread says how long it lasted.
+  TRACE_FLAG_OFF_CPU = 32,
 };
 
 // Sample labels: key/value strings a program keeps for the work a thread
@@ -397,6 +401,22 @@ enum metric_id {
   METRIC_ERR_THREAD_CTX_READ,
   // A thread context record was not valid (being written, or detached).
   METRIC_THREAD_CTX_INVALID,
+  // Context switches seen while off-CPU profiling is on: a thread left the
+  // CPU to wait (not preempted; the idle task's and kernel threads' are
+  // not counted).
+  METRIC_OFF_CPU_SWITCHES,
+  // Switch-outs left out by off_cpu_threshold, and by the per-CPU budget
+  // of off-CPU unwinds (off_cpu_per_second).
+  METRIC_OFF_CPU_SAMPLED_OUT,
+  METRIC_OFF_CPU_OVER_BUDGET,
+  // Switch-outs whose stack was unwound.
+  METRIC_OFF_CPU_TRACES,
+  // Waits of a traced switch-out that ended: reported, or shorter than
+  // off_cpu_min_ns (not reported).
+  METRIC_OFF_CPU_ENDS,
+  METRIC_OFF_CPU_SHORT,
+  // The events ring buffer was full: a wait's end was dropped.
+  METRIC_ERR_OFF_CPU_END_DROPPED,
   METRIC_COUNT,
 };
 
@@ -437,6 +457,9 @@ enum event_type {
   // adds the mapping without reading /proc/PID/maps, usually before the
   // code runs, so even a process that lives for milliseconds unwinds.
   EVENT_EXEC_MAPPED = 5,
+  // A thread whose switch-out was traced (TRACE_FLAG_OFF_CPU) ran again
+  // after waiting at least off_cpu_min_ns (struct off_cpu_end).
+  EVENT_OFF_CPU_END = 6,
 };
 
 // A trace as handed to user space: the header, then num_frames frames (kernel
@@ -552,6 +575,31 @@ struct record {
   struct trace trace;
   // Room for the labels written after the last frame of a full trace.
   struct label labels_room[MAX_LABELS];
+};
+
+// EVENT_OFF_CPU_END: thread tid of process pid waited duration ns from
+// start (CLOCK_MONOTONIC ns, the ktime of its off-CPU trace).
+struct off_cpu_end {
+  u32 type; // EVENT_OFF_CPU_END
+  u32 pid;
+  u32 tid;
+  u32 pad;
+  u64 start;
+  u64 duration;
+};
+
+// A traced switch-out waiting for its thread to run again, by tid.
+struct off_cpu_start {
+  u64 ktime;
+  u32 pid;
+  u32 pad;
+};
+
+// A CPU's budget of off-CPU unwinds: used of off_cpu_per_second in the
+// second that began at window (ktime ns).
+struct off_cpu_budget {
+  u64 window;
+  u64 used;
 };
 
 // A process event (EVENT_PROCESS_EXIT, EVENT_UNKNOWN_PC).

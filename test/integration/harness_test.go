@@ -156,10 +156,16 @@ func startSession(t *testing.T, hz int) *session {
 // configuration changed by configure.
 func startSessionWith(t *testing.T, hz int, configure func(*processmanager.Config)) *session {
 	t.Helper()
+	return startTracing(t, tracer.Config{SamplesPerSecond: hz, Runtimes: interpreter.All()}, configure)
+}
+
+// startTracing is startSessionWith with the tracer's configuration.
+func startTracing(t *testing.T, tc tracer.Config, configure func(*processmanager.Config)) *session {
+	t.Helper()
 	skipIfPreparing(t)
-	runtimes := interpreter.All()
+	runtimes := tc.Runtimes
 	cpuBefore := processmanager.ReadCPUTimes("")
-	tr, err := tracer.New(tracer.Config{SamplesPerSecond: hz, Runtimes: runtimes})
+	tr, err := tracer.New(tc)
 	if err != nil {
 		t.Fatal(err)
 	}
