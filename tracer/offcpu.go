@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -147,6 +148,15 @@ func (t *Tracer) attachOffCPU() error {
 	return nil
 }
 
+// OffCPUUnmatched counts the waits that ended whose trace the pump did not
+// hold (dropped for a full ring buffer, or evicted): lost.
+func (t *Tracer) OffCPUUnmatched() uint64 {
+	if t.offCPUPending == nil {
+		return 0
+	}
+	return t.offCPUPending.unmatched.Load()
+}
+
 // maxOffCPUPending bounds the waits whose end the pump waits for: as many
 // as BPF's off_cpu_starts holds.
 const maxOffCPUPending = 16384
@@ -158,7 +168,7 @@ type offCPUPending struct {
 	traces *libpf.LRU[uint32, pendingOffCPU]
 	// unmatched counts ends without their trace (dropped: the ring buffer
 	// was full, or the trace was evicted).
-	unmatched uint64
+	unmatched atomic.Uint64
 }
 
 type pendingOffCPU struct {
@@ -182,7 +192,7 @@ func (p *offCPUPending) Len() int { return p.traces.Len() }
 func (p *offCPUPending) take(ev support.Event) ([]byte, bool) {
 	held, ok := p.traces.Get(ev.TID)
 	if !ok || held.start != ev.Start {
-		p.unmatched++
+		p.unmatched.Add(1)
 		return nil, false
 	}
 	p.traces.Remove(ev.TID)

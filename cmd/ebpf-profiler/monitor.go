@@ -40,6 +40,8 @@ type monitor struct {
 type snapshot struct {
 	bpf       map[string]uint64
 	malformed uint64
+	// offCPUUnmatched counts waits whose trace the pump did not hold.
+	offCPUUnmatched uint64
 	queue     tracer.QueueStats
 	handler   processmanager.Stats
 	rep       reporter.Stats
@@ -70,7 +72,7 @@ func (m *monitor) check() {
 		m.pm.ReloadKernelSymbols()
 		m.lastKsymsReload = time.Now()
 	}
-	cur := snapshot{malformed: m.tr.MalformedEvents(), queue: m.tr.QueueStats(), handler: m.handler.Stats(), rep: m.rep.Stats(),
+	cur := snapshot{malformed: m.tr.MalformedEvents(), offCPUUnmatched: m.tr.OffCPUUnmatched(), queue: m.tr.QueueStats(), handler: m.handler.Stats(), rep: m.rep.Stats(),
 		corr: m.corr.Stats()}
 	if m.hist != nil {
 		cur.web = m.hist.Stats()
@@ -193,6 +195,9 @@ func statusFields(prev, cur snapshot, fills []mapFill, sampling string) log.Fiel
 		f["web_history"] = fmt.Sprintf("%.1f/%d MiB, %v", float64(w.Bytes)/(1<<20), w.MaxBytes>>20,
 			w.End.Sub(w.Start).Round(time.Second))
 	}
+	if off := offCPUStatus(prev, cur); off != "" {
+		f["off_cpu"] = off
+	}
 	// Mappings of processes over the per-process bound, handed to the
 	// unwinder only when sampled: not lost, but worth knowing.
 	if n := d(prev.handler.DeltaMappingsDeferred, cur.handler.DeltaMappingsDeferred); n > 0 {
@@ -225,6 +230,23 @@ func statusFields(prev, cur snapshot, fills []mapFill, sampling string) log.Fiel
 			cur.handler.DebugFilesMissing, cur.handler.DebugFileErrors, cur.handler.DebugFilesEvicted)
 	}
 	return f
+}
+
+// offCPUStatus says what became of the interval's context switches when
+// off-CPU profiling is on: switch-outs to wait, those unwound, those left
+// out by the threshold and the per-CPU budget, waits reported, waits under
+// the minimum, and waits lost (their end dropped for a full ring buffer,
+// or their trace not held); "" when off.
+func offCPUStatus(prev, cur snapshot) string {
+	d := func(name string) uint64 { return cur.bpf[name] - prev.bpf[name] }
+	if _, on := cur.bpf["off_cpu_switches"]; !on || d("off_cpu_switches") == 0 {
+		return ""
+	}
+	unmatched := cur.offCPUUnmatched - prev.offCPUUnmatched
+	ends := d("off_cpu_ends")
+	return fmt.Sprintf("waits=%d traced=%d sampled_out=%d over_budget=%d reported=%d short=%d lost=%d",
+		d("off_cpu_switches"), d("off_cpu_traces"), d("off_cpu_sampled_out"), d("off_cpu_over_budget"),
+		ends-min(unmatched, ends), d("off_cpu_short"), d("err_off_cpu_end_dropped")+unmatched)
 }
 
 func sumValues(m map[string]uint64) uint64 {

@@ -11,27 +11,31 @@ import (
 	"time"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
+	"github.com/hostprof/ebpf-profiler/interpreter/hotspot"
+	"github.com/hostprof/ebpf-profiler/interpreter/python"
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/tracer"
 )
 
-// offCPUThread is one thread of the offcpu workload: how long it said it
-// waited, and the call chain (leaf first) and kernel function it waits in.
+// offCPUThread is one thread of an offcpu workload: how long it said it
+// waited.
 type offCPUThread struct {
 	tid    int
 	waited time.Duration
-	chain  []string
-	kernel string
 }
 
-// parseOffCPUThreads reads offcpu's "thread NAME TID WAITED_NS" lines.
+// parseOffCPUThreads reads an offcpu workload's "thread NAME TID
+// WAITED_NS" lines (others it prints are skipped).
 func parseOffCPUThreads(t *testing.T, out []byte) map[string]*offCPUThread {
 	t.Helper()
 	threads := map[string]*offCPUThread{}
 	s := bufio.NewScanner(bytes.NewReader(out))
 	for s.Scan() {
 		f := strings.Fields(s.Text())
-		if len(f) != 4 || f[0] != "thread" {
+		if len(f) == 0 || f[0] != "thread" {
+			continue
+		}
+		if len(f) != 4 {
 			t.Fatalf("offcpu printed %q", s.Text())
 		}
 		tid, err1 := strconv.Atoi(f[2])
@@ -41,31 +45,99 @@ func parseOffCPUThreads(t *testing.T, out []byte) map[string]*offCPUThread {
 		}
 		threads[f[1]] = &offCPUThread{tid: tid, waited: time.Duration(ns)}
 	}
+	for _, name := range []string{"sleep", "pipe", "lock", "busy"} {
+		if threads[name] == nil {
+			t.Fatalf("offcpu printed no line for its %s thread:\n%s", name, out)
+		}
+	}
 	return threads
 }
 
-// offCPUChains are the workload's threads' chains, leaf first, and a
-// kernel function (a part of its name) each waits under.
-var offCPUChains = map[string]offCPUThread{
-	"sleep": {chain: []string{"cf_sleep_leaf", "cf_sleep_mid", "run_waiter"}, kernel: "nanosleep"},
-	"pipe":  {chain: []string{"cf_pipe_leaf", "cf_pipe_mid", "run_waiter"}, kernel: "pipe_read"},
-	"lock":  {chain: []string{"cf_lock_leaf", "cf_lock_mid", "run_waiter"}, kernel: "futex"},
+// offCPUWorkload is an offcpu workload in one language: its waiting
+// threads' chains (leaf first, among the frames of kind), and the kernel
+// function (a part of its name) each waits under, where that is certain
+// (Python's threads also wait for the GIL, the JVM's in its own ways).
+// busyWaitsIn, when set, is a native function the busy thread may wait in
+// (CPython's take_gil: the busy thread takes the GIL back after each hash
+// while the others run Python); otherwise it must barely wait.
+type offCPUWorkload struct {
+	name        string
+	kind        libpf.FrameKind
+	chains      map[string][]string
+	kernel      map[string]string
+	busyWaitsIn string
+	run         func(t *testing.T, d time.Duration) (pid int, out []byte)
 }
 
-// TestOffCPU traces every context switch of a workload whose threads wait
-// in known places: each waiting thread's time off the CPU must be
-// attributed to its own chain, and add up to the time it measured itself
-// in its waiting call; the busy thread must barely wait.
+func offCPUWorkloads() []offCPUWorkload {
+	return []offCPUWorkload{{
+		name: "C", kind: libpf.FrameNative,
+		chains: map[string][]string{"sleep": {"cf_sleep_leaf", "cf_sleep_mid", "run_waiter"},
+			"pipe": {"cf_pipe_leaf", "cf_pipe_mid", "run_waiter"}, "lock": {"cf_lock_leaf", "cf_lock_mid", "run_waiter"}},
+		kernel: map[string]string{"sleep": "nanosleep", "pipe": "pipe_read", "lock": "futex"},
+		run: func(t *testing.T, d time.Duration) (int, []byte) {
+			bin := buildWorkload(t, "offcpu", append([]string{"-pthread"}, framePointers...)...)
+			return runOutput(t, exec.Command(bin, formatSeconds(d)))
+		},
+	}, {
+		name: "Python", kind: python.Kind, busyWaitsIn: "take_gil",
+		chains: map[string][]string{"sleep": {"off_sleep_leaf", "off_sleep_mid", "off_waiter"},
+			"pipe": {"off_pipe_leaf", "off_pipe_mid", "off_waiter"}, "lock": {"off_lock_leaf", "off_lock_mid", "off_waiter"}},
+		run: func(t *testing.T, d time.Duration) (int, []byte) {
+			script, _ := pythonWorkload(t)
+			py := pythonInterpreters(t)[0]
+			return runOutput(t, exec.Command(py.path, script, "offcpu", formatSeconds(d)))
+		},
+	}, {
+		name: "Java", kind: hotspot.Kind,
+		chains: map[string][]string{"sleep": {"JWorkload.offSleepLeaf", "JWorkload.offSleepMid"},
+			"pipe": {"JWorkload.offPipeLeaf", "JWorkload.offPipeMid"}, "lock": {"JWorkload.offLockLeaf", "JWorkload.offLockMid"}},
+		run: func(t *testing.T, d time.Duration) (int, []byte) {
+			classes, _ := javaWorkload(t)
+			java := javaBuild(t, "17")
+			return runOutput(t, exec.Command(java, javaArgs(javaClasses(classes, "17"), "offcpu", d, nil)...))
+		},
+	}}
+}
+
+// runOutput runs cmd to its end and returns its pid and output.
+func runOutput(t *testing.T, cmd *exec.Cmd) (int, []byte) {
+	t.Helper()
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%v: %v\n%s", cmd.Args, err, out)
+	}
+	return cmd.Process.Pid, out
+}
+
+// namesOfKind lists the function names of a trace's frames of kind, leaf
+// first.
+func namesOfKind(tr *libpf.Trace, kind libpf.FrameKind) []string {
+	var names []string
+	for _, f := range tr.Frames {
+		if f.Kind == kind {
+			names = append(names, f.FunctionName)
+		}
+	}
+	return names
+}
+
+// TestOffCPU traces every context switch of workloads (C, Python, Java)
+// whose threads wait in known places: each waiting thread's time off the
+// CPU must be attributed to its own chain (>= 95%), and add up to the time
+// it measured itself in its waiting calls (± 10%); the busy thread must
+// barely wait (it is not counted while preempted).
 func TestOffCPU(t *testing.T) {
 	requireRoot(t)
-	bin := buildWorkload(t, "offcpu", append([]string{"-pthread"}, framePointers...)...)
 	s := startTracing(t, tracer.Config{SamplesPerSecond: testHz, Runtimes: interpreter.All(),
 		OffCPU: tracer.OffCPUConfig{Threshold: 1, PerSecond: 1 << 20}}, nil)
 	const run = 4 * time.Second
-	cmd := exec.Command(bin, formatSeconds(run))
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("%s: %v", bin, err)
+	for _, w := range offCPUWorkloads() {
+		t.Run(w.name, func(t *testing.T) {
+			pid, out := w.run(t, run)
+			s.waitExited(t, pid)
+			checkOffCPU(t, w, parseOffCPUThreads(t, out), s.rec.ofPID(pid), run)
+		})
 	}
 	if m, err := s.tr.Metrics(); err == nil {
 		var counts []string
@@ -77,17 +149,17 @@ func TestOffCPU(t *testing.T) {
 		slices.Sort(counts)
 		t.Logf("BPF counters: %s", strings.Join(counts, " "))
 	}
-	s.stop(t)
-	threads := parseOffCPUThreads(t, out)
+}
 
+func checkOffCPU(t *testing.T, w offCPUWorkload, threads map[string]*offCPUThread, samples []sample, run time.Duration) {
+	t.Helper()
 	type tally struct {
-		waits             int
-		total, withChain  time.Duration
-		withKernel        time.Duration
-		example, misfiled []string
+		waits                                  int
+		total, withChain, withKernel, withBusy time.Duration
+		example, misfiled                      []string
 	}
 	byTID := map[int]*tally{}
-	for _, smp := range s.rec.ofPID(cmd.Process.Pid) {
+	for _, smp := range samples {
 		if smp.meta.OffCPU == 0 {
 			continue
 		}
@@ -98,25 +170,27 @@ func TestOffCPU(t *testing.T) {
 		}
 		tl.waits++
 		tl.total += smp.meta.OffCPU
+		if w.busyWaitsIn != "" && slices.Contains(functionNames(smp.trace), w.busyWaitsIn) {
+			tl.withBusy += smp.meta.OffCPU
+		}
 		for name, th := range threads {
-			want, ok := offCPUChains[name]
+			chain, ok := w.chains[name]
 			if !ok || th.tid != int(smp.meta.TID) {
 				continue
 			}
-			names := functionNames(smp.trace)
-			if hasChain(names, want.chain) {
+			if hasChain(namesOfKind(smp.trace, w.kind), chain) {
 				tl.withChain += smp.meta.OffCPU
 			} else if tl.misfiled == nil {
-				tl.misfiled = names
+				tl.misfiled = functionNames(smp.trace)
 			}
 			for _, f := range smp.trace.Frames {
-				if f.Kind == libpf.FrameKernel && strings.Contains(f.FunctionName, want.kernel) {
+				if f.Kind == libpf.FrameKernel && w.kernel[name] != "" && strings.Contains(f.FunctionName, w.kernel[name]) {
 					tl.withKernel += smp.meta.OffCPU
 					break
 				}
 			}
 			if tl.example == nil {
-				tl.example = names
+				tl.example = functionNames(smp.trace)
 			}
 		}
 	}
@@ -128,30 +202,35 @@ func TestOffCPU(t *testing.T) {
 			continue
 		}
 		chainShare := float64(tl.withChain) / float64(max(tl.total, 1))
-		kernelShare := float64(tl.withKernel) / float64(max(tl.total, 1))
 		ratio := float64(tl.total) / float64(max(th.waited, 1))
-		t.Logf("%s thread: %d waits, %v off the CPU against %v measured by the thread (%.1f%%); %.1f%% of it under %v, %.1f%% under a kernel function with %q",
+		t.Logf("%s thread: %d waits, %v off the CPU against %v measured by the thread (%.1f%%); %.1f%% of it under %v",
 			name, tl.waits, tl.total.Round(time.Millisecond), th.waited.Round(time.Millisecond), 100*ratio,
-			100*chainShare, offCPUChains[name].chain, 100*kernelShare, offCPUChains[name].kernel)
+			100*chainShare, w.chains[name])
 		t.Logf("  example: %v", tl.example)
 		if chainShare < 0.95 {
 			t.Errorf("%s thread: %.1f%% of its off-CPU time under its chain, want >= 95%% (one without: %v)",
 				name, 100*chainShare, tl.misfiled)
 		}
-		if kernelShare < 0.95 {
-			t.Errorf("%s thread: %.1f%% of its off-CPU time under a kernel function with %q, want >= 95%%",
-				name, 100*kernelShare, offCPUChains[name].kernel)
+		if kernel := w.kernel[name]; kernel != "" {
+			kernelShare := float64(tl.withKernel) / float64(max(tl.total, 1))
+			t.Logf("  %.1f%% under a kernel function with %q", 100*kernelShare, kernel)
+			if kernelShare < 0.95 {
+				t.Errorf("%s thread: %.1f%% of its off-CPU time under a kernel function with %q, want >= 95%%",
+					name, 100*kernelShare, kernel)
+			}
 		}
 		if ratio < 0.9 || ratio > 1.1 {
 			t.Errorf("%s thread: off-CPU time %v, want the %v it measured ± 10%%", name, tl.total, th.waited)
 		}
 	}
-	busy := byTID[threads["busy"].tid]
 	var busyWait time.Duration
-	if busy != nil {
-		busyWait = busy.total
+	if busy := byTID[threads["busy"].tid]; busy != nil {
+		busyWait = busy.total - busy.withBusy
+		if w.busyWaitsIn != "" {
+			t.Logf("busy thread: %v off the CPU in %s", busy.withBusy.Round(time.Millisecond), w.busyWaitsIn)
+		}
 	}
-	t.Logf("busy thread: %v off the CPU in %v", busyWait.Round(time.Millisecond), run)
+	t.Logf("busy thread: %v off the CPU in %v (else)", busyWait.Round(time.Millisecond), run)
 	if busyWait > run/20 {
 		t.Errorf("busy thread: %v off the CPU in %v, want under 5%%", busyWait, run)
 	}

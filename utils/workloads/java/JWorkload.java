@@ -344,6 +344,115 @@ public class JWorkload {
         while (System.nanoTime() < deadline) { compress(in, out); }
     }
 
+    // offcpu: threads that wait in known places: one sleeps 10 ms at a time
+    // in offSleepLeaf, one reads a pipe in offPipeLeaf (a feeder writes to
+    // it every 20 ms), one takes a lock in offLockLeaf (a holder keeps it
+    // 15 ms at a time, sleeping), one spins in offBusyLeaf. Each sums the
+    // time its waiting calls took when they blocked (50 us or more) and
+    // prints "thread NAME TID WAITED_NS".
+    interface Wait { void run() throws Exception; }
+
+    static void offSleepLeaf() throws Exception {
+        Thread.sleep(10); // hot: offSleepLeaf
+    }
+
+    static void offSleepMid() throws Exception { offSleepLeaf(); }
+
+    static java.nio.channels.Pipe offPipe;
+    static final java.nio.ByteBuffer offByte = java.nio.ByteBuffer.allocate(1);
+
+    static void offPipeLeaf() throws Exception {
+        offByte.clear();
+        offPipe.source().read(offByte); // hot: offPipeLeaf
+    }
+
+    static void offPipeMid() throws Exception { offPipeLeaf(); }
+
+    static final java.util.concurrent.locks.ReentrantLock offLock = new java.util.concurrent.locks.ReentrantLock();
+
+    static void offLockLeaf() {
+        offLock.lock(); // hot: offLockLeaf
+        offLock.unlock();
+    }
+
+    static void offLockMid() { offLockLeaf(); }
+
+    static void offBusyLeaf() {
+        long x = 0;
+        for (int i = 0; i < LOOP; i++) { x += i ^ (x >>> 3); } // hot: offBusyLeaf
+        sink = x;
+    }
+
+    static void offBusyMid() { offBusyLeaf(); }
+
+    // The thread's kernel id, from /proc/thread-self ("PID/task/TID").
+    static String tid() throws Exception {
+        String self = java.nio.file.Files.readSymbolicLink(java.nio.file.Paths.get("/proc/thread-self")).toString();
+        return self.substring(self.lastIndexOf('/') + 1);
+    }
+
+    static Thread offWaiter(final String name, final Wait wait, final boolean blocks, final long deadline,
+            final List<String> results) {
+        return new Thread(new Runnable() {
+            public void run() {
+                try {
+                    String tid = tid();
+                    long waited = 0;
+                    while (System.nanoTime() < deadline) {
+                        long t0 = System.nanoTime();
+                        wait.run();
+                        long took = System.nanoTime() - t0;
+                        if (blocks && took >= 50000) { waited += took; }
+                    }
+                    synchronized (results) { results.add("thread " + name + " " + tid + " " + waited); }
+                } catch (Exception e) {
+                    throw new RuntimeException(e);
+                }
+            }
+        }, "off-" + name);
+    }
+
+    static void offCPU(final long deadline) throws Exception {
+        offPipe = java.nio.channels.Pipe.open();
+        final long helpersUntil = deadline + 100000000L;
+        Thread feeder = new Thread(new Runnable() {
+            public void run() {
+                try {
+                    while (System.nanoTime() < helpersUntil) {
+                        Thread.sleep(20);
+                        offPipe.sink().write(java.nio.ByteBuffer.wrap(new byte[] {'x'}));
+                    }
+                } catch (Exception e) {
+                    throw new RuntimeException(e);
+                }
+            }
+        });
+        Thread holder = new Thread(new Runnable() {
+            public void run() {
+                try {
+                    while (System.nanoTime() < helpersUntil) {
+                        offLock.lock();
+                        try { Thread.sleep(15); } finally { offLock.unlock(); }
+                        Thread.sleep(1);
+                    }
+                } catch (Exception e) {
+                    throw new RuntimeException(e);
+                }
+            }
+        });
+        List<String> results = new ArrayList<String>();
+        List<Thread> threads = new ArrayList<Thread>();
+        threads.add(feeder);
+        threads.add(holder);
+        threads.add(offWaiter("sleep", new Wait() { public void run() throws Exception { offSleepMid(); } }, true, deadline, results));
+        threads.add(offWaiter("pipe", new Wait() { public void run() throws Exception { offPipeMid(); } }, true, deadline, results));
+        threads.add(offWaiter("lock", new Wait() { public void run() { offLockMid(); } }, true, deadline, results));
+        threads.add(offWaiter("busy", new Wait() { public void run() { offBusyMid(); } }, false, deadline, results));
+        for (Thread t : threads) { t.start(); }
+        for (Thread t : threads) { t.join(); }
+        for (String r : results) { System.out.println(r); }
+    }
+
     public static void main(String[] args) throws Exception {
         String mode = args[0];
         // An optional warm-up first (seconds): the mode runs that long
@@ -377,6 +486,7 @@ public class JWorkload {
             case "threads": threads(deadline); break;
             case "vthreads": vthreads(deadline); break;
             case "zlib": zlibTop(deadline); break;
+            case "offcpu": offCPU(deadline); break;
             default: throw new IllegalArgumentException("unknown mode " + mode);
         }
     }

@@ -4,6 +4,7 @@ tests: python3 pyworkload.py MODE SECONDS. Runs on CPython 3.6 and later.
 Each hot loop sits on one line, which the tests look up by the marker
 comment at its end ("# hot: NAME").
 """
+import hashlib
 import os
 import random
 import sys
@@ -105,6 +106,90 @@ def cf_compress():
     return len(zlib.compress(DATA, 9))  # hot: cf_compress
 
 
+# The offcpu mode's threads wait in known places: one sleeps 10 ms at a
+# time, one reads a pipe (a feeder writes to it every 20 ms), one takes a
+# lock (a holder keeps it 15 ms at a time, sleeping), one spins, hashing
+# (with the GIL released: a thread spinning in Python would have the others
+# wait for the GIL more than for what they asked for). Each sums the time
+# its waiting calls took when they blocked (50 us or more).
+def off_sleep_leaf(_):
+    time.sleep(0.01)  # hot: off_sleep_leaf
+
+
+def off_sleep_mid(arg):
+    off_sleep_leaf(arg)
+
+
+def off_pipe_leaf(fd):
+    os.read(fd, 1)  # hot: off_pipe_leaf
+
+
+def off_pipe_mid(fd):
+    off_pipe_leaf(fd)
+
+
+def off_lock_leaf(lock):
+    lock.acquire()  # hot: off_lock_leaf
+    lock.release()
+
+
+def off_lock_mid(lock):
+    off_lock_leaf(lock)
+
+
+OFF_BUSY_DATA = bytes(16 << 20)
+
+
+def off_busy_leaf(_):
+    return hashlib.sha256(OFF_BUSY_DATA).digest()  # hot: off_busy_leaf
+
+
+def off_busy_mid(arg):
+    off_busy_leaf(arg)
+
+
+def off_waiter(name, wait, arg, blocks, deadline, results):
+    tid = threading.get_native_id() if hasattr(threading, "get_native_id") else 0
+    waited = 0.0
+    while time.time() < deadline:
+        t0 = time.monotonic()
+        wait(arg)
+        took = time.monotonic() - t0
+        if blocks and took >= 50e-6:
+            waited += took
+    results.append((name, tid, waited))
+
+
+def off_feeder(fd, deadline):
+    while time.time() < deadline + 0.1:
+        time.sleep(0.02)
+        os.write(fd, b"x")
+
+
+def off_holder(lock, deadline):
+    while time.time() < deadline + 0.1:
+        with lock:
+            time.sleep(0.015)
+        time.sleep(0.001)
+
+
+def off_cpu(deadline):
+    r, w = os.pipe()
+    lock = threading.Lock()
+    results = []
+    helpers = [threading.Thread(target=off_feeder, args=(w, deadline)),
+               threading.Thread(target=off_holder, args=(lock, deadline))]
+    waiters = [threading.Thread(target=off_waiter, args=(name, wait, arg, blocks, deadline, results))
+               for name, wait, arg, blocks in (("sleep", off_sleep_mid, None, True), ("pipe", off_pipe_mid, r, True),
+                                               ("lock", off_lock_mid, lock, True), ("busy", off_busy_mid, None, False))]
+    for t in helpers + waiters:
+        t.start()
+    for t in helpers + waiters:
+        t.join()
+    for name, tid, waited in results:
+        print("thread %s %d %d" % (name, tid, int(waited * 1e9)))
+
+
 # The modes run at module level: the chain mode's hot stack is
 # <module> -> cf_top -> cf_mid -> cf_leaf. What runs before the hot phase
 # (the interpreter starting, the imports, the zlib mode's data) is not
@@ -134,6 +219,8 @@ elif mode == "threads":
 elif mode == "zlib":
     while time.time() < deadline:
         cf_compress()
+elif mode == "offcpu":
+    off_cpu(deadline)
 else:
     sys.exit("unknown mode " + mode)
 # The profiler symbolizes Python frames from the process's memory: stay
