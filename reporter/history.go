@@ -143,7 +143,14 @@ type histMeta struct {
 	thread  string
 	// labels are the program's labels of the sampled work.
 	labels libpf.Labels
+	// offCPU says the series' entries count time off the CPU, in
+	// OffCPUUnit, not CPU samples.
+	offCPU bool
 }
+
+// OffCPUUnit is what one count of an off-CPU series' entry stands for: a
+// stack's waits are added up per second and rounded to it.
+const OffCPUUnit = 100 * time.Microsecond
 
 // histFunc is one node name of the flame graph: frames that share it are
 // merged. kind is the frame type ("native", a runtime's, or one of the kinds
@@ -444,7 +451,7 @@ func (t *histTables) meta(m histMeta) uint32 {
 }
 
 func metaOf(k *sampleKey) histMeta {
-	m := histMeta{pid: k.pid, thread: k.threadName, labels: k.labels}
+	m := histMeta{pid: k.pid, thread: k.threadName, labels: k.labels, offCPU: k.offCPU}
 	if p := k.process; p != nil {
 		m.process, m.container = p.ExecutableName, p.ContainerID
 		m.containerName, m.namespace, m.service = p.ContainerName, p.Namespace, p.ServiceName
@@ -487,24 +494,43 @@ func (h *History) add(iv *interval, period int64) {
 	defer h.mu.Unlock()
 	counts := make(map[entryKey]uint32)
 	traceCounts := make(map[[16]byte]map[entryKey]uint32)
+	// Off-CPU time is added up in nanoseconds per series and second, then
+	// counted in OffCPUUnit.
+	waits := make(map[entryKey]uint64)
+	traceWaits := make(map[[16]byte]map[entryKey]uint64)
 	for _, g := range iv.groups {
-		if g.key.offCPU {
-			continue // TODO(issue 38): the web view's off-CPU and wall views
-		}
 		series := h.tab.seriesOf(h.tab.stack(g.trace), h.tab.meta(metaOf(&g.key)))
-		tc := traceCounts[g.key.link.traceID]
+		tc, tw := traceCounts[g.key.link.traceID], traceWaits[g.key.link.traceID]
 		if g.key.link != (traceLink{}) && tc == nil {
-			tc = make(map[entryKey]uint32)
-			traceCounts[g.key.link.traceID] = tc
+			tc, tw = make(map[entryKey]uint32), make(map[entryKey]uint64)
+			traceCounts[g.key.link.traceID], traceWaits[g.key.link.traceID] = tc, tw
 		}
-		for _, ts := range g.timestamps {
+		for i, ts := range g.timestamps {
 			sec := min(max(int64(ts), lo), hi)/int64(time.Second) - startSec
 			k := entryKey{series, uint16(max(0, min(sec, 1<<16-1)))}
+			if g.key.offCPU {
+				waits[k] += uint64(g.waits[i])
+				if tw != nil {
+					tw[k] += uint64(g.waits[i])
+				}
+				continue
+			}
 			counts[k]++
 			if tc != nil {
 				tc[k]++
 			}
 		}
+	}
+	addWaits := func(counts map[entryKey]uint32, waits map[entryKey]uint64) {
+		for k, ns := range waits {
+			if n := (ns + uint64(OffCPUUnit)/2) / uint64(OffCPUUnit); n > 0 {
+				counts[k] += uint32(min(n, math.MaxUint32))
+			}
+		}
+	}
+	addWaits(counts, waits)
+	for id, tw := range traceWaits {
+		addWaits(traceCounts[id], tw)
 	}
 	entriesOf := func(counts map[entryKey]uint32) []histEntry {
 		es := make([]histEntry, 0, len(counts))
@@ -643,6 +669,8 @@ type HistoryStats struct {
 	DroppedIntervals, DroppedSamples, Compactions uint64
 	// Kinds are the frame types present, sorted.
 	Kinds []string
+	// OffCPU says the history holds off-CPU time (MeasureOffCPU).
+	OffCPU bool
 }
 
 // Stats describes the history now.
@@ -660,6 +688,7 @@ func (h *History) Stats() HistoryStats {
 		DroppedIntervals: h.droppedIntervals,
 		DroppedSamples:   h.droppedSamples,
 		Compactions:      h.compactions,
+		OffCPU:           slices.ContainsFunc(h.tab.metas, func(m histMeta) bool { return m.offCPU }),
 	}
 	if n := len(h.intervals); n > 0 {
 		s.Start, s.End = h.intervals[0].start, h.intervals[n-1].end

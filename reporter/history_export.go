@@ -29,6 +29,7 @@ func (h *History) selectionInterval(sel *Selection) *interval {
 	procs := make(map[uint32]*libpf.ProcessInfo)
 	groups := make(map[key]*sampleGroup)
 	iv := newInterval(time.Time{})
+	cpuWeight := h.cpuWeight(sel.Measure)
 	h.each(sel, func(sr *histSeries, count uint64, sec int64) {
 		k := key{sr.meta, sr.stack}
 		g := groups[k]
@@ -53,11 +54,16 @@ func (h *History) selectionInterval(sel *Selection) *interval {
 				procs[sr.meta] = p
 			}
 			g.key = sampleKey{pid: m.pid, process: p, threadName: m.thread, labels: m.labels,
-				hash: libpf.TraceHash{Lo: uint64(sr.stack)}}
+				hash: libpf.TraceHash{Lo: uint64(sr.stack)}, offCPU: m.offCPU}
 			groups[k] = g
 			iv.groups[g.key] = g
 		}
-		g.summed += int(count)
+		if g.key.offCPU {
+			// Waits without their times: one per second, its total.
+			g.waits = append(g.waits, int64(count)*int64(OffCPUUnit))
+		} else {
+			g.summed += int(count / cpuWeight)
+		}
 		iv.samples += int(count)
 		t := time.Unix(sec, 0)
 		if iv.start.IsZero() || t.Before(iv.start) {

@@ -32,6 +32,34 @@ type Selection struct {
 	// Traces keeps the samples taken in one of these distributed traces
 	// (by trace id: an APM agent's or an OpenTelemetry span's).
 	Traces [][16]byte
+	// Measure says what the queries count (MeasureCPU when empty).
+	Measure Measure
+}
+
+// Measure is what a history query counts.
+type Measure string
+
+const (
+	// MeasureCPU counts CPU samples.
+	MeasureCPU Measure = "cpu"
+	// MeasureOffCPU counts time off the CPU, in OffCPUUnit.
+	MeasureOffCPU Measure = "offcpu"
+	// MeasureWall counts both in OffCPUUnit: a CPU sample as the sampling
+	// period, so that a thread's counts add up to its wall time.
+	MeasureWall Measure = "wall"
+)
+
+// Valid says whether m is one of the measures.
+func (m Measure) Valid() bool {
+	return m == "" || m == MeasureCPU || m == MeasureOffCPU || m == MeasureWall
+}
+
+// Unit is what one count of m stands for: a sample, or OffCPUUnit.
+func (m Measure) Unit() string {
+	if m == MeasureOffCPU || m == MeasureWall {
+		return "time"
+	}
+	return "samples"
 }
 
 // entriesOf are the entries of an interval a selection can select: those
@@ -72,10 +100,19 @@ type selector struct {
 	// 0 unknown, 1 selected, -1 not
 	seriesOK, metaOK, stackOK []int8
 	sel                       *Selection
+	// cpuWeight and offCPUWeight multiply the counts of CPU and off-CPU
+	// series: 0 leaves them out (Selection.Measure).
+	cpuWeight, offCPUWeight uint64
 }
 
 func (h *History) selector(sel *Selection) *selector {
-	s := &selector{tab: h.tab, sel: sel, fromSec: -1 << 62, toSec: 1 << 62}
+	s := &selector{tab: h.tab, sel: sel, fromSec: -1 << 62, toSec: 1 << 62, cpuWeight: 1}
+	switch sel.Measure {
+	case MeasureOffCPU:
+		s.cpuWeight, s.offCPUWeight = 0, 1
+	case MeasureWall:
+		s.cpuWeight, s.offCPUWeight = h.cpuWeight(MeasureWall), 1
+	}
 	if !sel.From.IsZero() {
 		// A second is in the range when it starts in it.
 		s.fromSec = (sel.From.UnixMilli() + 999) / 1000
@@ -106,7 +143,7 @@ func (s *selector) meta(i uint32) bool {
 		return v > 0
 	}
 	m := &s.tab.metas[i]
-	ok := (len(s.sel.PIDs) == 0 || slices.Contains(s.sel.PIDs, m.pid)) &&
+	ok := s.weight(m) > 0 && (len(s.sel.PIDs) == 0 || slices.Contains(s.sel.PIDs, m.pid)) &&
 		(len(s.sel.Processes) == 0 || slices.Contains(s.sel.Processes, m.process)) &&
 		(len(s.sel.Containers) == 0 || slices.Contains(s.sel.Containers, m.container)) &&
 		(len(s.sel.Pods) == 0 || slices.Contains(s.sel.Pods, m.pod)) &&
@@ -116,6 +153,32 @@ func (s *selector) meta(i uint32) bool {
 		hasLabels(m.labels, s.sel.Labels)
 	s.metaOK[i] = boolInt8(ok)
 	return ok
+}
+
+// cpuWeight is what a CPU sample counts for in measure m: one sample, or
+// its sampling period in OffCPUUnit (MeasureWall).
+func (h *History) cpuWeight(m Measure) uint64 {
+	if m != MeasureWall {
+		return 1
+	}
+	return max(uint64(h.period.Load())/uint64(OffCPUUnit), 1)
+}
+
+// weight is what one count of a series of m counts for.
+func (s *selector) weight(m *histMeta) uint64 {
+	if m.offCPU {
+		return s.offCPUWeight
+	}
+	return s.cpuWeight
+}
+
+// seriesWeight is what one count of series i counts for, 0 where it is
+// not selected.
+func (s *selector) seriesWeight(i uint32) uint64 {
+	if !s.series(i) {
+		return 0
+	}
+	return s.weight(&s.tab.metas[s.tab.series[i].meta])
 }
 
 func (s *selector) stack(i uint32) bool {
@@ -165,7 +228,7 @@ func (h *History) each(sel *Selection, fn func(sr *histSeries, count uint64, sec
 			if sec < s.fromSec || sec >= s.toSec || !s.series(e.series) {
 				continue
 			}
-			fn(&h.tab.series[e.series], uint64(e.count), sec)
+			fn(&h.tab.series[e.series], uint64(e.count)*s.seriesWeight(e.series), sec)
 		}
 	}
 }
@@ -203,8 +266,8 @@ func (h *History) seriesCounts(sel *Selection) []uint64 {
 		}
 	}
 	for i, n := range counts {
-		if n > 0 && !s.series(uint32(i)) {
-			counts[i] = 0
+		if n > 0 {
+			counts[i] = n * s.seriesWeight(uint32(i))
 		}
 	}
 	return counts
@@ -274,7 +337,7 @@ func (h *History) Filters(sel Selection, limit int) FilterValues {
 	limit = max(limit, 0)
 	h.mu.RLock()
 	defer h.mu.RUnlock()
-	timeOnly := Selection{From: sel.From, To: sel.To}
+	timeOnly := Selection{From: sel.From, To: sel.To, Measure: sel.Measure}
 	byMeta := make([]uint64, len(h.tab.metas))
 	byStack := make([]uint64, len(h.tab.stacks))
 	for i, n := range h.seriesCounts(&timeOnly) {

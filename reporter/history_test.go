@@ -730,3 +730,58 @@ func TestHistoryTraces(t *testing.T) {
 	h.mu.Unlock()
 	check("after a rebuild")
 }
+
+// TestHistoryOffCPU: off-CPU waits are kept apart from CPU samples, in
+// OffCPUUnit, and the wall measure adds CPU samples as their period.
+func TestHistoryOffCPU(t *testing.T) {
+	h := newTestHistory(t, HistoryConfig{})
+	start := time.Unix(1700000000, 0)
+	proc := &libpf.ProcessInfo{PID: 7, ExecutableName: "app"}
+	a := newAggregator(start, defaultMaxSamplesPerInterval)
+	busy, sleep := chain(1, "main", "spin"), chain(2, "main", "nanosleep")
+	for i := range 3 {
+		ts := start.Add(time.Duration(i) * 10 * time.Millisecond)
+		a.add(busy, &libpf.SampleMeta{Time: ts, TID: 7, ThreadName: "t", Process: proc}, uint64(ts.UnixNano()))
+	}
+	for _, wait := range []time.Duration{25 * time.Millisecond, 15*time.Millisecond + 40*time.Microsecond} {
+		a.add(sleep, &libpf.SampleMeta{Time: start, TID: 8, ThreadName: "t", Process: proc, OffCPU: wait},
+			uint64(start.UnixNano()))
+	}
+	h.add(a.swap(start.Add(time.Second)), int64(50*time.Millisecond))
+
+	for _, c := range []struct {
+		measure Measure
+		want    string
+	}{
+		{"", "all 3/0\n  app 3/0\n    main 3/0\n      spin 3/3\n"},
+		{MeasureOffCPU, "all 400/0\n  app 400/0\n    main 400/0\n      nanosleep 400/400\n"},
+		// 3 samples of 50 ms: 1500 units of 100 us.
+		{MeasureWall, "all 1900/0\n  app 1900/0\n    main 1900/0\n      nanosleep 400/400\n      spin 1500/1500\n"},
+	} {
+		g := h.Flame(FlameQuery{Selection: Selection{Measure: c.measure}})
+		if got := flameShape(g); got != c.want {
+			t.Errorf("measure %q: flame graph:\n%s\nwant:\n%s", c.measure, got, c.want)
+		}
+	}
+	var buf bytes.Buffer
+	if err := h.WritePprof(&buf, Selection{Measure: MeasureWall}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := profile.Parse(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, st := range p.SampleType {
+		types = append(types, st.Type)
+	}
+	total := make([]int64, len(p.SampleType))
+	for _, s := range p.Sample {
+		for i, v := range s.Value {
+			total[i] += v
+		}
+	}
+	if want := []int64{3, 3 * int64(50*time.Millisecond), int64(40 * time.Millisecond)}; !slices.Equal(total, want) {
+		t.Errorf("pprof of the wall measure: %v totals %v, want %v", types, total, want)
+	}
+}

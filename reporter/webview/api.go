@@ -23,6 +23,10 @@ type summaryJSON struct {
 	MaxBytes         int64    `json:"maxBytes"`
 	MaxAgeSeconds    float64  `json:"maxAgeSeconds"`
 	Kinds            []string `json:"kinds"`
+	// OffCPU says off-CPU time is held (measure=offcpu and wall);
+	// OffCPUUnitNs is what one count of those measures stands for.
+	OffCPU       bool  `json:"offCPU"`
+	OffCPUUnitNs int64 `json:"offCPUUnitNs"`
 }
 
 func (s *Server) summary(w http.ResponseWriter, r *http.Request) {
@@ -43,6 +47,8 @@ func (s *Server) summary(w http.ResponseWriter, r *http.Request) {
 		MaxBytes:         st.MaxBytes,
 		MaxAgeSeconds:    st.MaxAge.Seconds(),
 		Kinds:            nonNil(st.Kinds),
+		OffCPU:           st.OffCPU,
+		OffCPUUnitNs:     int64(reporter.OffCPUUnit),
 	}
 	if st.Intervals > 0 {
 		out.Start, out.End = st.Start.UnixMilli(), st.End.UnixMilli()

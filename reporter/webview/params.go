@@ -36,7 +36,7 @@ func (e *badParam) Error() string { return fmt.Sprintf("bad parameter %q: %s", e
 
 // selectionParams are the parameters of a selection, without prefix.
 var selectionParams = []string{"from", "to", "pid", "process", "container", "pod", "namespace", "service", "thread", "kind",
-	"label", "trace"}
+	"label", "trace", "measure"}
 
 // params reads a request's query string, checking every value's size.
 type params struct {
@@ -186,6 +186,15 @@ func (p *params) selection(prefix string, fallback *reporter.Selection) (reporte
 				return s, &badParam{prefix + "trace", fmt.Sprintf("%q is not a trace id (32 hex digits)", v)}
 			}
 			s.Traces = append(s.Traces, [16]byte(id))
+		}
+	}
+	if p.has(prefix + "measure") {
+		v, _, err := p.one(prefix + "measure")
+		if err != nil {
+			return s, err
+		}
+		if s.Measure = reporter.Measure(v); !s.Measure.Valid() {
+			return s, &badParam{prefix + "measure", fmt.Sprintf("%q is not cpu, offcpu or wall", v)}
 		}
 	}
 	if p.has(prefix + "label") {

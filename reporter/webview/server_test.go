@@ -432,3 +432,42 @@ func TestHostHeader(t *testing.T) {
 		}
 	}
 }
+
+// TestMeasures: measure=offcpu and wall count off-CPU time in the
+// summary's unit; a measure that is not one is refused.
+func TestMeasures(t *testing.T) {
+	hist, err := reporter.NewHistory(reporter.HistoryConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := reporter.New(reporter.Config{Interval: time.Hour, SamplesPerSecond: 10, History: hist})
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := &libpf.ProcessInfo{PID: 10, ExecutableName: "app"}
+	work, wait := chain(1, "main", "work"), chain(2, "main", "wait")
+	for i := range 4 {
+		at := testStart.Add(time.Duration(i) * 100 * time.Millisecond)
+		r.ReportSample(work, &libpf.SampleMeta{Time: at, TID: 10, ThreadName: "app", Process: app})
+		r.ReportSample(wait, &libpf.SampleMeta{Time: at, TID: 11, ThreadName: "io", Process: app,
+			OffCPU: 30 * time.Millisecond})
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h := newTestServer(t, Config{History: hist}).Handler()
+	sum := decode[summaryJSON](t, get(t, h, "/api/summary"))
+	if !sum.OffCPU || sum.OffCPUUnitNs != int64(reporter.OffCPUUnit) {
+		t.Errorf("summary: offCPU %v, unit %d ns; want true, %d", sum.OffCPU, sum.OffCPUUnitNs, reporter.OffCPUUnit)
+	}
+	// 4 waits of 30 ms are 1200 units of 100 us; 4 samples at 10 Hz, 4000.
+	for measure, want := range map[string]uint64{"": 4, "cpu": 4, "offcpu": 1200, "wall": 5200} {
+		f := decode[flameJSON](t, get(t, h, "/api/flame?measure="+measure))
+		if f.Total != want {
+			t.Errorf("measure=%s: total %d, want %d", measure, f.Total, want)
+		}
+	}
+	if rec := get(t, h, "/api/flame?measure=gpu"); rec.Code != 400 || !strings.Contains(rec.Body.String(), `"gpu" is not cpu, offcpu or wall`) {
+		t.Errorf("measure=gpu: %d %s", rec.Code, rec.Body)
+	}
+}

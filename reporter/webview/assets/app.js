@@ -31,6 +31,7 @@ const state = {
   namespace: '', pod: '',   // Kubernetes: pod is 'namespace/name'
   service: '',          // service.name
   trace: '',            // a trace id (32 hex digits): the samples taken in it
+  measure: 'cpu',       // 'cpu' | 'offcpu' | 'wall' (api.md: measure)
 
   group: '',            // the flame graph's first level: '' (executables), 'container', 'thread', 'label:KEY'
   search: '',
@@ -65,6 +66,29 @@ window.__profiler = hooks;
 // Formatting
 
 const fmtInt = (n) => Math.round(n).toLocaleString('en-US');
+
+// A count of the current measure: samples, or (offcpu, wall) time in the
+// summary's offCPUUnitNs.
+function countsTime() {
+  return state.measure !== 'cpu';
+}
+
+function fmtNs(ns) {
+  if (ns >= 1e9) return `${(ns / 1e9).toFixed(ns >= 1e11 ? 0 : 2)} s`;
+  if (ns >= 1e6) return `${(ns / 1e6).toFixed(ns >= 1e8 ? 0 : 1)} ms`;
+  return `${(ns / 1e3).toFixed(0)} µs`;
+}
+
+// A count as a number: samples, or a time.
+function fmtNum(n) {
+  return countsTime() ? fmtNs(n * (state.summary?.offCPUUnitNs || 100000)) : fmtInt(n);
+}
+
+// A count with its unit: "1,234 samples", or "1.23 s off the CPU".
+function fmtCount(n) {
+  if (!countsTime()) return `${fmtInt(n)} samples`;
+  return `${fmtNum(n)} ${state.measure === 'wall' ? 'wall time' : 'off the CPU'}`;
+}
 const pad2 = (n) => String(n).padStart(2, '0');
 
 function fmtTime(ms) {
@@ -169,6 +193,7 @@ function filterParams() {
   if (state.label) p.append('label', state.label);
   if (state.service) p.append('service', state.service);
   if (state.trace) p.append('trace', state.trace);
+  if (state.measure !== 'cpu') p.append('measure', state.measure);
   if (state.namespace) p.append('namespace', state.namespace);
   if (state.pod) p.append('pod', state.pod);
   for (const k of state.kinds) p.append('kind', k);
@@ -321,7 +346,10 @@ function onFilterChange() {
     state.focus = [];   // the tree's paths start elsewhere
   }
   state.kinds = new Set([...$('f-kinds').querySelectorAll('input:checked')].map((c) => c.value));
-  selectionChanged({ filters: false });
+  // The filters' lists count the measure: another one lists others.
+  const measured = $('f-measure').value !== state.measure;
+  state.measure = $('f-measure').value;
+  selectionChanged({ filters: measured });
 }
 
 // Everything that depends on the selection is fetched again.
@@ -393,7 +421,7 @@ function drawTimeline() {
     if (bh > 0) ctx.fillRect(i * bw, plotH - bh, Math.max(bw - 0.6, 0.6), bh);
   });
   drawTimeAxis(ctx, sp, w, plotH);
-  state.timelinePeak = `peak ${fmtInt(max)} samples per ${fmtDuration(tl.step)}`;
+  state.timelinePeak = `peak ${fmtCount(max)} per ${fmtDuration(tl.step)}`;
   if (!state.timelineHover) $('tl-hover').textContent = state.timelinePeak;
   const css = getComputedStyle(document.documentElement);
   if (state.view === 'diff' && state.baseMode === 'range' && state.baseRange) {
@@ -493,7 +521,7 @@ function showTimelineHover(x, w) {
   const i = Math.min(tl.counts.length - 1, Math.max(0, Math.floor((x / w) * tl.counts.length)));
   const t = tl.start + i * tl.step;
   state.timelineHover = true;
-  $('tl-hover').textContent = `${fmtTime(t)}: ${fmtInt(tl.counts[i])} samples`;
+  $('tl-hover').textContent = `${fmtTime(t)}: ${fmtCount(tl.counts[i])}`;
 }
 
 // A dragged range, whole seconds ([from, to) has one-second resolution).
@@ -690,7 +718,7 @@ function renderFlame(hint) {
   renderLegend(f);
   renderMatchInfo(f);
   $('flame-info').textContent = f && f.T + f.B > 0
-    ? `${fmtInt(f.T)} samples${f.diff ? ` vs ${fmtInt(f.B)} in the baseline` : ''} · ${fmtInt(f.len)} nodes` +
+    ? `${fmtCount(f.T)}${f.diff ? ` vs ${fmtNum(f.B)} in the baseline` : ''} · ${fmtInt(f.len)} nodes` +
       (f.resp.pruned ? ` (${fmtInt(f.resp.pruned)} too small to show)` : '')
     : '';
   if (!f || f.len === 0 || f.weight[0] <= 0) {
@@ -713,6 +741,8 @@ function renderFlameEmpty(hint) {
     box.replaceChildren(hint);
   } else if (storeEmpty()) {
     box.replaceChildren(`No samples yet — the daemon reports every ${reportEverySeconds()} s; this page refreshes by itself while live.`);
+  } else if (countsTime() && state.summary && !state.summary.offCPU) {
+    box.replaceChildren('No off-CPU time: the daemon records it with -off-cpu-threshold (e.g. -off-cpu-threshold=0.1).');
   } else if (!state.flame) {
     box.replaceChildren('Loading…');
   } else if (state.focus.length) {
@@ -785,7 +815,7 @@ function drawFlame() {
     drawn++;
   }
   Object.assign(f, { hit, rows, scale });
-  canvas.setAttribute('aria-label', `Flame graph of ${fmtInt(f.T)} samples under ${strings[nd.name[0]]}`);
+  canvas.setAttribute('aria-label', `Flame graph of ${fmtCount(f.T)} under ${strings[nd.name[0]]}`);
   noteDraw(f, drawn, performance.now() - t0);
 }
 
@@ -849,12 +879,12 @@ function showTooltip(i, e) {
   const row = (k, v, cls) => el('tr', {}, el('td', {}, k), el('td', cls ? { class: cls } : {}, v));
   const rows = [
     row('Kind', f.resp.kinds[nd.kind[i]]),
-    row('Total', `${fmtInt(nd.total[i])} (${pct(nd.total[i], f.T)})`),
-    row('Self', `${fmtInt(nd.self[i])} (${pct(nd.self[i], f.T)})`),
+    row('Total', `${fmtNum(nd.total[i])} (${pct(nd.total[i], f.T)})`),
+    row('Self', `${fmtNum(nd.self[i])} (${pct(nd.self[i], f.T)})`),
   ];
   if (f.diff) {
     rows.push(
-      row('Baseline', `${fmtInt(nd.baseTotal[i])} (${pct(nd.baseTotal[i], f.B)}), self ${fmtInt(nd.baseSelf?.[i] ?? 0)}`),
+      row('Baseline', `${fmtNum(nd.baseTotal[i])} (${pct(nd.baseTotal[i], f.B)}), self ${fmtNum(nd.baseSelf?.[i] ?? 0)}`),
       row('Share', `${pct(nd.total[i], f.T)} now, ${pct(nd.baseTotal[i], f.B)} before`),
       row('Change', fmtDelta(f.delta[i]), f.delta[i] > DIFF_SAME ? 'up' : f.delta[i] < -DIFF_SAME ? 'down' : ''),
     );
@@ -936,7 +966,7 @@ function renderMatchInfo(f) {
     return;
   }
   const m = f.resp.matched || 0;
-  info.textContent = `matched: ${fmtInt(m)} samples (${f.T ? ((100 * m) / f.T).toFixed(1) : '0.0'}%)`;
+  info.textContent = `matched: ${fmtCount(m)} (${f.T ? ((100 * m) / f.T).toFixed(1) : '0.0'}%)`;
 }
 
 function initFlame() {
@@ -996,11 +1026,11 @@ function topColumns(T, B, diff) {
     { head: 'Function', cls: 'fn', cell: (r) => r.name },
     { head: 'Kind', cell: (r) => r.kind },
     { head: 'File', cls: 'file', cell: (r) => r.file || '', title: true },
-    { head: 'Self', sort: 'self', num: true, cell: (r) => fmtInt(r.self) },
+    { head: 'Self', sort: 'self', num: true, cell: (r) => fmtNum(r.self) },
     { head: 'Self %', num: true, cell: (r) => pct(r.self, T) },
     diff && { head: 'Base self %', num: true, cell: (r) => pct(r.baseSelf, B) },
     diff && { head: 'Δ self', num: true, cell: (r) => fmtDelta(dSelf(r)), delta: dSelf },
-    { head: 'Total', sort: 'total', num: true, cell: (r) => fmtInt(r.total) },
+    { head: 'Total', sort: 'total', num: true, cell: (r) => fmtNum(r.total) },
     { head: 'Total %', num: true, cell: (r) => pct(r.total, T) },
     diff && { head: 'Base total %', num: true, cell: (r) => pct(r.baseTotal, B) },
     diff && { head: 'Δ total', num: true, cell: (r) => fmtDelta(dTotal(r)), delta: dTotal },
@@ -1021,7 +1051,7 @@ function renderTop(data, diff, note) {
   }
   $('top').tBodies[0].replaceChildren(...rows);
   $('top-caption').textContent = data
-    ? `Functions by ${state.sort} samples, of ${fmtInt(T)} samples${diff ? ` (baseline ${fmtInt(B)})` : ''}` +
+    ? `Functions by ${state.sort} ${countsTime() ? 'time' : 'samples'}, of ${fmtCount(T)}${diff ? ` (baseline ${fmtNum(B)})` : ''}` +
       ` · self: the function was the leaf; total: anywhere on the stack`
     : '';
 }
@@ -1090,7 +1120,7 @@ function setBaseMode(mode) {
 }
 
 function initControls() {
-  for (const id of ['f-process', 'f-container', 'f-service', 'f-namespace', 'f-pod', 'f-thread', 'f-label', 'f-group']) {
+  for (const id of ['f-process', 'f-container', 'f-service', 'f-namespace', 'f-pod', 'f-thread', 'f-label', 'f-group', 'f-measure']) {
     $(id).addEventListener('change', onFilterChange);
   }
   // A trace id counts once it is whole (or cleared).
