@@ -42,11 +42,11 @@ type snapshot struct {
 	malformed uint64
 	// offCPUUnmatched counts waits whose trace the pump did not hold.
 	offCPUUnmatched uint64
-	queue     tracer.QueueStats
-	handler   processmanager.Stats
-	rep       reporter.Stats
-	corr      tracecorr.Stats
-	web       reporter.HistoryStats // zero without -http
+	queue           tracer.QueueStats
+	handler         processmanager.Stats
+	rep             reporter.Stats
+	corr            tracecorr.Stats
+	web             reporter.HistoryStats // zero without -http
 }
 
 // ksymsReloadInterval is how often kernel symbols are read again, so that
