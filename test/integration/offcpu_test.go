@@ -66,7 +66,9 @@ type offCPUWorkload struct {
 	chains      map[string][]string
 	kernel      map[string]string
 	busyWaitsIn string
-	run         func(t *testing.T, d time.Duration) (pid int, out []byte)
+	// prepare builds the workload (also for a VM's tree) and returns what
+	// runs it for d.
+	prepare func(t *testing.T) func(d time.Duration) (pid int, out []byte)
 }
 
 func offCPUWorkloads() []offCPUWorkload {
@@ -75,27 +77,31 @@ func offCPUWorkloads() []offCPUWorkload {
 		chains: map[string][]string{"sleep": {"cf_sleep_leaf", "cf_sleep_mid", "run_waiter"},
 			"pipe": {"cf_pipe_leaf", "cf_pipe_mid", "run_waiter"}, "lock": {"cf_lock_leaf", "cf_lock_mid", "run_waiter"}},
 		kernel: map[string]string{"sleep": "nanosleep", "pipe": "pipe_read", "lock": "futex"},
-		run: func(t *testing.T, d time.Duration) (int, []byte) {
+		prepare: func(t *testing.T) func(time.Duration) (int, []byte) {
 			bin := buildWorkload(t, "offcpu", append([]string{"-pthread"}, framePointers...)...)
-			return runOutput(t, exec.Command(bin, formatSeconds(d)))
+			return func(d time.Duration) (int, []byte) { return runOutput(t, exec.Command(bin, formatSeconds(d))) }
 		},
 	}, {
 		name: "Python", kind: python.Kind, busyWaitsIn: "take_gil",
 		chains: map[string][]string{"sleep": {"off_sleep_leaf", "off_sleep_mid", "off_waiter"},
 			"pipe": {"off_pipe_leaf", "off_pipe_mid", "off_waiter"}, "lock": {"off_lock_leaf", "off_lock_mid", "off_waiter"}},
-		run: func(t *testing.T, d time.Duration) (int, []byte) {
+		prepare: func(t *testing.T) func(time.Duration) (int, []byte) {
 			script, _ := pythonWorkload(t)
 			py := pythonInterpreters(t)[0]
-			return runOutput(t, exec.Command(py.path, script, "offcpu", formatSeconds(d)))
+			return func(d time.Duration) (int, []byte) {
+				return runOutput(t, exec.Command(py.path, script, "offcpu", formatSeconds(d)))
+			}
 		},
 	}, {
 		name: "Java", kind: hotspot.Kind,
 		chains: map[string][]string{"sleep": {"JWorkload.offSleepLeaf", "JWorkload.offSleepMid"},
 			"pipe": {"JWorkload.offPipeLeaf", "JWorkload.offPipeMid"}, "lock": {"JWorkload.offLockLeaf", "JWorkload.offLockMid"}},
-		run: func(t *testing.T, d time.Duration) (int, []byte) {
+		prepare: func(t *testing.T) func(time.Duration) (int, []byte) {
 			classes, _ := javaWorkload(t)
 			java := javaBuild(t, "17")
-			return runOutput(t, exec.Command(java, javaArgs(javaClasses(classes, "17"), "offcpu", d, nil)...))
+			return func(d time.Duration) (int, []byte) {
+				return runOutput(t, exec.Command(java, javaArgs(javaClasses(classes, "17"), "offcpu", d, nil)...))
+			}
 		},
 	}}
 }
@@ -129,26 +135,34 @@ func namesOfKind(tr *libpf.Trace, kind libpf.FrameKind) []string {
 // barely wait (it is not counted while preempted).
 func TestOffCPU(t *testing.T) {
 	requireRoot(t)
-	s := startTracing(t, tracer.Config{SamplesPerSecond: testHz, Runtimes: interpreter.All(),
-		OffCPU: tracer.OffCPUConfig{Threshold: 1, PerSecond: 1 << 20}}, nil)
 	const run = 4 * time.Second
 	for _, w := range offCPUWorkloads() {
 		t.Run(w.name, func(t *testing.T) {
-			pid, out := w.run(t, run)
+			start := w.prepare(t)
+			s := startTracing(t, tracer.Config{SamplesPerSecond: testHz, Runtimes: interpreter.All(),
+				OffCPU: tracer.OffCPUConfig{Threshold: 1, PerSecond: 1 << 20}}, nil)
+			pid, out := start(run)
 			s.waitExited(t, pid)
+			logOffCPUCounters(t, s)
+			s.stop(t)
 			checkOffCPU(t, w, parseOffCPUThreads(t, out), s.rec.ofPID(pid), run)
 		})
 	}
-	if m, err := s.tr.Metrics(); err == nil {
-		var counts []string
-		for name, v := range m {
-			if strings.Contains(name, "off_cpu") {
-				counts = append(counts, name+"="+strconv.FormatUint(v, 10))
-			}
-		}
-		slices.Sort(counts)
-		t.Logf("BPF counters: %s", strings.Join(counts, " "))
+}
+
+func logOffCPUCounters(t *testing.T, s *session) {
+	m, err := s.tr.Metrics()
+	if err != nil {
+		t.Fatal(err)
 	}
+	var counts []string
+	for name, v := range m {
+		if strings.Contains(name, "off_cpu") {
+			counts = append(counts, name+"="+strconv.FormatUint(v, 10))
+		}
+	}
+	slices.Sort(counts)
+	t.Logf("BPF counters: %s", strings.Join(counts, " "))
 }
 
 func checkOffCPU(t *testing.T, w offCPUWorkload, threads map[string]*offCPUThread, samples []sample, run time.Duration) {

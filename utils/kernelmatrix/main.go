@@ -53,7 +53,10 @@ var (
 	goLabelTests = `^TestGoLabels$/^builds$/^go1\.(23|26|26_cgo)$`
 	// OpenTelemetry thread contexts: every TLS access model.
 	threadCtxTests = `^TestThreadContext$`
-	perlTests      = `^(TestPerlStacks|TestPerlEval|TestPerlSort|TestPerlThreads|TestPerlForks|TestPerlRecursion)$`
+	// Off-CPU profiling: the sched_switch program and the unwinders' raw
+	// tracepoint copies load, and a C thread's sleeps are attributed.
+	offCPUTests = `^TestOffCPU$/^C$`
+	perlTests   = `^(TestPerlStacks|TestPerlEval|TestPerlSort|TestPerlThreads|TestPerlForks|TestPerlRecursion)$`
 	// Not TestPHPFPM: under emulation each request's own work (chdir,
 	// compiling nothing, output) takes 4-6% of the samples in requests,
 	// next to the 20 ms the chain spins (94.6-96.4% with the chain).
@@ -110,7 +113,7 @@ func runsRuntimes(arch, series string) bool {
 // architecture.
 func runFor(arch, series string) string {
 	run := union([]string{"^(" + strings.Join(baseTests, "|") + ")$/^(" + strings.Join(baseSubtests, "|") + ")",
-		goLabelTests, threadCtxTests})
+		goLabelTests, threadCtxTests, offCPUTests})
 	switch {
 	case !runsRuntimes(arch, series):
 		return run
