@@ -96,7 +96,7 @@ func (m *Manager) convert(raw *support.Trace, p *process) conversion {
 	}
 	if raw.OffCPU {
 		top := 0
-		for top < len(frames) && isTracingFrame(frames[top].FunctionName) {
+		for top < len(frames) && frames[top].Kind == libpf.FrameKernel && isTracingFrame(frames[top].FunctionName) {
 			top++
 		}
 		frames = append(frames[:0], frames[top:]...)

@@ -270,9 +270,11 @@ func (k *kernel) frame(addr uint64, returnAddress bool) libpf.Frame {
 
 // isTracingFrame says whether a kernel function is the BPF program or the
 // tracepoint machinery that took an off-CPU trace's stack: they top every
-// such stack, above the scheduler, and say nothing of the wait.
+// such stack, above the scheduler, and say nothing of the wait. A BPF
+// program has no name where the kernel does not list them in kallsyms
+// (net.core.bpf_jit_kallsyms=0).
 func isTracingFrame(name string) bool {
-	return strings.HasPrefix(name, "bpf_prog_") || strings.HasPrefix(name, "bpf_trace_run") ||
+	return name == "" || strings.HasPrefix(name, "bpf_prog_") || strings.HasPrefix(name, "bpf_trace_run") ||
 		strings.HasPrefix(name, "__bpf_trace_") || strings.HasPrefix(name, "__traceiter_")
 }
 

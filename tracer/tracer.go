@@ -476,6 +476,9 @@ func (t *Tracer) verifiedInstructions() map[string]uint32 {
 	if t.readContext != nil {
 		progs[ReadContext] = t.readContext
 	}
+	if t.offCPU != nil {
+		progs[OffCPUSwitch] = t.offCPU.Programs[OffCPUSwitch]
+	}
 	for name, p := range progs {
 		if info, err := p.Info(); err == nil {
 			if n, ok := info.VerifiedInstructions(); ok {

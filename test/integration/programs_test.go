@@ -5,17 +5,20 @@ import (
 	"sort"
 	"testing"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/support"
 	"github.com/hostprof/ebpf-profiler/tracer"
 )
 
 // TestProgramsLoad checks that the verifier accepts every program of the
-// BPF object and that they attach. Its "kernel matrix:" line is what
+// BPF object and that they attach: off-CPU profiling on (at a threshold
+// that traces next to nothing), so that its programs load too. Its "kernel matrix:" line is what
 // utils/kernelmatrix reports per kernel: how many programs loaded, the
 // largest by instructions the verifier processed, and how they attached.
 func TestProgramsLoad(t *testing.T) {
 	requireRoot(t)
-	s := startSession(t, testHz)
+	s := startTracing(t, tracer.Config{SamplesPerSecond: testHz, Runtimes: interpreter.All(),
+		OffCPU: tracer.OffCPUConfig{Threshold: 1e-6}}, nil)
 	spec, err := support.LoadSpec()
 	if err != nil {
 		t.Fatal(err)

@@ -48,7 +48,8 @@ func main() {
 	load := flag.String("load", "shell", "what keeps the CPUs busy: shell loops, c (utils/workloads/fpchain.c, -O2), "+
 		"python (utils/workloads/python/pyworkload.py chain under python3), golabels (utils/workloads/golabels: "+
 		"goroutines under pprof labels), manymaps (utils/workloads/manymaps.c: "+
-		"30,000 file mappings, 15,000 executable), java (utils/workloads/java "+
+		"30,000 file mappings, 15,000 executable), pingpong (utils/workloads/pingpong.c: two threads "+
+		"ping-ponging on pipes, a context-switch storm), java (utils/workloads/java "+
 		"JWorkload chain under JDK 17), node (utils/workloads/node/v8work.js chain under Node 20), "+
 		"ruby (utils/workloads/ruby/rbworkload.rb chain under Debian 12's Ruby 3.1), "+
 		"php (utils/workloads/php/phpworkload.php chain under Debian 12's PHP 8.2), "+
@@ -427,6 +428,10 @@ func busyProcesses(load string, n int) (stop func(), pids []int) {
 		argv = []string{buildLoad("golabels", "go", "build", "-C", "utils/workloads/golabels", "-o", "BIN", "."), "1000000"}
 	case "manymaps":
 		argv = []string{buildLoad("manymaps", "gcc", "-O2", "-o", "BIN", "utils/workloads/manymaps.c"), "1000000"}
+	case "pingpong":
+		// A context-switch storm, for off-CPU profiling's cost
+		// (-daemon-args=-off-cpu-threshold=1).
+		argv = []string{buildLoad("pingpong", "gcc", "-O2", "-pthread", "-o", "BIN", "utils/workloads/pingpong.c"), "1000000"}
 	case "python":
 		py := "python3"
 		var err error
