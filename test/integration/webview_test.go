@@ -148,12 +148,13 @@ func TestWebView(t *testing.T) {
 	script, _ := pythonWorkload(t)
 	gobin := buildGoLabels(t, goLabelBuild{version: gofetch.System})
 	spansBin := buildOtelSpans(t, otelSpansBuild{name: "executable"})
+	offBin := buildWorkload(t, "offcpu", append([]string{"-pthread"}, framePointers...)...)
 	skipIfPreparing(t)
 	webdriver.RequireBrowserTests(t)
 
 	addr := freeLoopbackAddr(t)
 	d := testenv.StartDaemon(t, nil, daemon, "-http="+addr, "-output-dir=", "-reporter-interval=1s",
-		"-samples-per-second="+strconv.Itoa(testHz))
+		"-samples-per-second="+strconv.Itoa(testHz), "-off-cpu-threshold=1")
 	d.WaitForLog(t, "Sampling ", time.Minute)
 	d.WaitForLog(t, "Web view at http://"+addr+"/", time.Second)
 
@@ -166,13 +167,15 @@ func TestWebView(t *testing.T) {
 	spans := exec.Command(spansBin, "3")
 	var spansOut strings.Builder
 	spans.Stdout = &spansOut
-	for _, c := range []*exec.Cmd{both, golabels, spans} {
+	// Threads that sleep, read a pipe and wait for a mutex: off-CPU time.
+	offcpu := exec.Command(offBin, "3")
+	for _, c := range []*exec.Cmd{both, golabels, spans, offcpu} {
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	py := runScript(t, exec.Command("/usr/bin/python3", script, "recursion", "4"))
-	for _, c := range []*exec.Cmd{both, golabels, spans} {
+	for _, c := range []*exec.Cmd{both, golabels, spans, offcpu} {
 		if err := c.Wait(); err != nil {
 			t.Fatal(err)
 		}
@@ -313,6 +316,21 @@ func TestWebView(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkPprofDownload(t, href, "cf_leaf", "rec_leaf")
+
+	// Off-CPU time: the waiting threads' chains under the kernel functions
+	// where they waited, and none of the spinning ones; wall time has both.
+	p.click("view-flame")
+	p.choose("measure-select", "Off-CPU")
+	p.wait(`['cf_sleep_leaf', 'cf_pipe_leaf', 'cf_lock_leaf', 'do_nanosleep'].every(n => window.__profiler.frameRect(n) !== null) &&
+		window.__profiler.frameRect('cf_leaf') === null`, 10*time.Second)
+	if info := p.text(`#flame-info`); !strings.Contains(info, "off the CPU") {
+		t.Errorf("off-CPU flame graph's total reads %q, want a time off the CPU", info)
+	}
+	p.shot("9-offcpu")
+	p.choose("measure-select", "Wall (CPU + off-CPU)")
+	p.wait(`window.__profiler.frameRect('cf_sleep_leaf') !== null && window.__profiler.frameRect('cf_leaf') !== null`,
+		10*time.Second)
+	p.shot("10-wall")
 	p.consoleClean()
 }
 
