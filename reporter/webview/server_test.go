@@ -42,6 +42,25 @@ func chain(hash uint64, names ...string) *libpf.Trace {
 // main>idle in pid 20 ("db", thread "io"), one per 100ms from testStart.
 func newTestHistory(t *testing.T) *reporter.History {
 	t.Helper()
+	return reportedHistory(t, func(r *reporter.Reporter) {
+		app := &libpf.ProcessInfo{PID: 10, ExecutableName: "app"}
+		db := &libpf.ProcessInfo{PID: 20, ExecutableName: "db", ContainerID: "c1"}
+		work, idle := chain(1, "main", "work", "hash"), chain(2, "main", "idle")
+		for i := range 40 {
+			meta := &libpf.SampleMeta{Time: testStart.Add(time.Duration(i) * 100 * time.Millisecond), TID: 10,
+				ThreadName: "app", Process: app}
+			tr := work
+			if i%4 == 3 {
+				tr, meta.Process, meta.TID, meta.ThreadName = idle, db, 20, "io"
+			}
+			r.ReportSample(tr, meta)
+		}
+	})
+}
+
+// reportedHistory is the history of a reporter at 10 Hz that report fed.
+func reportedHistory(t *testing.T, report func(*reporter.Reporter)) *reporter.History {
+	t.Helper()
 	h, err := reporter.NewHistory(reporter.HistoryConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -50,18 +69,7 @@ func newTestHistory(t *testing.T) *reporter.History {
 	if err != nil {
 		t.Fatal(err)
 	}
-	app := &libpf.ProcessInfo{PID: 10, ExecutableName: "app"}
-	db := &libpf.ProcessInfo{PID: 20, ExecutableName: "db", ContainerID: "c1"}
-	work, idle := chain(1, "main", "work", "hash"), chain(2, "main", "idle")
-	for i := range 40 {
-		meta := &libpf.SampleMeta{Time: testStart.Add(time.Duration(i) * 100 * time.Millisecond), TID: 10,
-			ThreadName: "app", Process: app}
-		tr := work
-		if i%4 == 3 {
-			tr, meta.Process, meta.TID, meta.ThreadName = idle, db, 20, "io"
-		}
-		r.ReportSample(tr, meta)
-	}
+	report(r)
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -436,25 +444,16 @@ func TestHostHeader(t *testing.T) {
 // TestMeasures: measure=offcpu and wall count off-CPU time in the
 // summary's unit; a measure that is not one is refused.
 func TestMeasures(t *testing.T) {
-	hist, err := reporter.NewHistory(reporter.HistoryConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := reporter.New(reporter.Config{Interval: time.Hour, SamplesPerSecond: 10, History: hist})
-	if err != nil {
-		t.Fatal(err)
-	}
-	app := &libpf.ProcessInfo{PID: 10, ExecutableName: "app"}
-	work, wait := chain(1, "main", "work"), chain(2, "main", "wait")
-	for i := range 4 {
-		at := testStart.Add(time.Duration(i) * 100 * time.Millisecond)
-		r.ReportSample(work, &libpf.SampleMeta{Time: at, TID: 10, ThreadName: "app", Process: app})
-		r.ReportSample(wait, &libpf.SampleMeta{Time: at, TID: 11, ThreadName: "io", Process: app,
-			OffCPU: 30 * time.Millisecond})
-	}
-	if err := r.Close(); err != nil {
-		t.Fatal(err)
-	}
+	hist := reportedHistory(t, func(r *reporter.Reporter) {
+		app := &libpf.ProcessInfo{PID: 10, ExecutableName: "app"}
+		work, wait := chain(1, "main", "work"), chain(2, "main", "wait")
+		for i := range 4 {
+			at := testStart.Add(time.Duration(i) * 100 * time.Millisecond)
+			r.ReportSample(work, &libpf.SampleMeta{Time: at, TID: 10, ThreadName: "app", Process: app})
+			r.ReportSample(wait, &libpf.SampleMeta{Time: at, TID: 11, ThreadName: "io", Process: app,
+				OffCPU: 30 * time.Millisecond})
+		}
+	})
 	h := newTestServer(t, Config{History: hist}).Handler()
 	sum := decode[summaryJSON](t, get(t, h, "/api/summary"))
 	if !sum.OffCPU || sum.OffCPUUnitNs != int64(reporter.OffCPUUnit) {
