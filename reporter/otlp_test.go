@@ -601,3 +601,55 @@ func TestBuildRequestSpanLinks(t *testing.T) {
 		t.Errorf("%d samples, %d linked; want 2 and 1", len(samples), linked)
 	}
 }
+
+// TestBuildRequestOffCPU: a process's off-CPU samples are a second profile
+// (off_cpu, nanoseconds) whose values are the waits, paired with their
+// timestamps in time order; pprof adds an off_cpu sample type.
+func TestBuildRequestOffCPU(t *testing.T) {
+	f := newFixture()
+	a := newAggregator(f.start, 10)
+	spin := &libpf.Trace{Hash: libpf.TraceHash{Lo: 1}, Frames: []libpf.Frame{
+		{Kind: libpf.FrameNative, Address: 0x100, Mapping: f.libcA, FunctionName: "spin"}}}
+	sleep := &libpf.Trace{Hash: libpf.TraceHash{Lo: 2}, Frames: []libpf.Frame{
+		{Kind: libpf.FrameNative, Address: 0x200, Mapping: f.libcA, FunctionName: "nanosleep"}}}
+	ts := uint64(f.start.UnixNano())
+	a.add(spin, &libpf.SampleMeta{Process: f.procA, TID: 5}, ts+10)
+	a.add(sleep, &libpf.SampleMeta{Process: f.procA, TID: 6, OffCPU: 30 * time.Millisecond}, ts+20)
+	a.add(sleep, &libpf.SampleMeta{Process: f.procA, TID: 6, OffCPU: 10 * time.Millisecond}, ts+5)
+	iv := a.swap(f.end)
+	req := mustBuild(t, iv).req
+	profs := req.ResourceProfiles[0].ScopeProfiles[0].Profiles
+	if len(profs) != 2 {
+		t.Fatalf("%d profiles, want a CPU one and an off-CPU one", len(profs))
+	}
+	d := req.Dictionary
+	typ := func(i int) string {
+		st := profs[i].SampleType
+		return d.StringTable[st.TypeStrindex] + "/" + d.StringTable[st.UnitStrindex]
+	}
+	if typ(0) != "samples/count" || typ(1) != "off_cpu/nanoseconds" {
+		t.Errorf("sample types %s and %s, want samples/count and off_cpu/nanoseconds", typ(0), typ(1))
+	}
+	if n := len(profs[0].Samples); n != 1 || !slices.Equal(profs[0].Samples[0].Values, []int64{1}) {
+		t.Errorf("CPU profile: %v", profs[0].Samples)
+	}
+	off := profs[1].Samples
+	if len(off) != 1 || !slices.Equal(off[0].Values, []int64{int64(10 * time.Millisecond), int64(30 * time.Millisecond)}) ||
+		!slices.Equal(off[0].TimestampsUnixNano, []uint64{ts + 5, ts + 20}) {
+		t.Errorf("off-CPU profile: %v", off)
+	}
+
+	p := buildPprof(iv, 50_000_000)
+	if n := len(p.SampleType); n != 3 || p.SampleType[2].Type != "off_cpu" || p.SampleType[2].Unit != "nanoseconds" {
+		t.Fatalf("pprof sample types %v, want samples, cpu and off_cpu", p.SampleType)
+	}
+	var total [3]int64
+	for _, s := range p.Sample {
+		for i, v := range s.Value {
+			total[i] += v
+		}
+	}
+	if want := [3]int64{1, 50_000_000, int64(40 * time.Millisecond)}; total != want {
+		t.Errorf("pprof totals %v, want %v", total, want)
+	}
+}

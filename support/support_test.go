@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -217,10 +218,31 @@ func TestDecodeEvent(t *testing.T) {
 		t.Errorf("mapping event: %+v, %v; want %+v", ev, err, want)
 	}
 
+	// A trace taken at a switch-out, and the end of its wait.
+	offCPU := slices.Clone(raw)
+	offCPU[s.trace.flags] |= s.trace.flagOffCPU
+	if ev, err := s.DecodeEvent(offCPU, &tr); err != nil || !ev.Trace.OffCPU || ev.Trace.Waited != 0 {
+		t.Errorf("off-CPU trace: %+v, %v", ev.Trace, err)
+	}
+	if ev, err := s.DecodeEvent(raw, &tr); err != nil || ev.Trace.OffCPU {
+		t.Errorf("a CPU sample decoded as off-CPU: %+v, %v", ev.Trace, err)
+	}
+	offEnd := make([]byte, s.trace.offCPUEndSize)
+	le.PutUint32(offEnd, s.trace.eventOffCPUEnd)
+	le.PutUint32(offEnd[s.trace.offCPUEndPID:], 80)
+	le.PutUint32(offEnd[s.trace.offCPUEndTID:], 81)
+	le.PutUint64(offEnd[s.trace.offCPUEndStart:], 12345)
+	le.PutUint64(offEnd[s.trace.offCPUEndDuration:], 2_000_000)
+	if ev, err := s.DecodeEvent(offEnd, &tr); err != nil || ev.Kind != EventOffCPUEnd || ev.PID != 80 || ev.TID != 81 ||
+		ev.Start != 12345 || ev.Duration != 2*time.Millisecond {
+		t.Errorf("off-CPU end: %+v, %v", ev, err)
+	}
+
 	for name, bad := range map[string][]byte{
-		"short":       raw[:4],
-		"cut mapping": mapped[:len(mapped)-1],
-		"cut exec":    exec[:len(exec)-1],
+		"short":           raw[:4],
+		"cut off-CPU end": offEnd[:len(offEnd)-1],
+		"cut mapping":     mapped[:len(mapped)-1],
+		"cut exec":        exec[:len(exec)-1],
 		"cut unknown PC": func() []byte {
 			b := bytes.Clone(exit[:len(exit)-1])
 			binary.LittleEndian.PutUint32(b, s.trace.eventUnknownPC)
