@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -255,5 +256,92 @@ func checkOffCPU(t *testing.T, w offCPUWorkload, threads map[string]*offCPUThrea
 	t.Logf("busy thread: %v off the CPU in %v (else)", busyWait.Round(time.Millisecond), run)
 	if busyWait > run/20 {
 		t.Errorf("busy thread: %v off the CPU in %v, want under 5%%", busyWait, run)
+	}
+}
+
+// TestOffCPUMinWait: waits shorter than -off-cpu-min-wait are not
+// reported. The offcpu workload's sleeper waits 10 ms at a time, its pipe
+// reader about 20 ms: with a 15 ms minimum the first has none, the second
+// all of its time.
+func TestOffCPUMinWait(t *testing.T) {
+	requireRoot(t)
+	w := offCPUWorkloads()[0]
+	start := w.prepare(t)
+	s := startTracing(t, tracer.Config{SamplesPerSecond: testHz, Runtimes: interpreter.All(),
+		OffCPU: tracer.OffCPUConfig{Threshold: 1, PerSecond: 1 << 20, MinWait: 15 * time.Millisecond}}, nil)
+	pid, out := start(3 * time.Second)
+	s.waitExited(t, pid)
+	logOffCPUCounters(t, s)
+	s.stop(t)
+	threads := parseOffCPUThreads(t, out)
+	waited := map[int]time.Duration{}
+	shortest := map[int]time.Duration{}
+	for _, smp := range s.rec.ofPID(pid) {
+		if d := smp.meta.OffCPU; d > 0 {
+			tid := int(smp.meta.TID)
+			waited[tid] += d
+			if shortest[tid] == 0 || d < shortest[tid] {
+				shortest[tid] = d
+			}
+		}
+	}
+	sleep, pipe := threads["sleep"], threads["pipe"]
+	t.Logf("sleep thread: %v reported of %v; pipe thread: %v of %v, its shortest wait %v", waited[sleep.tid],
+		sleep.waited.Round(time.Millisecond), waited[pipe.tid].Round(time.Millisecond), pipe.waited.Round(time.Millisecond),
+		shortest[pipe.tid])
+	if waited[sleep.tid] != 0 {
+		t.Errorf("sleep thread: %v of waits reported, all shorter than the minimum", waited[sleep.tid])
+	}
+	if r := float64(waited[pipe.tid]) / float64(max(pipe.waited, 1)); r < 0.9 || r > 1.1 {
+		t.Errorf("pipe thread: %v reported, want the %v it measured ± 10%%", waited[pipe.tid], pipe.waited)
+	}
+	for tid, d := range shortest {
+		if d < 15*time.Millisecond {
+			t.Errorf("thread %d: a wait of %v reported, under the minimum", tid, d)
+		}
+	}
+}
+
+// TestOffCPUStorm: in a context-switch storm (two threads ping-ponging on
+// pipes), -off-cpu-per-second bounds the switches unwound per CPU and
+// second whatever the threshold; the rest are counted, not lost. What that
+// costs is measured by the benchmark (docs/overhead.md).
+func TestOffCPUStorm(t *testing.T) {
+	requireRoot(t)
+	bin := buildWorkload(t, "pingpong", "-O2", "-pthread")
+	const perSecond = 500
+	s := startTracing(t, tracer.Config{SamplesPerSecond: testHz, Runtimes: interpreter.All(),
+		OffCPU: tracer.OffCPUConfig{Threshold: 1, PerSecond: perSecond}}, nil)
+	before, err := s.tr.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	const run = 3 * time.Second
+	pid, _ := runOutput(t, exec.Command(bin, formatSeconds(run)))
+	elapsed := time.Since(began)
+	after, err := s.tr.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.waitExited(t, pid)
+	s.stop(t)
+	d := func(name string) uint64 { return after[name] - before[name] }
+	cpus := uint64(runtime.NumCPU())
+	// A CPU's budget renews each second from its first traced switch: a
+	// run of s seconds spans at most s+1 windows.
+	bound := perSecond * cpus * uint64(elapsed/time.Second+2)
+	t.Logf("%v: %d switch-outs to wait, %d unwound (bound %d), %d over the budget; %d waits reported",
+		elapsed.Round(time.Millisecond), d("off_cpu_switches"), d("off_cpu_traces"), bound, d("off_cpu_over_budget"),
+		d("off_cpu_ends"))
+	if d("off_cpu_traces") > bound {
+		t.Errorf("%d switches unwound in %v, more than %d per CPU and second", d("off_cpu_traces"), elapsed, perSecond)
+	}
+	if d("off_cpu_over_budget") == 0 || d("off_cpu_switches") < 10*d("off_cpu_traces") {
+		t.Errorf("the storm made %d switch-outs, %d over the budget: not a storm", d("off_cpu_switches"), d("off_cpu_over_budget"))
+	}
+	if d("off_cpu_switches") != d("off_cpu_traces")+d("off_cpu_over_budget") {
+		t.Errorf("switch-outs %d != unwound %d + over budget %d: some went uncounted", d("off_cpu_switches"),
+			d("off_cpu_traces"), d("off_cpu_over_budget"))
 	}
 }
