@@ -95,11 +95,7 @@ func (m *Manager) convert(raw *support.Trace, p *process) conversion {
 		}
 	}
 	if raw.OffCPU {
-		top := 0
-		for top < len(frames) && frames[top].Kind == libpf.FrameKernel && isTracingFrame(frames[top].FunctionName) {
-			top++
-		}
-		frames = append(frames[:0], frames[top:]...)
+		frames = append(frames[:0], frames[tracingFrames(frames):]...)
 	}
 	c := conversion{info: p.info, gen: p.gen}
 	var missed bool

@@ -268,14 +268,22 @@ func (k *kernel) frame(addr uint64, returnAddress bool) libpf.Frame {
 	return f
 }
 
-// isTracingFrame says whether a kernel function is the BPF program or the
-// tracepoint machinery that took an off-CPU trace's stack: they top every
-// such stack, above the scheduler, and say nothing of the wait. A BPF
-// program has no name where the kernel does not list them in kallsyms
-// (net.core.bpf_jit_kallsyms=0).
-func isTracingFrame(name string) bool {
-	return name == "" || strings.HasPrefix(name, "bpf_prog_") || strings.HasPrefix(name, "bpf_trace_run") ||
-		strings.HasPrefix(name, "__bpf_trace_") || strings.HasPrefix(name, "__traceiter_")
+// tracingFrames is how many of an off-CPU trace's first frames are the BPF
+// program and the tracepoint machinery that took its stack: they top every
+// such stack, above the scheduler, and say nothing of the wait. They end
+// at the last of the first few frames named as such: the BPF program has
+// no name where the kernel does not list programs in kallsyms
+// (net.core.bpf_jit_kallsyms=0). Without kernel symbols none is dropped.
+func tracingFrames(frames []libpf.Frame) int {
+	n := 0
+	for i := 0; i < min(len(frames), 8) && frames[i].Kind == libpf.FrameKernel; i++ {
+		if name := frames[i].FunctionName; strings.HasPrefix(name, "bpf_prog_") ||
+			strings.HasPrefix(name, "bpf_trace_run") || strings.HasPrefix(name, "__bpf_trace_") ||
+			strings.HasPrefix(name, "__traceiter_") {
+			n = i + 1
+		}
+	}
+	return n
 }
 
 // module returns the shared mapping of a module, reading its build id from

@@ -292,3 +292,30 @@ func BenchmarkLoadKallsyms(b *testing.B) {
 		}
 	}
 }
+
+// TestTracingFrames: an off-CPU trace's stack loses the BPF program and
+// tracepoint frames above the scheduler, named or not, and nothing
+// without kernel symbols.
+func TestTracingFrames(t *testing.T) {
+	k := func(names ...string) []libpf.Frame {
+		fs := make([]libpf.Frame, len(names))
+		for i, n := range names {
+			fs[i] = libpf.Frame{Kind: libpf.FrameKernel, FunctionName: n}
+		}
+		return fs
+	}
+	for _, c := range []struct {
+		frames []libpf.Frame
+		want   int
+	}{
+		{k("bpf_prog_1ea9_off_cpu_switch", "bpf_trace_run4", "__schedule", "schedule"), 2},
+		{k("", "bpf_trace_run4", "__bpf_trace_sched_switch", "__schedule"), 3},
+		{k("", "", "", "", ""), 0},
+		{k("__schedule", "schedule"), 0},
+		{nil, 0},
+	} {
+		if got := tracingFrames(c.frames); got != c.want {
+			t.Errorf("%v: %d tracing frames, want %d", c.frames, got, c.want)
+		}
+	}
+}

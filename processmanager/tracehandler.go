@@ -241,7 +241,8 @@ func (h *Handler) store(raw *support.Trace, c conversion) {
 
 // report hands one sample to the reporter. The caller holds convMu.
 func (h *Handler) report(raw *support.Trace, trace *libpf.Trace, info *libpf.ProcessInfo) {
-	if raw.APM.Valid && h.m.corr != nil {
+	// Agents are told of CPU samples: a wait is not one.
+	if raw.APM.Valid && !raw.OffCPU && h.m.corr != nil {
 		h.m.corr.Count(raw.PID, raw.APM, trace.Hash)
 	}
 	info = info.At(raw.KTime)

@@ -66,8 +66,10 @@ func (g *sampleGroup) waited() int64 {
 type interval struct {
 	start, end time.Time
 	groups     map[sampleKey]*sampleGroup
-	// samples is the number of timestamps across all groups.
-	samples int
+	// samples and waits are the numbers of CPU samples and of off-CPU
+	// waits across all groups; each kind is bounded by the limit on its
+	// own, so that waits never crowd out CPU samples.
+	samples, waits int
 	// dropped counts samples refused because the interval was full.
 	dropped int
 }
@@ -111,7 +113,11 @@ func (a *aggregator) add(t *libpf.Trace, meta *libpf.SampleMeta, ts uint64) bool
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	iv := a.cur
-	if iv.samples >= a.limit {
+	count := &iv.samples
+	if key.offCPU {
+		count = &iv.waits
+	}
+	if *count >= a.limit {
 		iv.dropped++
 		return false
 	}
@@ -124,7 +130,7 @@ func (a *aggregator) add(t *libpf.Trace, meta *libpf.SampleMeta, ts uint64) bool
 	if key.offCPU {
 		g.waits = append(g.waits, int64(meta.OffCPU))
 	}
-	iv.samples++
+	*count++
 	return true
 }
 
@@ -133,7 +139,7 @@ func (a *aggregator) add(t *libpf.Trace, meta *libpf.SampleMeta, ts uint64) bool
 func (a *aggregator) restartIfEmpty(now time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.cur.samples == 0 && a.cur.dropped == 0 {
+	if a.cur.samples == 0 && a.cur.waits == 0 && a.cur.dropped == 0 {
 		a.cur.start = now
 	}
 }

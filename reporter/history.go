@@ -469,7 +469,7 @@ func metaOf(k *sampleKey) histMeta {
 // bounds no longer allow.
 func (h *History) add(iv *interval, period int64) {
 	h.period.Store(period)
-	if iv.samples == 0 {
+	if iv.samples+iv.waits == 0 {
 		return
 	}
 	// Samples count at their own time, which the pipeline's delays can put

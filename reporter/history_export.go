@@ -61,10 +61,11 @@ func (h *History) selectionInterval(sel *Selection) *interval {
 		if g.key.offCPU {
 			// Waits without their times: one per second, its total.
 			g.waits = append(g.waits, int64(count)*int64(OffCPUUnit))
+			iv.waits++
 		} else {
 			g.summed += int(count / cpuWeight)
+			iv.samples += int(count / cpuWeight)
 		}
-		iv.samples += int(count)
 		t := time.Unix(sec, 0)
 		if iv.start.IsZero() || t.Before(iv.start) {
 			iv.start = t

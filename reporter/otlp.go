@@ -298,7 +298,7 @@ func buildRequest(iv *interval, opts buildOptions) otlpRequest {
 		})
 	}
 	req.Dictionary = b.dictionary()
-	return otlpRequest{req: req, samples: iv.samples, profiles: len(byProcess)}
+	return otlpRequest{req: req, samples: iv.samples + iv.waits, profiles: len(byProcess)}
 }
 
 // sampleIdent is an OTLP sample's identity within a profile. Distinct trace

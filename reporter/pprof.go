@@ -70,7 +70,7 @@ func buildPprof(iv *interval, period int64) *profile.Profile {
 				// units as plain numbers.
 				NumUnit: map[string][]string{"pid": {"id"}, "tid": {"id"}, "cpu": {"id"}},
 			}
-			if g.summed > 0 {
+			if len(g.timestamps) == 0 {
 				// Summed samples (the history's) have no thread or CPU.
 				delete(s.NumLabel, "tid")
 				delete(s.NumLabel, "cpu")

@@ -247,7 +247,7 @@ func (r *Reporter) reportInterval(end time.Time) error {
 			"limit":   r.cfg.MaxSamplesPerInterval,
 		}).Warn("interval sample limit reached; samples dropped")
 	}
-	if iv.samples == 0 {
+	if iv.samples+iv.waits == 0 {
 		return nil
 	}
 	r.stats.intervals.Add(1)

@@ -90,7 +90,7 @@ func prepareSpec(spec *ebpf.CollectionSpec, cfg Config, feats kernelFeatures, cp
 	if !ok {
 		return nil, errors.New("BPF object lacks map events")
 	}
-	ls := &preparedSpec{shared: shared, eventsBytes: eventBufferBytes(cpus, cfg.SamplesPerSecond), feats: feats}
+	ls := &preparedSpec{shared: shared, eventsBytes: eventBufferBytes(cpus, cfg.tracesPerSecond()), feats: feats}
 	events.MaxEntries = ls.eventsBytes
 	if err := scaleMaps(spec, cfg.MapScaleFactor); err != nil {
 		return nil, err

@@ -65,7 +65,7 @@ const OffCPUSwitch = "off_cpu_switch"
 
 // offCPUMaps are the maps only off-CPU profiling uses: left out when off
 // (the scratch record alone is 8 KiB per CPU).
-var offCPUMaps = []string{"off_cpu_starts", "off_cpu_budgets", "off_cpu_progs", "off_cpu_records"}
+var offCPUMaps = []string{"off_cpu_starts", "off_cpu_budgets", "off_cpu_progs", "off_cpu_records", "off_cpu_paused"}
 
 // prepareOffCPU takes the sched_switch program out of spec (it is loaded
 // on its own, loadOffCPU) and sets its constants; nil when off.
@@ -132,6 +132,15 @@ func (t *Tracer) loadOffCPU(spec *ebpf.CollectionSpec, ls *preparedSpec, opts eb
 	return coll, nil
 }
 
+// pauseOffCPU stops or resumes tracing switches (off_cpu_paused): waits
+// traced before a pause still end.
+func (t *Tracer) pauseOffCPU(paused bool) error {
+	if err := t.coll.Maps["off_cpu_paused"].Put(uint32(0), boolToU32(paused)); err != nil {
+		return fmt.Errorf("pausing off-CPU tracing: %w", err)
+	}
+	return nil
+}
+
 // attachOffCPU attaches the sched_switch program, if loaded.
 func (t *Tracer) attachOffCPU() error {
 	if t.offCPU == nil {
@@ -157,9 +166,13 @@ func (t *Tracer) OffCPUUnmatched() uint64 {
 	return t.offCPUPending.unmatched.Load()
 }
 
-// maxOffCPUPending bounds the waits whose end the pump waits for: as many
-// as BPF's off_cpu_starts holds.
-const maxOffCPUPending = 16384
+// maxOffCPUPending and maxOffCPUPendingBytes bound the traces of the waits
+// whose end the pump waits for: as many as BPF's off_cpu_starts holds, and
+// their bytes (a trace is 1-2 KiB, at most 8).
+const (
+	maxOffCPUPending      = 16384
+	maxOffCPUPendingBytes = 16 << 20
+)
 
 // offCPUPending holds the off-CPU traces whose wait has not ended, by
 // thread: a thread waits once at a time, so a thread's next trace replaces
@@ -177,22 +190,25 @@ type pendingOffCPU struct {
 }
 
 func newOffCPUPending() *offCPUPending {
-	return &offCPUPending{traces: libpf.NewLRU[uint32, pendingOffCPU](maxOffCPUPending, 0)}
+	return &offCPUPending{traces: libpf.NewLRU[uint32, pendingOffCPU](maxOffCPUPending, maxOffCPUPendingBytes)}
 }
 
 // hold keeps a copy of an off-CPU trace's record until its end.
 func (p *offCPUPending) hold(trace *support.Trace, raw []byte) {
-	p.traces.Add(trace.TID, pendingOffCPU{raw: append([]byte(nil), raw...), start: trace.KTime}, 0)
+	p.traces.Add(trace.TID, pendingOffCPU{raw: append([]byte(nil), raw...), start: trace.KTime}, len(raw))
 }
 
 // Len is how many waits have not ended.
 func (p *offCPUPending) Len() int { return p.traces.Len() }
 
-// take returns the record of the trace that ev ends, if held.
-func (p *offCPUPending) take(ev support.Event) ([]byte, bool) {
+// take returns the record of the trace that ev ends, if held; one not
+// held is counted as unmatched where count is set.
+func (p *offCPUPending) take(ev support.Event, count bool) ([]byte, bool) {
 	held, ok := p.traces.Get(ev.TID)
 	if !ok || held.start != ev.Start {
-		p.unmatched.Add(1)
+		if count {
+			p.unmatched.Add(1)
+		}
 		return nil, false
 	}
 	p.traces.Remove(ev.TID)

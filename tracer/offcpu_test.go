@@ -23,16 +23,19 @@ func TestOffCPUPending(t *testing.T) {
 	end := func(tid uint32, start uint64) support.Event {
 		return support.Event{Kind: support.EventOffCPUEnd, TID: tid, Start: start, Duration: time.Millisecond}
 	}
-	if got, ok := p.take(end(7, 100)); !ok || !bytes.Equal(got, []byte("trace of 7")) {
+	if got, ok := p.take(end(7, 100), true); !ok || !bytes.Equal(got, []byte("trace of 7")) {
 		t.Errorf("end of 7: %q %v", got, ok)
 	}
-	if _, ok := p.take(end(7, 100)); ok {
+	if _, ok := p.take(end(7, 100), true); ok {
 		t.Error("a trace was taken twice")
 	}
-	if _, ok := p.take(end(8, 200)); ok {
+	if _, ok := p.take(end(8, 200), true); ok {
 		t.Error("the end of a replaced wait took the newer trace")
 	}
-	if got, ok := p.take(end(8, 300)); !ok || string(got) != "new" {
+	if _, ok := p.take(end(9, 1), false); ok {
+		t.Error("a trace never held was taken")
+	}
+	if got, ok := p.take(end(8, 300), true); !ok || string(got) != "new" {
 		t.Errorf("end of 8: %q %v", got, ok)
 	}
 	if n := p.unmatched.Load(); n != 2 || p.Len() != 0 {

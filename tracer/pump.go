@@ -153,8 +153,10 @@ func (t *Tracer) endOffCPU(ev support.Event, trace *support.Trace, h Handler) {
 	if t.offCPUPending == nil {
 		return
 	}
-	raw, ok := t.offCPUPending.take(ev)
-	if !ok {
+	// A wait under the minimum ends only to free its trace.
+	short := ev.Duration < t.cfg.OffCPU.MinWait
+	raw, ok := t.offCPUPending.take(ev, !short)
+	if !ok || short {
 		return
 	}
 	if _, err := t.shared.DecodeEvent(raw, trace); err != nil {

@@ -46,6 +46,15 @@ type Config struct {
 	Runtimes []*interpreter.Runtime
 }
 
+// tracesPerSecond is how many traces a CPU may send a second: its samples
+// and, with off-CPU profiling, its traced switches.
+func (c Config) tracesPerSecond() int {
+	if !c.OffCPU.Enabled() {
+		return c.SamplesPerSecond
+	}
+	return c.SamplesPerSecond + int(c.OffCPU.perSecond())
+}
+
 // Bounds of the events ring buffer: it holds about half a second of traces
 // at the configured rate.
 const (
@@ -175,7 +184,7 @@ func New(cfg Config) (*Tracer, error) {
 		t.Close()
 		return nil, err
 	}
-	t.queue = newEventQueue(eventQueueBytes(len(cpus), cfg.SamplesPerSecond))
+	t.queue = newEventQueue(eventQueueBytes(len(cpus), cfg.tracesPerSecond()))
 	log.Debugf("Created BPF maps for %d CPUs (events buffer %d KiB, stack delta pool %d entries, map scale factor %d)",
 		len(cpus), ls.eventsBytes>>10, t.objs.StackDeltas.MaxEntries(), cfg.MapScaleFactor)
 	go func() {
@@ -429,7 +438,7 @@ func (t *Tracer) openPerfEvents() (attachMode string, err error) {
 
 // SetSampling turns sampling on or off without unloading anything (for
 // probabilistic profiling): off, the perf events are disabled and cost
-// nothing. It may be called before Attach, which then attaches them in
+// nothing, and no switch is traced off the CPU. It may be called before Attach, which then attaches them in
 // that state.
 func (t *Tracer) SetSampling(on bool) error {
 	t.mu.Lock()
@@ -438,6 +447,9 @@ func (t *Tracer) SetSampling(on bool) error {
 	var errs []error
 	for _, pe := range t.perfEvents {
 		errs = append(errs, pe.enable(on))
+	}
+	if t.offCPU != nil {
+		errs = append(errs, t.pauseOffCPU(!on))
 	}
 	return errors.Join(errs...)
 }

@@ -242,11 +242,11 @@ func offCPUStatus(prev, cur snapshot) string {
 	if _, on := cur.bpf["off_cpu_switches"]; !on || d("off_cpu_switches") == 0 {
 		return ""
 	}
-	unmatched := cur.offCPUUnmatched - prev.offCPUUnmatched
+	lost := d("err_off_cpu_end_dropped") + cur.offCPUUnmatched - prev.offCPUUnmatched
 	ends := d("off_cpu_ends")
 	return fmt.Sprintf("waits=%d traced=%d sampled_out=%d over_budget=%d reported=%d short=%d lost=%d",
 		d("off_cpu_switches"), d("off_cpu_traces"), d("off_cpu_sampled_out"), d("off_cpu_over_budget"),
-		ends-min(unmatched, ends), d("off_cpu_short"), d("err_off_cpu_end_dropped")+unmatched)
+		ends-min(lost, ends), d("off_cpu_short"), lost)
 }
 
 func sumValues(m map[string]uint64) uint64 {

@@ -62,6 +62,7 @@ static long (*bpf_find_vma)(struct task_struct *task, u64 addr, void *callback_f
 // The kernel fields we read, relocated by CO-RE against the running kernel's
 // BTF when the object is loaded.
 #define PF_KTHREAD 0x00200000
+#define PF_EXITING 0x00000004
 typedef struct {
   int counter;
 } atomic_t;

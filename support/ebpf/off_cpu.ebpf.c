@@ -24,6 +24,15 @@ struct {
   __type(value, struct off_cpu_budget);
 } off_cpu_budgets SEC(".maps");
 
+// Non-zero while sampling is paused (probabilistic profiling): no switch
+// is traced, waits traced before still end.
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, u32);
+  __type(value, u32);
+} off_cpu_paused SEC(".maps");
+
 // The off-CPU copies' tail-call targets and scratch record (see above):
 // a prog array takes programs of one type only, and a switch-out never
 // interrupts a perf event's sample, nor the other way round, but each has
@@ -42,7 +51,9 @@ struct {
   __type(value, struct record);
 } off_cpu_records SEC(".maps");
 
-// Reports the end of next's wait, if its switch-out was traced.
+// Reports the end of next's wait, if its switch-out was traced. A wait
+// shorter than off_cpu_min_ns is reported too (user space holds its trace
+// until then) but counted apart.
 static __always_inline void end_wait(struct task_struct *next, u64 now)
 {
   u32 tid = 0;
@@ -54,11 +65,7 @@ static __always_inline void end_wait(struct task_struct *next, u64 now)
   struct off_cpu_end ev = {.type = EVENT_OFF_CPU_END, .pid = s->pid, .tid = tid, .start = s->ktime};
   ev.duration = now - s->ktime;
   bpf_map_delete_elem(&off_cpu_starts, &tid);
-  if (ev.duration < off_cpu_min_ns) {
-    increment_metric(METRIC_OFF_CPU_SHORT);
-    return;
-  }
-  increment_metric(METRIC_OFF_CPU_ENDS);
+  increment_metric(ev.duration < off_cpu_min_ns ? METRIC_OFF_CPU_SHORT : METRIC_OFF_CPU_ENDS);
   if (emit_event(&ev, sizeof(ev), 0))
     increment_metric(METRIC_ERR_OFF_CPU_END_DROPPED);
 }
@@ -109,8 +116,14 @@ int off_cpu_switch(struct bpf_raw_tracepoint_args *ctx)
   // its wake-up included.
   if (ctx->args[0] || task_runnable((struct task_struct *)ctx->args[1]))
     return 0;
+  // An exiting thread's last switches: it never runs again to end them.
   u64 pid_tgid = bpf_get_current_pid_tgid();
-  if (pid_tgid >> 32 == 0 || pid_tgid >> 32 == off_cpu_self_pid || current_is_kthread())
+  if (pid_tgid >> 32 == 0 || pid_tgid >> 32 == off_cpu_self_pid ||
+      (current_task_flags() & (PF_KTHREAD | PF_EXITING)))
+    return 0;
+  u32 zero = 0;
+  u32 *paused = bpf_map_lookup_elem(&off_cpu_paused, &zero);
+  if (paused && *paused)
     return 0;
   increment_metric(METRIC_OFF_CPU_SWITCHES);
   if (off_cpu_threshold <= 0xffffffffULL && bpf_get_prandom_u32() >= off_cpu_threshold) {

@@ -87,13 +87,13 @@ static __always_inline void start_trace(struct record *r, u64 pid_tgid, u32 flag
   r->state.inline_walk.runtime = 0;
 }
 
-// Whether the current thread is a kernel thread (no user stack).
-static __always_inline int current_is_kthread(void)
+// The current thread's flags (PF_*).
+static __always_inline unsigned int current_task_flags(void)
 {
   struct task_struct *task = (struct task_struct *)bpf_get_current_task();
   unsigned int task_flags = 0;
   CORE_READ_KERNEL(&task_flags, &task->flags);
-  return task_flags & PF_KTHREAD;
+  return task_flags;
 }
 
 // Hands the trace, its user registers read (or not: err), to the native
@@ -132,7 +132,7 @@ int sample_entry(struct bpf_perf_event_data *ctx)
 
   if (regs_in_kernel(&ctx->regs))
     add_kernel_frames(ctx, r);
-  if (current_is_kthread()) {
+  if (current_task_flags() & PF_KTHREAD) {
     increment_metric(METRIC_KERNEL_THREAD_SAMPLES);
     return tail_call_stop(ctx);
   }

@@ -412,7 +412,7 @@ enum metric_id {
   // Switch-outs whose stack was unwound.
   METRIC_OFF_CPU_TRACES,
   // Waits of a traced switch-out that ended: reported, or shorter than
-  // off_cpu_min_ns (not reported).
+  // off_cpu_min_ns (sent, for user space to drop their trace).
   METRIC_OFF_CPU_ENDS,
   METRIC_OFF_CPU_SHORT,
   // The events ring buffer was full: a wait's end was dropped.
