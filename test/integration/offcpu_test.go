@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"os/exec"
 	"runtime"
 	"slices"
@@ -221,7 +222,13 @@ func checkOffCPU(t *testing.T, w offCPUWorkload, threads map[string]*offCPUThrea
 		th := threads[name]
 		tl := byTID[th.tid]
 		if tl == nil {
-			t.Errorf("%s thread (tid %d): no off-CPU sample", name, th.tid)
+			// Say what did come, to tell a lost thread from a lost process.
+			var seen []string
+			for tid, o := range byTID {
+				seen = append(seen, fmt.Sprintf("tid %d: %d waits", tid, o.waits))
+			}
+			t.Errorf("%s thread (tid %d): no off-CPU sample (%d samples of the process; off-CPU ones: %v)",
+				name, th.tid, len(samples), seen)
 			continue
 		}
 		chainShare := float64(tl.withChain) / float64(max(tl.total, 1))
