@@ -71,7 +71,7 @@ type preparedSpec struct {
 	// collection (loadAlone).
 	mapWatch    *ebpf.ProgramSpec
 	readContext *ebpf.ProgramSpec
-	// offCPU is the sched_switch program, nil when off-CPU profiling is
+	// offCPU is the sched_switch program, nil when off-CPU profiling is off
 	// (offcpu.go).
 	offCPU      *ebpf.ProgramSpec
 	eventsBytes uint32
