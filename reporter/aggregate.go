@@ -1,6 +1,8 @@
 package reporter
 
 import (
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -153,4 +155,40 @@ func (a *aggregator) swap(end time.Time) *interval {
 	a.mu.Unlock()
 	iv.end = end
 	return iv
+}
+
+// mergeable says whether b can be merged into a within limit samples (and
+// waits).
+func mergeable(a, b *interval, limit int) bool {
+	return a.samples+b.samples <= limit && a.waits+b.waits <= limit
+}
+
+// mergeIntervals returns a new interval spanning a and b with the samples
+// of both; a and b are left as they are (the history may hold their
+// groups).
+func mergeIntervals(a, b *interval) *interval {
+	m := &interval{
+		start:   a.start,
+		end:     b.end,
+		groups:  maps.Clone(a.groups),
+		samples: a.samples + b.samples,
+		waits:   a.waits + b.waits,
+		dropped: a.dropped + b.dropped,
+	}
+	if b.start.Before(m.start) {
+		m.start = b.start
+	}
+	if a.end.After(m.end) {
+		m.end = a.end
+	}
+	for k, g := range b.groups {
+		if og, ok := m.groups[k]; ok {
+			g = &sampleGroup{key: k, trace: og.trace,
+				timestamps: slices.Concat(og.timestamps, g.timestamps),
+				waits:      slices.Concat(og.waits, g.waits),
+				summed:     og.summed + g.summed}
+		}
+		m.groups[k] = g
+	}
+	return m
 }

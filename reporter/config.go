@@ -17,6 +17,8 @@ const (
 	defaultMaxSamplesPerInterval = 1 << 20
 	defaultFirstInterval         = 250 * time.Millisecond
 	defaultFlushTimeout          = 3 * time.Second
+	defaultSpoolBytes            = 256 << 20
+	defaultSpoolReplayRate       = 1 << 20
 )
 
 // Config says where and how often the reporter exports.
@@ -58,6 +60,14 @@ type Config struct {
 	// the one being retried). When full, the oldest is dropped and counted.
 	// Zero means 8.
 	MaxQueuedRequests int
+	// SpoolDir, when set with a collection agent, keeps the requests that
+	// could not be delivered on disk, to be replayed when the collector is
+	// back, also by a later run (see package spool); SpoolBytes bounds it
+	// (zero: 256 MiB). SpoolReplayBytesPerSecond bounds the replay, so
+	// that a collector just back is not flooded (zero: 1 MiB a second).
+	SpoolDir                  string
+	SpoolBytes                int64
+	SpoolReplayBytesPerSecond float64
 	// MaxSamplesPerInterval bounds the memory one interval can use; samples
 	// beyond it are dropped and counted. Zero means 1<<20.
 	MaxSamplesPerInterval int
@@ -92,6 +102,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxSamplesPerInterval < 0 {
 		errs = append(errs, fmt.Errorf("max samples per interval must not be negative, got %d", c.MaxSamplesPerInterval))
 	}
+	if c.SpoolBytes < 0 || c.SpoolReplayBytesPerSecond < 0 {
+		errs = append(errs, fmt.Errorf("spool bound and replay rate must not be negative, got %d and %g", c.SpoolBytes, c.SpoolReplayBytesPerSecond))
+	}
+	if c.SpoolDir != "" && c.CollectionAgent == "" {
+		errs = append(errs, fmt.Errorf("spool directory %s is set without a collection agent", c.SpoolDir))
+	}
 	if c.FlushTimeout < 0 {
 		errs = append(errs, fmt.Errorf("flush timeout must not be negative, got %v", c.FlushTimeout))
 	}
@@ -118,6 +134,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.FlushTimeout == 0 {
 		c.FlushTimeout = defaultFlushTimeout
+	}
+	if c.SpoolBytes == 0 {
+		c.SpoolBytes = defaultSpoolBytes
+	}
+	if c.SpoolReplayBytesPerSecond == 0 {
+		c.SpoolReplayBytesPerSecond = defaultSpoolReplayRate
 	}
 	if c.FirstInterval <= 0 {
 		c.FirstInterval = defaultFirstInterval

@@ -1,10 +1,14 @@
 package reporter
 
 import (
+	"bytes"
+	stdgzip "compress/gzip"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,10 +18,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding/gzip" // registers the gzip compressor
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/hostprof/ebpf-profiler/reporter/spool"
 )
 
 // exportMethod is the OTLP profiles Export RPC. The slim proto module ships
@@ -40,42 +48,57 @@ func (p retryPolicy) jittered(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
 
-type queuedRequest struct {
-	// seq identifies the request so a sender can tell whether the request it
-	// was retrying has meanwhile been dropped from the queue.
-	seq uint64
-	otlpRequest
-}
-
-// exporter sends requests to the collector from a bounded queue, one at a
-// time, oldest first. The request being sent stays at the head of the queue
-// until it is delivered, so it counts against the bound and is the first to
-// go when a long outage fills the queue.
+// exporter sends intervals to the collector, one request at a time, from
+// a bounded queue in memory and, when a spool is set, from a queue on disk
+// that takes what could not be delivered.
+//
+// The queue in memory is sent first, oldest first: the newest data is
+// never starved behind a replay. An interval that comes while others wait
+// is merged into the newest waiting one (up to the interval sample limit),
+// so a slow collector gets fewer, larger requests. When an attempt fails
+// transiently, with a spool, the request and everything waiting in memory
+// go to the spool, and the next attempts (probes, at most one reporter
+// interval apart) replay the spool's oldest; without one, the request is
+// retried and the oldest waiting are dropped beyond the bound. Once the
+// collector accepts requests again, the spool is replayed, oldest first,
+// at most replayRate bytes a second.
 type exporter struct {
 	conn   *grpc.ClientConn
 	target string
 	policy retryPolicy
 	stats  *counters
 	log    *logrus.Entry
+	opts   buildOptions
+	// probeEvery bounds the wait between attempts while the collector
+	// fails, so that delivery resumes within an interval of its return.
+	probeEvery time.Duration
+	// mergeLimit bounds the samples (and waits) of a merged interval.
+	mergeLimit int
+	spool      *spool.Spool // nil: none
+	replayRate float64      // bytes a second
+	// ready has a token when the connection became ready.
+	ready chan struct{}
 
-	mu    sync.Mutex
-	queue []queuedRequest
-	limit int
-	seq   uint64
-	// inFlight is the seq of the request being sent (0 if none), and
-	// inFlightDropped records that enqueue pushed it out meanwhile; whether
-	// that loses it depends on how the attempt ends.
-	inFlight        uint64
-	inFlightDropped bool
-	wake            chan struct{}
+	// spillMu is held from taking intervals off the queue for the spool
+	// until they are in it, so that the spool keeps their order; it comes
+	// before mu.
+	spillMu sync.Mutex
+	mu      sync.Mutex
+	queue   []*interval // waiting, oldest first; the one being sent is not in it
+	limit   int
+	// sending is set while a waiting interval is being sent.
+	sending bool
+	wake    chan struct{}
 
-	// Outage state, touched only by the sending goroutine (run, then drain).
+	// Touched only by the sending goroutine (run, then drain).
 	failing        bool
 	failingSince   time.Time
 	failedAttempts int
+	// nextReplay is when the spool may be read again (replayRate).
+	nextReplay time.Time
 }
 
-func newExporter(cfg Config, policy retryPolicy, stats *counters, log *logrus.Entry) (*exporter, error) {
+func newExporter(cfg Config, policy retryPolicy, opts buildOptions, stats *counters, log *logrus.Entry) (*exporter, error) {
 	log = log.WithField("collector", cfg.CollectionAgent)
 	creds := insecure.NewCredentials()
 	if !cfg.DisableTLS {
@@ -85,17 +108,18 @@ func newExporter(cfg Config, policy retryPolicy, stats *counters, log *logrus.En
 		}
 		creds = credentials.NewTLS(tc)
 	}
+	probeEvery := min(policy.max, cfg.Interval)
 	// gRPC's own reconnect backoff defaults to a 2 minute ceiling, which
 	// would leave the channel failing fast long after the collector is back;
-	// keep it in step with our retries.
+	// keep it in step with our probes.
 	conn, err := grpc.NewClient(cfg.CollectionAgent,
 		grpc.WithTransportCredentials(creds),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff: backoff.Config{
-				BaseDelay:  policy.initial,
+				BaseDelay:  min(policy.initial, probeEvery),
 				Multiplier: 1.6,
 				Jitter:     0.2,
-				MaxDelay:   policy.max,
+				MaxDelay:   probeEvery,
 			},
 			MinConnectTimeout: min(policy.attemptTimeout, 20*time.Second),
 		}),
@@ -103,88 +127,209 @@ func newExporter(cfg Config, policy retryPolicy, stats *counters, log *logrus.En
 	if err != nil {
 		return nil, fmt.Errorf("creating gRPC client for %s: %w", cfg.CollectionAgent, err)
 	}
-	return &exporter{
-		conn:   conn,
-		target: cfg.CollectionAgent,
-		policy: policy,
-		stats:  stats,
-		log:    log,
-		limit:  cfg.MaxQueuedRequests,
-		wake:   make(chan struct{}, 1),
-	}, nil
+	e := &exporter{
+		conn:       conn,
+		target:     cfg.CollectionAgent,
+		policy:     policy,
+		stats:      stats,
+		log:        log,
+		opts:       opts,
+		probeEvery: probeEvery,
+		mergeLimit: cfg.MaxSamplesPerInterval,
+		replayRate: cfg.SpoolReplayBytesPerSecond,
+		ready:      make(chan struct{}, 1),
+		limit:      cfg.MaxQueuedRequests,
+		wake:       make(chan struct{}, 1),
+	}
+	if cfg.SpoolDir != "" {
+		e.spool, err = spool.Open(cfg.SpoolDir, cfg.SpoolBytes)
+		if err != nil {
+			conn.Close()
+			return nil, err
+		}
+		if st := e.spool.Stats(); st.Records > 0 {
+			log.WithFields(logrus.Fields{"requests": st.Records, "bytes": st.Bytes, "spool": cfg.SpoolDir}).
+				Info("replaying the profiles an earlier run could not deliver")
+		}
+	}
+	return e, nil
 }
 
-// enqueue adds r without ever blocking, dropping the oldest requests beyond
-// the bound: during an outage the newest data is the most useful.
-func (e *exporter) enqueue(r otlpRequest) {
+// enqueue adds iv without ever waiting for the collector: merged into the
+// newest waiting interval if there is room, else queued; beyond the bound,
+// the oldest waiting goes to the spool, or is dropped (counted) without
+// one.
+func (e *exporter) enqueue(iv *interval) {
+	e.spillMu.Lock()
+	defer e.spillMu.Unlock()
 	e.mu.Lock()
-	e.seq++
-	e.queue = append(e.queue, queuedRequest{seq: e.seq, otlpRequest: r})
-	dropped := 0
-	for len(e.queue) > e.limit {
-		if e.queue[0].seq == e.inFlight {
-			e.inFlightDropped = true
-		} else {
-			dropped++
-		}
-		e.queue[0] = queuedRequest{}
-		e.queue = e.queue[1:]
+	if n := len(e.queue); n > 0 && mergeable(e.queue[n-1], iv, e.mergeLimit) {
+		e.queue[n-1] = mergeIntervals(e.queue[n-1], iv)
+		e.stats.intervalsMerged.Add(1)
+	} else {
+		e.queue = append(e.queue, iv)
+	}
+	var over []*interval
+	// While a waiting interval is being sent, the spool waits for it: it
+	// may come back, older than any waiting (an attempt lasts at most
+	// attemptTimeout).
+	if n := len(e.queue) - e.limit; n > 0 && (e.spool == nil || !e.sending) {
+		over = slices.Clone(e.queue[:n])
+		clear(e.queue[:n])
+		e.queue = e.queue[n:]
 	}
 	e.mu.Unlock()
-	if dropped > 0 {
-		e.stats.requestsDropped.Add(uint64(dropped))
-		e.log.WithField("dropped", dropped).Debug("OTLP export queue full, dropped oldest request")
-	}
+	e.spill(over...)
 	select {
 	case e.wake <- struct{}{}:
 	default:
 	}
 }
 
-// next returns the oldest queued request and marks it in flight.
-func (e *exporter) next() (queuedRequest, bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if len(e.queue) == 0 {
-		return queuedRequest{}, false
+// spill writes intervals to the spool, or, without one, drops them
+// (counted).
+func (e *exporter) spill(ivs ...*interval) {
+	for _, iv := range ivs {
+		e.spillRequest(buildRequest(iv, e.opts), iv.end)
 	}
-	e.inFlight, e.inFlightDropped = e.queue[0].seq, false
-	return e.queue[0], true
 }
 
-// finish ends an attempt at request seq that returned err. A delivered or
-// permanently rejected request leaves the queue; one that failed transiently
-// stays at its head for the next attempt. A request pushed out of the queue
-// during the attempt is lost, and counted, only if the attempt failed.
-func (e *exporter) finish(seq uint64, err error) {
-	done := err == nil || !retryable(err)
+func (e *exporter) spillRequest(r otlpRequest, made time.Time) {
+	if e.spool == nil {
+		e.stats.requestsDropped.Add(1)
+		e.log.Debug("OTLP export queue full, dropped the oldest request")
+		return
+	}
+	payload, err := encodeSpooled(r.req)
+	if err == nil {
+		err = e.spool.Append(spool.Record{Time: made, Samples: uint32(r.samples), Items: uint32(r.profiles), Payload: payload})
+	}
+	if err != nil {
+		e.stats.requestsDropped.Add(1)
+		e.log.WithError(err).Warn("could not spool an undelivered OTLP request; it is lost")
+	}
+}
+
+// attempt is one request to send: a waiting interval's (iv set) or the
+// spool's oldest.
+type attempt struct {
+	iv      *interval
+	req     otlpRequest
+	spooled int // the spooled record's bytes
+}
+
+// next returns the request to send now: the oldest waiting interval, else
+// the spool's oldest once the replay rate allows it (or, probing, at once).
+// Without one, it says how long until the spool may be read (0: nothing
+// to read).
+func (e *exporter) next(probing bool) (attempt, time.Duration, bool) {
 	e.mu.Lock()
-	pushedOut := e.inFlightDropped
-	e.inFlight, e.inFlightDropped = 0, false
-	if done && !pushedOut && len(e.queue) > 0 && e.queue[0].seq == seq {
-		e.queue[0] = queuedRequest{}
+	if len(e.queue) > 0 {
+		iv := e.queue[0]
+		e.queue[0] = nil
 		e.queue = e.queue[1:]
+		e.sending = true
+		e.mu.Unlock()
+		return attempt{iv: iv, req: buildRequest(iv, e.opts)}, 0, true
 	}
 	e.mu.Unlock()
-	if err != nil && (pushedOut || done) {
+	if e.spool == nil {
+		return attempt{}, 0, false
+	}
+	for {
+		if wait := time.Until(e.nextReplay); wait > 0 && !probing {
+			if e.spool.Stats().Records == 0 {
+				return attempt{}, 0, false
+			}
+			return attempt{}, wait, false
+		}
+		rec, ok, err := e.spool.Peek()
+		if err != nil {
+			e.log.WithError(err).Warn("reading the spool failed")
+			return attempt{}, e.probeEvery, false
+		}
+		if !ok {
+			return attempt{}, 0, false
+		}
+		req, err := decodeSpooled(rec.Payload)
+		if err == nil {
+			return attempt{req: otlpRequest{req: req, samples: int(rec.Samples), profiles: int(rec.Items)},
+				spooled: len(rec.Payload)}, 0, true
+		}
+		e.log.WithError(err).Warn("dropping a spooled OTLP request that does not decode")
 		e.stats.requestsDropped.Add(1)
+		if err := e.spool.Ack(); err != nil {
+			return attempt{}, e.probeEvery, false
+		}
 	}
 }
 
-func (e *exporter) clear() int {
+// finish ends an attempt that returned err. A request delivered or
+// rejected for good leaves its queue (a rejected one counted as dropped);
+// one that failed transiently goes to the spool (a spooled one stays at
+// its head), or, without a spool, back to the head of the queue, with
+// everything waiting spilled behind it.
+func (e *exporter) finish(a attempt, err error) {
+	transient := err != nil && retryable(err)
+	if err != nil && !transient {
+		e.stats.requestsDropped.Add(1)
+	}
+	if a.iv == nil {
+		if transient {
+			return
+		}
+		if err := e.spool.Ack(); err != nil {
+			e.log.WithError(err).Warn("recording a replayed request in the spool failed")
+		}
+		if err == nil {
+			e.stats.requestsReplayed.Add(1)
+		}
+		if e.replayRate > 0 {
+			e.nextReplay = time.Now().Add(time.Duration(float64(a.spooled) / e.replayRate * float64(time.Second)))
+		}
+		return
+	}
+	if !transient {
+		e.mu.Lock()
+		e.sending = false
+		e.mu.Unlock()
+		return
+	}
+	if e.spool == nil {
+		e.spillMu.Lock()
+		defer e.spillMu.Unlock()
+		e.mu.Lock()
+		e.sending = false
+		e.queue = append([]*interval{a.iv}, e.queue...)
+		var over []*interval
+		if n := len(e.queue) - e.limit; n > 0 {
+			over = slices.Clone(e.queue[:n])
+			clear(e.queue[:n])
+			e.queue = e.queue[n:]
+		}
+		e.mu.Unlock()
+		e.spill(over...)
+		return
+	}
+	// Spilled before sending is unset, so that nothing newer goes first.
+	e.spillMu.Lock()
+	defer e.spillMu.Unlock()
+	e.spillRequest(a.req, a.iv.end)
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	n := len(e.queue)
+	waiting := e.queue
 	e.queue = nil
-	return n
+	e.sending = false
+	e.mu.Unlock()
+	e.spill(waiting...)
 }
 
-// run sends queued requests, retrying transient failures with exponential
-// backoff, until stop is closed or ctx is done. Closing stop lets an attempt
-// under way finish, so a request the collector is already processing is not
-// sent again by drain; cancelling ctx aborts it. What is still queued when
-// run returns is left for drain.
+// run sends requests, waiting between failed attempts with exponential
+// backoff (at most probeEvery), until stop is closed or ctx is done.
+// Closing stop lets an attempt under way finish, so a request the
+// collector is already processing is not sent again by drain; cancelling
+// ctx aborts it. What is still queued when run returns is left for drain.
 func (e *exporter) run(ctx context.Context, stop <-chan struct{}) {
+	go e.watchReady(ctx)
 	delay := e.policy.initial
 	for {
 		select {
@@ -192,19 +337,24 @@ func (e *exporter) run(ctx context.Context, stop <-chan struct{}) {
 			return
 		default:
 		}
-		r, ok := e.next()
+		a, wait, ok := e.next(e.failing)
 		if !ok {
+			var timer <-chan time.Time
+			if wait > 0 {
+				timer = time.After(wait)
+			}
 			select {
 			case <-ctx.Done():
 				return
 			case <-stop:
 				return
 			case <-e.wake:
+			case <-timer:
 			}
 			continue
 		}
-		err := e.send(ctx, r)
-		e.finish(r.seq, err)
+		err := e.send(ctx, a.req)
+		e.finish(a, err)
 		if ctx.Err() != nil {
 			return
 		}
@@ -212,43 +362,89 @@ func (e *exporter) run(ctx context.Context, stop <-chan struct{}) {
 			delay = e.policy.initial
 			continue
 		}
-		wait := e.policy.jittered(delay)
+		wait = min(e.policy.jittered(delay), e.probeEvery)
 		if d, ok := retryDelay(err); ok {
 			wait = max(wait, min(d, e.policy.max))
 		}
+		// A collector that comes back is found by gRPC's reconnects
+		// before the wait ends.
+		select {
+		case <-e.ready:
+		default:
+		}
+		e.conn.Connect()
 		select {
 		case <-ctx.Done():
 			return
 		case <-stop:
 			return
+		case <-e.ready:
 		case <-time.After(wait):
 		}
 		delay = min(2*delay, e.policy.max)
 	}
 }
 
-// drain makes one last attempt at each queued request within ctx, as at
-// shutdown there is no time for backoff. It stops at the first transient
-// failure, since the collector is then most likely unreachable.
-func (e *exporter) drain(ctx context.Context) {
+// watchReady puts a token in ready each time the connection becomes ready.
+func (e *exporter) watchReady(ctx context.Context) {
 	for {
-		r, ok := e.next()
-		if !ok {
-			return
+		st := e.conn.GetState()
+		if st == connectivity.Ready {
+			select {
+			case e.ready <- struct{}{}:
+			default:
+			}
 		}
-		err := e.send(ctx, r)
-		e.finish(r.seq, err)
-		if err != nil && retryable(err) {
-			n := e.clear()
-			e.stats.requestsDropped.Add(uint64(n))
-			e.log.WithError(err).WithField("requests", n).Warn("dropping unsent profiles at shutdown")
+		if !e.conn.WaitForStateChange(ctx, st) {
 			return
 		}
 	}
 }
 
+// drain makes one last attempt at each waiting interval within ctx, as at
+// shutdown there is no time for backoff. At the first transient failure
+// (the collector is then most likely unreachable), or once ctx is done,
+// the rest goes to the spool, for the next run, or is dropped (counted)
+// without one.
+func (e *exporter) drain(ctx context.Context) {
+	for {
+		e.mu.Lock()
+		if len(e.queue) == 0 {
+			e.mu.Unlock()
+			return
+		}
+		iv := e.queue[0]
+		e.queue = e.queue[1:]
+		e.mu.Unlock()
+		r := buildRequest(iv, e.opts)
+		err := ctx.Err()
+		if err == nil {
+			err = e.send(ctx, r)
+		}
+		if err == nil || (!retryable(err) && ctx.Err() == nil) {
+			e.finish(attempt{iv: iv, req: r}, err)
+			continue
+		}
+		e.spillMu.Lock()
+		defer e.spillMu.Unlock()
+		e.mu.Lock()
+		rest := e.queue
+		e.queue = nil
+		e.mu.Unlock()
+		if e.spool != nil {
+			e.spillRequest(r, iv.end)
+			e.spill(rest...)
+			e.log.WithField("requests", 1+len(rest)).Info("spooled the profiles not delivered at shutdown, for the next run")
+			return
+		}
+		e.stats.requestsDropped.Add(uint64(1 + len(rest)))
+		e.log.WithError(err).WithField("requests", 1+len(rest)).Warn("dropping unsent profiles at shutdown")
+		return
+	}
+}
+
 // send makes one export attempt and records its outcome.
-func (e *exporter) send(ctx context.Context, r queuedRequest) error {
+func (e *exporter) send(ctx context.Context, r otlpRequest) error {
 	actx, cancel := context.WithTimeout(ctx, e.policy.attemptTimeout)
 	defer cancel()
 	resp := &collectorpb.ExportProfilesServiceResponse{}
@@ -283,7 +479,7 @@ func (e *exporter) noteFailure(err error) {
 	}
 }
 
-func (e *exporter) noteSuccess(r queuedRequest, resp *collectorpb.ExportProfilesServiceResponse) {
+func (e *exporter) noteSuccess(r otlpRequest, resp *collectorpb.ExportProfilesServiceResponse) {
 	if e.failing {
 		e.log.WithFields(logrus.Fields{
 			"outage":          time.Since(e.failingSince).Round(time.Millisecond).String(),
@@ -305,10 +501,14 @@ func (e *exporter) noteSuccess(r queuedRequest, resp *collectorpb.ExportProfiles
 }
 
 func (e *exporter) close() error {
+	var errs []error
 	if err := e.conn.Close(); err != nil {
-		return fmt.Errorf("closing gRPC connection to %s: %w", e.target, err)
+		errs = append(errs, fmt.Errorf("closing gRPC connection to %s: %w", e.target, err))
 	}
-	return nil
+	if e.spool != nil {
+		errs = append(errs, e.spool.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // retryable follows the OTLP spec's list of transient gRPC codes.
@@ -335,4 +535,45 @@ func retryDelay(err error) (time.Duration, bool) {
 		}
 	}
 	return 0, false
+}
+
+// encodeSpooled is a request as the spool keeps it: the protobuf,
+// gzipped (profiles shrink 5-10 times).
+func encodeSpooled(req *collectorpb.ExportProfilesServiceRequest) ([]byte, error) {
+	b, err := proto.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("encoding a request to spool: %w", err)
+	}
+	var buf bytes.Buffer
+	zw, _ := stdgzip.NewWriterLevel(&buf, stdgzip.BestSpeed)
+	if _, err := zw.Write(b); err != nil {
+		return nil, err
+	}
+	if err := zw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// maxSpooledRequest bounds a spooled request once inflated (gRPC's
+// default receive limit on a collector is 4 MiB compressed).
+const maxSpooledRequest = 256 << 20
+
+func decodeSpooled(payload []byte) (*collectorpb.ExportProfilesServiceRequest, error) {
+	zr, err := stdgzip.NewReader(bytes.NewReader(payload))
+	if err != nil {
+		return nil, err
+	}
+	b, err := io.ReadAll(io.LimitReader(zr, maxSpooledRequest+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxSpooledRequest {
+		return nil, fmt.Errorf("inflates beyond %d bytes", maxSpooledRequest)
+	}
+	req := &collectorpb.ExportProfilesServiceRequest{}
+	if err := proto.Unmarshal(b, req); err != nil {
+		return nil, err
+	}
+	return req, nil
 }

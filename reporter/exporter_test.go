@@ -275,15 +275,18 @@ func reportN(t *testing.T, r *Reporter, n int) {
 	}
 }
 
-func TestQueueDropsOldest(t *testing.T) {
+// Intervals that wait are merged while the sample limit allows; beyond the
+// queue's bound, without a spool, the oldest are dropped.
+func TestQueueMergesThenDropsOldest(t *testing.T) {
 	addr := freeAddr(t)
-	r, _ := newTestReporter(t, Config{CollectionAgent: addr, MaxQueuedRequests: 2})
-	// Not started: nothing sends, so the queue only fills.
+	r, _ := newTestReporter(t, Config{CollectionAgent: addr, MaxQueuedRequests: 2, MaxSamplesPerInterval: 5})
+	// Not started: nothing sends, so the queue only fills: 1+2 merged,
+	// then 3, 4 and 5 each alone, the two oldest dropped.
 	for i := 1; i <= 5; i++ {
 		reportN(t, r, i)
 	}
-	if got := r.Stats().RequestsDropped; got != 3 {
-		t.Fatalf("RequestsDropped = %d, want 3", got)
+	if st := r.Stats(); st.RequestsDropped != 2 || st.IntervalsMerged != 1 {
+		t.Fatalf("Stats = %+v, want 2 requests dropped, 1 interval merged", st)
 	}
 	c := &fakeCollector{}
 	serve(t, addr, c)
@@ -292,8 +295,8 @@ func TestQueueDropsOldest(t *testing.T) {
 	}
 	// Close delivers what is left: the two newest intervals.
 	checkRequests(t, c.requests(), 4, 5)
-	if st := r.Stats(); st.SamplesExported != 9 || st.RequestsDropped != 3 {
-		t.Errorf("Stats = %+v, want 9 samples exported and 3 requests dropped", st)
+	if st := r.Stats(); st.SamplesExported != 9 || st.RequestsDropped != 2 {
+		t.Errorf("Stats = %+v, want 9 samples exported and 2 requests dropped", st)
 	}
 }
 
@@ -476,5 +479,189 @@ func TestPushedOutWhileInFlight(t *testing.T) {
 				t.Errorf("RequestsDropped = %d, want %d", got, tt.wantDropped)
 			}
 		})
+	}
+}
+
+// requestTimes returns each request's profiles' start times.
+func requestTimes(reqs []*collectorpb.ExportProfilesServiceRequest) []uint64 {
+	var ts []uint64
+	for _, req := range reqs {
+		for _, rp := range req.GetResourceProfiles() {
+			for _, sp := range rp.GetScopeProfiles() {
+				for _, p := range sp.GetProfiles() {
+					ts = append(ts, p.GetTimeUnixNano())
+				}
+			}
+		}
+	}
+	return ts
+}
+
+// reportEach reports intervals of 1..n samples, each ended at once.
+func reportEach(t *testing.T, r *Reporter, from, to int) {
+	t.Helper()
+	for i := from; i <= to; i++ {
+		reportN(t, r, i)
+		time.Sleep(2 * time.Millisecond) // distinct interval times
+	}
+}
+
+// sumAll is the samples of all requests.
+func sumAll(reqs []*collectorpb.ExportProfilesServiceRequest) int64 {
+	var n int64
+	for _, req := range reqs {
+		n += sumSamples(req)
+	}
+	return n
+}
+
+// TestSpoolOutage: intervals reported while the collector is down go to
+// the spool and all arrive, once each, when it is back; the spool ends
+// empty.
+func TestSpoolOutage(t *testing.T) {
+	addr := freeAddr(t)
+	dir := t.TempDir()
+	r, _ := newTestReporter(t, Config{CollectionAgent: addr, SpoolDir: dir, MaxQueuedRequests: 2, MaxSamplesPerInterval: 15})
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	reportEach(t, r, 1, 12) // 78 samples
+	waitFor(t, "the spool to take every interval", func() bool {
+		st := r.Stats()
+		return st.Spool.Appended > 0 && int(st.Spool.Appended)+int(st.IntervalsMerged) == 12
+	})
+	if st := r.Stats(); st.RequestsDropped != 0 || st.Spool.Records == 0 {
+		t.Fatalf("during the outage: %+v", st)
+	}
+	c := &fakeCollector{}
+	serve(t, addr, c)
+	waitFor(t, "the replay", func() bool { return r.Stats().SamplesExported == 78 })
+	reqs := c.requests()
+	if n := sumAll(reqs); n != 78 {
+		t.Fatalf("collector got %d samples, want 78", n)
+	}
+	for i, req := range reqs {
+		if err := Validate(req); err != nil {
+			t.Errorf("request %d invalid: %v", i, err)
+		}
+	}
+	// The spool is replayed in order; an interval that had not reached it
+	// when the collector came back goes first, each making one step back
+	// in time.
+	st := r.Stats()
+	ts := requestTimes(reqs)
+	live := int(st.RequestsExported - st.RequestsReplayed)
+	var back int
+	for i := 1; i < len(ts); i++ {
+		if ts[i] < ts[i-1] {
+			back++
+		}
+	}
+	if back > live {
+		t.Errorf("%d steps back in time, %d requests not replayed: %v", back, live, ts)
+	}
+	if st.Spool.Records != 0 || st.RequestsReplayed != st.Spool.Appended || st.RequestsDropped != 0 {
+		t.Errorf("after the replay: %+v", st)
+	}
+}
+
+// TestSpoolAcrossRestart: what a reporter could not deliver by Close is
+// delivered by the next one, with its original times.
+func TestSpoolAcrossRestart(t *testing.T) {
+	addr := freeAddr(t)
+	dir := t.TempDir()
+	r, _ := newTestReporter(t, Config{CollectionAgent: addr, SpoolDir: dir, FlushTimeout: 300 * time.Millisecond})
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	before := uint64(time.Now().UnixNano())
+	reportN(t, r, 7)
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Stats(); st.RequestsDropped != 0 || st.Spool.Records != 1 {
+		t.Fatalf("after Close with the collector down: %+v", st)
+	}
+
+	c := &fakeCollector{}
+	serve(t, addr, c)
+	r2, _ := newTestReporter(t, Config{CollectionAgent: addr, SpoolDir: dir})
+	if err := r2.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the replay", func() bool { return r2.Stats().RequestsReplayed == 1 })
+	checkRequests(t, c.requests(), 7)
+	if ts := requestTimes(c.requests()); ts[0] < before-uint64(time.Second) || ts[0] > before+uint64(time.Second) {
+		t.Errorf("replayed profile starts at %d, reported at %d", ts[0], before)
+	}
+}
+
+// TestSpoolReplayRate: the replay keeps to its rate, and an interval
+// reported meanwhile goes before what is left of it.
+func TestSpoolReplayRate(t *testing.T) {
+	addr := freeAddr(t)
+	dir := t.TempDir()
+	r, _ := newTestReporter(t, Config{CollectionAgent: addr, SpoolDir: dir, FlushTimeout: 100 * time.Millisecond})
+	for range 6 {
+		reportN(t, r, 1)
+		r.exp.mu.Lock()
+		waiting := r.exp.queue
+		r.exp.queue = nil
+		r.exp.mu.Unlock()
+		r.exp.spill(waiting...)
+	}
+	r.Close()
+	size := r.Stats().Spool.Bytes / 6
+
+	c := &fakeCollector{}
+	serve(t, addr, c)
+	// Two records a second.
+	r2, _ := newTestReporter(t, Config{CollectionAgent: addr, SpoolDir: dir, SpoolReplayBytesPerSecond: float64(2 * size)})
+	start := time.Now()
+	if err := r2.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a first replay", func() bool { return r2.Stats().RequestsReplayed >= 1 })
+	reportN(t, r2, 50)
+	waitFor(t, "the replay", func() bool { return r2.Stats().RequestsReplayed == 6 })
+	if d := time.Since(start); d < 2*time.Second {
+		t.Errorf("6 records replayed at 2 a second in %v", d)
+	}
+	var pos int
+	for i, req := range c.requests() {
+		if sumSamples(req) == 50 {
+			pos = i
+		}
+	}
+	if pos == 0 || pos >= 5 {
+		t.Errorf("the new interval was request %d of 7, want it before the replay's end", pos)
+	}
+}
+
+// TestRecoveryWithinInterval: with a long backoff, delivery still resumes
+// within about one reporter interval of the collector's return.
+func TestRecoveryWithinInterval(t *testing.T) {
+	addr := freeAddr(t)
+	logger, _ := logtest.NewNullLogger()
+	policy := retryPolicy{initial: 10 * time.Millisecond, max: time.Minute, attemptTimeout: 2 * time.Second}
+	r, err := newReporter(Config{CollectionAgent: addr, DisableTLS: true, Interval: 500 * time.Millisecond,
+		SamplesPerSecond: 20, SpoolDir: t.TempDir()}, policy, logrus.NewEntry(logger))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	reportN(t, r, 3)
+	// Long enough for the backoff to pass the interval many times.
+	waitFor(t, "failed attempts", func() bool { return r.Stats().ExportErrors >= 8 })
+	time.Sleep(2 * time.Second)
+	c := &fakeCollector{}
+	serve(t, addr, c)
+	back := time.Now()
+	waitFor(t, "delivery", func() bool { return r.Stats().SamplesExported == 3 })
+	if d := time.Since(back); d > 3*time.Second {
+		t.Errorf("delivery resumed %v after the collector came back (interval 500ms)", d)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/reporter/spool"
 )
 
 // Stats are the reporter's counters since New.
@@ -32,8 +33,17 @@ type Stats struct {
 	// ExportErrors counts failed export attempts, retries included.
 	ExportErrors uint64
 	// RequestsDropped counts requests never delivered: pushed out of the
-	// full queue, rejected with a permanent error, or unsent at Close.
+	// full queue (without a spool), rejected with a permanent error, unsent
+	// at Close (without a spool), not written to the spool, or lost in it
+	// (Spool.Dropped and Spool.Torn).
 	RequestsDropped uint64
+	// IntervalsMerged counts intervals merged into the one before while it
+	// waited (a slow or absent collector).
+	IntervalsMerged uint64
+	// RequestsReplayed counts spooled requests the collector accepted.
+	RequestsReplayed uint64
+	// Spool is the spool's counters and contents (zero without one).
+	Spool spool.Stats
 	// ProfilesRejected sums partial_success.rejected_profiles.
 	ProfilesRejected uint64
 	// PprofFilesWritten, PprofFilesRemoved and PprofErrors count local files
@@ -46,6 +56,7 @@ type counters struct {
 	samplesReceived, samplesDropped, intervals        atomic.Uint64
 	samplesExported, requestsExported, exportErrors   atomic.Uint64
 	requestsDropped, profilesRejected                 atomic.Uint64
+	intervalsMerged, requestsReplayed                 atomic.Uint64
 	pprofFilesWritten, pprofFilesRemoved, pprofErrors atomic.Uint64
 }
 
@@ -58,6 +69,8 @@ func (c *counters) snapshot() Stats {
 		RequestsExported:  c.requestsExported.Load(),
 		ExportErrors:      c.exportErrors.Load(),
 		RequestsDropped:   c.requestsDropped.Load(),
+		IntervalsMerged:   c.intervalsMerged.Load(),
+		RequestsReplayed:  c.requestsReplayed.Load(),
 		ProfilesRejected:  c.profilesRejected.Load(),
 		PprofFilesWritten: c.pprofFilesWritten.Load(),
 		PprofFilesRemoved: c.pprofFilesRemoved.Load(),
@@ -118,7 +131,7 @@ func newReporter(cfg Config, policy retryPolicy, log *logrus.Entry) (*Reporter, 
 		log: log,
 	}
 	if cfg.CollectionAgent != "" {
-		r.exp, err = newExporter(cfg, policy, &r.stats, log)
+		r.exp, err = newExporter(cfg, policy, r.opts, &r.stats, log)
 		if err != nil {
 			return nil, err
 		}
@@ -234,7 +247,14 @@ func (r *Reporter) Close() error {
 }
 
 // Stats returns a snapshot of the counters.
-func (r *Reporter) Stats() Stats { return r.stats.snapshot() }
+func (r *Reporter) Stats() Stats {
+	st := r.stats.snapshot()
+	if r.exp != nil && r.exp.spool != nil {
+		st.Spool = r.exp.spool.Stats()
+		st.RequestsDropped += st.Spool.Dropped + st.Spool.Torn
+	}
+	return st
+}
 
 // reportInterval ends the current interval at end and reports it: the pprof
 // file and summary synchronously, OTLP by handing a request to the exporter.
@@ -264,7 +284,7 @@ func (r *Reporter) reportInterval(end time.Time) error {
 		}
 	}
 	if r.exp != nil {
-		r.exp.enqueue(buildRequest(iv, r.opts))
+		r.exp.enqueue(iv)
 	}
 	return err
 }

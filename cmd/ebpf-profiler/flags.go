@@ -25,6 +25,9 @@ const defaultOutputDir = "/var/lib/ebpf-profiler/pprof"
 // defaultDebuginfodCache keeps debug files fetched from debuginfod.
 const defaultDebuginfodCache = "/var/cache/ebpf-profiler/debuginfod"
 
+// defaultSpoolDir keeps the profiles the collector could not take.
+const defaultSpoolDir = "/var/lib/ebpf-profiler/spool"
+
 // defaultDeltaCache keeps extracted stack deltas across restarts.
 const defaultDeltaCache = "/var/cache/ebpf-profiler/stack-deltas"
 
@@ -88,6 +91,11 @@ type config struct {
 	version        bool
 	outputDir      string
 	maxOutputFiles int
+	// spoolDir keeps the requests the collector could not take, at most
+	// spoolMiB, replayed at spoolReplayMiB a second; "" turns it off.
+	spoolDir       string
+	spoolMiB       int
+	spoolReplayMiB float64
 	pprofAddr      string
 	// web is the -http web view's configuration; its addr "" turns it off.
 	web webFlags
@@ -120,6 +128,11 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	fs.StringVar(&c.tlsCertFile, "tls-cert-file", "",
 		"PEM client certificate for mutual TLS with the collection agent (with -tls-key-file; re-read when it changes).")
 	fs.StringVar(&c.tlsKeyFile, "tls-key-file", "", "PEM private key of -tls-cert-file.")
+	fs.StringVar(&c.spoolDir, "spool-dir", defaultSpoolDir,
+		"With -collection-agent: keep what the collector cannot take (down, refusing, too slow) here, to send when it is back, also after a restart (\"\" = drop it).")
+	fs.IntVar(&c.spoolMiB, "spool-mb", 256, "Most MiB kept in -spool-dir; beyond it the oldest profiles are dropped (counted).")
+	fs.Float64Var(&c.spoolReplayMiB, "spool-replay-mb-per-second", 1,
+		"Most MiB (compressed) a second sent from -spool-dir, so that a collector just back is not flooded; new profiles go first.")
 	fs.IntVar(&c.samplesPerSecond, "samples-per-second", 20, "Samples per second per CPU (1-10000).")
 	fs.DurationVar(&c.reporterInterval, "reporter-interval", 5*time.Second,
 		"How often profiles are exported (1s-1h).")
@@ -257,6 +270,12 @@ func (c *config) validate() error {
 	}
 	if c.memoryLimitMiB < 0 || c.memoryLimitMiB > 1<<20 {
 		errs = append(errs, fmt.Errorf("-memory-limit-mb=%d: want 0 (none) to %d", c.memoryLimitMiB, 1<<20))
+	}
+	if c.spoolMiB < 1 {
+		errs = append(errs, fmt.Errorf("-spool-mb=%d: want 1 or more (-spool-dir=\"\" turns the spool off)", c.spoolMiB))
+	}
+	if !(c.spoolReplayMiB > 0) {
+		errs = append(errs, fmt.Errorf("-spool-replay-mb-per-second=%g: want more than 0", c.spoolReplayMiB))
 	}
 	if c.deltaCacheMiB < 0 {
 		errs = append(errs, fmt.Errorf("-delta-cache-mb=%d: want 0 or more", c.deltaCacheMiB))

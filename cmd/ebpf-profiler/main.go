@@ -148,11 +148,15 @@ func profile(ctx context.Context, cfg *config) error {
 		SamplesPerSecond: cfg.samplesPerSecond,
 		OutputDir:        cfg.outputDir,
 		MaxOutputFiles:   outputFilesLimit(cfg.maxOutputFiles),
-		TopN:             topN(cfg),
-		HostID:           hostID,
-		HostName:         hostName,
-		Version:          version,
-		History:          hist,
+		SpoolDir:         spoolDir(cfg),
+		SpoolBytes:       int64(cfg.spoolMiB) << 20,
+		// The flag's MiB a second.
+		SpoolReplayBytesPerSecond: cfg.spoolReplayMiB * (1 << 20),
+		TopN:                      topN(cfg),
+		HostID:                    hostID,
+		HostName:                  hostName,
+		Version:                   version,
+		History:                   hist,
 	})
 	if err != nil {
 		return err
@@ -384,6 +388,14 @@ func topN(cfg *config) int {
 	return 0
 }
 
+// spoolDir is -spool-dir where it applies: with a collection agent.
+func spoolDir(cfg *config) string {
+	if cfg.collectionAgent == "" {
+		return ""
+	}
+	return cfg.spoolDir
+}
+
 // outputFilesLimit maps the flag's 0 (keep all) to the reporter's negative.
 func outputFilesLimit(n int) int {
 	if n == 0 {
@@ -399,6 +411,10 @@ func describeOutputs(cfg *config) {
 			tls = "plain text"
 		}
 		log.Infof("Exporting OTLP profiles to %s (%s) every %v", cfg.collectionAgent, tls, cfg.reporterInterval)
+		if dir := spoolDir(cfg); dir != "" {
+			log.Infof("Keeping what the collector cannot take in %s (at most %d MiB; replayed at %g MiB/s)",
+				dir, cfg.spoolMiB, cfg.spoolReplayMiB)
+		}
 	}
 	if cfg.outputDir != "" {
 		log.Infof("Writing a pprof file to %s every %v (open with: go tool pprof -http=: FILE)",

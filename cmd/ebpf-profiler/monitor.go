@@ -195,6 +195,9 @@ func statusFields(prev, cur snapshot, fills []mapFill, sampling string) log.Fiel
 		f["web_history"] = fmt.Sprintf("%.1f/%d MiB, %v", float64(w.Bytes)/(1<<20), w.MaxBytes>>20,
 			w.End.Sub(w.Start).Round(time.Second))
 	}
+	if sp := spoolStatus(prev.rep, cur.rep); sp != "" {
+		f["spool"] = sp
+	}
 	if off := offCPUStatus(prev, cur); off != "" {
 		f["off_cpu"] = off
 	}
@@ -230,6 +233,19 @@ func statusFields(prev, cur snapshot, fills []mapFill, sampling string) log.Fiel
 			cur.handler.DebugFilesMissing, cur.handler.DebugFileErrors, cur.handler.DebugFilesEvicted)
 	}
 	return f
+}
+
+// spoolStatus says what the spool holds and did in the interval, once it
+// was used: requests written, replayed, merged while waiting, dropped at
+// its bound, damaged (torn), failed writes; "" while unused.
+func spoolStatus(prev, cur reporter.Stats) string {
+	p, c := prev.Spool, cur.Spool
+	if c.Appended == 0 && c.Records == 0 && c.Torn == 0 && c.WriteErrors == 0 && cur.IntervalsMerged == 0 {
+		return ""
+	}
+	return fmt.Sprintf("held=%d (%.1f MiB) written=%d replayed=%d merged=%d dropped=%d torn=%d write_errors=%d",
+		c.Records, float64(c.Bytes)/(1<<20), c.Appended-p.Appended, cur.RequestsReplayed-prev.RequestsReplayed,
+		cur.IntervalsMerged-prev.IntervalsMerged, c.Dropped-p.Dropped, c.Torn-p.Torn, c.WriteErrors-p.WriteErrors)
 }
 
 // offCPUStatus says what became of the interval's context switches when
@@ -330,6 +346,9 @@ func (m *monitor) summary() {
 		"deltas":                    hs.DeltasResident.Deltas,
 		"delta_mappings":            hs.DeltasResident.Mappings,
 		"requests_dropped":          rs.RequestsDropped,
+		"requests_spooled":          rs.Spool.Appended,
+		"requests_replayed":         rs.RequestsReplayed,
+		"spool_held":                rs.Spool.Records,
 		"delta_cache_hits":          hs.DeltaCache.Hits,
 	}).Info("Stopped")
 	if hs.GoPrograms+hs.ProcessContexts+hs.ThreadContexts+hs.ContainersNamed+hs.CRIErrors > 0 {

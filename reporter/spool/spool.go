@@ -29,6 +29,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Record is one queued record.
@@ -80,6 +82,7 @@ type segment struct {
 // use.
 type Spool struct {
 	dir      string
+	lock     *os.File
 	maxBytes int64
 	segBytes int64
 
@@ -100,9 +103,14 @@ func Open(dir string, maxBytes int64) (*Spool, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("spool: %w", err)
 	}
-	s := &Spool{dir: dir, maxBytes: maxBytes, segBytes: min(max(maxBytes/8, 64<<10), 32<<20)}
+	lock, err := lockDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	s := &Spool{dir: dir, lock: lock, maxBytes: maxBytes, segBytes: min(max(maxBytes/8, 64<<10), 32<<20)}
 	seqs, err := s.listSegments()
 	if err != nil {
+		lock.Close()
 		return nil, err
 	}
 	curSeq, curOff := s.readCursor()
@@ -114,6 +122,7 @@ func Open(dir string, maxBytes int64) (*Spool, error) {
 		}
 		seg, err := s.scan(seq)
 		if err != nil {
+			lock.Close()
 			return nil, err
 		}
 		s.segs = append(s.segs, seg)
@@ -132,10 +141,28 @@ func Open(dir string, maxBytes int64) (*Spool, error) {
 		next = s.segs[n-1].seq + 1
 	}
 	if err := s.newSegment(next); err != nil {
+		lock.Close()
 		return nil, err
 	}
 	s.trimLocked(0)
 	return s, nil
+}
+
+// lockDir takes the directory's lock file, so that two daemons never
+// share a spool; the lock goes with the process.
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("spool: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("spool %s is in use by another process", dir)
+		}
+		return nil, fmt.Errorf("spool: locking %s: %w", dir, err)
+	}
+	return f, nil
 }
 
 func (s *Spool) segPath(seq uint64) string {
@@ -427,10 +454,15 @@ func (s *Spool) Stats() Stats {
 func (s *Spool) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.w == nil {
+	if s.lock == nil {
 		return nil
 	}
-	err := s.w.Close()
-	s.w = nil
+	var err error
+	if s.w != nil {
+		err = s.w.Close()
+		s.w = nil
+	}
+	s.lock.Close()
+	s.lock = nil
 	return err
 }

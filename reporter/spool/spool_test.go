@@ -253,3 +253,13 @@ func TestDamagedCursor(t *testing.T) {
 	s = mustOpen(t, dir, 1<<20)
 	wantRange(t, readAll(t, s), 0, 4)
 }
+
+// Two processes never share a spool.
+func TestLocked(t *testing.T) {
+	dir := t.TempDir()
+	mustOpen(t, dir, 1<<20)
+	if s, err := Open(dir, 1<<20); err == nil {
+		s.Close()
+		t.Fatal("a spool in use was opened again")
+	}
+}
