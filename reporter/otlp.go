@@ -409,16 +409,18 @@ func sampleLabelKey(key string, reserved []string) string {
 }
 
 // profileWindow is the time window of an interval's profiles: the interval,
-// widened to take in timestamps up to one interval length outside it, since
-// samples can be delayed in the pipeline and stamped before the interval
-// began. Timestamps further off come from a bad clock; clampTime moves them
-// into the window rather than let them stretch it arbitrarily.
+// widened to take in timestamps up to a minute (or one interval length, if
+// longer) outside it, since samples can be delayed in the pipeline and
+// stamped before the interval began (a new process's first samples wait
+// for its set-up, seconds on a busy host). Timestamps further off come
+// from a bad clock; clampTime moves them into the window rather than let
+// them stretch it arbitrarily.
 func profileWindow(iv *interval) (start, end uint64) {
 	start, end = uint64(iv.start.UnixNano()), uint64(iv.end.UnixNano())
 	if end <= start {
 		end = start + 1
 	}
-	slack := end - start
+	slack := max(end-start, uint64(60e9))
 	lo, hi := start-min(start, slack), end+slack
 	for _, g := range iv.groups {
 		for _, ts := range g.timestamps {

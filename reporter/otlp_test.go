@@ -329,6 +329,13 @@ func TestProfileWindow(t *testing.T) {
 			wantTimestamps: []uint64{ns(start.Add(-time.Second)), ns(end.Add(2 * time.Second))},
 		},
 		{
+			// A new process's first samples wait for its set-up.
+			name:      "samples seconds late keep their time",
+			stamps:    []time.Time{start.Add(-20 * time.Second), start.Add(time.Second)},
+			wantStart: start.Add(-20 * time.Second), wantEnd: end,
+			wantTimestamps: []uint64{ns(start.Add(-20 * time.Second)), ns(start.Add(time.Second))},
+		},
+		{
 			name:      "bogus clocks are clamped",
 			stamps:    []time.Time{time.Unix(0, 1), end.Add(time.Hour)},
 			wantStart: start, wantEnd: end,

@@ -50,8 +50,10 @@ type Stats struct {
 	// Appended counts records written; Replayed records acknowledged.
 	Appended, Replayed uint64
 	// Dropped counts records lost unread: the oldest, pushed out by the
-	// bound, or one larger than the bound.
-	Dropped uint64
+	// bound, one larger than the bound, or those after a damaged record in
+	// its segment; DroppedSamples sums their Samples (a damaged record's
+	// are not known).
+	Dropped, DroppedSamples uint64
 	// Torn counts damaged records found reading (a torn tail or a bad
 	// checksum): the rest of their segment is skipped.
 	Torn uint64
@@ -74,8 +76,10 @@ type segment struct {
 	// size is the file's length up to its last whole record (the writer's
 	// segment grows; a damaged one ends before the damage).
 	size int64
-	// offsets are where its records start (and size where the last ends).
+	// offsets are where its records start (and size where the last ends),
+	// samples their Samples.
 	offsets []int64
+	samples []uint32
 }
 
 // Spool is an open queue directory. Its methods are safe for concurrent
@@ -214,6 +218,7 @@ func (s *Spool) scan(seq uint64) (*segment, error) {
 			break
 		}
 		seg.offsets = append(seg.offsets, off)
+		seg.samples = append(seg.samples, binary.LittleEndian.Uint32(hdr[16:]))
 		off += headerSize + n
 		seg.size = off
 	}
@@ -241,6 +246,7 @@ func (s *Spool) Append(r Record) error {
 	if len(r.Payload) > maxRecord || int64(headerSize+len(r.Payload)) > s.maxBytes {
 		s.mu.Lock()
 		s.stats.Dropped++
+		s.stats.DroppedSamples += uint64(r.Samples)
 		s.mu.Unlock()
 		return fmt.Errorf("spool: a record of %d bytes exceeds the bound", len(r.Payload))
 	}
@@ -281,6 +287,7 @@ func (s *Spool) Append(r Record) error {
 		return fmt.Errorf("spool: %w", err)
 	}
 	cur.offsets = append(cur.offsets, cur.size)
+	cur.samples = append(cur.samples, r.Samples)
 	cur.size += int64(len(buf))
 	s.stats.Appended++
 	return nil
@@ -291,10 +298,18 @@ func (s *Spool) Append(r Record) error {
 func (s *Spool) trimLocked(extra int64) {
 	for len(s.segs) > 1 && s.totalLocked()+extra > s.maxBytes {
 		old := s.segs[0]
-		s.stats.Dropped += uint64(len(old.offsets) - s.readIdx)
+		s.dropLocked(old, s.readIdx)
 		_ = os.Remove(s.segPath(old.seq))
 		s.segs = s.segs[1:]
 		s.readIdx = 0
+	}
+}
+
+// dropLocked counts seg's records from index from on as dropped.
+func (s *Spool) dropLocked(seg *segment, from int) {
+	for _, n := range seg.samples[min(from, len(seg.samples)):] {
+		s.stats.Dropped++
+		s.stats.DroppedSamples += uint64(n)
 	}
 }
 
@@ -327,9 +342,10 @@ func (s *Spool) Peek() (Record, bool, error) {
 		// The rest of the segment cannot be trusted: record lengths
 		// chain through it.
 		s.stats.Torn++
-		s.stats.Dropped += uint64(len(seg.offsets) - s.readIdx - 1)
+		s.dropLocked(seg, s.readIdx+1)
 		seg.size = seg.offsets[s.readIdx]
 		seg.offsets = seg.offsets[:s.readIdx]
+		seg.samples = seg.samples[:s.readIdx]
 		if len(s.segs) == 1 {
 			// Damaged under the writer: write on after it, elsewhere.
 			if err := s.newSegment(seg.seq + 1); err != nil {

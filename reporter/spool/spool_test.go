@@ -120,6 +120,10 @@ func TestBound(t *testing.T) {
 	if st.Bytes > bound || st.Dropped == 0 || st.Records+int(st.Dropped) != 400 {
 		t.Fatalf("stats %+v: want at most %d bytes, and held + dropped = 400", st, bound)
 	}
+	// Record i holds i samples: 0..dropped-1 went.
+	if want := st.Dropped * (st.Dropped - 1) / 2; st.DroppedSamples != want {
+		t.Errorf("dropped samples %d, want %d", st.DroppedSamples, want)
+	}
 	var onDisk int64
 	files, _ := filepath.Glob(filepath.Join(dir, "*.seg"))
 	for _, f := range files {

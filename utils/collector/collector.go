@@ -131,6 +131,11 @@ type Collector struct {
 	done    chan struct{}
 	waitErr error
 	stopped bool
+	// how it was started, for Restart
+	bin, dir, verbosity string
+	gate                []string
+	tls                 *TLS
+	starts              int
 }
 
 // Start starts bin (with the gate flags from GateArgs) on a free loopback
@@ -168,13 +173,36 @@ func tryStart(bin string, gate []string, dir string, attempt int, tls *TLS, debu
 	if err != nil {
 		return nil, err
 	}
-	c := &Collector{
-		Addr:    net.JoinHostPort("127.0.0.1", fmt.Sprint(port)),
-		OutPath: filepath.Join(dir, fmt.Sprintf("profiles-%d.jsonl", attempt)),
-		LogPath: filepath.Join(dir, fmt.Sprintf("collector-%d.log", attempt)),
-		done:    make(chan struct{}),
+	return startAt(bin, gate, dir, fmt.Sprint(attempt), net.JoinHostPort("127.0.0.1", fmt.Sprint(port)), tls, debugVerbosity)
+}
+
+// Restart starts a stopped collector again on the same address, with a
+// new output file (OutPath; Outputs lists them all), as a redeployed
+// collector would come back.
+func (c *Collector) Restart() error {
+	if !c.stopped {
+		return fmt.Errorf("collector on %s is running", c.Addr)
 	}
-	cfgPath := filepath.Join(dir, fmt.Sprintf("config-%d.yaml", attempt))
+	c.starts++
+	n, err := startAt(c.bin, c.gate, c.dir, fmt.Sprintf("restart%d", c.starts), c.Addr, c.tls, c.verbosity)
+	if n != nil {
+		starts := c.starts
+		*c = *n
+		c.starts = starts
+	}
+	return err
+}
+
+// startAt starts bin listening on addr, its files named with suffix.
+func startAt(bin string, gate []string, dir, suffix, addr string, tls *TLS, debugVerbosity string) (*Collector, error) {
+	c := &Collector{
+		Addr:    addr,
+		OutPath: filepath.Join(dir, fmt.Sprintf("profiles-%s.jsonl", suffix)),
+		LogPath: filepath.Join(dir, fmt.Sprintf("collector-%s.log", suffix)),
+		done:    make(chan struct{}),
+		bin:     bin, gate: gate, dir: dir, tls: tls, verbosity: debugVerbosity,
+	}
+	cfgPath := filepath.Join(dir, fmt.Sprintf("config-%s.yaml", suffix))
 	if err := os.WriteFile(cfgPath, []byte(Config(c.Addr, c.OutPath, debugVerbosity, tls)), 0o644); err != nil {
 		return nil, err
 	}
