@@ -221,3 +221,51 @@ func recoveredAt(t *testing.T, path string) time.Time {
 	}
 	return time.Time{}
 }
+
+// TestRestartDuringOutage stops the daemon (SIGTERM) while the collector
+// is down, then starts a new one with the same spool once the collector is
+// back: the new daemon delivers what the old one reported, with its own.
+func TestRestartDuringOutage(t *testing.T) {
+	requireE2E(t)
+	requireRoot(t)
+	c := startCollector(t)
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	spool := filepath.Join(t.TempDir(), "spool")
+	args := []string{"-collection-agent=" + c.Addr, "-disable-tls", "-reporter-interval=1s",
+		"-samples-per-second=100", "-spool-dir=" + spool}
+	workload := startWorkload(t, 20*time.Second)
+	defer workload.Process.Kill()
+	old := startDaemon(t, args...)
+	time.Sleep(5 * time.Second)
+	old.Stop(t, profilerStopTimeout)
+	oldSum := logFields(t, old.LogPath, "Stopped")
+	if err := c.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, args...)
+	d.WaitForLog(t, "exported profiles", 30*time.Second)
+	time.Sleep(3 * time.Second)
+	d.Stop(t, profilerStopTimeout)
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	sum := logFields(t, d.LogPath, "Stopped")
+	pds, err := collector.ReadOutput(c.OutPath, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := statsOf(pds)
+	t.Logf("old daemon: samples_reported=%d samples_exported=%d requests_spooled=%d; new daemon: samples_reported=%d samples_exported=%d requests_replayed=%d; collector: %s",
+		oldSum["samples_reported"], oldSum["samples_exported"], oldSum["requests_spooled"],
+		sum["samples_reported"], sum["samples_exported"], sum["requests_replayed"], got)
+	if oldSum["samples_reported"] == 0 || oldSum["samples_exported"] != 0 || oldSum["requests_spooled"] == 0 {
+		t.Errorf("the old daemon reported %d samples, exported %d, spooled %d requests: want some reported, all spooled",
+			oldSum["samples_reported"], oldSum["samples_exported"], oldSum["requests_spooled"])
+	}
+	if want := oldSum["samples_reported"] + sum["samples_reported"]; got.Samples != want || sum["requests_replayed"] != oldSum["requests_spooled"] {
+		t.Errorf("the collector received %d samples, the two daemons reported %d; %d of %d spooled requests replayed",
+			got.Samples, want, sum["requests_replayed"], oldSum["requests_spooled"])
+	}
+}
