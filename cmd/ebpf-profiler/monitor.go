@@ -195,6 +195,9 @@ func statusFields(prev, cur snapshot, fills []mapFill, sampling string) log.Fiel
 		f["web_history"] = fmt.Sprintf("%.1f/%d MiB, %v", float64(w.Bytes)/(1<<20), w.MaxBytes>>20,
 			w.End.Sub(w.Start).Round(time.Second))
 	}
+	if pe := processErrors(prev.handler, cur.handler); pe != "none" {
+		f["process_errors"] = pe
+	}
 	if sp := spoolStatus(prev.rep, cur.rep); sp != "" {
 		f["spool"] = sp
 	}
@@ -233,6 +236,22 @@ func statusFields(prev, cur snapshot, fills []mapFill, sampling string) log.Fiel
 			cur.handler.DebugFilesMissing, cur.handler.DebugFileErrors, cur.handler.DebugFilesEvicted)
 	}
 	return f
+}
+
+// processErrors counts what processes' own data made the daemon give up
+// on (hostile or damaged processes): runtimes' tables that did not read,
+// runtime frames that did not name, processes a runtime refused for good
+// (by reason), re-reads of a process's maps skipped for coming too often.
+func processErrors(prev, cur processmanager.Stats) string {
+	counts := map[string]uint64{
+		"runtime_tables":       cur.InterpreterErrors - prev.InterpreterErrors,
+		"runtime_frames":       cur.RuntimeFrameErrors - prev.RuntimeFrameErrors,
+		"maps_rereads_limited": cur.MapsRereadsLimited - prev.MapsRereadsLimited,
+	}
+	for k, v := range cur.RuntimeRefusals {
+		counts["refused_"+k] = v - prev.RuntimeRefusals[k]
+	}
+	return nonZero(counts)
 }
 
 // spoolStatus says what the spool holds and did in the interval, once it
