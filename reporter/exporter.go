@@ -363,11 +363,14 @@ func (e *exporter) run(ctx context.Context, stop <-chan struct{}) {
 			continue
 		}
 		wait = min(e.policy.jittered(delay), e.probeEvery)
-		if d, ok := retryDelay(err); ok {
-			wait = max(wait, min(d, e.policy.max))
-		}
 		// A collector that comes back is found by gRPC's reconnects
-		// before the wait ends.
+		// before the wait ends; one that asked for a delay (RetryInfo)
+		// gets it.
+		ready := e.ready
+		if d, ok := retryDelay(err); ok {
+			wait = max(wait, min(d, maxServerRetryDelay))
+			ready = nil
+		}
 		select {
 		case <-e.ready:
 		default:
@@ -378,7 +381,7 @@ func (e *exporter) run(ctx context.Context, stop <-chan struct{}) {
 			return
 		case <-stop:
 			return
-		case <-e.ready:
+		case <-ready:
 		case <-time.After(wait):
 		}
 		delay = min(2*delay, e.policy.max)
@@ -526,6 +529,9 @@ func retryable(err error) bool {
 		return false
 	}
 }
+
+// maxServerRetryDelay bounds the wait a collector's RetryInfo asks for.
+const maxServerRetryDelay = 5 * time.Minute
 
 // retryDelay is the server's throttling hint (RetryInfo), if it sent one.
 func retryDelay(err error) (time.Duration, bool) {

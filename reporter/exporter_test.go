@@ -11,10 +11,12 @@ import (
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 	collectorpb "go.opentelemetry.io/proto/slim/otlp/collector/profiles/v1development"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
 )
@@ -663,5 +665,57 @@ func TestRecoveryWithinInterval(t *testing.T) {
 	waitFor(t, "delivery", func() bool { return r.Stats().SamplesExported == 3 })
 	if d := time.Since(back); d > 3*time.Second {
 		t.Errorf("delivery resumed %v after the collector came back (interval 500ms)", d)
+	}
+}
+
+// TestSlowCollectorMerges: a collector that takes 200 ms per request,
+// intervals every 20 ms: the intervals that wait are merged, so it gets
+// fewer, larger requests, and every sample.
+func TestSlowCollectorMerges(t *testing.T) {
+	c := &fakeCollector{reply: func(int) (*collectorpb.ExportProfilesServiceResponse, error) {
+		time.Sleep(200 * time.Millisecond)
+		return &collectorpb.ExportProfilesServiceResponse{}, nil
+	}}
+	r, _ := newTestReporter(t, Config{CollectionAgent: serve(t, "127.0.0.1:0", c), MaxQueuedRequests: 2})
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	const intervals = 50
+	for range intervals {
+		reportN(t, r, 2)
+		time.Sleep(20 * time.Millisecond)
+	}
+	waitFor(t, "every sample", func() bool { return r.Stats().SamplesExported == 2*intervals })
+	st := r.Stats()
+	if st.RequestsExported >= intervals/2 || st.IntervalsMerged == 0 || st.RequestsDropped != 0 {
+		t.Errorf("Stats = %+v: want fewer than %d requests for %d intervals, none dropped", st, intervals/2, intervals)
+	}
+	t.Logf("%d intervals in %d requests", intervals, st.RequestsExported)
+}
+
+// TestResourceExhaustedRetryInfo: a collector that answers
+// RESOURCE_EXHAUSTED with a retry delay is not asked again before it.
+func TestResourceExhaustedRetryInfo(t *testing.T) {
+	var first time.Time
+	var second time.Duration
+	c := &fakeCollector{reply: func(n int) (*collectorpb.ExportProfilesServiceResponse, error) {
+		if n == 1 {
+			first = time.Now()
+			st, _ := status.New(codes.ResourceExhausted, "slow down").WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(300 * time.Millisecond)})
+			return nil, st.Err()
+		}
+		second = time.Since(first)
+		return &collectorpb.ExportProfilesServiceResponse{}, nil
+	}}
+	r, _ := newTestReporter(t, Config{CollectionAgent: serve(t, "127.0.0.1:0", c), Interval: time.Second})
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	reportN(t, r, 3)
+	waitFor(t, "delivery", func() bool { return r.Stats().SamplesExported == 3 })
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if second < 300*time.Millisecond {
+		t.Errorf("asked again %v after RESOURCE_EXHAUSTED with a 300ms retry delay", second)
 	}
 }
