@@ -164,7 +164,8 @@ func logOffCPUCounters(t *testing.T, s *session) {
 		}
 	}
 	slices.Sort(counts)
-	t.Logf("BPF counters: %s", strings.Join(counts, " "))
+	t.Logf("BPF counters: %s; ends whose trace the pump did not hold: %d; BPF errors: %s",
+		strings.Join(counts, " "), s.tr.OffCPUUnmatched(), counterDiff(nil, m, "err_"))
 }
 
 func checkOffCPU(t *testing.T, w offCPUWorkload, threads map[string]*offCPUThread, samples []sample, run time.Duration) {
