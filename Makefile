@@ -11,7 +11,7 @@ BINARY   := ebpf-profiler
 ARGS     ?=
 SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: build run ebpf check-ebpf test test-deps unit-test integration-test kernel-matrix fuzz bench lint format clean
+.PHONY: soak build run ebpf check-ebpf test test-deps unit-test integration-test kernel-matrix fuzz bench lint format clean
 
 # A static binary (no cgo): it runs in a minimal container image and on any
 # libc.
@@ -119,6 +119,15 @@ test: test-deps lint
 
 bench: build
 	$(SUDO) $(GO) run ./utils/bench -bin ./$(BINARY) $(BENCH_ARGS)
+
+# An hour of the daemon under a rotating mix of runtimes, process churn, a
+# ten-minute collector outage and the web view polled every second: its
+# memory and goroutines must stay flat after ten minutes, and every sample
+# reach the collector or be counted lost. Readings and plot go to
+# docs/soak/. SOAK_TIME shortens it.
+SOAK_TIME ?= 1h
+soak: build
+	$(SUDO) $(GO) run ./utils/bench -bin ./$(BINARY) -soak $(SOAK_TIME) -soak-out docs/soak
 
 # Every build output in the tree (.gitignore lists them): the daemon, a
 # command under utils/ built in the top directory, the browser tests'

@@ -64,6 +64,9 @@ func main() {
 	only := flag.String("scenarios", "", "run only the scenarios whose name contains this")
 	startup := flag.Int("startup", 0, "instead: start the daemon at this rate on a host of 18 busy processes "+
 		"(C, Go, Python, Java, Node) and print how soon their stacks are complete")
+	soak := flag.Duration("soak", 0, "instead: run the daemon this long under a rotating mix of runtimes, process churn, "+
+		"a collector outage and web view polling, and check that its memory and goroutines stay flat (make soak)")
+	soakOut := flag.String("soak-out", "", "with -soak: where its readings (soak.csv) and plot (soak.svg) go")
 	flag.Parse()
 	extraDaemonArgs = strings.Fields(*extra)
 	if os.Geteuid() != 0 {
@@ -73,6 +76,11 @@ func main() {
 		fatalf("enabling BPF run-time stats: %v", err)
 	}
 	atExit(func() { os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", []byte("0"), 0) })
+	if *soak > 0 {
+		defer runAtExit()
+		runSoak(*bin, *soak, *soakOut)
+		return
+	}
 	if *startup > 0 {
 		defer runAtExit()
 		runStartup(*bin, *startup, *runs)
