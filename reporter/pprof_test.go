@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -196,5 +197,40 @@ func TestReporterKeepsBoundedFiles(t *testing.T) {
 	// No temporary files are left behind.
 	if tmp, _ := filepath.Glob(filepath.Join(dir, ".*")); len(tmp) != 0 {
 		t.Errorf("leftover files: %v", tmp)
+	}
+}
+
+// TestPprofDiskFull: on a full file system, pprof files fail, counted,
+// leaving no partial file, and are written again once there is room.
+func TestPprofDiskFull(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (mounts a small tmpfs); CI runs it so")
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatalf("mounting a 64 KiB tmpfs: %v", err)
+	}
+	defer syscall.Unmount(dir, 0)
+	// Fill it: the write stops at ENOSPC, keeping what fit.
+	filler := filepath.Join(dir, "filler")
+	if err := os.WriteFile(filler, make([]byte, 128<<10), 0o644); err == nil {
+		t.Fatal("128 KiB fit into a 64 KiB tmpfs")
+	}
+	r, _ := newTestReporter(t, Config{OutputDir: dir, MaxOutputFiles: -1})
+	for range 3 {
+		newFixture().report(r.ReportSample)
+		r.noteLocal(r.reportInterval(time.Now()))
+	}
+	if st := r.Stats(); st.PprofErrors != 3 || st.PprofFilesWritten != 0 {
+		t.Fatalf("on a full disk: %+v, want 3 errors", st)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, ".profile-*")); len(left) > 0 {
+		t.Errorf("partial files left: %v", left)
+	}
+	os.Remove(filler)
+	newFixture().report(r.ReportSample)
+	r.noteLocal(r.reportInterval(time.Now()))
+	if st := r.Stats(); st.PprofFilesWritten != 1 {
+		t.Errorf("with room again: %+v, want a file written", st)
 	}
 }

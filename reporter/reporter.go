@@ -89,6 +89,9 @@ type Reporter struct {
 	stats counters
 	log   *logrus.Entry
 
+	// localFailing is set while local output fails (the ticker's).
+	localFailing bool
+
 	mu         sync.Mutex // guards the lifecycle fields below
 	started    bool
 	closed     bool
@@ -202,14 +205,28 @@ func (r *Reporter) tickLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			if err := r.reportInterval(now); err != nil {
-				r.log.WithError(err).Warn("reporting interval locally failed")
-			}
+			r.noteLocal(r.reportInterval(now))
 			if period != r.cfg.Interval && r.stats.intervals.Load() > 0 {
 				period = r.cfg.Interval
 				t.Reset(period)
 			}
 		}
+	}
+}
+
+// noteLocal logs the outcome of an interval's local output: a warning at
+// the first failure (a full disk fails every interval), debug messages
+// while it goes on, and its end. Failures are counted (PprofErrors).
+func (r *Reporter) noteLocal(err error) {
+	switch {
+	case err != nil && !r.localFailing:
+		r.localFailing = true
+		r.log.WithError(err).Warn("writing the interval's profile locally failed (further failures logged at debug level until it works again)")
+	case err != nil:
+		r.log.WithError(err).Debug("writing the interval's profile locally failed again")
+	case r.localFailing:
+		r.localFailing = false
+		r.log.Info("writing profiles locally works again")
 	}
 }
 

@@ -10,9 +10,9 @@
 // length, a CRC-32C of the rest, its time and two counts the caller gives)
 // and the payload, so a crash or power cut mid-write leaves a torn tail
 // that reading detects and skips (counted), not a queue that cannot be
-// read. What was read and acknowledged is kept in the file "cursor",
-// replaced atomically; whole segments read are deleted. Once the queue
-// holds its bound, the oldest segment goes (its records counted as
+// read. What was read and acknowledged is kept in the file "cursor"
+// (checksummed, written in place); whole segments read are deleted. Once
+// the queue holds its bound, the oldest segment goes (its records counted as
 // dropped).
 package spool
 
@@ -87,6 +87,7 @@ type segment struct {
 type Spool struct {
 	dir      string
 	lock     *os.File
+	cursor   *os.File // opened at the first Ack
 	maxBytes int64
 	segBytes int64
 
@@ -114,10 +115,18 @@ func Open(dir string, maxBytes int64) (*Spool, error) {
 	s := &Spool{dir: dir, lock: lock, maxBytes: maxBytes, segBytes: min(max(maxBytes/8, 64<<10), 32<<20)}
 	seqs, err := s.listSegments()
 	if err != nil {
-		lock.Close()
+		s.Close()
 		return nil, err
 	}
 	curSeq, curOff := s.readCursor()
+	// The cursor's block, taken now: acknowledging must work on a disk
+	// that filled up since.
+	if f, err := os.OpenFile(filepath.Join(dir, "cursor"), os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+		s.cursor = f
+		if fi, err := f.Stat(); err == nil && fi.Size() < 20 {
+			f.WriteAt(make([]byte, 20), 0)
+		}
+	}
 	for _, seq := range seqs {
 		if seq < curSeq {
 			// Read before the daemon stopped, not deleted yet.
@@ -126,7 +135,7 @@ func Open(dir string, maxBytes int64) (*Spool, error) {
 		}
 		seg, err := s.scan(seq)
 		if err != nil {
-			lock.Close()
+			s.Close()
 			return nil, err
 		}
 		s.segs = append(s.segs, seg)
@@ -145,7 +154,7 @@ func Open(dir string, maxBytes int64) (*Spool, error) {
 		next = s.segs[n-1].seq + 1
 	}
 	if err := s.newSegment(next); err != nil {
-		lock.Close()
+		s.Close()
 		return nil, err
 	}
 	s.trimLocked(0)
@@ -418,18 +427,23 @@ func (s *Spool) Ack() error {
 }
 
 // writeCursor records that everything before offset off of segment seq
-// was read, replacing the file atomically.
+// was read: 20 bytes written in place (no new block, so it works on a full
+// disk), checksummed, so that a torn one is seen and everything is read
+// again rather than skipped.
 func (s *Spool) writeCursor(seq uint64, off int64) error {
 	var b [20]byte
 	binary.LittleEndian.PutUint64(b[0:], seq)
 	binary.LittleEndian.PutUint64(b[8:], uint64(off))
 	binary.LittleEndian.PutUint32(b[16:], crc32.Checksum(b[:16], castagnoli))
-	tmp := filepath.Join(s.dir, "cursor.tmp")
-	if err := os.WriteFile(tmp, b[:], 0o600); err != nil {
-		return fmt.Errorf("spool: %w", err)
+	if s.cursor == nil {
+		f, err := os.OpenFile(filepath.Join(s.dir, "cursor"), os.O_CREATE|os.O_WRONLY, 0o600)
+		if err != nil {
+			return fmt.Errorf("spool: %w", err)
+		}
+		s.cursor = f
 	}
-	if err := os.Rename(tmp, filepath.Join(s.dir, "cursor")); err != nil {
-		return fmt.Errorf("spool: %w", err)
+	if _, err := s.cursor.WriteAt(b[:], 0); err != nil {
+		return fmt.Errorf("spool: recording what was read: %w", err)
 	}
 	return nil
 }
@@ -477,6 +491,10 @@ func (s *Spool) Close() error {
 	if s.w != nil {
 		err = s.w.Close()
 		s.w = nil
+	}
+	if s.cursor != nil {
+		s.cursor.Close()
+		s.cursor = nil
 	}
 	s.lock.Close()
 	s.lock = nil

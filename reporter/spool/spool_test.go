@@ -267,3 +267,31 @@ func TestLocked(t *testing.T) {
 		t.Fatal("a spool in use was opened again")
 	}
 }
+
+// TestDiskFull: appends that do not fit on the disk fail, counted, and
+// leave the queue readable; appends work again once there is room.
+func TestDiskFull(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (mounts a small tmpfs); CI runs it so")
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=256k"); err != nil {
+		t.Fatalf("mounting a 256 KiB tmpfs: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(dir, 0) }) // after the spool's Close
+	s := mustOpen(t, filepath.Join(dir, "spool"), 1<<20)
+	var failed int
+	for i := range 40 {
+		if err := s.Append(Record{Time: time.Unix(int64(1e9+i), 0), Samples: uint32(i), Items: 1, Payload: payload(i, 10000)}); err != nil {
+			failed++
+		}
+	}
+	st := s.Stats()
+	if failed == 0 || st.WriteErrors != uint64(failed) || st.Records+failed != 40 {
+		t.Fatalf("40 appends of 10 KB into 256 KiB: %d failed, %+v", failed, st)
+	}
+	got := readAll(t, s)
+	wantRange(t, got, 0, len(got))
+	appendN(t, s, 100, 102, 10000)
+	wantRange(t, readAll(t, s), 100, 102)
+}
