@@ -15,8 +15,10 @@ import (
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/hotspot"
 	"github.com/hostprof/ebpf-profiler/interpreter/python"
+	"github.com/hostprof/ebpf-profiler/interpreter/v8"
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/tracer"
+	"github.com/hostprof/ebpf-profiler/utils/nodefetch"
 )
 
 // offCPUThread is one thread of an offcpu workload: how long it said it
@@ -351,5 +353,89 @@ func TestOffCPUStorm(t *testing.T) {
 	if d("off_cpu_switches") != d("off_cpu_traces")+d("off_cpu_over_budget") {
 		t.Errorf("switch-outs %d != unwound %d + over budget %d: some went uncounted", d("off_cpu_switches"),
 			d("off_cpu_traces"), d("off_cpu_over_budget"))
+	}
+}
+
+// TestOffCPUNode: Node's waits, with JavaScript frames at the switch: a
+// worker waiting 10 ms at a time in Atomics.wait under offWaitMid ->
+// offWaitLeaf has its off-CPU time under that chain (>= 95%) and within
+// 10% of what it measured itself, from a second after its start; the main
+// thread, whose event loop runs a
+// 1 ms timer job every 10 ms, waits in epoll_wait (>= 90% of its off-CPU
+// time).
+func TestOffCPUNode(t *testing.T) {
+	requireRoot(t)
+	script, _ := nodeWorkload(t)
+	node, err := nodefetch.Node("20")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const run = 4 * time.Second
+	s := startTracing(t, tracer.Config{SamplesPerSecond: testHz, Runtimes: interpreter.All(),
+		OffCPU: tracer.OffCPUConfig{Threshold: 1, PerSecond: 1 << 20}}, nil)
+	pid, out := runOutput(t, exec.Command(node, script, "offcpu", formatSeconds(run)))
+	s.waitExited(t, pid)
+	logOffCPUCounters(t, s)
+	s.stop(t)
+	var measured time.Duration
+	var from time.Time
+	for line := range strings.SplitSeq(string(out), "\n") {
+		var ns, ms int64
+		if _, err := fmt.Sscanf(line, "worker waited %d from %d", &ns, &ms); err == nil {
+			measured, from = time.Duration(ns), time.UnixMilli(ms)
+		}
+	}
+	if measured == 0 {
+		t.Fatalf("the workload printed no wait:\n%s", out)
+	}
+	chain := []string{"offWaitLeaf", "offWaitMid"}
+	var workerTID libpf.TID
+	byTID := map[libpf.TID]time.Duration{}
+	var chainTime, epollTime time.Duration
+	var example []string
+	// Waits that began after the worker's first second (a sample's time
+	// is when its wait began).
+	var waits []sample
+	for _, smp := range s.rec.ofPID(pid) {
+		if smp.meta.OffCPU > 0 && !smp.meta.Time.Before(from) {
+			waits = append(waits, smp)
+		}
+	}
+	for _, smp := range waits {
+		byTID[smp.meta.TID] += smp.meta.OffCPU
+		if hasChain(namesOfKind(smp.trace, v8.Kind), chain) {
+			workerTID = smp.meta.TID
+			chainTime += smp.meta.OffCPU
+			if example == nil {
+				example = functionNames(smp.trace)
+			}
+		}
+		if smp.meta.TID == libpf.TID(pid) && slices.ContainsFunc(smp.trace.Frames, func(f libpf.Frame) bool {
+			return f.Kind == libpf.FrameKernel && strings.Contains(f.FunctionName, "epoll_wait")
+		}) {
+			epollTime += smp.meta.OffCPU
+		}
+	}
+	if workerTID == 0 {
+		t.Fatalf("no off-CPU sample under %v (off-CPU time by thread: %v)", chain, byTID)
+	}
+	misses := map[string]int{}
+	for _, smp := range waits {
+		if smp.meta.TID == workerTID && !hasChain(namesOfKind(smp.trace, v8.Kind), chain) {
+			misses[fmt.Sprintf("%v at %v", smp.meta.OffCPU.Round(time.Millisecond), strings.Join(functionNames(smp.trace), " "))]++
+		}
+	}
+	logTopStacks(t, misses, 5)
+	chainShare := float64(chainTime) / float64(byTID[workerTID])
+	ratio := float64(chainTime) / float64(measured)
+	epollShare := float64(epollTime) / float64(max(byTID[libpf.TID(pid)], 1))
+	t.Logf("worker: %v off the CPU under %v, %.1f%% of its off-CPU time, %.1f%% of the %v it measured; example %v",
+		chainTime.Round(time.Millisecond), chain, 100*chainShare, 100*ratio, measured.Round(time.Millisecond), example)
+	t.Logf("main thread: %v off the CPU, %.1f%% of it in epoll_wait", byTID[libpf.TID(pid)].Round(time.Millisecond), 100*epollShare)
+	if chainShare < 0.95 || ratio < 0.9 || ratio > 1.1 {
+		t.Errorf("worker: want >= 95%% of its off-CPU time under its chain, and within 10%% of what it measured")
+	}
+	if epollShare < 0.9 {
+		t.Errorf("main thread: %.1f%% of its off-CPU time in epoll_wait, want >= 90%%", 100*epollShare)
 	}
 }

@@ -8,6 +8,12 @@
 //   workers  two worker threads running different chains (wa*, wb*)
 //   gc       closures allocated in a loop, the garbage collector busy
 //   async    an async function awaiting resolved promises in a loop
+//   offcpu   off-CPU profiling: a worker waits 10 ms at a time in
+//            Atomics.wait under offWaitMid -> offWaitLeaf, while the main
+//            thread's event loop runs a 1 ms timer job every 10 ms (it
+//            waits in epoll_wait between them); prints "worker waited NS
+//            from MS": the time the worker measured in its waits that
+//            began after MS (unix milliseconds), a second after its start
 // It prints "hot phase from <unix seconds> to <unix seconds>": from half a
 // second after it starts its hot loop (in workers mode, once both workers
 // are ready to) to its end. With WORKLOAD_HOLD set it then prints
@@ -145,9 +151,37 @@ function workers(seconds) {
   }
 }
 
+function offWaitLeaf(cell) {
+  const t0 = process.hrtime.bigint();
+  Atomics.wait(cell, 0, 0, 10); // hot: offWaitLeaf
+  return process.hrtime.bigint() - t0;
+}
+
+function offWaitMid(cell) {
+  return offWaitLeaf(cell); // hot: offWaitMid
+}
+
+// offCPU runs the offcpu mode for seconds.
+function offCPU(seconds) {
+  const deadline = Date.now() + seconds * 1000;
+  const w = new Worker(__filename, { workerData: { which: 'offcpu', deadline } });
+  w.on('error', (e) => { console.error(e); process.exit(1); });
+  w.on('message', (waited) => console.log('worker waited ' + waited));
+  const tick = () => {
+    const until = Date.now() + 1;
+    while (Date.now() < until);
+    if (Date.now() < deadline) setTimeout(tick, 10);
+  };
+  setTimeout(tick, 10);
+}
+
 function main() {
   const mode = process.argv[2];
   const seconds = Number(process.argv[3] || 5);
+  if (mode === 'offcpu') {
+    offCPU(seconds);
+    return;
+  }
   const bodies = {
     chain: top,
     shapes: (n) => new Shape(n).area(n) + arrow(n) + anon(n),
@@ -175,6 +209,17 @@ function main() {
 
 if (isMainThread) {
   main();
+} else if (workerData.which === 'offcpu') {
+  // The first second is start-up (the profiler reading a new process):
+  // its waits are not counted.
+  const cell = new Int32Array(new SharedArrayBuffer(4));
+  const from = Date.now() + 1000;
+  let waited = 0n;
+  while (Date.now() < workerData.deadline) {
+    const w = offWaitMid(cell);
+    if (Date.now() >= from + 10) waited += w;
+  }
+  parentPort.postMessage(waited.toString() + ' from ' + from);
 } else {
   parentPort.postMessage('ready');
   parentPort.once('message', (deadline) => {
