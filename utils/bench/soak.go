@@ -52,7 +52,7 @@ func runSoak(bin string, d time.Duration, outDir string) {
 	httpAddr, pprofAddr := freeLoopback(), freeLoopback()
 	cmd, readLog := startDaemon(bin, dir, append(sk.args(), "-samples-per-second", "20", "-reporter-interval", "5s",
 		"-http", httpAddr, "-pprof", pprofAddr, "-spool-dir", filepath.Join(dir, "spool"),
-		"-off-cpu-threshold", "0.01")...)
+		"-off-cpu-threshold", "0.01", "-monitor-interval", "10s")...)
 	pid := cmd.Process.Pid
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
@@ -101,7 +101,7 @@ func runSoak(bin string, d time.Duration, outDir string) {
 		}
 		rss, _ := memory(pid)
 		points = append(points, soakPoint{at: time.Since(start), rssMiB: rss, goroutines: goroutines(pprofAddr),
-			cpu: cpuTime(pid), spoolMiB: lastSpoolMiB(readLog())})
+			cpu: cpuTime(pid), spoolMiB: float64(dirBytes(filepath.Join(dir, "spool"))) / (1 << 20)})
 	}
 	stopLoads()
 	churn.stop()
@@ -129,8 +129,10 @@ func runSoak(bin string, d time.Duration, outDir string) {
 			for _, rp := range pd.GetResourceProfiles() {
 				for _, sp := range rp.GetScopeProfiles() {
 					for _, p := range sp.GetProfiles() {
+						// One timestamp per sample, CPU or off-CPU (whose
+						// values are nanoseconds).
 						for _, s := range p.GetSamples() {
-							received += collector.SampleCount(s)
+							received += int64(len(s.GetTimestampsUnixNano()))
 						}
 					}
 				}
@@ -138,48 +140,55 @@ func runSoak(bin string, d time.Duration, outDir string) {
 		}
 	}
 	sum := summaryFields(readLog())
-	ok := reportSoak(points, sum, received, drained, outDir)
+	ok := reportSoak(points, sum, received, drained, outage, outDir)
 	if !ok {
 		fatalf("soak failed")
 	}
 }
 
 // reportSoak prints the soak's figures, writes its readings (CSV) and plot
-// (SVG) into outDir, and says whether it passed.
-func reportSoak(points []soakPoint, sum map[string]int64, received int64, drained time.Duration, outDir string) bool {
+// (SVG) into outDir, and says whether it passed. Flat means the median of
+// the last ten minutes is within 10% of the median of the ten after
+// settling (a reading's RSS swings with the garbage collector).
+func reportSoak(points []soakPoint, sum map[string]int64, received int64, drained, outage time.Duration, outDir string) bool {
 	ok := true
-	var base soakPoint
-	var peakRSS float64
-	var peakG int
 	var peakSpool float64
 	for _, p := range points {
 		peakSpool = max(peakSpool, p.spoolMiB)
-		if p.at < soakSettle {
-			continue
-		}
-		if base.at == 0 {
-			base = p
-		}
-		peakRSS, peakG = max(peakRSS, p.rssMiB), max(peakG, p.goroutines)
 	}
-	if base.at == 0 {
-		fmt.Println("soak: shorter than the settling time; no flatness check")
+	end := points[len(points)-1].at
+	window := func(from, to time.Duration) (rss []float64, g []int) {
+		for _, p := range points {
+			if p.at >= from && p.at < to {
+				rss, g = append(rss, p.rssMiB), append(g, p.goroutines)
+			}
+		}
+		return rss, g
+	}
+	if end < soakSettle+20*time.Minute {
+		fmt.Printf("soak: shorter than %v; no flatness check\n", soakSettle+20*time.Minute)
 	} else {
-		fmt.Printf("soak: after %v: RSS %.1f MiB, at most %.1f MiB later (+%.1f%%); goroutines %d, at most %d later (+%.1f%%)\n",
-			soakSettle, base.rssMiB, peakRSS, 100*(peakRSS/base.rssMiB-1), base.goroutines, peakG,
-			100*(float64(peakG)/float64(base.goroutines)-1))
-		if peakRSS > 1.1*base.rssMiB || float64(peakG) > 1.1*float64(base.goroutines) {
+		rssA, gA := window(soakSettle, soakSettle+10*time.Minute)
+		rssB, gB := window(end-10*time.Minute, end+time.Second)
+		ra, rb, ga, gb := median(rssA), median(rssB), median(gA), median(gB)
+		fmt.Printf("soak: median RSS %.1f MiB in minutes 10-20, %.1f MiB in the last ten (%+.1f%%, peak %.1f); median goroutines %d, then %d (%+.1f%%)\n",
+			ra, rb, 100*(rb/ra-1), slices.Max(rssB), ga, gb, 100*(float64(gb)/float64(ga)-1))
+		if rb > 1.1*ra || float64(gb) > 1.1*float64(ga) {
 			fmt.Println("soak: FAIL: memory or goroutines grew by more than 10% after settling")
 			ok = false
 		}
+	}
+	if outage > 0 {
+		fmt.Printf("soak: the spool held at most %.2f MiB after a %v outage: %.3f MiB a minute, so the default 256 MiB holds %.0f hours of this host\n",
+			peakSpool, outage, peakSpool/outage.Minutes(), 256/(peakSpool/outage.Minutes())/60)
 	}
 	last := points[len(points)-1]
 	fmt.Printf("soak: daemon CPU %.1f s over %v (%.2f s/min)\n", last.cpu.Seconds(), last.at.Round(time.Second),
 		last.cpu.Seconds()/last.at.Minutes())
 	lost := sum["samples_lost_in_spool"]
-	fmt.Printf("soak: samples reported %d, exported %d, received by the collector %d, lost in the spool (counted) %d; requests spooled %d, replayed %d, dropped %d; spool peak %.1f MiB, drained %v after the end\n",
+	fmt.Printf("soak: samples reported %d, exported %d, received by the collector %d, lost in the spool (counted) %d; requests spooled %d, replayed %d, dropped %d; waited %v after the end for the spool to drain\n",
 		sum["samples_reported"], sum["samples_exported"], received, lost, sum["requests_spooled"], sum["requests_replayed"],
-		sum["requests_dropped"], peakSpool, drained.Round(time.Second))
+		sum["requests_dropped"], drained.Round(time.Second))
 	if received+lost != sum["samples_reported"] {
 		fmt.Println("soak: FAIL: samples reported != received + counted losses")
 		ok = false
@@ -274,17 +283,8 @@ func goroutines(addr string) int {
 
 var spoolHeld = regexp.MustCompile(`held=(\d+) \(([\d.]+) MiB\)`)
 
-// lastSpoolMiB and lastSpoolHeld are what the last status line said the
-// spool holds (0 before it was used).
-func lastSpoolMiB(log []string) float64 {
-	m := lastMatch(log, spoolHeld)
-	if m == nil {
-		return 0
-	}
-	f, _ := strconv.ParseFloat(m[2], 64)
-	return f
-}
-
+// lastSpoolHeld is how many requests the last status line said the spool
+// holds (0 before it was used).
 func lastSpoolHeld(log []string) int {
 	m := lastMatch(log, spoolHeld)
 	if m == nil {
@@ -325,4 +325,16 @@ func freeLoopback() string {
 	check(err)
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// dirBytes is the size of the files in dir.
+func dirBytes(dir string) int64 {
+	ents, _ := os.ReadDir(dir)
+	var n int64
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+	}
+	return n
 }

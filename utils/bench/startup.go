@@ -159,7 +159,7 @@ func mixString() string {
 	return strings.Join(parts, ", ")
 }
 
-func median(v []float64) float64 {
+func median[T int | float64](v []T) T {
 	if len(v) == 0 {
 		return 0
 	}
