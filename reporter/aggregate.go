@@ -157,9 +157,15 @@ func (a *aggregator) swap(end time.Time) *interval {
 	return iv
 }
 
+// maxMergedSamples bounds a merged interval's samples and waits: each
+// costs 9 bytes or more in a request, which a collector takes up to 4 MiB
+// by default (gRPC's receive limit, checked after decompression).
+const maxMergedSamples = 1 << 16
+
 // mergeable says whether b can be merged into a within limit samples (and
-// waits).
+// waits), and within maxMergedSamples.
 func mergeable(a, b *interval, limit int) bool {
+	limit = min(limit, maxMergedSamples)
 	return a.samples+b.samples <= limit && a.waits+b.waits <= limit
 }
 

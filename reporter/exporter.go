@@ -172,8 +172,8 @@ func (e *exporter) enqueue(iv *interval) {
 	var over []*interval
 	// While a waiting interval is being sent, the spool waits for it: it
 	// may come back, older than any waiting (an attempt lasts at most
-	// attemptTimeout).
-	if n := len(e.queue) - e.limit; n > 0 && (e.spool == nil || !e.sending) {
+	// attemptTimeout), unless twice the bound wait.
+	if n := len(e.queue) - e.limit; n > 0 && (e.spool == nil || !e.sending || n > e.limit) {
 		over = slices.Clone(e.queue[:n])
 		clear(e.queue[:n])
 		e.queue = e.queue[n:]
@@ -205,7 +205,10 @@ func (e *exporter) spillRequest(r otlpRequest, made time.Time) {
 		err = e.spool.Append(spool.Record{Time: made, Samples: uint32(r.samples), Items: uint32(r.profiles), Payload: payload})
 	}
 	if err != nil {
-		e.stats.requestsDropped.Add(1)
+		// The spool counts a record over its bound itself.
+		if !errors.Is(err, spool.ErrTooLarge) {
+			e.stats.requestsDropped.Add(1)
+		}
 		e.log.WithError(err).Warn("could not spool an undelivered OTLP request; it is lost")
 	}
 }
@@ -213,9 +216,11 @@ func (e *exporter) spillRequest(r otlpRequest, made time.Time) {
 // attempt is one request to send: a waiting interval's (iv set) or the
 // spool's oldest.
 type attempt struct {
-	iv      *interval
-	req     otlpRequest
-	spooled int // the spooled record's bytes
+	iv  *interval
+	req otlpRequest
+	// rec is the spooled record (its payload let go), spooled its bytes.
+	rec     spool.Record
+	spooled int
 }
 
 // next returns the request to send now: the oldest waiting interval, else
@@ -252,13 +257,15 @@ func (e *exporter) next(probing bool) (attempt, time.Duration, bool) {
 			return attempt{}, 0, false
 		}
 		req, err := decodeSpooled(rec.Payload)
+		size := len(rec.Payload)
+		rec.Payload = nil
 		if err == nil {
 			return attempt{req: otlpRequest{req: req, samples: int(rec.Samples), profiles: int(rec.Items)},
-				spooled: len(rec.Payload)}, 0, true
+				rec: rec, spooled: size}, 0, true
 		}
 		e.log.WithError(err).Warn("dropping a spooled OTLP request that does not decode")
 		e.stats.requestsDropped.Add(1)
-		if err := e.spool.Ack(); err != nil {
+		if err := e.spool.Ack(rec); err != nil {
 			return attempt{}, e.probeEvery, false
 		}
 	}
@@ -278,7 +285,7 @@ func (e *exporter) finish(a attempt, err error) {
 		if transient {
 			return
 		}
-		if err := e.spool.Ack(); err != nil {
+		if err := e.spool.Ack(a.rec); err != nil {
 			e.log.WithError(err).Warn("recording a replayed request in the spool failed")
 		}
 		if err == nil {
@@ -331,13 +338,16 @@ func (e *exporter) finish(a attempt, err error) {
 func (e *exporter) run(ctx context.Context, stop <-chan struct{}) {
 	go e.watchReady(ctx)
 	delay := e.policy.initial
+	// probing is set after a transient failure: the spool's oldest is
+	// sent then, whatever the replay rate, as a probe.
+	probing := false
 	for {
 		select {
 		case <-stop:
 			return
 		default:
 		}
-		a, wait, ok := e.next(e.failing)
+		a, wait, ok := e.next(probing)
 		if !ok {
 			var timer <-chan time.Time
 			if wait > 0 {
@@ -358,7 +368,8 @@ func (e *exporter) run(ctx context.Context, stop <-chan struct{}) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err == nil || !retryable(err) {
+		probing = err != nil && retryable(err)
+		if !probing {
 			delay = e.policy.initial
 			continue
 		}
@@ -371,10 +382,8 @@ func (e *exporter) run(ctx context.Context, stop <-chan struct{}) {
 			wait = max(wait, min(d, maxServerRetryDelay))
 			ready = nil
 		}
-		select {
-		case <-e.ready:
-		default:
-		}
+		// A token left from before the failure costs one early attempt
+		// at most; dropping it could lose one that came since.
 		e.conn.Connect()
 		select {
 		case <-ctx.Done():

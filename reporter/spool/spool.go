@@ -40,7 +40,15 @@ type Record struct {
 	// Samples and Items are the caller's counts of what the payload holds.
 	Samples, Items uint32
 	Payload        []byte
+
+	// Where Peek read it: its segment and index there, for Ack.
+	seq uint64
+	idx int
 }
+
+// ErrTooLarge is Append's error for a record larger than the bound (or
+// 1 GiB): it is dropped, counted.
+var ErrTooLarge = errors.New("spool: record larger than the bound")
 
 // Stats are a spool's counters since Open, and what it holds.
 type Stats struct {
@@ -112,7 +120,7 @@ func Open(dir string, maxBytes int64) (*Spool, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Spool{dir: dir, lock: lock, maxBytes: maxBytes, segBytes: min(max(maxBytes/8, 64<<10), 32<<20)}
+	s := &Spool{dir: dir, lock: lock, maxBytes: maxBytes, segBytes: min(max(maxBytes/8, 64<<10), 32<<20, maxBytes)}
 	seqs, err := s.listSegments()
 	if err != nil {
 		s.Close()
@@ -149,9 +157,10 @@ func Open(dir string, maxBytes int64) (*Spool, error) {
 			}
 		}
 	}
-	next := uint64(1)
+	// After the cursor's too: segments below it are taken as read.
+	next := curSeq + 1
 	if n := len(s.segs); n > 0 {
-		next = s.segs[n-1].seq + 1
+		next = max(next, s.segs[n-1].seq+1)
 	}
 	if err := s.newSegment(next); err != nil {
 		s.Close()
@@ -257,7 +266,7 @@ func (s *Spool) Append(r Record) error {
 		s.stats.Dropped++
 		s.stats.DroppedSamples += uint64(r.Samples)
 		s.mu.Unlock()
-		return fmt.Errorf("spool: a record of %d bytes exceeds the bound", len(r.Payload))
+		return fmt.Errorf("%w (%d bytes)", ErrTooLarge, len(r.Payload))
 	}
 	buf := make([]byte, headerSize+len(r.Payload))
 	binary.LittleEndian.PutUint32(buf[0:], uint32(len(r.Payload)))
@@ -269,11 +278,13 @@ func (s *Spool) Append(r Record) error {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.w == nil {
+	if s.lock == nil {
 		return errors.New("spool: closed")
 	}
 	cur := s.segs[len(s.segs)-1]
-	if cur.size > 0 && cur.size+int64(len(buf)) > s.segBytes {
+	// A new segment when this one is full, or when writing to it failed
+	// or it was found damaged (no writer).
+	if s.w == nil || (cur.size > 0 && cur.size+int64(len(buf)) > s.segBytes) {
 		if err := s.newSegment(cur.seq + 1); err != nil {
 			s.stats.WriteErrors++
 			return err
@@ -281,18 +292,20 @@ func (s *Spool) Append(r Record) error {
 		cur = s.segs[len(s.segs)-1]
 	}
 	s.trimLocked(int64(len(buf)))
-	if _, err := s.w.Write(buf); err != nil {
+	_, err := s.w.Write(buf)
+	if err == nil {
+		err = s.w.Sync()
+	}
+	if err != nil {
 		s.stats.WriteErrors++
-		// Cut a partial write off, so the segment stays readable.
+		// Cut what was written off, so that the file ends where its
+		// index does; failing that, the next record goes to a new
+		// segment.
 		if terr := s.w.Truncate(cur.size); terr != nil {
 			s.w.Close()
 			s.w = nil
 			return fmt.Errorf("spool: %w (and truncating after it: %v)", err, terr)
 		}
-		return fmt.Errorf("spool: %w", err)
-	}
-	if err := s.w.Sync(); err != nil {
-		s.stats.WriteErrors++
 		return fmt.Errorf("spool: %w", err)
 	}
 	cur.offsets = append(cur.offsets, cur.size)
@@ -343,6 +356,7 @@ func (s *Spool) Peek() (Record, bool, error) {
 		seg := s.segs[0]
 		r, err := s.readLocked(seg, s.readIdx)
 		if err == nil {
+			r.seq, r.idx = seg.seq, s.readIdx
 			return r, true, nil
 		}
 		if !errors.Is(err, errDamaged) {
@@ -355,11 +369,11 @@ func (s *Spool) Peek() (Record, bool, error) {
 		seg.size = seg.offsets[s.readIdx]
 		seg.offsets = seg.offsets[:s.readIdx]
 		seg.samples = seg.samples[:s.readIdx]
-		if len(s.segs) == 1 {
-			// Damaged under the writer: write on after it, elsewhere.
-			if err := s.newSegment(seg.seq + 1); err != nil {
-				return Record{}, false, err
-			}
+		if len(s.segs) == 1 && s.w != nil {
+			// Damaged under the writer: the next record goes to a new
+			// segment.
+			s.w.Close()
+			s.w = nil
 		}
 	}
 }
@@ -407,13 +421,21 @@ func (s *Spool) dropReadLocked() {
 	}
 }
 
-// Ack marks the record Peek returned as read, for good: a daemon started
-// later does not read it again.
-func (s *Spool) Ack() error {
+// Ack marks r, which Peek returned, as read, for good: a daemon started
+// later does not read it again. If the bound dropped r meanwhile (an
+// Append while it was being sent), it is counted as replayed, not
+// dropped.
+func (s *Spool) Ack(r Record) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.segs) == 0 || s.readIdx >= len(s.segs[0].offsets) {
-		return errors.New("spool: nothing to acknowledge")
+	if len(s.segs) == 0 || r.seq < s.segs[0].seq {
+		s.stats.Dropped--
+		s.stats.DroppedSamples -= uint64(r.Samples)
+		s.stats.Replayed++
+		return nil
+	}
+	if r.seq != s.segs[0].seq || r.idx != s.readIdx || s.readIdx >= len(s.segs[0].offsets) {
+		return errors.New("spool: acknowledging a record that is not the one to read")
 	}
 	s.readIdx++
 	s.stats.Replayed++

@@ -49,7 +49,7 @@ func readAll(t *testing.T, s *Spool) []int {
 			t.Errorf("record %d came back as %+v", i, Record{Time: r.Time, Samples: r.Samples, Items: r.Items})
 		}
 		got = append(got, i)
-		if err := s.Ack(); err != nil {
+		if err := s.Ack(r); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -83,10 +83,11 @@ func TestOrderAcrossRestarts(t *testing.T) {
 	s := mustOpen(t, dir, 1<<20)
 	appendN(t, s, 0, 50, 3000) // several segments (128 KiB each)
 	for range 20 {
-		if _, ok, _ := s.Peek(); !ok {
+		r, ok, _ := s.Peek()
+		if !ok {
 			t.Fatal("empty")
 		}
-		if err := s.Ack(); err != nil {
+		if err := s.Ack(r); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -250,8 +251,8 @@ func TestDamagedCursor(t *testing.T) {
 	dir := t.TempDir()
 	s := mustOpen(t, dir, 1<<20)
 	appendN(t, s, 0, 4, 100)
-	s.Peek()
-	s.Ack()
+	r, _, _ := s.Peek()
+	s.Ack(r)
 	s.Close()
 	os.WriteFile(filepath.Join(dir, "cursor"), []byte(strconv.Itoa(12345)), 0o600)
 	s = mustOpen(t, dir, 1<<20)
@@ -294,4 +295,44 @@ func TestDiskFull(t *testing.T) {
 	wantRange(t, got, 0, len(got))
 	appendN(t, s, 100, 102, 10000)
 	wantRange(t, readAll(t, s), 100, 102)
+}
+
+// A record the bound drops while it is being sent is counted as replayed
+// when acknowledged, and the next record is not skipped.
+func TestTrimmedWhileSent(t *testing.T) {
+	s := mustOpen(t, t.TempDir(), 256<<10) // 64 KiB segments
+	appendN(t, s, 0, 10, 10000)
+	r, _, _ := s.Peek() // record 0, in the oldest segment
+	appendN(t, s, 10, 30, 10000)
+	if err := s.Ack(r); err != nil {
+		t.Fatal(err)
+	}
+	st := s.Stats()
+	got := readAll(t, s)
+	wantRange(t, got, got[0], 30)
+	if int(st.Replayed) != 1 || int(st.Dropped)+1+len(got) != 30 {
+		t.Errorf("%+v and %d read: want record 0 replayed, the others read or dropped", st, len(got))
+	}
+}
+
+// A spool emptied by hand (its segments deleted, its cursor left) takes
+// new records after the cursor, and a restart reads them.
+func TestSegmentsDeletedByHand(t *testing.T) {
+	dir := t.TempDir()
+	s := mustOpen(t, dir, 1<<20)
+	appendN(t, s, 0, 100, 3000)
+	for range 60 {
+		r, _, _ := s.Peek()
+		s.Ack(r)
+	}
+	s.Close()
+	segs, _ := filepath.Glob(filepath.Join(dir, "*.seg"))
+	for _, f := range segs {
+		os.Remove(f)
+	}
+	s = mustOpen(t, dir, 1<<20)
+	appendN(t, s, 100, 103, 3000)
+	s.Close()
+	s = mustOpen(t, dir, 1<<20)
+	wantRange(t, readAll(t, s), 100, 103)
 }
