@@ -41,7 +41,8 @@ static long text_offset(uintptr_t addr)
   while (fgets(line, sizeof(line), f)) {
     unsigned long start, end, fileoff;
     char perms[8];
-    if (sscanf(line, "%lx-%lx %7s %lx", &start, &end, perms, &fileoff) == 4 && addr >= start && addr < end) {
+    if (sscanf(line, "%lx-%lx %7s %lx", &start, &end, perms, &fileoff) == 4 && addr >= start &&
+        addr < end) {
       off = (long)(addr - start + fileoff);
       break;
     }

@@ -9,12 +9,13 @@ static unsigned char noise[1 << 16];
 // Pointers to the tables, and the tables' strides and offsets: random.
 void *gHotSpotVMStructs, *gHotSpotVMTypes, *gHotSpotVMIntConstants, *gHotSpotVMLongConstants;
 uint64_t gHotSpotVMStructEntryArrayStride, gHotSpotVMStructEntryTypeNameOffset,
-    gHotSpotVMStructEntryFieldNameOffset, gHotSpotVMStructEntryTypeStringOffset,
-    gHotSpotVMStructEntryIsStaticOffset, gHotSpotVMStructEntryOffsetOffset,
-    gHotSpotVMStructEntryAddressOffset, gHotSpotVMTypeEntryArrayStride, gHotSpotVMTypeEntryTypeNameOffset,
-    gHotSpotVMTypeEntrySizeOffset, gHotSpotVMIntConstantEntryArrayStride, gHotSpotVMIntConstantEntryNameOffset,
-    gHotSpotVMIntConstantEntryValueOffset, gHotSpotVMLongConstantEntryArrayStride,
-    gHotSpotVMLongConstantEntryNameOffset, gHotSpotVMLongConstantEntryValueOffset;
+  gHotSpotVMStructEntryFieldNameOffset, gHotSpotVMStructEntryTypeStringOffset,
+  gHotSpotVMStructEntryIsStaticOffset, gHotSpotVMStructEntryOffsetOffset,
+  gHotSpotVMStructEntryAddressOffset, gHotSpotVMTypeEntryArrayStride,
+  gHotSpotVMTypeEntryTypeNameOffset, gHotSpotVMTypeEntrySizeOffset,
+  gHotSpotVMIntConstantEntryArrayStride, gHotSpotVMIntConstantEntryNameOffset,
+  gHotSpotVMIntConstantEntryValueOffset, gHotSpotVMLongConstantEntryArrayStride,
+  gHotSpotVMLongConstantEntryNameOffset, gHotSpotVMLongConstantEntryValueOffset;
 
 static volatile unsigned long sink;
 
@@ -30,14 +31,15 @@ __attribute__((constructor)) static void fill(void)
   if (!f)
     return;
   fread(noise, 1, sizeof(noise), f);
-  uint64_t *words[] = {&gHotSpotVMStructEntryArrayStride, &gHotSpotVMStructEntryTypeNameOffset,
-                       &gHotSpotVMStructEntryFieldNameOffset, &gHotSpotVMStructEntryTypeStringOffset,
-                       &gHotSpotVMStructEntryIsStaticOffset, &gHotSpotVMStructEntryOffsetOffset,
-                       &gHotSpotVMStructEntryAddressOffset, &gHotSpotVMTypeEntryArrayStride,
-                       &gHotSpotVMTypeEntryTypeNameOffset, &gHotSpotVMTypeEntrySizeOffset,
-                       &gHotSpotVMIntConstantEntryArrayStride, &gHotSpotVMIntConstantEntryNameOffset,
-                       &gHotSpotVMIntConstantEntryValueOffset, &gHotSpotVMLongConstantEntryArrayStride,
-                       &gHotSpotVMLongConstantEntryNameOffset, &gHotSpotVMLongConstantEntryValueOffset};
+  uint64_t *words[] = {
+    &gHotSpotVMStructEntryArrayStride,      &gHotSpotVMStructEntryTypeNameOffset,
+    &gHotSpotVMStructEntryFieldNameOffset,  &gHotSpotVMStructEntryTypeStringOffset,
+    &gHotSpotVMStructEntryIsStaticOffset,   &gHotSpotVMStructEntryOffsetOffset,
+    &gHotSpotVMStructEntryAddressOffset,    &gHotSpotVMTypeEntryArrayStride,
+    &gHotSpotVMTypeEntryTypeNameOffset,     &gHotSpotVMTypeEntrySizeOffset,
+    &gHotSpotVMIntConstantEntryArrayStride, &gHotSpotVMIntConstantEntryNameOffset,
+    &gHotSpotVMIntConstantEntryValueOffset, &gHotSpotVMLongConstantEntryArrayStride,
+    &gHotSpotVMLongConstantEntryNameOffset, &gHotSpotVMLongConstantEntryValueOffset};
   for (unsigned i = 0; i < sizeof(words) / sizeof(words[0]); i++)
     fread(words[i], sizeof(uint64_t), 1, f);
   fclose(f);
