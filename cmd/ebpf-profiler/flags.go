@@ -94,7 +94,7 @@ type config struct {
 	// spoolDir keeps the requests the collector could not take, at most
 	// spoolMiB, replayed at spoolReplayMiB a second; "" turns it off.
 	spoolDir       string
-	spoolMiB       int
+	spoolMiB       float64
 	spoolReplayMiB float64
 	pprofAddr      string
 	// web is the -http web view's configuration; its addr "" turns it off.
@@ -130,7 +130,7 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	fs.StringVar(&c.tlsKeyFile, "tls-key-file", "", "PEM private key of -tls-cert-file.")
 	fs.StringVar(&c.spoolDir, "spool-dir", defaultSpoolDir,
 		"With -collection-agent: keep what the collector cannot take (down, refusing, too slow) here, to send when it is back, also after a restart (\"\" = drop it).")
-	fs.IntVar(&c.spoolMiB, "spool-mb", 256, "Most MiB kept in -spool-dir; beyond it the oldest profiles are dropped (counted).")
+	fs.Float64Var(&c.spoolMiB, "spool-mb", 256, "Most MiB kept in -spool-dir; beyond it the oldest profiles are dropped (counted).")
 	fs.Float64Var(&c.spoolReplayMiB, "spool-replay-mb-per-second", 1,
 		"Most MiB (compressed) a second sent from -spool-dir, so that a collector just back is not flooded; new profiles go first.")
 	fs.IntVar(&c.samplesPerSecond, "samples-per-second", 20, "Samples per second per CPU (1-10000).")
@@ -271,8 +271,8 @@ func (c *config) validate() error {
 	if c.memoryLimitMiB < 0 || c.memoryLimitMiB > 1<<20 {
 		errs = append(errs, fmt.Errorf("-memory-limit-mb=%d: want 0 (none) to %d", c.memoryLimitMiB, 1<<20))
 	}
-	if c.spoolMiB < 1 {
-		errs = append(errs, fmt.Errorf("-spool-mb=%d: want 1 or more (-spool-dir=\"\" turns the spool off)", c.spoolMiB))
+	if !(c.spoolMiB >= 0.01 && c.spoolMiB <= 1<<20) {
+		errs = append(errs, fmt.Errorf("-spool-mb=%g: want 0.01 to %d (-spool-dir=\"\" turns the spool off)", c.spoolMiB, 1<<20))
 	}
 	if !(c.spoolReplayMiB > 0) {
 		errs = append(errs, fmt.Errorf("-spool-replay-mb-per-second=%g: want more than 0", c.spoolReplayMiB))

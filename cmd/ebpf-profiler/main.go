@@ -149,7 +149,7 @@ func profile(ctx context.Context, cfg *config) error {
 		OutputDir:        cfg.outputDir,
 		MaxOutputFiles:   outputFilesLimit(cfg.maxOutputFiles),
 		SpoolDir:         spoolDir(cfg),
-		SpoolBytes:       int64(cfg.spoolMiB) << 20,
+		SpoolBytes:       int64(cfg.spoolMiB * (1 << 20)),
 		// The flag's MiB a second.
 		SpoolReplayBytesPerSecond: cfg.spoolReplayMiB * (1 << 20),
 		TopN:                      topN(cfg),
@@ -412,7 +412,7 @@ func describeOutputs(cfg *config) {
 		}
 		log.Infof("Exporting OTLP profiles to %s (%s) every %v", cfg.collectionAgent, tls, cfg.reporterInterval)
 		if dir := spoolDir(cfg); dir != "" {
-			log.Infof("Keeping what the collector cannot take in %s (at most %d MiB; replayed at %g MiB/s)",
+			log.Infof("Keeping what the collector cannot take in %s (at most %g MiB; replayed at %g MiB/s)",
 				dir, cfg.spoolMiB, cfg.spoolReplayMiB)
 		}
 	}

@@ -269,3 +269,50 @@ func TestRestartDuringOutage(t *testing.T) {
 			got.Samples, want, sum["requests_replayed"], oldSum["requests_spooled"])
 	}
 }
+
+// TestSpoolTooSmall: with a spool far too small for the outage (50 KiB),
+// its oldest requests are dropped, and the daemon's count of the samples
+// lost in it is exact: reported = received + lost.
+func TestSpoolTooSmall(t *testing.T) {
+	requireE2E(t)
+	requireRoot(t)
+	c := startCollector(t)
+	d := startDaemon(t, "-collection-agent="+c.Addr, "-disable-tls", "-reporter-interval=1s",
+		"-samples-per-second=100", "-spool-dir="+filepath.Join(t.TempDir(), "spool"), "-spool-mb=0.05")
+	workload := startWorkload(t, 30*time.Second)
+	defer workload.Process.Kill()
+	time.Sleep(2 * time.Second)
+	outputs := []string{c.OutPath}
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Second)
+	if err := c.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	outputs = append(outputs, c.OutPath)
+	time.Sleep(5 * time.Second)
+	d.Stop(t, profilerStopTimeout)
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	var received int64
+	for _, out := range outputs {
+		pds, err := collector.ReadOutput(out, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		received += statsOf(pds).Samples
+	}
+	sum := logFields(t, d.LogPath, "Stopped")
+	t.Logf("daemon: samples_reported=%d samples_exported=%d samples_lost_in_spool=%d requests_spooled=%d requests_replayed=%d requests_dropped=%d; collector received %d",
+		sum["samples_reported"], sum["samples_exported"], sum["samples_lost_in_spool"], sum["requests_spooled"],
+		sum["requests_replayed"], sum["requests_dropped"], received)
+	if sum["samples_lost_in_spool"] == 0 || sum["requests_dropped"] == 0 {
+		t.Error("a 50 KiB spool dropped nothing in a 20 s outage")
+	}
+	if received+sum["samples_lost_in_spool"] != sum["samples_reported"] || received != sum["samples_exported"] {
+		t.Errorf("received %d + lost %d != reported %d (exported %d)", received, sum["samples_lost_in_spool"],
+			sum["samples_reported"], sum["samples_exported"])
+	}
+}
