@@ -142,12 +142,14 @@ func newExporter(cfg Config, policy retryPolicy, opts buildOptions, stats *count
 		wake:       make(chan struct{}, 1),
 	}
 	if cfg.SpoolDir != "" {
+		// Without its spool the daemon still exports; it drops what the
+		// collector does not take, as it says.
 		e.spool, err = spool.Open(cfg.SpoolDir, cfg.SpoolBytes)
 		if err != nil {
-			conn.Close()
-			return nil, err
-		}
-		if st := e.spool.Stats(); st.Records > 0 {
+			log.WithError(err).WithField("max_waiting", cfg.MaxQueuedRequests).
+				Warn("not keeping what the collector does not take on disk: beyond max_waiting requests, the oldest are dropped (counted); set -spool-dir to a directory of the daemon's own")
+			e.spool = nil
+		} else if st := e.spool.Stats(); st.Records > 0 {
 			log.WithFields(logrus.Fields{"requests": st.Records, "bytes": st.Bytes, "spool": cfg.SpoolDir}).
 				Info("replaying the profiles an earlier run could not deliver")
 		}

@@ -3,7 +3,9 @@ package reporter
 import (
 	"context"
 	"net"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -718,4 +720,30 @@ func TestResourceExhaustedRetryInfo(t *testing.T) {
 	if second < 300*time.Millisecond {
 		t.Errorf("asked again %v after RESOURCE_EXHAUSTED with a 300ms retry delay", second)
 	}
+}
+
+// TestSpoolUnusable: a spool directory the daemon cannot use leaves it
+// exporting, without a spool, and says so.
+func TestSpoolUnusable(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	c := &fakeCollector{}
+	r, hook := newTestReporter(t, Config{CollectionAgent: serve(t, "127.0.0.1:0", c), SpoolDir: dir})
+	if r.exp.spool != nil {
+		t.Fatal("a directory others may write to was used")
+	}
+	var warned bool
+	for _, e := range hook.AllEntries() {
+		warned = warned || (e.Level == logrus.WarnLevel && strings.Contains(e.Message, "not keeping what the collector does not take"))
+	}
+	if !warned {
+		t.Error("no warning")
+	}
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	reportN(t, r, 4)
+	waitFor(t, "delivery", func() bool { return r.Stats().SamplesExported == 4 })
 }

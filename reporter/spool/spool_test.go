@@ -336,3 +336,16 @@ func TestSegmentsDeletedByHand(t *testing.T) {
 	s = mustOpen(t, dir, 1<<20)
 	wantRange(t, readAll(t, s), 100, 103)
 }
+
+// A directory others may write to is not used: its records would be sent
+// as the daemon's.
+func TestRefusesSharedDir(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := Open(dir, 1<<20); err == nil {
+		s.Close()
+		t.Fatal("a directory others may write to was used")
+	}
+}
