@@ -270,7 +270,7 @@ func TestRestartDuringOutage(t *testing.T) {
 	}
 }
 
-// TestSpoolTooSmall: with a spool far too small for the outage (50 KiB),
+// TestSpoolTooSmall: with a spool far too small for the outage (10 KiB),
 // its oldest requests are dropped, and the daemon's count of the samples
 // lost in it is exact: reported = received + lost.
 func TestSpoolTooSmall(t *testing.T) {
@@ -278,7 +278,7 @@ func TestSpoolTooSmall(t *testing.T) {
 	requireRoot(t)
 	c := startCollector(t)
 	d := startDaemon(t, "-collection-agent="+c.Addr, "-disable-tls", "-reporter-interval=1s",
-		"-samples-per-second=100", "-spool-dir="+filepath.Join(t.TempDir(), "spool"), "-spool-mb=0.05")
+		"-samples-per-second=100", "-spool-dir="+filepath.Join(t.TempDir(), "spool"), "-spool-mb=0.01")
 	workload := startWorkload(t, 30*time.Second)
 	defer workload.Process.Kill()
 	time.Sleep(2 * time.Second)
@@ -309,7 +309,7 @@ func TestSpoolTooSmall(t *testing.T) {
 		sum["samples_reported"], sum["samples_exported"], sum["samples_lost_in_spool"], sum["requests_spooled"],
 		sum["requests_replayed"], sum["requests_dropped"], received)
 	if sum["samples_lost_in_spool"] == 0 || sum["requests_dropped"] == 0 {
-		t.Error("a 50 KiB spool dropped nothing in a 20 s outage")
+		t.Error("a 10 KiB spool dropped nothing in a 20 s outage")
 	}
 	if received+sum["samples_lost_in_spool"] != sum["samples_reported"] || received != sum["samples_exported"] {
 		t.Errorf("received %d + lost %d != reported %d (exported %d)", received, sum["samples_lost_in_spool"],
