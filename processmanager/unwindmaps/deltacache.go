@@ -70,21 +70,8 @@ const (
 // of cached deltas. It refuses a directory another user owns or others may
 // write to: its files could then be anyone's.
 func OpenDeltaCache(dir string, maxBytes int64, log logrus.FieldLogger) (*DeltaCache, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := libpf.OwnDirectory(dir); err != nil {
 		return nil, fmt.Errorf("stack delta cache: %w", err)
-	}
-	st, err := os.Lstat(dir)
-	if err != nil {
-		return nil, fmt.Errorf("stack delta cache: %w", err)
-	}
-	sys, ok := st.Sys().(*syscall.Stat_t)
-	switch {
-	case !st.IsDir():
-		return nil, fmt.Errorf("stack delta cache: %s is not a directory", dir)
-	case !ok || int(sys.Uid) != os.Geteuid():
-		return nil, fmt.Errorf("stack delta cache: %s belongs to another user", dir)
-	case st.Mode().Perm()&0o022 != 0:
-		return nil, fmt.Errorf("stack delta cache: others may write to %s (mode %v)", dir, st.Mode().Perm())
 	}
 	return &DeltaCache{dir: dir, maxBytes: maxBytes, log: log, uid: os.Geteuid(), now: time.Now}, nil
 }

@@ -28,10 +28,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hostprof/ebpf-profiler/libpf"
 )
 
 // Record is one queued record.
@@ -114,23 +115,9 @@ func Open(dir string, maxBytes int64) (*Spool, error) {
 	if maxBytes < 2*headerSize {
 		return nil, fmt.Errorf("spool %s: bound %d bytes is too small", dir, maxBytes)
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	// Its records are sent to the collector as the daemon's.
+	if err := libpf.OwnDirectory(dir); err != nil {
 		return nil, fmt.Errorf("spool: %w", err)
-	}
-	// Its records are sent to the collector as the daemon's: a directory
-	// another user owns or others may write to is not used.
-	st, err := os.Lstat(dir)
-	if err != nil {
-		return nil, fmt.Errorf("spool: %w", err)
-	}
-	sys, ok := st.Sys().(*syscall.Stat_t)
-	switch {
-	case !st.IsDir():
-		return nil, fmt.Errorf("spool: %s is not a directory", dir)
-	case !ok || int(sys.Uid) != os.Geteuid():
-		return nil, fmt.Errorf("spool: %s belongs to another user", dir)
-	case st.Mode().Perm()&0o022 != 0:
-		return nil, fmt.Errorf("spool: others may write to %s (mode %v)", dir, st.Mode().Perm())
 	}
 	lock, err := lockDir(dir)
 	if err != nil {
