@@ -9,10 +9,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
-	"strings"
 	"testing"
 
+	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
 )
 
@@ -44,13 +43,63 @@ func symbols(t *testing.T, path string, names ...string) map[string]elf.Symbol {
 	return out
 }
 
-func goMinor(t *testing.T) int {
-	v := strings.TrimPrefix(runtime.Version(), "go1.")
-	minor, err := strconv.Atoi(strings.SplitN(v, ".", 2)[0])
+func toolchainMinor(t *testing.T) int {
+	minor, err := goMinor(runtime.Version())
 	if err != nil {
 		t.Skipf("toolchain %s: not a release", runtime.Version())
 	}
 	return minor
+}
+
+// buildHeapprog builds testdata/heapprog with the machine's toolchain for
+// goarch, with extra go build flags.
+func buildHeapprog(t *testing.T, goarch string, flags ...string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "heapprog")
+	args := append(append([]string{"build", "-o", bin}, flags...), "./testdata/heapprog")
+	cmd := exec.Command("go", args...)
+	cmd.Env = append(os.Environ(), "GOARCH="+goarch, "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building heapprog: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestLocate finds the globals from the runtime's code, x86_64 and arm64,
+// where the symbol table has them, and in a stripped build, where the rate
+// it finds holds the runtime's default (512 KiB).
+func TestLocate(t *testing.T) {
+	for _, goarch := range []string{"amd64", "arm64"} {
+		full, stripped := buildHeapprog(t, goarch), buildHeapprog(t, goarch, "-ldflags=-s -w")
+		syms := symbols(t, full, "runtime.mbuckets", "runtime.mProfCycle", "runtime.MemProfileRate")
+		want := Program{Minor: toolchainMinor(t), Buckets: syms["runtime.mbuckets"].Value,
+			Cycle: syms["runtime.mProfCycle"].Value, Rate: syms["runtime.MemProfileRate"].Value}
+		f, err := elf.Open(full)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := Program{Minor: want.Minor}
+		err = locateInCode(f, &got)
+		f.Close()
+		if err != nil || got != want {
+			t.Errorf("%s, from the code: %+v, %v; want %+v", goarch, got, err, want)
+		}
+		sf, err := os.Open(stripped)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := Locate(sf)
+		sf.Close()
+		if err != nil {
+			t.Fatalf("%s, stripped: %v", goarch, err)
+		}
+		ef, _ := elf.Open(stripped)
+		rate, err := interpreter.ReadELF(ef, p.Rate, 8)
+		ef.Close()
+		if err != nil || len(rate) != 8 || le.Uint64(rate) != 512<<10 {
+			t.Errorf("%s, stripped: the rate at %#x reads %x, %v; want 512 KiB", goarch, p.Rate, rate, err)
+		}
+	}
 }
 
 // TestReadBuckets reads a running Go program's memory-profile buckets from
@@ -58,10 +107,7 @@ func goMinor(t *testing.T) int {
 // checks the bucket of its 200 retained 64 KiB allocations against what
 // its own runtime.MemProfile said.
 func TestReadBuckets(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "heapprog")
-	if out, err := exec.Command("go", "build", "-o", bin, "./testdata/heapprog").CombinedOutput(); err != nil {
-		t.Fatalf("building heapprog: %v\n%s", err, out)
-	}
+	bin := buildHeapprog(t, runtime.GOARCH)
 	cmd := exec.Command(bin)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
@@ -79,7 +125,7 @@ func TestReadBuckets(t *testing.T) {
 	}
 
 	syms := symbols(t, bin, "runtime.mbuckets", "runtime.mProfCycle", "main.retainLeaf")
-	l, err := LayoutFor(goMinor(t))
+	l, err := LayoutFor(toolchainMinor(t))
 	if err != nil {
 		t.Fatal(err)
 	}
