@@ -2,17 +2,23 @@ package goheap
 
 import (
 	"bufio"
+	"cmp"
 	"debug/elf"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"testing"
+
+	"github.com/google/pprof/profile"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
+	"github.com/hostprof/ebpf-profiler/nativeunwind"
 )
 
 // symbols returns the values of the named symbols of an executable (not
@@ -102,26 +108,42 @@ func TestLocate(t *testing.T) {
 	}
 }
 
+// startHeapprog runs bin with args until it is ready, and returns its pid
+// and what it printed before; it ends with the test.
+func startHeapprog(t *testing.T, bin string, args ...string) (int, []string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	var lines []string
+	r := bufio.NewReader(stdout)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("heapprog: %v (printed %q)", err, lines)
+		}
+		if line == "ready\n" {
+			return cmd.Process.Pid, lines
+		}
+		lines = append(lines, line)
+	}
+}
+
 // TestReadBuckets reads a running Go program's memory-profile buckets from
 // its memory (testdata/heapprog, built by the machine's toolchain) and
 // checks the bucket of its 200 retained 64 KiB allocations against what
 // its own runtime.MemProfile said.
 func TestReadBuckets(t *testing.T) {
 	bin := buildHeapprog(t, runtime.GOARCH)
-	cmd := exec.Command(bin)
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { stdin.Close(); cmd.Wait() }()
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		t.Fatalf("heapprog: %v", err)
-	}
+	pid, lines := startHeapprog(t, bin, "all")
 	var wantObjects, wantInUse, wantAlloc uint64
-	if _, err := fmt.Sscanf(line, "want %d %d %d", &wantObjects, &wantInUse, &wantAlloc); err != nil {
-		t.Fatalf("heapprog printed %q", line)
+	if _, err := fmt.Sscanf(lines[0], "want %d %d %d", &wantObjects, &wantInUse, &wantAlloc); err != nil {
+		t.Fatalf("heapprog printed %q", lines)
 	}
 
 	syms := symbols(t, bin, "runtime.mbuckets", "runtime.mProfCycle", "main.retainLeaf")
@@ -129,7 +151,7 @@ func TestReadBuckets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", cmd.Process.Pid))
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,5 +253,107 @@ func TestHostileLists(t *testing.T) {
 	got, skipped, err := Read(procmem.New(m), l, head, 0, true)
 	if err != nil || len(got) != 1 || skipped != 1 {
 		t.Errorf("torn counts: %d buckets, %d skipped, %v; want 1 and 1", len(got), skipped, err)
+	}
+}
+
+// topByLeaf sums values by the innermost function of each sample and
+// returns the n largest, by name.
+func topByLeaf(values map[string]int64, n int) map[string]int64 {
+	names := make([]string, 0, len(values))
+	for k := range values {
+		names = append(names, k)
+	}
+	slices.SortFunc(names, func(a, b string) int { return cmp.Compare(values[b], values[a]) })
+	out := map[string]int64{}
+	for _, k := range names[:min(n, len(names))] {
+		out[k] = values[k]
+	}
+	return out
+}
+
+// TestAgainstOwnProfile: what the daemon makes of a program's buckets,
+// read from outside at the default sampling rate, and the heap profile
+// the program writes itself (runtime/pprof) agree: the same top 3
+// functions by in-use and by allocated bytes, each within 10%.
+func TestAgainstOwnProfile(t *testing.T) {
+	bin := buildHeapprog(t, runtime.GOARCH)
+	own := filepath.Join(t.TempDir(), "heap.pb.gz")
+	pid, _ := startHeapprog(t, bin, "sampled", own)
+
+	f, err := os.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	prog, err := Locate(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	r := procmem.New(mem)
+	rate, err := r.U64(prog.Rate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cyc, err := r.U32(prog.Cycle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _ := LayoutFor(prog.Minor)
+	buckets, _, err := Read(r, l, prog.Buckets, cyc>>1, cyc&1 != 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ef, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ef.Close()
+	lines, err := nativeunwind.ReadGoLines(ef, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours := map[string]map[string]int64{"inuse_space": {}, "alloc_space": {}}
+	for _, s := range Samples(buckets, lines, prog.Minor, int64(rate)) {
+		if len(s.Stack) > 0 {
+			ours["inuse_space"][s.Stack[0].Function] += s.InUseBytes
+			ours["alloc_space"][s.Stack[0].Function] += s.AllocBytes
+		}
+	}
+
+	pf, err := os.Open(own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pf.Close()
+	p, err := profile.Parse(pf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs := map[string]map[string]int64{"inuse_space": {}, "alloc_space": {}}
+	for i, st := range p.SampleType {
+		if theirs[st.Type] == nil {
+			continue
+		}
+		for _, s := range p.Sample {
+			if len(s.Location) > 0 && len(s.Location[0].Line) > 0 {
+				theirs[st.Type][s.Location[0].Line[0].Function.Name] += s.Value[i]
+			}
+		}
+	}
+	t.Logf("MemProfileRate %d, %d buckets", rate, len(buckets))
+	for _, kind := range []string{"inuse_space", "alloc_space"} {
+		o, w := topByLeaf(ours[kind], 3), topByLeaf(theirs[kind], 3)
+		t.Logf("%s: ours %v; the program's own %v", kind, o, w)
+		for name, v := range w {
+			got, ok := o[name]
+			if !ok || math.Abs(float64(got-v)) > 0.1*float64(v) {
+				t.Errorf("%s of %s: %d, the program's own profile says %d", kind, name, got, v)
+			}
+		}
 	}
 }

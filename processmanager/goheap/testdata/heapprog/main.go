@@ -1,7 +1,11 @@
-// heapprog retains 200 allocations of 64 KiB under main.retainLeaf with
-// every allocation sampled, then prints what its own runtime.MemProfile
-// says of that bucket ("want OBJECTS INUSE_BYTES ALLOC_BYTES") and waits
-// for its standard input to end, for TestReadBuckets to read its memory.
+// heapprog allocates on known stacks: retainLeaf keeps 200 allocations of
+// 64 KiB (every allocation sampled with "all" as its first argument,
+// else one per 512 KiB, the default), churnLeaf allocates and drops
+// 64 MiB, retainSmall keeps 100,000 objects of 48 bytes. It prints what
+// its own runtime.MemProfile says of retainLeaf's bucket ("want OBJECTS
+// INUSE_BYTES ALLOC_BYTES"), writes its own heap profile (runtime/pprof)
+// to the file its second argument names, if any, prints "ready", and
+// waits for its standard input to end, for the tests to read its memory.
 package main
 
 import (
@@ -9,9 +13,14 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"runtime/pprof"
 )
 
 var retained [][]byte
+
+type small struct{ a, b, c, d, e, f uint64 }
+
+var smalls []*small
 
 //go:noinline
 func retainLeaf(n, size int) {
@@ -20,9 +29,30 @@ func retainLeaf(n, size int) {
 	}
 }
 
+//go:noinline
+func churnLeaf(total, size int) int {
+	sum := 0
+	for range total / size {
+		b := make([]byte, size)
+		sum += len(b)
+	}
+	return sum
+}
+
+//go:noinline
+func retainSmall(n int) {
+	for range n {
+		smalls = append(smalls, &small{a: uint64(n)})
+	}
+}
+
 func main() {
-	runtime.MemProfileRate = 1
+	if len(os.Args) > 1 && os.Args[1] == "all" {
+		runtime.MemProfileRate = 1
+	}
 	retainLeaf(200, 64<<10)
+	churnLeaf(64<<20, 32<<10)
+	retainSmall(100000)
 	runtime.GC()
 	runtime.GC()
 	n, _ := runtime.MemProfile(nil, true)
@@ -35,6 +65,18 @@ func main() {
 			}
 		}
 	}
+	if len(os.Args) > 2 {
+		f, err := os.Create(os.Args[2])
+		if err == nil {
+			err = pprof.Lookup("heap").WriteTo(f, 0)
+			f.Close()
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+	fmt.Println("ready")
 	io.Copy(io.Discard, os.Stdin)
-	fmt.Fprintln(io.Discard, len(retained))
+	fmt.Fprintln(io.Discard, len(retained), len(smalls))
 }

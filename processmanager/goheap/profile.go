@@ -1,0 +1,79 @@
+package goheap
+
+import (
+	"math"
+	"strings"
+
+	"github.com/hostprof/ebpf-profiler/nativeunwind"
+)
+
+// Frame is one frame of an allocation's stack.
+type Frame struct {
+	Function, File string
+	Line           int
+}
+
+// Sample is one allocation site as the program's own heap profile
+// (/debug/pprof/heap) shows it: its stack, innermost first, without the
+// runtime's allocation frames, and its counts scaled up from the sampled
+// ones.
+type Sample struct {
+	Stack                                              []Frame
+	AllocObjects, AllocBytes, InUseObjects, InUseBytes int64
+}
+
+// Samples symbolizes and scales buckets of a Go 1.minor program whose
+// MemProfileRate is rate, as runtime/pprof writes its heap profile: each
+// return address is resolved at pc-1 to the innermost function there (a
+// bucket's stack holds one address per logical frame, inlined ones
+// included), the leading frames of the runtime (and, from 1.24, of
+// internal/runtime/) and runtime.goexit are dropped, and each pair of
+// count and bytes is scaled by the chance that an allocation of the
+// average size was sampled (runtime/pprof's scaleHeapSample).
+func Samples(buckets []Bucket, lines *nativeunwind.GoLines, minor int, rate int64) []Sample {
+	out := make([]Sample, 0, len(buckets))
+	for _, b := range buckets {
+		var stack []Frame
+		for _, pc := range b.Stack {
+			fr := Frame{Function: "?"}
+			if frames, _ := lines.Lookup(pc - 1); len(frames) > 0 {
+				fr = Frame{Function: frames[0].Func.Name, File: frames[0].File, Line: frames[0].Line}
+			}
+			if fr.Function == "runtime.goexit" {
+				continue
+			}
+			stack = append(stack, fr)
+		}
+		skip := 0
+		for skip < len(stack) && isRuntimeFrame(stack[skip].Function, minor) {
+			skip++
+		}
+		if skip < len(stack) {
+			stack = stack[skip:]
+		}
+		inObj, inBytes := b.InUse()
+		s := Sample{Stack: stack}
+		s.AllocObjects, s.AllocBytes = scale(b.Allocs, b.AllocBytes, rate)
+		s.InUseObjects, s.InUseBytes = scale(inObj, inBytes, rate)
+		out = append(out, s)
+	}
+	return out
+}
+
+func isRuntimeFrame(name string, minor int) bool {
+	return strings.HasPrefix(name, "runtime.") || (minor >= 24 && strings.HasPrefix(name, "internal/runtime/"))
+}
+
+// scale estimates the allocations a sampled count and its bytes stand
+// for: an allocation of size s is sampled with probability 1-e^(-s/rate).
+func scale(count, bytes uint64, rate int64) (int64, int64) {
+	if count == 0 || bytes == 0 {
+		return 0, 0
+	}
+	if rate <= 1 {
+		return int64(count), int64(bytes)
+	}
+	avg := float64(bytes) / float64(count)
+	s := 1 / (1 - math.Exp(-avg/float64(rate)))
+	return int64(float64(count) * s), int64(float64(bytes) * s)
+}
