@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"debug/elf"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -13,12 +14,12 @@ import (
 	"runtime"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/google/pprof/profile"
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
-	"github.com/hostprof/ebpf-profiler/nativeunwind"
 )
 
 // symbols returns the values of the named symbols of an executable (not
@@ -271,89 +272,91 @@ func topByLeaf(values map[string]int64, n int) map[string]int64 {
 	return out
 }
 
-// TestAgainstOwnProfile: what the daemon makes of a program's buckets,
-// read from outside at the default sampling rate, and the heap profile
-// the program writes itself (runtime/pprof) agree: the same top 3
-// functions by in-use and by allocated bytes, each within 10%.
+// TestAgainstOwnProfile: what Reader makes of a program's buckets, read
+// from outside at the default sampling rate, and the heap profile the
+// program writes itself (runtime/pprof) agree: the same top 3 functions by
+// in-use and by allocated bytes, each within 10% (they are equal when
+// nothing allocates between the two). Built plain, stripped, and
+// position-independent.
 func TestAgainstOwnProfile(t *testing.T) {
-	bin := buildHeapprog(t, runtime.GOARCH)
-	own := filepath.Join(t.TempDir(), "heap.pb.gz")
-	pid, _ := startHeapprog(t, bin, "sampled", own)
-
-	f, err := os.Open(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	prog, err := Locate(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mem.Close()
-	r := procmem.New(mem)
-	rate, err := r.U64(prog.Rate)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cyc, err := r.U32(prog.Cycle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, _ := LayoutFor(prog.Minor)
-	buckets, _, err := Read(r, l, prog.Buckets, cyc>>1, cyc&1 != 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ef, err := elf.Open(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ef.Close()
-	lines, err := nativeunwind.ReadGoLines(ef, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ours := map[string]map[string]int64{"inuse_space": {}, "alloc_space": {}}
-	for _, s := range Samples(buckets, lines, prog.Minor, int64(rate)) {
-		if len(s.Stack) > 0 {
-			ours["inuse_space"][s.Stack[0].Function] += s.InUseBytes
-			ours["alloc_space"][s.Stack[0].Function] += s.AllocBytes
-		}
-	}
-
-	pf, err := os.Open(own)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pf.Close()
-	p, err := profile.Parse(pf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	theirs := map[string]map[string]int64{"inuse_space": {}, "alloc_space": {}}
-	for i, st := range p.SampleType {
-		if theirs[st.Type] == nil {
-			continue
-		}
-		for _, s := range p.Sample {
-			if len(s.Location) > 0 && len(s.Location[0].Line) > 0 {
-				theirs[st.Type][s.Location[0].Line[0].Function.Name] += s.Value[i]
+	r := NewReader()
+	defer r.Close()
+	for name, flags := range map[string][]string{"plain": nil, "stripped": {"-ldflags=-s -w"}, "pie": {"-buildmode=pie"}} {
+		t.Run(name, func(t *testing.T) {
+			bin := buildHeapprog(t, runtime.GOARCH, flags...)
+			own := filepath.Join(t.TempDir(), "heap.pb.gz")
+			pid, _ := startHeapprog(t, bin, "sampled", own)
+			prof, err := r.Read(pid)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-	}
-	t.Logf("MemProfileRate %d, %d buckets", rate, len(buckets))
-	for _, kind := range []string{"inuse_space", "alloc_space"} {
-		o, w := topByLeaf(ours[kind], 3), topByLeaf(theirs[kind], 3)
-		t.Logf("%s: ours %v; the program's own %v", kind, o, w)
-		for name, v := range w {
-			got, ok := o[name]
-			if !ok || math.Abs(float64(got-v)) > 0.1*float64(v) {
-				t.Errorf("%s of %s: %d, the program's own profile says %d", kind, name, got, v)
+			ours := map[string]map[string]int64{"inuse_space": {}, "alloc_space": {}}
+			for _, s := range prof.Samples {
+				if len(s.Stack) > 0 {
+					ours["inuse_space"][s.Stack[0].Function] += s.InUseBytes
+					ours["alloc_space"][s.Stack[0].Function] += s.AllocBytes
+				}
 			}
-		}
+			pf, err := os.Open(own)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pf.Close()
+			p, err := profile.Parse(pf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			theirs := map[string]map[string]int64{"inuse_space": {}, "alloc_space": {}}
+			for i, st := range p.SampleType {
+				if theirs[st.Type] == nil {
+					continue
+				}
+				for _, s := range p.Sample {
+					if len(s.Location) > 0 && len(s.Location[0].Line) > 0 {
+						theirs[st.Type][s.Location[0].Line[0].Function.Name] += s.Value[i]
+					}
+				}
+			}
+			t.Logf("MemProfileRate %d, %d samples, %d skipped", prof.Rate, len(prof.Samples), prof.Skipped)
+			for _, kind := range []string{"inuse_space", "alloc_space"} {
+				o, w := topByLeaf(ours[kind], 3), topByLeaf(theirs[kind], 3)
+				t.Logf("%s: ours %v; the program's own %v", kind, o, w)
+				for name, v := range w {
+					got, ok := o[name]
+					if !ok || math.Abs(float64(got-v)) > 0.1*float64(v) {
+						t.Errorf("%s of %s: %d, the program's own profile says %d", kind, name, got, v)
+					}
+				}
+			}
+		})
 	}
+}
+
+// TestProfilingOff: a Go program that cannot read its memory profile has
+// none (the linker turned it off), which Read says.
+func TestProfilingOff(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "main.go")
+	os.WriteFile(src, []byte("package main\n\nimport \"os\"\n\nfunc main() { os.Stdin.Read(make([]byte, 1)) }\n"), 0o644)
+	bin := filepath.Join(dir, "noprof")
+	if out, err := exec.Command("go", "build", "-o", bin, src).CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	cmd := exec.Command(bin)
+	stdin, _ := cmd.StdinPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stdin.Close(); cmd.Wait() }()
+	r := NewReader()
+	defer r.Close()
+	for range 50 {
+		if _, err := r.Read(cmd.Process.Pid); errors.Is(err, ErrProfilingOff) {
+			return
+		} else if err != nil {
+			t.Logf("%v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Error("a program without pprof read as having a profile")
 }
