@@ -257,8 +257,8 @@ func TestHostileLists(t *testing.T) {
 	}
 }
 
-// topByLeaf sums values by the innermost function of each sample and
-// returns the n largest, by name.
+// topByLeaf returns the n largest of values (by function), leaving out
+// zeros (whose order is arbitrary).
 func topByLeaf(values map[string]int64, n int) map[string]int64 {
 	names := make([]string, 0, len(values))
 	for k := range values {
@@ -267,7 +267,9 @@ func topByLeaf(values map[string]int64, n int) map[string]int64 {
 	slices.SortFunc(names, func(a, b string) int { return cmp.Compare(values[b], values[a]) })
 	out := map[string]int64{}
 	for _, k := range names[:min(n, len(names))] {
-		out[k] = values[k]
+		if values[k] > 0 {
+			out[k] = values[k]
+		}
 	}
 	return out
 }
@@ -359,4 +361,53 @@ func TestProfilingOff(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Error("a program without pprof read as having a profile")
+}
+
+// BenchmarkReadProcess reads a process with thousands of buckets (one per
+// size class and recursion depth, every allocation sampled): the cost of
+// one read, per process and per bucket.
+func BenchmarkReadProcess(b *testing.B) {
+	bin := buildHeapprogB(b, runtime.GOARCH)
+	cmd := exec.Command(bin, "many")
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { stdin.Close(); cmd.Wait() }()
+	br := bufio.NewReader(stdout)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			b.Fatal(err)
+		}
+		if line == "ready\n" {
+			break
+		}
+	}
+	r := NewReader()
+	defer r.Close()
+	prof, err := r.Read(cmd.Process.Pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := r.Read(cmd.Process.Pid); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(len(prof.Samples)), "buckets")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(prof.Samples)), "ns/bucket")
+}
+
+// buildHeapprogB is buildHeapprog for a benchmark.
+func buildHeapprogB(b *testing.B, goarch string) string {
+	bin := filepath.Join(b.TempDir(), "heapprog")
+	cmd := exec.Command("go", "build", "-o", bin, "./testdata/heapprog")
+	cmd.Env = append(os.Environ(), "GOARCH="+goarch, "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("building heapprog: %v\n%s", err, out)
+	}
+	return bin
 }

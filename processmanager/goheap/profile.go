@@ -22,23 +22,21 @@ type Sample struct {
 	AllocObjects, AllocBytes, InUseObjects, InUseBytes int64
 }
 
-// Samples symbolizes and scales buckets of a Go 1.minor program whose
-// MemProfileRate is rate, as runtime/pprof writes its heap profile: each
-// return address is resolved at pc-1 to the innermost function there (a
+// Samples symbolizes (with resolve, see Resolver) and scales buckets of a
+// Go 1.minor program whose MemProfileRate is rate, as runtime/pprof writes
+// its heap profile: each return address is resolved at pc-1 to the
+// innermost function there (a
 // bucket's stack holds one address per logical frame, inlined ones
 // included), the leading frames of the runtime (and, from 1.24, of
 // internal/runtime/) and runtime.goexit are dropped, and each pair of
 // count and bytes is scaled by the chance that an allocation of the
 // average size was sampled (runtime/pprof's scaleHeapSample).
-func Samples(buckets []Bucket, lines *nativeunwind.GoLines, minor int, rate int64) []Sample {
+func Samples(buckets []Bucket, resolve func(pc uint64) Frame, minor int, rate int64) []Sample {
 	out := make([]Sample, 0, len(buckets))
 	for _, b := range buckets {
 		var stack []Frame
 		for _, pc := range b.Stack {
-			fr := Frame{Function: "?"}
-			if frames, _ := lines.Lookup(pc - 1); len(frames) > 0 {
-				fr = Frame{Function: frames[0].Func.Name, File: frames[0].File, Line: frames[0].Line}
-			}
+			fr := resolve(pc - 1)
 			if fr.Function == "runtime.goexit" {
 				continue
 			}
@@ -76,4 +74,29 @@ func scale(count, bytes uint64, rate int64) (int64, int64) {
 	avg := float64(bytes) / float64(count)
 	s := 1 / (1 - math.Exp(-avg/float64(rate)))
 	return int64(float64(count) * s), int64(float64(bytes) * s)
+}
+
+// maxResolved bounds the addresses a Resolver remembers.
+const maxResolved = 1 << 16
+
+// Resolver returns a function that resolves an address of the executable
+// lines reads to its innermost function, file and line ("?" where no
+// function covers it), remembering the answers: stacks share most of
+// their addresses.
+func Resolver(lines *nativeunwind.GoLines) func(pc uint64) Frame {
+	seen := map[uint64]Frame{}
+	return func(pc uint64) Frame {
+		if fr, ok := seen[pc]; ok {
+			return fr
+		}
+		fr := Frame{Function: "?"}
+		if frames, _ := lines.Lookup(pc); len(frames) > 0 {
+			fr = Frame{Function: frames[0].Func.Name, File: frames[0].File, Line: frames[0].Line}
+		}
+		if len(seen) >= maxResolved {
+			clear(seen)
+		}
+		seen[pc] = fr
+		return fr
+	}
 }

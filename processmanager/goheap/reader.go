@@ -49,10 +49,11 @@ type exeKey struct {
 }
 
 type executable struct {
-	file  *os.File
-	prog  Program
-	lines *nativeunwind.GoLines
-	err   error
+	file    *os.File
+	prog    Program
+	resolve func(pc uint64) Frame // guarded by mu
+	mu      sync.Mutex
+	err     error
 }
 
 // NewReader returns a Reader.
@@ -106,7 +107,9 @@ func (r *Reader) Read(pid int) (Profile, error) {
 			b.Stack[i] -= bias
 		}
 	}
-	return Profile{Rate: int64(rate), Samples: Samples(buckets, exe.lines, exe.prog.Minor, int64(rate)), Skipped: skipped}, nil
+	exe.mu.Lock()
+	defer exe.mu.Unlock()
+	return Profile{Rate: int64(rate), Samples: Samples(buckets, exe.resolve, exe.prog.Minor, int64(rate)), Skipped: skipped}, nil
 }
 
 // loadBias is how far a position-independent executable was moved from
@@ -154,8 +157,11 @@ func (r *Reader) executable(pid int) (*executable, error) {
 	}
 	if e.err == nil {
 		var f *elf.File
+		var lines *nativeunwind.GoLines
 		if f, e.err = elf.NewFile(e.file); e.err == nil {
-			e.lines, e.err = nativeunwind.ReadGoLines(f, nil)
+			if lines, e.err = nativeunwind.ReadGoLines(f, nil); e.err == nil {
+				e.resolve = Resolver(lines)
+			}
 		}
 	}
 	if e.err != nil && e.file != nil {

@@ -1,4 +1,5 @@
-// heapprog allocates on known stacks: retainLeaf keeps 200 allocations of
+// heapprog allocates on known stacks (and with "many" as its first
+// argument, at thousands of sites): retainLeaf keeps 200 allocations of
 // 64 KiB (every allocation sampled with "all" as its first argument,
 // else one per 512 KiB, the default), churnLeaf allocates and drops
 // 64 MiB, retainSmall keeps 100,000 objects of 48 bytes. It prints what
@@ -39,6 +40,19 @@ func churnLeaf(total, size int) int {
 	return sum
 }
 
+// manyLeaf keeps one object of each size class below 32 KiB at each
+// recursion depth up to depth: thousands of buckets (mode "many").
+//
+//go:noinline
+func manyLeaf(depth int) {
+	if depth > 0 {
+		manyLeaf(depth - 1)
+	}
+	for size := 8; size <= 32<<10; size += size / 8 {
+		retained = append(retained, make([]byte, size))
+	}
+}
+
 //go:noinline
 func retainSmall(n int) {
 	for range n {
@@ -47,8 +61,13 @@ func retainSmall(n int) {
 }
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "all" {
+	if len(os.Args) > 1 && (os.Args[1] == "all" || os.Args[1] == "many") {
 		runtime.MemProfileRate = 1
+	}
+	if len(os.Args) > 1 && os.Args[1] == "many" {
+		for d := range 100 {
+			manyLeaf(d)
+		}
 	}
 	retainLeaf(200, 64<<10)
 	churnLeaf(64<<20, 32<<10)
