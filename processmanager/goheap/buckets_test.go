@@ -60,7 +60,7 @@ func toolchainMinor(t *testing.T) int {
 
 // buildHeapprog builds testdata/heapprog with the machine's toolchain for
 // goarch, with extra go build flags.
-func buildHeapprog(t *testing.T, goarch string, flags ...string) string {
+func buildHeapprog(t testing.TB, goarch string, flags ...string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "heapprog")
 	args := append(append([]string{"build", "-o", bin}, flags...), "./testdata/heapprog")
@@ -111,7 +111,7 @@ func TestLocate(t *testing.T) {
 
 // startHeapprog runs bin with args until it is ready, and returns its pid
 // and what it printed before; it ends with the test.
-func startHeapprog(t *testing.T, bin string, args ...string) (int, []string) {
+func startHeapprog(t testing.TB, bin string, args ...string) (int, []string) {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	stdin, _ := cmd.StdinPipe()
@@ -367,47 +367,18 @@ func TestProfilingOff(t *testing.T) {
 // size class and recursion depth, every allocation sampled): the cost of
 // one read, per process and per bucket.
 func BenchmarkReadProcess(b *testing.B) {
-	bin := buildHeapprogB(b, runtime.GOARCH)
-	cmd := exec.Command(bin, "many")
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { stdin.Close(); cmd.Wait() }()
-	br := bufio.NewReader(stdout)
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			b.Fatal(err)
-		}
-		if line == "ready\n" {
-			break
-		}
-	}
+	pid, _ := startHeapprog(b, buildHeapprog(b, runtime.GOARCH), "many")
 	r := NewReader()
 	defer r.Close()
-	prof, err := r.Read(cmd.Process.Pid)
+	prof, err := r.Read(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.ResetTimer()
 	for b.Loop() {
-		if _, err := r.Read(cmd.Process.Pid); err != nil {
+		if _, err := r.Read(pid); err != nil {
 			b.Fatal(err)
 		}
 	}
 	b.ReportMetric(float64(len(prof.Samples)), "buckets")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(prof.Samples)), "ns/bucket")
-}
-
-// buildHeapprogB is buildHeapprog for a benchmark.
-func buildHeapprogB(b *testing.B, goarch string) string {
-	bin := filepath.Join(b.TempDir(), "heapprog")
-	cmd := exec.Command("go", "build", "-o", bin, "./testdata/heapprog")
-	cmd.Env = append(os.Environ(), "GOARCH="+goarch, "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		b.Fatalf("building heapprog: %v\n%s", err, out)
-	}
-	return bin
 }

@@ -49,11 +49,15 @@ type exeKey struct {
 }
 
 type executable struct {
-	file    *os.File
-	prog    Program
-	resolve func(pc uint64) Frame // guarded by mu
-	mu      sync.Mutex
-	err     error
+	file *os.File
+	prog Program
+	// pie says the executable is position-independent; firstLoad is its
+	// first loadable segment's address less its file offset.
+	pie       bool
+	firstLoad uint64
+	resolve   func(pc uint64) Frame // guarded by mu
+	mu        sync.Mutex
+	err       error
 }
 
 // NewReader returns a Reader.
@@ -112,14 +116,10 @@ func (r *Reader) Read(pid int) (Profile, error) {
 	return Profile{Rate: int64(rate), Samples: Samples(buckets, exe.resolve, exe.prog.Minor, int64(rate)), Skipped: skipped}, nil
 }
 
-// loadBias is how far a position-independent executable was moved from
+// loadBias is how far pid loaded a position-independent executable from
 // its file's addresses (0 for one that is not).
 func loadBias(pid int, exe *executable) (uint64, error) {
-	f, err := elf.NewFile(exe.file)
-	if err != nil {
-		return 0, err
-	}
-	if f.Type != elf.ET_DYN {
+	if !exe.pie {
 		return 0, nil
 	}
 	// The mapping at file offset 0 holds the first loadable segment.
@@ -127,12 +127,7 @@ func loadBias(pid int, exe *executable) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_LOAD {
-			return base - (p.Vaddr - p.Off), nil
-		}
-	}
-	return 0, errors.New("no loadable segment")
+	return base - exe.firstLoad, nil
 }
 
 // executable returns what Reader keeps of pid's executable, reading it
@@ -159,6 +154,16 @@ func (r *Reader) executable(pid int) (*executable, error) {
 		var f *elf.File
 		var lines *nativeunwind.GoLines
 		if f, e.err = elf.NewFile(e.file); e.err == nil {
+			e.pie = f.Type == elf.ET_DYN
+			e.err = errors.New("no loadable segment")
+			for _, p := range f.Progs {
+				if p.Type == elf.PT_LOAD {
+					e.firstLoad, e.err = p.Vaddr-p.Off, nil
+					break
+				}
+			}
+		}
+		if e.err == nil {
 			if lines, e.err = nativeunwind.ReadGoLines(f, nil); e.err == nil {
 				e.resolve = Resolver(lines)
 			}
