@@ -175,10 +175,8 @@ func (e *exporter) enqueue(iv *interval) {
 	// While a waiting interval is being sent, the spool waits for it: it
 	// may come back, older than any waiting (an attempt lasts at most
 	// attemptTimeout), unless twice the bound wait.
-	if n := len(e.queue) - e.limit; n > 0 && (e.spool == nil || !e.sending || n > e.limit) {
-		over = slices.Clone(e.queue[:n])
-		clear(e.queue[:n])
-		e.queue = e.queue[n:]
+	if n := len(e.queue) - e.limit; e.spool == nil || !e.sending || n > e.limit {
+		over = e.takeOverLocked()
 	}
 	e.mu.Unlock()
 	e.spill(over...)
@@ -186,6 +184,19 @@ func (e *exporter) enqueue(iv *interval) {
 	case e.wake <- struct{}{}:
 	default:
 	}
+}
+
+// takeOverLocked takes the oldest waiting intervals beyond the bound off
+// the queue (the caller holds mu).
+func (e *exporter) takeOverLocked() []*interval {
+	n := len(e.queue) - e.limit
+	if n <= 0 {
+		return nil
+	}
+	over := slices.Clone(e.queue[:n])
+	clear(e.queue[:n])
+	e.queue = e.queue[n:]
+	return over
 }
 
 // spill writes intervals to the spool, or, without one, drops them
@@ -287,8 +298,8 @@ func (e *exporter) finish(a attempt, err error) {
 		if transient {
 			return
 		}
-		if err := e.spool.Ack(a.rec); err != nil {
-			e.log.WithError(err).Warn("recording a replayed request in the spool failed")
+		if aerr := e.spool.Ack(a.rec); aerr != nil {
+			e.log.WithError(aerr).Warn("recording a replayed request in the spool failed")
 		}
 		if err == nil {
 			e.stats.requestsReplayed.Add(1)
@@ -310,12 +321,7 @@ func (e *exporter) finish(a attempt, err error) {
 		e.mu.Lock()
 		e.sending = false
 		e.queue = append([]*interval{a.iv}, e.queue...)
-		var over []*interval
-		if n := len(e.queue) - e.limit; n > 0 {
-			over = slices.Clone(e.queue[:n])
-			clear(e.queue[:n])
-			e.queue = e.queue[n:]
-		}
+		over := e.takeOverLocked()
 		e.mu.Unlock()
 		e.spill(over...)
 		return
