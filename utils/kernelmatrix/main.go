@@ -236,6 +236,15 @@ func matrix(kernels, arches, run, work, logs string, vmTimeout time.Duration, pa
 	}
 	results := runVMs(jobs, parallel, func(j vmJob) result {
 		r := boot(j.vm, j.series, j.run, j.log, vmTimeout, verbose)
+		if r.panickedBeforeInit() {
+			// Under TCG a kernel has panicked 1.5 s into its boot (a
+			// fatal exception in sched_clock_cpu, amd64, in CI), before
+			// any of our code ran: one more boot, the first log kept.
+			first := strings.TrimSuffix(j.log, ".log") + ".first-boot.log"
+			os.Rename(j.log, first)
+			fmt.Printf("kernelmatrix: %s %s: the kernel panicked before init ran (log %s); booting again\n", j.series, j.vm.goarch, first)
+			r = boot(j.vm, j.series, j.run, j.log, vmTimeout, verbose)
+		}
 		fmt.Printf("kernelmatrix: %s %s: %s\n", j.series, j.vm.goarch, r.summary())
 		return r
 	})
