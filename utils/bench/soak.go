@@ -70,6 +70,10 @@ func runSoak(bin string, d time.Duration, outDir string) {
 	tick := time.NewTicker(10 * time.Second)
 	defer tick.Stop()
 	down, back := false, false
+	// The outage's span in wall time, and how long after its end the
+	// daemon's status line first showed an empty spool.
+	var outageStart, outageEnd time.Time
+	drainedAfter := time.Duration(-1)
 	for elapsed := time.Duration(0); elapsed < d; elapsed = time.Since(start) {
 		if elapsed >= nextPhase {
 			if stopLoads != nil {
@@ -85,19 +89,22 @@ func runSoak(bin string, d time.Duration, outDir string) {
 		}
 		if !down && elapsed >= outageAt {
 			check(sk.c.Stop())
-			down = true
+			down, outageStart = true, time.Now()
 			fmt.Printf("soak: %v: collector stopped\n", elapsed.Round(time.Second))
 		}
 		if down && !back && elapsed >= outageAt+outage {
 			check(sk.c.Restart())
 			outputs = append(outputs, sk.c.OutPath)
-			back = true
+			back, outageEnd = true, time.Now()
 			fmt.Printf("soak: %v: collector started again\n", elapsed.Round(time.Second))
 		}
 		select {
 		case err := <-exited:
 			fatalf("daemon exited: %v\n%s", err, strings.Join(lastN(readLog(), 40), "\n"))
 		case <-tick.C:
+		}
+		if back && drainedAfter < 0 && lastSpoolHeld(readLog()) == 0 {
+			drainedAfter = time.Since(outageEnd)
 		}
 		rss, _ := memory(pid)
 		points = append(points, soakPoint{at: time.Since(start), rssMiB: rss, goroutines: goroutines(pprofAddr),
@@ -121,7 +128,7 @@ func runSoak(bin string, d time.Duration, outDir string) {
 		fatalf("daemon: %v", err)
 	}
 	check(sk.c.Stop())
-	var received int64
+	var received, inOutage int64
 	for _, out := range outputs {
 		pds, err := collector.ReadOutput(out, false)
 		check(err)
@@ -132,7 +139,12 @@ func runSoak(bin string, d time.Duration, outDir string) {
 						// One timestamp per sample, CPU or off-CPU (whose
 						// values are nanoseconds).
 						for _, s := range p.GetSamples() {
-							received += int64(len(s.GetTimestampsUnixNano()))
+							for _, ts := range s.GetTimestampsUnixNano() {
+								received++
+								if t := time.Unix(0, int64(ts)); !outageStart.IsZero() && !t.Before(outageStart) && t.Before(outageEnd) {
+									inOutage++
+								}
+							}
 						}
 					}
 				}
@@ -140,6 +152,14 @@ func runSoak(bin string, d time.Duration, outDir string) {
 		}
 	}
 	sum := summaryFields(readLog())
+	if down {
+		drainedMsg := "not before the end of the run"
+		if drainedAfter >= 0 {
+			drainedMsg = drainedAfter.Round(time.Second).String() + " after its return (status line every 10 s)"
+		}
+		fmt.Printf("soak: %d samples taken while the collector was down reached it once it was back; the spool was empty again %s\n",
+			inOutage, drainedMsg)
+	}
 	ok := reportSoak(points, sum, received, drained, outage, outDir)
 	if !ok {
 		fatalf("soak failed")
