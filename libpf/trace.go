@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/zeebo/xxh3"
 )
 
 // MaxFrames is the most frames one trace holds, kernel and user together.
@@ -125,6 +127,44 @@ func (f *Frame) AbsAddress() uint64 {
 		return f.Address
 	}
 	return f.Address + f.Mapping.Bias
+}
+
+// HashTrace computes the 128-bit trace hash of pid's frames: xxh3 over
+// each frame's kind, file id and address. User frames without a file id
+// have process-specific addresses, so the pid is mixed in for them; kernel
+// addresses are the same in every process. Runtime frames are what they
+// run: function, file and line, the same in every process. A truncated
+// trace differs from a complete one of the same frames. buf is scratch
+// space, returned for reuse.
+func HashTrace(buf []byte, pid uint32, frames []Frame, truncated bool) (TraceHash, []byte) {
+	buf = buf[:0]
+	for i := range frames {
+		f := &frames[i]
+		if f.Kind.IsRuntime() {
+			buf = append(buf, byte(f.Kind))
+			buf = append(buf, f.FunctionName...)
+			buf = append(buf, 0)
+			buf = append(buf, f.SourceFile...)
+			buf = append(buf, 0)
+			buf = binary.LittleEndian.AppendUint32(buf, f.SourceLine)
+			continue
+		}
+		var id FileID
+		if f.Mapping != nil {
+			id = f.Mapping.FileID
+		}
+		buf = append(buf, byte(f.Kind))
+		buf = append(buf, id[:]...)
+		buf = binary.LittleEndian.AppendUint64(buf, f.Address)
+		if id.IsZero() && f.Kind != FrameKernel {
+			buf = binary.LittleEndian.AppendUint32(buf, pid)
+		}
+	}
+	if truncated {
+		buf = append(buf, 1)
+	}
+	h := xxh3.Hash128(buf)
+	return TraceHash{Hi: h.Hi, Lo: h.Lo}, buf
 }
 
 // Trace is a converted stack trace. It is immutable once built and shared by

@@ -1,15 +1,11 @@
 package processmanager
 
 import (
-	"encoding/binary"
 	"errors"
 	"time"
 
-	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
-
-	"github.com/zeebo/xxh3"
-
 	"github.com/hostprof/ebpf-profiler/libpf"
+	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
 	"github.com/hostprof/ebpf-profiler/support"
 )
 
@@ -284,40 +280,9 @@ func (m *Manager) readableName(sym string) (name, system string) {
 // anonymousCode names frames in anonymous executable memory.
 const anonymousCode = "[anonymous executable memory]"
 
-// hashTrace computes the 128-bit trace hash: xxh3 over each frame's kind,
-// file id and address. User frames without a file id have process-specific
-// addresses, so the pid is mixed in for them; kernel addresses are the same
-// in every process. Runtime frames are what they run: function, file and
-// line, the same in every process. A truncated trace differs from a
-// complete one of the same frames.
+// hashTrace is libpf.HashTrace with the manager's buffer.
 func (m *Manager) hashTrace(pid uint32, frames []libpf.Frame, truncated bool) libpf.TraceHash {
-	buf := m.hashBuf[:0]
-	for i := range frames {
-		f := &frames[i]
-		if f.Kind.IsRuntime() {
-			buf = append(buf, byte(f.Kind))
-			buf = append(buf, f.FunctionName...)
-			buf = append(buf, 0)
-			buf = append(buf, f.SourceFile...)
-			buf = append(buf, 0)
-			buf = binary.LittleEndian.AppendUint32(buf, f.SourceLine)
-			continue
-		}
-		var id libpf.FileID
-		if f.Mapping != nil {
-			id = f.Mapping.FileID
-		}
-		buf = append(buf, byte(f.Kind))
-		buf = append(buf, id[:]...)
-		buf = binary.LittleEndian.AppendUint64(buf, f.Address)
-		if id.IsZero() && f.Kind != libpf.FrameKernel {
-			buf = binary.LittleEndian.AppendUint32(buf, pid)
-		}
-	}
-	if truncated {
-		buf = append(buf, 1)
-	}
-	m.hashBuf = buf
-	h := xxh3.Hash128(buf)
-	return libpf.TraceHash{Hi: h.Hi, Lo: h.Lo}
+	var h libpf.TraceHash
+	h, m.hashBuf = libpf.HashTrace(m.hashBuf, pid, frames, truncated)
+	return h
 }

@@ -74,6 +74,11 @@ type interval struct {
 	samples, waits int
 	// dropped counts samples refused because the interval was full.
 	dropped int
+	// heaps are the heap profiles read in the interval, at most one per
+	// process; heapSites their samples, bounded by the limit on their
+	// own.
+	heaps     []*libpf.HeapProfile
+	heapSites int
 }
 
 func newInterval(start time.Time) *interval {
@@ -136,12 +141,42 @@ func (a *aggregator) add(t *libpf.Trace, meta *libpf.SampleMeta, ts uint64) bool
 	return true
 }
 
+// addHeap keeps a heap profile in the current interval, in place of one
+// of the same process read earlier in it, and reports whether it was kept
+// (not when its sites would take the interval's over the limit).
+func (a *aggregator) addHeap(hp *libpf.HeapProfile) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	iv := a.cur
+	for i, old := range iv.heaps {
+		if old.Process == hp.Process {
+			if iv.heapSites-len(old.Samples)+len(hp.Samples) > a.limit {
+				return false
+			}
+			iv.heapSites += len(hp.Samples) - len(old.Samples)
+			iv.heaps[i] = hp
+			return true
+		}
+	}
+	if iv.heapSites+len(hp.Samples) > a.limit {
+		return false
+	}
+	iv.heapSites += len(hp.Samples)
+	iv.heaps = append(iv.heaps, hp)
+	return true
+}
+
+// empty says the interval has nothing to report.
+func (iv *interval) empty() bool {
+	return iv.samples == 0 && iv.waits == 0 && len(iv.heaps) == 0
+}
+
 // restartIfEmpty moves the start of the current interval to now if it has
 // no samples yet.
 func (a *aggregator) restartIfEmpty(now time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.cur.samples == 0 && a.cur.waits == 0 && a.cur.dropped == 0 {
+	if a.cur.empty() && a.cur.dropped == 0 {
 		a.cur.start = now
 	}
 }
@@ -166,7 +201,7 @@ const maxMergedSamples = 1 << 16
 // waits), and within maxMergedSamples.
 func mergeable(a, b *interval, limit int) bool {
 	limit = min(limit, maxMergedSamples)
-	return a.samples+b.samples <= limit && a.waits+b.waits <= limit
+	return a.samples+b.samples <= limit && a.waits+b.waits <= limit && a.heapSites+b.heapSites <= limit
 }
 
 // mergeIntervals returns a new interval spanning a and b with the samples
@@ -180,6 +215,9 @@ func mergeIntervals(a, b *interval) *interval {
 		samples: a.samples + b.samples,
 		waits:   a.waits + b.waits,
 		dropped: a.dropped + b.dropped,
+		// Each heap profile is a reading at its own time: both are kept.
+		heaps:     slices.Concat(a.heaps, b.heaps),
+		heapSites: a.heapSites + b.heapSites,
 	}
 	if b.start.Before(m.start) {
 		m.start = b.start

@@ -264,6 +264,7 @@ func buildRequest(iv *interval, opts buildOptions) otlpRequest {
 	start, end := profileWindow(iv)
 	byProcess := groupsByProcess(iv)
 	req := &collectorpb.ExportProfilesServiceRequest{}
+	resources := map[processIdent]*profilespb.ResourceProfiles{}
 	for _, groups := range byProcess {
 		var profs []*profilespb.Profile
 		cpu, offCPU := splitOffCPU(groups)
@@ -289,16 +290,81 @@ func buildRequest(iv *interval, opts buildOptions) otlpRequest {
 				Samples:      b.samples(offCPU, start, end),
 			})
 		}
-		req.ResourceProfiles = append(req.ResourceProfiles, &profilespb.ResourceProfiles{
-			Resource: resource(groups[0].key.pid, groups[0].key.process, opts),
-			ScopeProfiles: []*profilespb.ScopeProfiles{{
-				Scope:    &commonpb.InstrumentationScope{Name: scopeName, Version: opts.version},
-				Profiles: profs,
-			}},
-		})
+		rp := newResourceProfiles(groups[0].key.pid, groups[0].key.process, opts)
+		rp.ScopeProfiles[0].Profiles = profs
+		resources[processIdent{groups[0].key.pid, groups[0].key.process}] = rp
+		req.ResourceProfiles = append(req.ResourceProfiles, rp)
+	}
+	for _, hp := range iv.heaps {
+		var pid libpf.PID
+		if hp.Process != nil {
+			pid = hp.Process.PID
+		}
+		id := processIdent{pid, hp.Process}
+		rp := resources[id]
+		if rp == nil {
+			rp = newResourceProfiles(pid, hp.Process, opts)
+			resources[id] = rp
+			req.ResourceProfiles = append(req.ResourceProfiles, rp)
+		}
+		rp.ScopeProfiles[0].Profiles = append(rp.ScopeProfiles[0].Profiles, b.heapProfiles(hp)...)
 	}
 	req.Dictionary = b.dictionary()
-	return otlpRequest{req: req, samples: iv.samples + iv.waits, profiles: len(byProcess)}
+	return otlpRequest{req: req, samples: iv.samples + iv.waits, profiles: len(req.ResourceProfiles)}
+}
+
+// processIdent is a process image: its pid and ProcessInfo.
+type processIdent struct {
+	pid     libpf.PID
+	process *libpf.ProcessInfo
+}
+
+// newResourceProfiles is the resource of a process with an empty scope.
+func newResourceProfiles(pid libpf.PID, proc *libpf.ProcessInfo, opts buildOptions) *profilespb.ResourceProfiles {
+	return &profilespb.ResourceProfiles{
+		Resource: resource(pid, proc, opts),
+		ScopeProfiles: []*profilespb.ScopeProfiles{{
+			Scope: &commonpb.InstrumentationScope{Name: scopeName, Version: opts.version},
+		}},
+	}
+}
+
+// heapSampleTypes are a heap profile's four values, in the names and units
+// of Go's own heap profile (runtime/pprof), each a profile of its own:
+// an OTLP profile has one sample type.
+var heapSampleTypes = [4][2]string{
+	{"alloc_objects", "count"}, {"alloc_space", "bytes"}, {"inuse_objects", "count"}, {"inuse_space", "bytes"},
+}
+
+// heapValues are a heap sample's values in the order of heapSampleTypes.
+func heapValues(s *libpf.HeapSample) [4]int64 {
+	return [4]int64{s.AllocObjects, s.AllocBytes, s.InUseObjects, s.InUseBytes}
+}
+
+// heapProfiles are the four profiles of a heap profile: one sample per
+// allocation site with a value, without timestamps (the values are totals
+// at the profile's time), the period that of the program's sampling in
+// bytes.
+func (b *dictBuilder) heapProfiles(hp *libpf.HeapProfile) []*profilespb.Profile {
+	profs := make([]*profilespb.Profile, len(heapSampleTypes))
+	for i, st := range heapSampleTypes {
+		profs[i] = &profilespb.Profile{
+			SampleType:   &profilespb.ValueType{TypeStrindex: b.str(st[0]), UnitStrindex: b.str(st[1])},
+			PeriodType:   &profilespb.ValueType{TypeStrindex: b.str("space"), UnitStrindex: b.str("bytes")},
+			Period:       hp.Period,
+			TimeUnixNano: uint64(hp.Time.UnixNano()),
+			ProfileId:    newProfileID(),
+		}
+	}
+	for i := range hp.Samples {
+		s := &hp.Samples[i]
+		for j, v := range heapValues(s) {
+			if v != 0 {
+				profs[j].Samples = append(profs[j].Samples, &profilespb.Sample{StackIndex: b.stack(s.Trace), Values: []int64{v}})
+			}
+		}
+	}
+	return profs
 }
 
 // sampleIdent is an OTLP sample's identity within a profile. Distinct trace
@@ -442,13 +508,9 @@ func clampTime(ts, start, end uint64) uint64 {
 // ProcessInfo), each list and the lists themselves in a deterministic order
 // so requests are reproducible.
 func groupsByProcess(iv *interval) [][]*sampleGroup {
-	type ident struct {
-		pid     libpf.PID
-		process *libpf.ProcessInfo
-	}
-	byProcess := make(map[ident][]*sampleGroup)
+	byProcess := make(map[processIdent][]*sampleGroup)
 	for _, g := range iv.groups {
-		id := ident{g.key.pid, g.key.process}
+		id := processIdent{g.key.pid, g.key.process}
 		byProcess[id] = append(byProcess[id], g)
 	}
 	out := make([][]*sampleGroup, 0, len(byProcess))

@@ -82,6 +82,49 @@ func buildPprof(iv *interval, period int64) *profile.Profile {
 	return p
 }
 
+// buildHeapPprof converts an interval's heap profiles into one pprof
+// profile with the sample types of Go's own heap profile, in-use bytes
+// shown first (as go tool pprof shows a program's /debug/pprof/heap); each
+// sample is labelled with its process. nil when the interval has none.
+func buildHeapPprof(iv *interval) *profile.Profile {
+	if len(iv.heaps) == 0 {
+		return nil
+	}
+	p := &profile.Profile{
+		DefaultSampleType: "inuse_space",
+		PeriodType:        &profile.ValueType{Type: "space", Unit: "bytes"},
+		TimeNanos:         iv.heaps[0].Time.UnixNano(),
+	}
+	for _, st := range heapSampleTypes {
+		p.SampleType = append(p.SampleType, &profile.ValueType{Type: st[0], Unit: st[1]})
+	}
+	b := &pprofBuilder{
+		p:         p,
+		mappings:  make(map[libpf.Mapping]*profile.Mapping),
+		functions: make(map[[3]string]*profile.Function),
+		locations: make(map[pprofLocKey]*profile.Location),
+		stacks:    make(map[*libpf.Trace][]*profile.Location),
+	}
+	for _, hp := range iv.heaps {
+		// One period per file: the programs' own (512 KiB unless they
+		// changed it).
+		p.Period = max(p.Period, hp.Period)
+		labels := map[string][]string{}
+		num := map[string][]int64{}
+		if hp.Process != nil {
+			labels["process"] = []string{hp.Process.ExecutableName}
+			num["pid"] = []int64{int64(hp.Process.PID)}
+		}
+		for i := range hp.Samples {
+			s := &hp.Samples[i]
+			v := heapValues(s)
+			p.Sample = append(p.Sample, &profile.Sample{Value: v[:], Location: b.stack(s.Trace), Label: labels,
+				NumLabel: num, NumUnit: map[string][]string{"pid": {"id"}}})
+		}
+	}
+	return p
+}
+
 // hasOffCPU says whether an interval has off-CPU samples.
 func hasOffCPU(iv *interval) bool {
 	for _, g := range iv.groups {
@@ -210,10 +253,11 @@ func symbolName(f *libpf.Frame) string {
 	return f.FunctionName
 }
 
-// writePprof writes p into dir as profile-<UTC start>.pb.gz. It writes a
-// temporary file and renames it, so readers never see a partial profile.
-func writePprof(dir string, p *profile.Profile, start time.Time) (string, error) {
-	path, err := uniqueProfilePath(dir, start)
+// writePprof writes p into dir as profile-<UTC start><suffix>.pb.gz. It
+// writes a temporary file and renames it, so readers never see a partial
+// profile.
+func writePprof(dir string, p *profile.Profile, start time.Time, suffix string) (string, error) {
+	path, err := uniqueProfilePath(dir, start, suffix)
 	if err != nil {
 		return "", err
 	}
@@ -244,8 +288,8 @@ func writePprof(dir string, p *profile.Profile, start time.Time) (string, error)
 // uniqueProfilePath names the file after the interval start, adding a
 // counter when two intervals start within the same second (e.g. the partial
 // interval flushed by Close right after a tick).
-func uniqueProfilePath(dir string, start time.Time) (string, error) {
-	base := filepath.Join(dir, "profile-"+start.UTC().Format("20060102T150405Z"))
+func uniqueProfilePath(dir string, start time.Time, suffix string) (string, error) {
+	base := filepath.Join(dir, "profile-"+start.UTC().Format("20060102T150405Z")+suffix)
 	for i := 0; i < 1000; i++ {
 		path := base + ".pb.gz"
 		if i > 0 {

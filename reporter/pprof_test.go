@@ -16,7 +16,7 @@ func TestPprofRoundTrip(t *testing.T) {
 	f := newFixture()
 	dir := t.TempDir()
 	const period = 50_000_000
-	path, err := writePprof(dir, buildPprof(f.interval(), period), f.start)
+	path, err := writePprof(dir, buildPprof(f.interval(), period), f.start, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func TestUniqueProfilePath(t *testing.T) {
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.FixedZone("X", 3600))
 	var got []string
 	for range 3 {
-		p, err := uniqueProfilePath(dir, at)
+		p, err := uniqueProfilePath(dir, at, "")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/pprof/profile"
 	"github.com/sirupsen/logrus"
 
 	"github.com/hostprof/ebpf-profiler/libpf"
@@ -49,6 +50,9 @@ type Stats struct {
 	// PprofFilesWritten, PprofFilesRemoved and PprofErrors count local files
 	// written, pruned beyond MaxOutputFiles, and failures writing or pruning.
 	PprofFilesWritten, PprofFilesRemoved, PprofErrors uint64
+	// HeapProfilesReceived counts ReportHeap calls; HeapProfilesDropped
+	// the profiles not kept (nil, or over the interval's limit).
+	HeapProfilesReceived, HeapProfilesDropped uint64
 }
 
 // counters is the live, concurrently updated form of Stats.
@@ -58,6 +62,7 @@ type counters struct {
 	requestsDropped, profilesRejected                 atomic.Uint64
 	intervalsMerged, requestsReplayed                 atomic.Uint64
 	pprofFilesWritten, pprofFilesRemoved, pprofErrors atomic.Uint64
+	heapProfilesReceived, heapProfilesDropped         atomic.Uint64
 }
 
 func (c *counters) snapshot() Stats {
@@ -75,6 +80,9 @@ func (c *counters) snapshot() Stats {
 		PprofFilesWritten: c.pprofFilesWritten.Load(),
 		PprofFilesRemoved: c.pprofFilesRemoved.Load(),
 		PprofErrors:       c.pprofErrors.Load(),
+
+		HeapProfilesReceived: c.heapProfilesReceived.Load(),
+		HeapProfilesDropped:  c.heapProfilesDropped.Load(),
 	}
 }
 
@@ -157,6 +165,16 @@ func (r *Reporter) ReportSample(t *libpf.Trace, meta *libpf.SampleMeta) {
 	}
 	if !r.agg.add(t, meta, uint64(ts.UnixNano())) {
 		r.stats.samplesDropped.Add(1)
+	}
+}
+
+// ReportHeap keeps a heap profile read from a process for the current
+// interval (the last one of each process in it). hp is shared and must not
+// be modified afterwards.
+func (r *Reporter) ReportHeap(hp *libpf.HeapProfile) {
+	r.stats.heapProfilesReceived.Add(1)
+	if hp == nil || !r.agg.addHeap(hp) {
+		r.stats.heapProfilesDropped.Add(1)
 	}
 }
 
@@ -284,7 +302,7 @@ func (r *Reporter) reportInterval(end time.Time) error {
 			"limit":   r.cfg.MaxSamplesPerInterval,
 		}).Warn("interval sample limit reached; samples dropped")
 	}
-	if iv.samples+iv.waits == 0 {
+	if iv.empty() {
 		return nil
 	}
 	r.stats.intervals.Add(1)
@@ -306,14 +324,29 @@ func (r *Reporter) reportInterval(end time.Time) error {
 	return err
 }
 
+// writeLocal writes the interval's pprof files: its CPU (and off-CPU)
+// samples, and its heap profiles beside them (-heap).
 func (r *Reporter) writeLocal(iv *interval) error {
-	path, err := writePprof(r.cfg.OutputDir, buildPprof(iv, r.opts.period), iv.start)
-	if err != nil {
-		r.stats.pprofErrors.Add(1)
-		return err
+	var errs []error
+	write := func(p *profile.Profile, suffix string) {
+		path, err := writePprof(r.cfg.OutputDir, p, iv.start, suffix)
+		if err != nil {
+			r.stats.pprofErrors.Add(1)
+			errs = append(errs, err)
+			return
+		}
+		r.stats.pprofFilesWritten.Add(1)
+		r.log.WithField("path", path).Debug("wrote pprof profile")
 	}
-	r.stats.pprofFilesWritten.Add(1)
-	r.log.WithField("path", path).Debug("wrote pprof profile")
+	if iv.samples+iv.waits > 0 {
+		write(buildPprof(iv, r.opts.period), "")
+	}
+	if hp := buildHeapPprof(iv); hp != nil {
+		write(hp, "-heap")
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
 	removed, err := pruneProfiles(r.cfg.OutputDir, r.cfg.MaxOutputFiles)
 	r.stats.pprofFilesRemoved.Add(uint64(removed))
 	if err != nil {

@@ -81,6 +81,9 @@ type config struct {
 	mapScaleFactor uint
 	// goLabels reads Go programs' goroutine labels into samples.
 	goLabels bool
+	// goHeapInterval is how often Go programs' heap profiles are read; 0
+	// turns it off.
+	goHeapInterval time.Duration
 	// offCPU says which context switches are traced.
 	offCPU tracer.OffCPUConfig
 	// criSockets are asked for containers' Kubernetes names, kubeletRoot
@@ -182,6 +185,9 @@ func parseFlags(args, environ []string, out io.Writer) (*config, error) {
 	fs.BoolVar(&c.goLabels, "go-labels", true,
 		"Read the pprof labels (pprof.Do, pprof.SetGoroutineLabels) of the goroutine each sample of a Go program "+
 			"ran, and put them on the sample (at most 10, keys cut to 16 bytes, values to 48).")
+	fs.DurationVar(&c.goHeapInterval, "go-heap-interval", 60*time.Second,
+		"How often the heap profile every profiled Go program keeps of itself (its /debug/pprof/heap) is read "+
+			"from its memory and reported: allocated and in-use objects and bytes per allocating stack. 0 turns it off.")
 	fs.Float64Var(&c.offCPU.Threshold, "off-cpu-threshold", 0,
 		"Off-CPU profiling: the share of context switches (0-1) at which the thread leaving the CPU has its stack "+
 			"unwound, to report how long it waited there. 0 (the default) turns it off.")
@@ -316,6 +322,9 @@ func (c *config) validate() error {
 	}
 	if err := c.offCPU.Validate(); err != nil {
 		return err
+	}
+	if c.goHeapInterval != 0 && c.goHeapInterval < time.Second {
+		errs = append(errs, fmt.Errorf("-go-heap-interval=%v: want 0 (off) or 1s or more", c.goHeapInterval))
 	}
 	if c.probabilisticThreshold < 1 || c.probabilisticThreshold > 100 {
 		errs = append(errs, fmt.Errorf("-probabilistic-threshold=%d: want 1 to 99, or 100 to always sample",

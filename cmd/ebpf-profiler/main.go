@@ -26,6 +26,7 @@ import (
 	_ "github.com/hostprof/ebpf-profiler/interpreter/all"
 	"github.com/hostprof/ebpf-profiler/nativeunwind"
 	"github.com/hostprof/ebpf-profiler/processmanager"
+	"github.com/hostprof/ebpf-profiler/processmanager/goheap"
 	"github.com/hostprof/ebpf-profiler/processmanager/unwindmaps"
 	"github.com/hostprof/ebpf-profiler/reporter"
 	"github.com/hostprof/ebpf-profiler/support"
@@ -242,6 +243,17 @@ func profile(ctx context.Context, cfg *config) error {
 		}
 	}()
 	mon := newMonitor(tr, handler, pm, rep, corr, prob, hist)
+	stopHeaps := func() {}
+	if cfg.goHeapInterval > 0 {
+		heaps := goheap.NewReader()
+		defer heaps.Close()
+		heapCtx, cancel := context.WithCancel(ctx)
+		heapsDone := make(chan struct{})
+		go func() { runGoHeaps(heapCtx, cfg.goHeapInterval, heaps, pm, rep); close(heapsDone) }()
+		stopHeaps = func() { cancel(); <-heapsDone }
+		defer stopHeaps()
+		mon.heaps = heaps
+	}
 	log.Debugf("Start-up took %v", time.Since(start).Round(time.Millisecond))
 	// Loading parsed the kernel's BTF, tens of MiB of garbage by now: hand
 	// it back to the OS rather than wait for the scavenger.
@@ -272,6 +284,7 @@ loop:
 	}
 	// The traces that waited for their process's set-up.
 	handler.Close()
+	stopHeaps()
 	corr.Close()
 	if err := rep.Close(); err != nil {
 		log.Warnf("Flushing the last interval: %v", err)

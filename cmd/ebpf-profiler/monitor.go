@@ -12,6 +12,7 @@ import (
 	log "github.com/sirupsen/logrus"
 
 	"github.com/hostprof/ebpf-profiler/processmanager"
+	"github.com/hostprof/ebpf-profiler/processmanager/goheap"
 	"github.com/hostprof/ebpf-profiler/reporter"
 	"github.com/hostprof/ebpf-profiler/tracecorr"
 	"github.com/hostprof/ebpf-profiler/tracer"
@@ -28,6 +29,7 @@ type monitor struct {
 	corr    *tracecorr.Correlator
 	prob    *probabilistic
 	hist    *reporter.History // the web view's, nil without -http
+	heaps   *goheap.Reader    // nil without -go-heap-interval
 	// last is the snapshot at the previous check.
 	last snapshot
 	// fullMaps are the maps already warned about.
@@ -47,6 +49,7 @@ type snapshot struct {
 	rep             reporter.Stats
 	corr            tracecorr.Stats
 	web             reporter.HistoryStats // zero without -http
+	heaps           goheap.Stats
 }
 
 // ksymsReloadInterval is how often kernel symbols are read again, so that
@@ -76,6 +79,9 @@ func (m *monitor) check() {
 		corr: m.corr.Stats()}
 	if m.hist != nil {
 		cur.web = m.hist.Stats()
+	}
+	if m.heaps != nil {
+		cur.heaps = m.heaps.Stats()
 	}
 	var err error
 	if cur.bpf, err = m.tr.Metrics(); err != nil {
@@ -203,6 +209,9 @@ func statusFields(prev, cur snapshot, fills []mapFill, sampling string) log.Fiel
 	}
 	if off := offCPUStatus(prev, cur); off != "" {
 		f["off_cpu"] = off
+	}
+	if gh := goHeapStatus(prev.heaps, cur.heaps); gh != "" {
+		f["go_heap"] = gh
 	}
 	// Mappings of processes over the per-process bound, handed to the
 	// unwinder only when sampled: not lost, but worth knowing.

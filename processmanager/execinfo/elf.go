@@ -44,6 +44,9 @@ type ELF struct {
 	// whose labels cannot be read.
 	GoLabels    *golabels.Layout
 	GoLabelsErr error
+	// Go says the file is a Go program (or library): it has a Go build
+	// id or build information.
+	Go bool
 	// ThreadCtx is where the file keeps the OpenTelemetry thread context
 	// pointer (OTEP 4947), nil when it defines none; ThreadCtxErr says
 	// why one it defines cannot be read.
@@ -152,6 +155,7 @@ func parseELF(r io.ReaderAt, path string, rts []*interpreter.Runtime, debugDirs 
 		d.ThreadCtxErr = err
 	}
 	if d.GoBuildID != "" || f.Section(".go.buildinfo") != nil {
+		d.Go = true
 		d.GoLabels, d.GoLabelsErr = golabels.Read(f, r, symtab)
 	}
 	d.Runtimes, d.recogniseErrs = recogniseRuntimes(&interpreter.File{

@@ -45,11 +45,13 @@ func LayoutFor(minor int) (Layout, error) {
 
 // Bounds of one read, far above what programs have: a bucket's stack is at
 // most 1024 (+2) frames (profstackdepth's cap), and large services reach
-// about 100,000 buckets after hours.
+// about 100,000 buckets after hours (some 40 MiB of buckets 32 frames
+// deep).
 const (
-	maxStack   = 1026
-	maxBuckets = 1 << 20
-	headerSize = 6 * 8
+	maxStack     = 1026
+	maxBuckets   = 1 << 20
+	maxReadBytes = 128 << 20
+	headerSize   = 6 * 8
 )
 
 // Bucket is one allocation site: its stack and counts, as the runtime's
@@ -110,9 +112,11 @@ func Read(mem *procmem.Reader, l Layout, headAddr uint64, cycleNum uint32, flush
 	anyActive := false
 	var hdr [headerSize]byte
 	le := binary.LittleEndian
+	total := uint64(0)
 	for addr := head; addr != 0; {
-		if len(raws) >= maxBuckets || seen[addr] {
-			return nil, 0, fmt.Errorf("%w: the list at %#x cycles or exceeds %d buckets", ErrDamaged, headAddr, maxBuckets)
+		if len(raws) >= maxBuckets || seen[addr] || total > maxReadBytes {
+			return nil, 0, fmt.Errorf("%w: the list at %#x cycles or exceeds %d buckets or %d MiB",
+				ErrDamaged, headAddr, maxBuckets, maxReadBytes>>20)
 		}
 		seen[addr] = true
 		// A bucket's header and stack never change once it is in the
@@ -125,6 +129,7 @@ func Read(mem *procmem.Reader, l Layout, headAddr uint64, cycleNum uint32, flush
 			return nil, 0, fmt.Errorf("%w at %#x: type %d, %d frames", ErrDamaged, addr, typ, nstk)
 		}
 		body := make([]byte, 8*nstk+uint64(4*l.CycleBytes))
+		total += headerSize + uint64(len(body))
 		r := raw{b: Bucket{Size: size, Stack: make([]uint64, nstk)}}
 		for attempt := 0; attempt < readAttempts; attempt++ {
 			if err := mem.Read(addr+headerSize, body); err != nil {

@@ -7,12 +7,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 
 	"github.com/hostprof/ebpf-profiler/interpreter"
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
+	"github.com/hostprof/ebpf-profiler/utils/gofetch"
 )
 
 // symbols returns the values of the named symbols of an executable (not
@@ -61,11 +64,22 @@ func toolchainMinor(t *testing.T) int {
 // buildHeapprog builds testdata/heapprog with the machine's toolchain for
 // goarch, with extra go build flags.
 func buildHeapprog(t testing.TB, goarch string, flags ...string) string {
+	return buildHeapprogWith(t, gofetch.System, goarch, flags...)
+}
+
+// buildHeapprogWith builds testdata/heapprog with a Go release of
+// utils/gofetch.
+func buildHeapprogWith(t testing.TB, version, goarch string, flags ...string) string {
 	t.Helper()
+	goCmd, env, err := gofetch.Command(version)
+	if err != nil {
+		t.Fatal(err)
+	}
 	bin := filepath.Join(t.TempDir(), "heapprog")
-	args := append(append([]string{"build", "-o", bin}, flags...), "./testdata/heapprog")
-	cmd := exec.Command("go", args...)
-	cmd.Env = append(os.Environ(), "GOARCH="+goarch, "CGO_ENABLED=0")
+	args := append(append([]string{"build", "-o", bin}, flags...), ".")
+	cmd := exec.Command(goCmd, args...)
+	cmd.Dir = "testdata/heapprog"
+	cmd.Env = append(append(os.Environ(), env...), "GOARCH="+goarch, "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building heapprog: %v\n%s", err, out)
 	}
@@ -279,13 +293,26 @@ func topByLeaf(values map[string]int64, n int) map[string]int64 {
 // program writes itself (runtime/pprof) agree: the same top 3 functions by
 // in-use and by allocated bytes, each within 10% (they are equal when
 // nothing allocates between the two). Built plain, stripped, and
-// position-independent.
+// position-independent by the machine's Go, and by every other release
+// from 1.19 on (each bucket layout of LAYOUT.md).
 func TestAgainstOwnProfile(t *testing.T) {
 	r := NewReader()
 	defer r.Close()
-	for name, flags := range map[string][]string{"plain": nil, "stripped": {"-ldflags=-s -w"}, "pie": {"-buildmode=pie"}} {
+	builds := map[string][]string{"plain": nil, "stripped": {"-ldflags=-s -w"}, "pie": {"-buildmode=pie"}}
+	for _, v := range gofetch.Versions {
+		if v != gofetch.System {
+			builds["go"+v] = nil
+			builds["go"+v+"-stripped"] = []string{"-ldflags=-s -w"}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(builds)) {
+		flags := builds[name]
 		t.Run(name, func(t *testing.T) {
-			bin := buildHeapprog(t, runtime.GOARCH, flags...)
+			version, _, _ := strings.Cut(strings.TrimPrefix(name, "go"), "-")
+			if !strings.HasPrefix(name, "go") {
+				version = gofetch.System
+			}
+			bin := buildHeapprogWith(t, version, runtime.GOARCH, flags...)
 			own := filepath.Join(t.TempDir(), "heap.pb.gz")
 			pid, _ := startHeapprog(t, bin, "sampled", own)
 			prof, err := r.Read(pid)

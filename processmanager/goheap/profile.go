@@ -9,6 +9,9 @@ import (
 
 // Frame is one frame of an allocation's stack.
 type Frame struct {
+	// Address is the executable's (file) address looked up: a return
+	// address less one, inside its call.
+	Address        uint64
 	Function, File string
 	Line           int
 }
@@ -89,9 +92,9 @@ func Resolver(lines *nativeunwind.GoLines) func(pc uint64) Frame {
 		if fr, ok := seen[pc]; ok {
 			return fr
 		}
-		fr := Frame{Function: "?"}
+		fr := Frame{Address: pc, Function: "?"}
 		if frames, _ := lines.Lookup(pc); len(frames) > 0 {
-			fr = Frame{Function: frames[0].Func.Name, File: frames[0].File, Line: frames[0].Line}
+			fr = Frame{Address: pc, Function: frames[0].Func.Name, File: frames[0].File, Line: frames[0].Line}
 		}
 		if len(seen) >= maxResolved {
 			clear(seen)

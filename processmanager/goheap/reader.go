@@ -40,7 +40,12 @@ type Reader struct {
 	mu    sync.Mutex
 	execs map[exeKey]*executable
 	order []exeKey // least recently used first
+	col   collectState
 }
+
+// errUnsupported says where a program keeps its profile could not be
+// found.
+var errUnsupported = errors.New("no memory profile found")
 
 // exeKey identifies an executable file.
 type exeKey struct {
@@ -65,10 +70,21 @@ func NewReader() *Reader { return &Reader{execs: map[exeKey]*executable{}} }
 
 // Read reads the heap profile of Go process pid.
 func (r *Reader) Read(pid int) (Profile, error) {
-	exe, err := r.executable(pid)
+	p, _, err := r.read(pid)
+	return p, err
+}
+
+// read is Read, also returning the key of pid's executable.
+func (r *Reader) read(pid int) (Profile, exeKey, error) {
+	exe, key, err := r.executable(pid)
 	if err != nil {
-		return Profile{}, err
+		return Profile{}, key, err
 	}
+	p, err := exe.read(pid)
+	return p, key, err
+}
+
+func (exe *executable) read(pid int) (Profile, error) {
 	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
 	if err != nil {
 		return Profile{}, err
@@ -131,24 +147,26 @@ func loadBias(pid int, exe *executable) (uint64, error) {
 }
 
 // executable returns what Reader keeps of pid's executable, reading it
-// the first time.
-func (r *Reader) executable(pid int) (*executable, error) {
+// the first time, and the executable's key.
+func (r *Reader) executable(pid int) (*executable, exeKey, error) {
 	path := fmt.Sprintf("/proc/%d/exe", pid)
 	var st syscall.Stat_t
 	if err := syscall.Stat(path, &st); err != nil {
-		return nil, err
+		return nil, exeKey{}, err
 	}
 	key := exeKey{dev: st.Dev, ino: st.Ino, mtime: st.Mtim.Nano()}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if e, ok := r.execs[key]; ok {
 		r.touch(key)
-		return e, e.err
+		return e, key, e.err
 	}
 	e := &executable{}
 	e.file, e.err = os.Open(path)
 	if e.err == nil {
-		e.prog, e.err = Locate(e.file)
+		if e.prog, e.err = Locate(e.file); e.err != nil {
+			e.err = fmt.Errorf("%w: %w", errUnsupported, e.err)
+		}
 	}
 	if e.err == nil {
 		var f *elf.File
@@ -183,7 +201,7 @@ func (r *Reader) executable(pid int) (*executable, error) {
 	}
 	r.execs[key] = e
 	r.order = append(r.order, key)
-	return e, e.err
+	return e, key, e.err
 }
 
 func (r *Reader) touch(key exeKey) {

@@ -25,7 +25,7 @@ var smalls []*small
 
 //go:noinline
 func retainLeaf(n, size int) {
-	for range n {
+	for i := 0; i < n; i++ {
 		retained = append(retained, make([]byte, size))
 	}
 }
@@ -33,7 +33,7 @@ func retainLeaf(n, size int) {
 //go:noinline
 func churnLeaf(total, size int) int {
 	sum := 0
-	for range total / size {
+	for i := 0; i < total/size; i++ {
 		b := make([]byte, size)
 		sum += len(b)
 	}
@@ -55,7 +55,7 @@ func manyLeaf(depth int) {
 
 //go:noinline
 func retainSmall(n int) {
-	for range n {
+	for i := 0; i < n; i++ {
 		smalls = append(smalls, &small{a: uint64(n)})
 	}
 }
@@ -65,7 +65,7 @@ func main() {
 		runtime.MemProfileRate = 1
 	}
 	if len(os.Args) > 1 && os.Args[1] == "many" {
-		for d := range 100 {
+		for d := 0; d < 100; d++ {
 			manyLeaf(d)
 		}
 	}

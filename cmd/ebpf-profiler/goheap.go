@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	log "github.com/sirupsen/logrus"
+
+	"github.com/hostprof/ebpf-profiler/processmanager"
+	"github.com/hostprof/ebpf-profiler/processmanager/goheap"
+	"github.com/hostprof/ebpf-profiler/reporter"
+)
+
+// runGoHeaps reads the heap profile of every Go program being profiled
+// each interval, until ctx ends, and hands them to the reporter. A round
+// that takes longer than the interval is cut short; the next one starts
+// with the processes it missed.
+func runGoHeaps(ctx context.Context, interval time.Duration, r *goheap.Reader, pm *processmanager.Manager,
+	rep *reporter.Reporter) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	entry := log.WithField("component", "go-heap")
+	var skip int
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		targets := pm.GoHeapTargets()
+		// Start where the last round stopped, so that a round cut short
+		// does not starve the same processes each time.
+		if skip > 0 && skip < len(targets) {
+			targets = append(targets[skip:], targets[:skip]...)
+		}
+		round, cancel := context.WithTimeout(ctx, interval)
+		profiles := r.Collect(round, targets, entry)
+		cut := round.Err() != nil && ctx.Err() == nil
+		cancel()
+		for _, hp := range profiles {
+			rep.ReportHeap(hp)
+		}
+		skip = 0
+		if cut {
+			skip = len(profiles)
+		}
+	}
+}
+
+// goHeapStatus is what the interval's heap reads did: profiles read, their
+// allocation sites, and the reads that failed, by reason; "" without any.
+func goHeapStatus(prev, cur goheap.Stats) string {
+	if cur.Reads == prev.Reads && cur.ProfilingOff == prev.ProfilingOff && cur.Errors+cur.Damaged+cur.Unsupported ==
+		prev.Errors+prev.Damaged+prev.Unsupported {
+		return ""
+	}
+	return fmt.Sprintf("reads=%d sites=%d torn_sites=%d ms=%d profiling_off=%d unsupported=%d damaged=%d vanished=%d errors=%d",
+		cur.Reads-prev.Reads, cur.Sites-prev.Sites, cur.SitesSkipped-prev.SitesSkipped,
+		(cur.ReadTime - prev.ReadTime).Milliseconds(), cur.ProfilingOff-prev.ProfilingOff,
+		cur.Unsupported-prev.Unsupported, cur.Damaged-prev.Damaged, cur.Vanished-prev.Vanished, cur.Errors-prev.Errors)
+}
