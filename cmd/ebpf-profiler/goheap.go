@@ -28,7 +28,7 @@ func runGoHeaps(ctx context.Context, interval time.Duration, r *goheap.Reader, p
 			return
 		case <-tick.C:
 		}
-		targets := pm.GoHeapTargets()
+		targets := pm.GoHeapTargets(ctx, func(pid uint32) bool { return r.IsGo(int(pid)) })
 		// Start where the last round stopped, so that a round cut short
 		// does not starve the same processes each time.
 		if skip > 0 && skip < len(targets) {

@@ -41,6 +41,8 @@ type Reader struct {
 	execs map[exeKey]*executable
 	order []exeKey // least recently used first
 	col   collectState
+	// goChecks are IsGo's answers.
+	goChecks map[exeKey]bool
 }
 
 // errUnsupported says where a program keeps its profile could not be
@@ -66,7 +68,9 @@ type executable struct {
 }
 
 // NewReader returns a Reader.
-func NewReader() *Reader { return &Reader{execs: map[exeKey]*executable{}} }
+func NewReader() *Reader {
+	return &Reader{execs: map[exeKey]*executable{}, goChecks: map[exeKey]bool{}}
+}
 
 // Read reads the heap profile of Go process pid.
 func (r *Reader) Read(pid int) (Profile, error) {
@@ -256,4 +260,35 @@ func mappedBase(pid int, file *os.File) (uint64, error) {
 		return start - off, nil
 	}
 	return 0, fmt.Errorf("process %d does not map its executable", pid)
+}
+
+// maxGoChecks bounds the executables IsGo remembers.
+const maxGoChecks = 4096
+
+// IsGo says whether pid's executable is a Go program (it has Go's build
+// information), remembering the answer per executable file.
+func (r *Reader) IsGo(pid int) bool {
+	path := fmt.Sprintf("/proc/%d/exe", pid)
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return false
+	}
+	key := exeKey{dev: st.Dev, ino: st.Ino, mtime: st.Mtim.Nano()}
+	r.mu.Lock()
+	isGo, ok := r.goChecks[key]
+	r.mu.Unlock()
+	if ok {
+		return isGo
+	}
+	if f, err := elf.Open(path); err == nil {
+		isGo = f.Section(".go.buildinfo") != nil
+		f.Close()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.goChecks) >= maxGoChecks {
+		clear(r.goChecks)
+	}
+	r.goChecks[key] = isGo
+	return isGo
 }
