@@ -64,7 +64,27 @@ type History struct {
 	// period is the reporter's sampling period in nanoseconds, for the
 	// pprof profiles of selections.
 	period atomic.Int64
+	// heaps are the heap profiles read from processes, oldest first
+	// (MeasureInUse, MeasureAlloc); heapBytes their size.
+	heaps     []*histHeap
+	heapBytes int64
 }
+
+// histHeap is one heap profile of a process: per series (a stack in the
+// process) the bytes in use and allocated at the time it was read.
+type histHeap struct {
+	at           time.Time
+	pid          libpf.PID
+	series       []uint32
+	inuse, alloc []uint64
+}
+
+// maxHistHeaps bounds the heap profiles a history keeps, whatever their
+// age: an hour of 100 Go programs read every minute is 6,000.
+const maxHistHeaps = 8192
+
+// bytes is the memory the profile takes.
+func (hh *histHeap) bytes() int64 { return 64 + int64(len(hh.series))*(4+8+8) }
 
 // NewHistory returns an empty history with the given bounds.
 func NewHistory(cfg HistoryConfig) (*History, error) {
@@ -451,8 +471,15 @@ func (t *histTables) meta(m histMeta) uint32 {
 }
 
 func metaOf(k *sampleKey) histMeta {
-	m := histMeta{pid: k.pid, thread: k.threadName, labels: k.labels, offCPU: k.offCPU}
-	if p := k.process; p != nil {
+	m := processMeta(k.pid, k.process)
+	m.thread, m.labels, m.offCPU = k.threadName, k.labels, k.offCPU
+	return m
+}
+
+// processMeta is the part of a meta that describes the process.
+func processMeta(pid libpf.PID, p *libpf.ProcessInfo) histMeta {
+	m := histMeta{pid: pid}
+	if p != nil {
 		m.process, m.container = p.ExecutableName, p.ContainerID
 		m.containerName, m.namespace, m.service = p.ContainerName, p.Namespace, p.ServiceName
 		if p.PodName != "" {
@@ -465,10 +492,39 @@ func metaOf(k *sampleKey) histMeta {
 	return m
 }
 
+// addHeaps keeps an interval's heap profiles. The caller holds h.mu.
+func (h *History) addHeaps(heaps []*libpf.HeapProfile) {
+	for _, hp := range heaps {
+		var pid libpf.PID
+		if hp.Process != nil {
+			pid = hp.Process.PID
+		}
+		meta := h.tab.meta(processMeta(pid, hp.Process))
+		hh := &histHeap{at: hp.Time, pid: pid}
+		for i := range hp.Samples {
+			s := &hp.Samples[i]
+			if s.Trace == nil || s.InUseBytes <= 0 && s.AllocBytes <= 0 {
+				continue
+			}
+			hh.series = append(hh.series, h.tab.seriesOf(h.tab.stack(s.Trace), meta))
+			hh.inuse = append(hh.inuse, uint64(max(s.InUseBytes, 0)))
+			hh.alloc = append(hh.alloc, uint64(max(s.AllocBytes, 0)))
+		}
+		h.heaps = append(h.heaps, hh)
+		h.heapBytes += hh.bytes()
+	}
+}
+
 // add appends an interval reported by the reporter and drops what the
 // bounds no longer allow.
 func (h *History) add(iv *interval, period int64) {
 	h.period.Store(period)
+	if len(iv.heaps) > 0 {
+		h.mu.Lock()
+		h.addHeaps(iv.heaps)
+		h.enforceBounds()
+		h.mu.Unlock()
+	}
 	if iv.samples+iv.waits == 0 {
 		return
 	}
@@ -561,9 +617,12 @@ func (h *History) add(iv *interval, period int64) {
 // it drops down to 90% of it, guessing that the tables shrink with the
 // samples held, so that a full history is not rebuilt at every interval.
 func (h *History) enforceBounds() {
-	newest := h.intervals[len(h.intervals)-1].end
+	_, newest := h.span()
 	for len(h.intervals) > 0 && newest.Sub(h.intervals[0].end) >= h.maxAge {
 		h.dropOldest()
+	}
+	for len(h.heaps) > 0 && (newest.Sub(h.heaps[0].at) >= h.maxAge || len(h.heaps) > maxHistHeaps) {
+		h.dropOldestHeap()
 	}
 	// Each round drops what the guess says, then rebuilds the tables and
 	// measures them: when every interval has the same stacks the tables do
@@ -585,10 +644,43 @@ func (h *History) enforceBounds() {
 		}
 		h.compact()
 	}
+	// Heap profiles alone over the bound: the oldest go.
+	if h.bytesLocked() > h.maxBytes && len(h.heaps) > 0 {
+		for h.bytesLocked() > h.maxBytes/10*9 && len(h.heaps) > 0 {
+			h.dropOldestHeap()
+		}
+		h.compact()
+	}
 	// Without drops since the last rebuild there is nothing to free.
 	if h.droppedSinceCompact && h.tab.bytes > h.compactAt {
 		h.compact()
 	}
+}
+
+// span is the time the history covers: from its oldest interval's start
+// or heap profile to its newest interval's end or past its newest heap
+// profile. The caller holds h.mu.
+func (h *History) span() (first, last time.Time) {
+	if n := len(h.intervals); n > 0 {
+		first, last = h.intervals[0].start, h.intervals[n-1].end
+	}
+	if n := len(h.heaps); n > 0 {
+		if first.IsZero() || h.heaps[0].at.Before(first) {
+			first = h.heaps[0].at
+		}
+		// A profile is a moment: the history covers its second.
+		if end := h.heaps[n-1].at.Add(time.Second); end.After(last) {
+			last = end
+		}
+	}
+	return first, last
+}
+
+func (h *History) dropOldestHeap() {
+	h.heapBytes -= h.heaps[0].bytes()
+	h.heaps[0] = nil
+	h.heaps = h.heaps[1:]
+	h.droppedSinceCompact = true
 }
 
 func (h *History) dropOldest() {
@@ -602,7 +694,7 @@ func (h *History) dropOldest() {
 	h.samplesHeld -= iv.samples
 }
 
-func (h *History) bytesLocked() int64 { return h.entryBytes + h.tab.bytes }
+func (h *History) bytesLocked() int64 { return h.entryBytes + h.heapBytes + h.tab.bytes }
 
 // compact rebuilds the tables from the intervals held, renumbering their
 // entries.
@@ -611,32 +703,33 @@ func (h *History) compact() {
 	seriesMap := make(map[uint32]uint32)
 	stackMap := make(map[uint32]uint32)
 	metaMap := make(map[uint32]uint32)
+	remap := func(series uint32) uint32 {
+		if ns, ok := seriesMap[series]; ok {
+			return ns
+		}
+		sr := &old.series[series]
+		st, ok := stackMap[sr.stack]
+		if !ok {
+			src := old.stacks[sr.stack]
+			frames := make([]uint32, len(src.frames))
+			for j, f := range src.frames {
+				frames[j] = nt.frame(&old.frames[f])
+			}
+			st = nt.internStack(histStack{frames: frames, truncated: src.truncated})
+			stackMap[sr.stack] = st
+		}
+		m, ok := metaMap[sr.meta]
+		if !ok {
+			m = nt.meta(old.metas[sr.meta])
+			metaMap[sr.meta] = m
+		}
+		ns := nt.seriesOf(st, m)
+		seriesMap[series] = ns
+		return ns
+	}
 	for _, iv := range h.intervals {
 		for i := range iv.entries {
-			e := &iv.entries[i]
-			if ns, ok := seriesMap[e.series]; ok {
-				e.series = ns
-				continue
-			}
-			sr := &old.series[e.series]
-			st, ok := stackMap[sr.stack]
-			if !ok {
-				src := old.stacks[sr.stack]
-				frames := make([]uint32, len(src.frames))
-				for j, f := range src.frames {
-					frames[j] = nt.frame(&old.frames[f])
-				}
-				st = nt.internStack(histStack{frames: frames, truncated: src.truncated})
-				stackMap[sr.stack] = st
-			}
-			m, ok := metaMap[sr.meta]
-			if !ok {
-				m = nt.meta(old.metas[sr.meta])
-				metaMap[sr.meta] = m
-			}
-			ns := nt.seriesOf(st, m)
-			seriesMap[e.series] = ns
-			e.series = ns
+			iv.entries[i].series = remap(iv.entries[i].series)
 		}
 		// The traces' entries are some of the entries: their series
 		// were renumbered above.
@@ -644,6 +737,11 @@ func (h *History) compact() {
 			for i := range es {
 				es[i].series = seriesMap[es[i].series]
 			}
+		}
+	}
+	for _, hh := range h.heaps {
+		for i, sr := range hh.series {
+			hh.series[i] = remap(sr)
 		}
 	}
 	h.tab = nt
@@ -671,6 +769,9 @@ type HistoryStats struct {
 	Kinds []string
 	// OffCPU says the history holds off-CPU time (MeasureOffCPU).
 	OffCPU bool
+	// HeapProfiles counts the heap profiles held (MeasureInUse,
+	// MeasureAlloc).
+	HeapProfiles int
 }
 
 // Stats describes the history now.
@@ -689,10 +790,9 @@ func (h *History) Stats() HistoryStats {
 		DroppedSamples:   h.droppedSamples,
 		Compactions:      h.compactions,
 		OffCPU:           slices.ContainsFunc(h.tab.metas, func(m histMeta) bool { return m.offCPU }),
+		HeapProfiles:     len(h.heaps),
 	}
-	if n := len(h.intervals); n > 0 {
-		s.Start, s.End = h.intervals[0].start, h.intervals[n-1].end
-	}
+	s.Start, s.End = h.span()
 	s.Samples = h.samplesHeld
 	kinds := make(map[string]bool)
 	for i := range h.tab.funcs {

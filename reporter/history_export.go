@@ -17,8 +17,45 @@ import (
 // symbolized frames lose their addresses (their locations have the
 // mapping's start).
 func (h *History) WritePprof(w io.Writer, sel Selection) error {
+	if sel.Measure.memory() {
+		iv := &interval{heaps: h.selectionHeaps(&sel)}
+		if len(iv.heaps) == 0 {
+			// An empty profile of the heap's sample types.
+			iv.heaps = []*libpf.HeapProfile{{Time: sel.To}}
+		}
+		return buildHeapPprof(iv).Write(w)
+	}
 	iv := h.selectionInterval(&sel)
 	return buildPprof(iv, h.period.Load()).Write(w)
+}
+
+// selectionHeaps are the last heap profile of each process in the
+// selection's range, with only the selected stacks.
+func (h *History) selectionHeaps(sel *Selection) []*libpf.HeapProfile {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	s := h.selector(sel)
+	var out []*libpf.HeapProfile
+	for _, hh := range h.lastHeaps(s) {
+		var hp *libpf.HeapProfile
+		for i, sr := range hh.series {
+			if !s.series(sr) {
+				continue
+			}
+			series := &h.tab.series[sr]
+			if hp == nil {
+				m := &h.tab.metas[series.meta]
+				hp = &libpf.HeapProfile{Time: hh.at, Process: &libpf.ProcessInfo{PID: m.pid, ExecutableName: m.process,
+					ContainerID: m.container, ContainerName: m.containerName, Namespace: m.namespace, ServiceName: m.service}}
+			}
+			hp.Samples = append(hp.Samples, libpf.HeapSample{Trace: h.tab.trace(series.stack),
+				InUseBytes: int64(hh.inuse[i]), AllocBytes: int64(hh.alloc[i])})
+		}
+		if hp != nil {
+			out = append(out, hp)
+		}
+	}
+	return out
 }
 
 func (h *History) selectionInterval(sel *Selection) *interval {
@@ -36,12 +73,8 @@ func (h *History) selectionInterval(sel *Selection) *interval {
 		if g == nil {
 			g = &sampleGroup{trace: traces[sr.stack]}
 			if g.trace == nil {
-				s := &h.tab.stacks[sr.stack]
-				t := &libpf.Trace{Frames: make([]libpf.Frame, len(s.frames)), Truncated: s.truncated}
-				for i, f := range s.frames {
-					t.Frames[i] = h.tab.frames[f]
-				}
-				g.trace, traces[sr.stack] = t, t
+				g.trace = h.tab.trace(sr.stack)
+				traces[sr.stack] = g.trace
 			}
 			m := &h.tab.metas[sr.meta]
 			p := procs[sr.meta]
@@ -105,4 +138,14 @@ func (h *History) WriteCollapsed(w io.Writer, sel Selection) error {
 		}
 	}
 	return bw.Flush()
+}
+
+// trace rebuilds a stack's trace from the tables.
+func (t *histTables) trace(stack uint32) *libpf.Trace {
+	s := &t.stacks[stack]
+	tr := &libpf.Trace{Frames: make([]libpf.Frame, len(s.frames)), Truncated: s.truncated}
+	for i, f := range s.frames {
+		tr.Frames[i] = t.frames[f]
+	}
+	return tr
 }

@@ -47,17 +47,31 @@ const (
 	// MeasureWall counts both in OffCPUUnit: a CPU sample as the sampling
 	// period, so that a thread's counts add up to its wall time.
 	MeasureWall Measure = "wall"
+	// MeasureInUse counts the bytes in use in each process's last heap
+	// profile within the selection's range: a difference between two
+	// ranges is what grew between them.
+	MeasureInUse Measure = "inuse"
+	// MeasureAlloc counts the bytes allocated since each process started,
+	// as of its last heap profile within the range.
+	MeasureAlloc Measure = "alloc"
 )
 
 // Valid says whether m is one of the measures.
 func (m Measure) Valid() bool {
-	return m == "" || m == MeasureCPU || m == MeasureOffCPU || m == MeasureWall
+	return m == "" || m == MeasureCPU || m == MeasureOffCPU || m == MeasureWall || m.memory()
 }
 
-// Unit is what one count of m stands for: a sample, or OffCPUUnit.
+// memory says m counts heap profiles' bytes.
+func (m Measure) memory() bool { return m == MeasureInUse || m == MeasureAlloc }
+
+// Unit is what one count of m stands for: a sample, OffCPUUnit, or a
+// byte.
 func (m Measure) Unit() string {
-	if m == MeasureOffCPU || m == MeasureWall {
+	switch {
+	case m == MeasureOffCPU || m == MeasureWall:
 		return "time"
+	case m.memory():
+		return "bytes"
 	}
 	return "samples"
 }
@@ -249,6 +263,9 @@ func (h *History) nodeCounts(sel *Selection) []uint64 {
 // times fewer series than entries in an hour, so adding up per series
 // first keeps the entries' pass within the caches.
 func (h *History) seriesCounts(sel *Selection) []uint64 {
+	if sel.Measure.memory() {
+		return h.heapCounts(sel)
+	}
 	s := h.selector(sel)
 	counts := make([]uint64, len(h.tab.series))
 	for _, iv := range h.intervals {
@@ -273,6 +290,77 @@ func (h *History) seriesCounts(sel *Selection) []uint64 {
 	return counts
 }
 
+// lastHeaps are the last heap profile of each process in the selection's
+// range, in the order they were read.
+func (h *History) lastHeaps(s *selector) []*histHeap {
+	last := map[libpf.PID]int{}
+	for i, hh := range h.heaps {
+		if sec := hh.at.Unix(); sec >= s.fromSec && sec < s.toSec {
+			last[hh.pid] = i
+		}
+	}
+	out := make([]*histHeap, 0, len(last))
+	for i, hh := range h.heaps {
+		if last[hh.pid] == i {
+			if sec := hh.at.Unix(); sec >= s.fromSec && sec < s.toSec {
+				out = append(out, hh)
+			}
+		}
+	}
+	return out
+}
+
+// heapValue is the selected bytes of one of a heap profile's series, 0
+// where it is not selected.
+func (s *selector) heapValue(hh *histHeap, i int) uint64 {
+	if !s.series(hh.series[i]) {
+		return 0
+	}
+	if s.sel.Measure == MeasureAlloc {
+		return hh.alloc[i]
+	}
+	return hh.inuse[i]
+}
+
+// heapCounts counts the bytes of each process's last heap profile in the
+// selection's range per series.
+func (h *History) heapCounts(sel *Selection) []uint64 {
+	s := h.selector(sel)
+	counts := make([]uint64, len(h.tab.series))
+	for _, hh := range h.lastHeaps(s) {
+		for i, sr := range hh.series {
+			counts[sr] += s.heapValue(hh, i)
+		}
+	}
+	return counts
+}
+
+// heapTimeline fills counts, buckets of step seconds from fromSec, with
+// the selected bytes of the processes' heap profiles: each bucket holds
+// the sum of every process's last profile read before its end.
+func (h *History) heapTimeline(sel *Selection, fromSec, stepSecs int64, counts []uint64) {
+	s := h.selector(sel)
+	cur := map[libpf.PID]uint64{}
+	var sum uint64
+	next := 0
+	for b := range counts {
+		end := fromSec + int64(b+1)*stepSecs
+		for ; next < len(h.heaps) && h.heaps[next].at.Unix() < end; next++ {
+			hh := h.heaps[next]
+			if hh.at.Unix() < fromSec {
+				continue
+			}
+			var tot uint64
+			for i := range hh.series {
+				tot += s.heapValue(hh, i)
+			}
+			sum = sum - cur[hh.pid] + tot
+			cur[hh.pid] = tot
+		}
+		counts[b] = sum
+	}
+}
+
 // subtreeTotals turns per-node counts into the totals of the subtrees:
 // children come after their parents, so one backward pass adds them up.
 func subtreeTotals(tree []treeNode, self []uint64) []uint64 {
@@ -290,21 +378,26 @@ func (h *History) Timeline(sel Selection, maxBuckets int) (start time.Time, step
 	maxBuckets = max(maxBuckets, 1)
 	h.mu.RLock()
 	defer h.mu.RUnlock()
-	if len(h.intervals) == 0 {
+	first, last := h.span()
+	if first.IsZero() {
 		return time.Time{}, time.Second, nil
 	}
 	from, to := sel.From, sel.To
 	if from.IsZero() {
-		from = h.intervals[0].start.Truncate(time.Second)
+		from = first.Truncate(time.Second)
 	}
 	if to.IsZero() {
-		to = h.intervals[len(h.intervals)-1].end
+		to = last
 	}
 	secs := max(int64(to.Sub(from)+time.Second-1)/int64(time.Second), 1)
 	stepSecs := max((secs+int64(maxBuckets)-1)/int64(max(maxBuckets, 1)), 1)
 	counts = make([]uint64, (secs+stepSecs-1)/stepSecs)
 	fromSec := (from.UnixMilli() + 999) / 1000
 	start = time.Unix(fromSec, 0)
+	if sel.Measure.memory() {
+		h.heapTimeline(&sel, fromSec, stepSecs, counts)
+		return start, time.Duration(stepSecs) * time.Second, counts
+	}
 	h.each(&sel, func(_ *histSeries, n uint64, sec int64) {
 		if b := (sec - fromSec) / stepSecs; b >= 0 && b < int64(len(counts)) {
 			counts[b] += n

@@ -27,6 +27,9 @@ type summaryJSON struct {
 	// OffCPUUnitNs is what one count of those measures stands for.
 	OffCPU       bool  `json:"offCPU"`
 	OffCPUUnitNs int64 `json:"offCPUUnitNs"`
+	// HeapProfiles counts the heap profiles held (measure=inuse and
+	// alloc, counted in bytes).
+	HeapProfiles int `json:"heapProfiles"`
 }
 
 func (s *Server) summary(w http.ResponseWriter, r *http.Request) {
@@ -49,8 +52,9 @@ func (s *Server) summary(w http.ResponseWriter, r *http.Request) {
 		Kinds:            nonNil(st.Kinds),
 		OffCPU:           st.OffCPU,
 		OffCPUUnitNs:     int64(reporter.OffCPUUnit),
+		HeapProfiles:     st.HeapProfiles,
 	}
-	if st.Intervals > 0 {
+	if st.Intervals > 0 || st.HeapProfiles > 0 {
 		out.Start, out.End = st.Start.UnixMilli(), st.End.UnixMilli()
 	}
 	s.writeJSON(w, r, out)

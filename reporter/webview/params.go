@@ -194,7 +194,7 @@ func (p *params) selection(prefix string, fallback *reporter.Selection) (reporte
 			return s, err
 		}
 		if s.Measure = reporter.Measure(v); !s.Measure.Valid() {
-			return s, &badParam{prefix + "measure", fmt.Sprintf("%q is not cpu, offcpu or wall", v)}
+			return s, &badParam{prefix + "measure", fmt.Sprintf("%q is not cpu, offcpu, wall, inuse or alloc", v)}
 		}
 	}
 	if p.has(prefix + "label") {

@@ -466,7 +466,7 @@ func TestMeasures(t *testing.T) {
 			t.Errorf("measure=%s: total %d, want %d", measure, f.Total, want)
 		}
 	}
-	if rec := get(t, h, "/api/flame?measure=gpu"); rec.Code != 400 || !strings.Contains(rec.Body.String(), `"gpu" is not cpu, offcpu or wall`) {
+	if rec := get(t, h, "/api/flame?measure=gpu"); rec.Code != 400 || !strings.Contains(rec.Body.String(), `"gpu" is not cpu, offcpu, wall, inuse or alloc`) {
 		t.Errorf("measure=gpu: %d %s", rec.Code, rec.Body)
 	}
 }

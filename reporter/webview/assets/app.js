@@ -31,7 +31,7 @@ const state = {
   namespace: '', pod: '',   // Kubernetes: pod is 'namespace/name'
   service: '',          // service.name
   trace: '',            // a trace id (32 hex digits): the samples taken in it
-  measure: 'cpu',       // 'cpu' | 'offcpu' | 'wall' (api.md: measure)
+  measure: 'cpu',       // 'cpu' | 'offcpu' | 'wall' | 'inuse' | 'alloc' (api.md: measure)
 
   group: '',            // the flame graph's first level: '' (executables), 'container', 'thread', 'label:KEY'
   search: '',
@@ -67,10 +67,21 @@ window.__profiler = hooks;
 
 const fmtInt = (n) => Math.round(n).toLocaleString('en-US');
 
-// A count of the current measure: samples, or (offcpu, wall) time in the
-// summary's offCPUUnitNs.
+// A count of the current measure: samples, (offcpu, wall) time in the
+// summary's offCPUUnitNs, or (inuse, alloc) bytes.
 function countsTime() {
-  return state.measure !== 'cpu';
+  return state.measure === 'offcpu' || state.measure === 'wall';
+}
+
+function countsBytes() {
+  return state.measure === 'inuse' || state.measure === 'alloc';
+}
+
+function fmtBytes(n) {
+  if (n >= 1 << 30) return `${(n / (1 << 30)).toFixed(2)} GiB`;
+  if (n >= 1 << 20) return `${(n / (1 << 20)).toFixed(1)} MiB`;
+  if (n >= 1 << 10) return `${(n / (1 << 10)).toFixed(1)} KiB`;
+  return `${Math.round(n)} B`;
 }
 
 function fmtNs(ns) {
@@ -79,13 +90,16 @@ function fmtNs(ns) {
   return `${(ns / 1e3).toFixed(0)} µs`;
 }
 
-// A count as a number: samples, or a time.
+// A count as a number: samples, a time, or bytes.
 function fmtNum(n) {
+  if (countsBytes()) return fmtBytes(n);
   return countsTime() ? fmtNs(n * (state.summary?.offCPUUnitNs || 100000)) : fmtInt(n);
 }
 
-// A count with its unit: "1,234 samples", or "1.23 s off the CPU".
+// A count with its unit: "1,234 samples", "1.23 s off the CPU", "64.0 MiB
+// in use".
 function fmtCount(n) {
+  if (countsBytes()) return `${fmtBytes(n)} ${state.measure === 'inuse' ? 'in use' : 'allocated'}`;
   if (!countsTime()) return `${fmtInt(n)} samples`;
   return `${fmtNum(n)} ${state.measure === 'wall' ? 'wall time' : 'off the CPU'}`;
 }
@@ -255,7 +269,7 @@ async function loadSummary() {
 }
 
 function storeEmpty() {
-  return state.summary != null && !state.summary.samples;
+  return state.summary != null && !state.summary.samples && !state.summary.heapProfiles;
 }
 
 // The daemon's reporter interval, from the summary.
@@ -743,6 +757,8 @@ function renderFlameEmpty(hint) {
     box.replaceChildren(`No samples yet — the daemon reports every ${reportEverySeconds()} s; this page refreshes by itself while live.`);
   } else if (countsTime() && state.summary && !state.summary.offCPU) {
     box.replaceChildren('No off-CPU time: the daemon records it with -off-cpu-threshold (e.g. -off-cpu-threshold=0.1).');
+  } else if (countsBytes() && state.summary && !state.summary.heapProfiles) {
+    box.replaceChildren('No heap profiles: the daemon reads those of Go programs every -go-heap-interval (60 s by default; 0 turns them off).');
   } else if (!state.flame) {
     box.replaceChildren('Loading…');
   } else if (state.focus.length) {
