@@ -45,9 +45,9 @@ type Reader struct {
 	goChecks map[exeKey]bool
 }
 
-// errUnsupported says where a program keeps its profile could not be
-// found.
-var errUnsupported = errors.New("no memory profile found")
+// errUnsupported says a program's heap profile cannot be found or
+// symbolized (a release or build Locate does not know, no pclntab).
+var errUnsupported = errors.New("cannot find or symbolize the heap profile")
 
 // exeKey identifies an executable file.
 type exeKey struct {
@@ -168,9 +168,7 @@ func (r *Reader) executable(pid int) (*executable, exeKey, error) {
 	e := &executable{}
 	e.file, e.err = os.Open(path)
 	if e.err == nil {
-		if e.prog, e.err = Locate(e.file); e.err != nil {
-			e.err = fmt.Errorf("%w: %w", errUnsupported, e.err)
-		}
+		e.prog, e.err = Locate(e.file)
 	}
 	if e.err == nil {
 		var f *elf.File
@@ -192,6 +190,9 @@ func (r *Reader) executable(pid int) (*executable, exeKey, error) {
 		}
 	}
 	if e.err != nil && e.file != nil {
+		// The file opened but is not a program whose profile we can
+		// find and symbolize.
+		e.err = fmt.Errorf("%w: %w", errUnsupported, e.err)
 		e.file.Close()
 		e.file = nil
 	}
