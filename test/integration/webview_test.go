@@ -149,12 +149,13 @@ func TestWebView(t *testing.T) {
 	gobin := buildGoLabels(t, goLabelBuild{version: gofetch.System})
 	spansBin := buildOtelSpans(t, otelSpansBuild{name: "executable"})
 	offBin := buildWorkload(t, "offcpu", append([]string{"-pthread"}, framePointers...)...)
+	heapBin := buildGoHeap(t)
 	skipIfPreparing(t)
 	webdriver.RequireBrowserTests(t)
 
 	addr := freeLoopbackAddr(t)
 	d := testenv.StartDaemon(t, nil, daemon, "-http="+addr, "-output-dir=", "-reporter-interval=1s",
-		"-samples-per-second="+strconv.Itoa(testHz), "-off-cpu-threshold=1")
+		"-samples-per-second="+strconv.Itoa(testHz), "-off-cpu-threshold=1", "-go-heap-interval=1s")
 	d.WaitForLog(t, "Sampling ", time.Minute)
 	d.WaitForLog(t, "Web view at http://"+addr+"/", time.Second)
 
@@ -169,13 +170,16 @@ func TestWebView(t *testing.T) {
 	spans.Stdout = &spansOut
 	// Threads that sleep, read a pipe and wait for a mutex: off-CPU time.
 	offcpu := exec.Command(offBin, "3")
-	for _, c := range []*exec.Cmd{both, golabels, spans, offcpu} {
+	// A Go program that keeps 64 MiB in main.retainLeaf: its heap
+	// profiles.
+	goheap := exec.Command(heapBin, "127.0.0.1:0", "4")
+	for _, c := range []*exec.Cmd{both, golabels, spans, offcpu, goheap} {
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	py := runScript(t, exec.Command("/usr/bin/python3", script, "recursion", "4"))
-	for _, c := range []*exec.Cmd{both, golabels, spans, offcpu} {
+	for _, c := range []*exec.Cmd{both, golabels, spans, offcpu, goheap} {
 		if err := c.Wait(); err != nil {
 			t.Fatal(err)
 		}
@@ -331,7 +335,26 @@ func TestWebView(t *testing.T) {
 	p.wait(`window.__profiler.frameRect('cf_sleep_leaf') !== null && window.__profiler.frameRect('cf_leaf') !== null`,
 		10*time.Second)
 	p.shot("10-wall")
+	// Memory: the Go program's heap profiles, its retained 64 MiB.
+	p.choose("measure-select", "Memory in use (Go heap)")
+	p.wait(`window.__profiler.frameRect('main.retainLeaf') !== null && window.__profiler.frameRect('cf_leaf') === null`,
+		10*time.Second)
+	if info := p.text(`#flame-info`); !strings.Contains(info, "in use") {
+		t.Errorf("memory flame graph's total reads %q, want bytes in use", info)
+	}
+	p.shot("11-memory")
 	p.consoleClean()
+}
+
+// buildGoHeap builds utils/workloads/goheap with the machine's Go.
+func buildGoHeap(t *testing.T) string {
+	t.Helper()
+	tc := targetToolchain(t)
+	bin, build := workloadPath(t, "goheap", "go", gofetch.System, tc.goarch)
+	if build {
+		run(t, workloadDir("goheap"), []string{"GOTOOLCHAIN=local", "GOARCH=" + tc.goarch, "CGO_ENABLED=0"}, "go", "build", "-o", bin, ".")
+	}
+	return bin
 }
 
 // waitForData waits until the web view has samples of pid.

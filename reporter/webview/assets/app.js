@@ -435,7 +435,8 @@ function drawTimeline() {
     if (bh > 0) ctx.fillRect(i * bw, plotH - bh, Math.max(bw - 0.6, 0.6), bh);
   });
   drawTimeAxis(ctx, sp, w, plotH);
-  state.timelinePeak = `peak ${fmtCount(max)} per ${fmtDuration(tl.step)}`;
+  // Bytes are a level (the last heap profiles), not a count per step.
+  state.timelinePeak = countsBytes() ? `peak ${fmtCount(max)}` : `peak ${fmtCount(max)} per ${fmtDuration(tl.step)}`;
   if (!state.timelineHover) $('tl-hover').textContent = state.timelinePeak;
   const css = getComputedStyle(document.documentElement);
   if (state.view === 'diff' && state.baseMode === 'range' && state.baseRange) {
