@@ -23,7 +23,8 @@ type Stats struct {
 	// SamplesDropped counts samples not kept: nil trace or metadata, or the
 	// interval already held MaxSamplesPerInterval samples.
 	SamplesDropped uint64
-	// Intervals counts intervals that had samples and were reported.
+	// Intervals counts intervals that had samples or heap profiles and were
+	// reported.
 	Intervals uint64
 	// SamplesExported counts samples in requests the collector accepted
 	// (including any in profiles it reported as rejected, which OTLP does
@@ -313,7 +314,7 @@ func (r *Reporter) reportInterval(end time.Time) error {
 	if r.cfg.OutputDir != "" {
 		err = r.writeLocal(iv)
 	}
-	if r.cfg.TopN > 0 {
+	if r.cfg.TopN > 0 && iv.samples > 0 {
 		for line := range strings.SplitSeq(formatTopN(topFunctions(iv, r.cfg.TopN), iv.samples), "\n") {
 			r.log.Info(line)
 		}

@@ -96,8 +96,12 @@ func (r *Reader) Collect(ctx context.Context, targets []Target, log *logrus.Entr
 				r.col.reported = map[exeKey]bool{}
 			}
 			r.col.reported[key] = true
+			path := ""
+			if t.Process != nil {
+				path = t.Process.ExecutablePath
+			}
 			log.WithError(err).Infof("Go heap profile of process %d (%s) not read; not reported again for this executable",
-				t.PID, t.Process.ExecutablePath)
+				t.PID, path)
 		}
 		r.col.mu.Unlock()
 		if err != nil {

@@ -41,7 +41,7 @@ func churnLeaf(total, size int) int {
 }
 
 // manyLeaf keeps one object of each size class below 32 KiB at each
-// recursion depth up to depth: thousands of buckets (mode "many").
+// recursion depth down from depth: thousands of buckets (mode "many").
 //
 //go:noinline
 func manyLeaf(depth int) {
@@ -52,6 +52,15 @@ func manyLeaf(depth int) {
 		retained = append(retained, make([]byte, size))
 	}
 }
+
+// manyA and manyB are two call paths into manyLeaf: twice the buckets,
+// some 11,000.
+//
+//go:noinline
+func manyA(depth int) { manyLeaf(depth) }
+
+//go:noinline
+func manyB(depth int) { manyLeaf(depth) }
 
 //go:noinline
 func retainSmall(n int) {
@@ -65,9 +74,8 @@ func main() {
 		runtime.MemProfileRate = 1
 	}
 	if len(os.Args) > 1 && os.Args[1] == "many" {
-		for d := 0; d < 100; d++ {
-			manyLeaf(d)
-		}
+		manyA(100)
+		manyB(100)
 	}
 	retainLeaf(200, 64<<10)
 	churnLeaf(64<<20, 32<<10)
