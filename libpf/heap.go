@@ -14,12 +14,21 @@ type HeapProfile struct {
 	// the samples already.
 	Period  int64
 	Samples []HeapSample
+	// Symbolize makes the trace of a sample's Stack, anew on each call: a
+	// profile keeps only the addresses of its thousands of stacks for as
+	// long as it waits to be reported. Safe for concurrent use.
+	Symbolize func(stack []uint64) *Trace
 }
 
-// HeapSample is one allocation site of a HeapProfile: its stack, leaf
-// first, and the objects and bytes allocated there since the program
-// started and still in use.
+// HeapSample is one allocation site of a HeapProfile: its stack and the
+// objects and bytes allocated there since the program started and still
+// in use.
 type HeapSample struct {
-	Trace                                              *Trace
+	// Stack is what the profile's Symbolize makes the site's trace of
+	// (addresses in the program's executable, leaf first).
+	Stack                                              []uint64
 	AllocObjects, AllocBytes, InUseObjects, InUseBytes int64
 }
+
+// Trace is the trace of sample i, made anew.
+func (hp *HeapProfile) Trace(i int) *Trace { return hp.Symbolize(hp.Samples[i].Stack) }

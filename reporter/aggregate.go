@@ -201,7 +201,41 @@ const maxMergedSamples = 1 << 16
 // waits), and within maxMergedSamples.
 func mergeable(a, b *interval, limit int) bool {
 	limit = min(limit, maxMergedSamples)
-	return a.samples+b.samples <= limit && a.waits+b.waits <= limit && a.heapSites+b.heapSites <= limit
+	return a.samples+b.samples <= limit && a.waits+b.waits <= limit && a.heapSites+b.heapSites <= maxHeapSitesPerRequest
+}
+
+// maxHeapSitesPerRequest bounds the heap sites of one request: a site
+// takes some 500 bytes of a request (its stack, four values, its share of
+// the locations and names), and a collector takes 4 MiB.
+const maxHeapSitesPerRequest = 4096
+
+// splitForExport is iv, with at most maxHeapSitesPerRequest heap sites,
+// followed by intervals of the rest of its heap profiles, as many as it
+// takes (a profile with more sites than one request holds is split in
+// parts of the same time).
+func splitForExport(iv *interval) []*interval {
+	if iv.heapSites <= maxHeapSitesPerRequest {
+		return []*interval{iv}
+	}
+	first := *iv
+	first.heaps, first.heapSites = nil, 0
+	out := []*interval{&first}
+	cur := &first
+	for _, hp := range iv.heaps {
+		for rest := hp.Samples; len(rest) > 0; {
+			if cur.heapSites == maxHeapSitesPerRequest {
+				cur = &interval{start: iv.start, end: iv.end, groups: map[sampleKey]*sampleGroup{}}
+				out = append(out, cur)
+			}
+			n := min(len(rest), maxHeapSitesPerRequest-cur.heapSites)
+			part := *hp
+			part.Samples = rest[:n:n]
+			rest = rest[n:]
+			cur.heaps = append(cur.heaps, &part)
+			cur.heapSites += n
+		}
+	}
+	return out
 }
 
 // mergeIntervals returns a new interval spanning a and b with the samples

@@ -175,7 +175,7 @@ func (e *exporter) enqueue(iv *interval) {
 	// While a waiting interval is being sent, the spool waits for it: it
 	// may come back, older than any waiting (an attempt lasts at most
 	// attemptTimeout), unless twice the bound wait.
-	if n := len(e.queue) - e.limit; e.spool == nil || !e.sending || n > e.limit {
+	if e.spool == nil || !e.sending || e.excessLocked(2) > 0 {
 		over = e.takeOverLocked()
 	}
 	e.mu.Unlock()
@@ -186,10 +186,33 @@ func (e *exporter) enqueue(iv *interval) {
 	}
 }
 
+// maxQueuedHeapSites bounds the heap profiles' sites waiting to be sent:
+// they come in requests of maxHeapSitesPerRequest, many at once every
+// heap interval, and count apart from the intervals of samples.
+const maxQueuedHeapSites = 1 << 20
+
+// excessLocked is how many of the oldest waiting intervals are beyond
+// factor times the bounds: limit intervals with samples, and
+// maxQueuedHeapSites heap sites (the caller holds mu).
+func (e *exporter) excessLocked(factor int) int {
+	sampled, sites := 0, 0
+	for i := len(e.queue) - 1; i >= 0; i-- {
+		iv := e.queue[i]
+		if iv.samples+iv.waits > 0 {
+			sampled++
+		}
+		sites += iv.heapSites
+		if sampled > factor*e.limit || sites > factor*maxQueuedHeapSites {
+			return i + 1
+		}
+	}
+	return 0
+}
+
 // takeOverLocked takes the oldest waiting intervals beyond the bound off
 // the queue (the caller holds mu).
 func (e *exporter) takeOverLocked() []*interval {
-	n := len(e.queue) - e.limit
+	n := e.excessLocked(1)
 	if n <= 0 {
 		return nil
 	}

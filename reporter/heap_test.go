@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,11 +26,30 @@ func heapStack(hash uint64, m *libpf.Mapping, leafFirst ...string) *libpf.Trace 
 	return t
 }
 
+// testTraces are the traces of the tests' heap samples, by their Stack's
+// only element (traced, symbolizeTest).
+var testTraces sync.Map
+
+var nextTestTrace atomic.Uint64
+
+// traced is the Stack of a heap sample whose trace is tr.
+func traced(tr *libpf.Trace) []uint64 {
+	id := nextTestTrace.Add(1)
+	testTraces.Store(id, tr)
+	return []uint64{id}
+}
+
+// symbolizeTest is the Symbolize of the tests' heap profiles.
+func symbolizeTest(stack []uint64) *libpf.Trace {
+	tr, _ := testTraces.Load(stack[0])
+	return tr.(*libpf.Trace)
+}
+
 // sitesOf is a heap profile of proc with n allocation sites.
 func sitesOf(proc *libpf.ProcessInfo, n int) *libpf.HeapProfile {
-	hp := &libpf.HeapProfile{Process: proc, Period: 512 << 10}
+	hp := &libpf.HeapProfile{Symbolize: symbolizeTest, Process: proc, Period: 512 << 10}
 	for i := range n {
-		hp.Samples = append(hp.Samples, libpf.HeapSample{Trace: heapStack(uint64(i+1), nil, fmt.Sprintf("f%d", i)),
+		hp.Samples = append(hp.Samples, libpf.HeapSample{Stack: traced(heapStack(uint64(i+1), nil, fmt.Sprintf("f%d", i))),
 			AllocObjects: 1, AllocBytes: 8})
 	}
 	return hp
@@ -52,19 +73,19 @@ func newHeapFixture(f *fixture) *heapFixture {
 	}
 	appC := &libpf.Mapping{FileID: libpf.FileID{0xc}, Path: "/usr/bin/app-c", GoBuildID: "go-c",
 		Start: 0x400000, End: 0x800000}
-	h.hpA = &libpf.HeapProfile{Process: f.procA, Time: f.start.Add(1500 * time.Millisecond), Period: h.period,
+	h.hpA = &libpf.HeapProfile{Symbolize: symbolizeTest, Process: f.procA, Time: f.start.Add(1500 * time.Millisecond), Period: h.period,
 		Samples: []libpf.HeapSample{
-			{Trace: heapStack(1, f.appA, "main.retainLeaf", "main.main"),
+			{Stack: traced(heapStack(1, f.appA, "main.retainLeaf", "main.main")),
 				AllocObjects: 200, AllocBytes: 200 << 16, InUseObjects: 200, InUseBytes: 200 << 16},
-			{Trace: heapStack(2, f.appA, "main.retainLeaf", "main.other", "main.main"),
+			{Stack: traced(heapStack(2, f.appA, "main.retainLeaf", "main.other", "main.main")),
 				AllocObjects: 10, AllocBytes: 10 << 16, InUseObjects: 4, InUseBytes: 4 << 16},
 			// Everything freed: only the alloc profiles have it.
-			{Trace: heapStack(3, f.appA, "main.churnLeaf", "main.main"),
+			{Stack: traced(heapStack(3, f.appA, "main.churnLeaf", "main.main")),
 				AllocObjects: 2048, AllocBytes: 64 << 20},
 		}}
-	h.hpC = &libpf.HeapProfile{Process: h.procC, Time: f.start.Add(2 * time.Second), Period: 1,
+	h.hpC = &libpf.HeapProfile{Symbolize: symbolizeTest, Process: h.procC, Time: f.start.Add(2 * time.Second), Period: 1,
 		Samples: []libpf.HeapSample{
-			{Trace: heapStack(4, appC, "main.retainSmall", "main.main"),
+			{Stack: traced(heapStack(4, appC, "main.retainSmall", "main.main")),
 				AllocObjects: 100_000, AllocBytes: 4_800_000, InUseObjects: 99_000, InUseBytes: 4_752_000},
 		}}
 	return h
@@ -77,7 +98,7 @@ func byLeaf(hps ...*libpf.HeapProfile) map[string][4]int64 {
 	for _, hp := range hps {
 		for i := range hp.Samples {
 			s := &hp.Samples[i]
-			k := fmt.Sprintf("%d %s", hp.Process.PID, s.Trace.Frames[0].FunctionName)
+			k := fmt.Sprintf("%d %s", hp.Process.PID, hp.Trace(i).Frames[0].FunctionName)
 			sum, v := out[k], [4]int64{s.AllocObjects, s.AllocBytes, s.InUseObjects, s.InUseBytes}
 			for j := range sum {
 				sum[j] += v[j]
@@ -404,9 +425,10 @@ func TestMergeableHeapSites(t *testing.T) {
 		limit  int
 		wanted bool
 	}{
-		{"within the limit", 3, 4, 7, true},
-		{"over the limit", 3, 5, 7, false},
-		{"over the merged bound", maxMergedSamples, 1, 2 * maxMergedSamples, false},
+		{"within a request", 3, 4, 7, true},
+		{"heap sites do not count against the sample limit", 3, 5, 7, true},
+		{"at a request's bound", maxHeapSitesPerRequest - 1, 1, 7, true},
+		{"over a request's bound", maxHeapSitesPerRequest, 1, 2 * maxMergedSamples, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -416,5 +438,64 @@ func TestMergeableHeapSites(t *testing.T) {
 				t.Errorf("mergeable with %d + %d sites, limit %d = %v, want %v", tt.a, tt.b, tt.limit, got, tt.wanted)
 			}
 		})
+	}
+}
+
+// An interval's heap profiles go out in requests of at most
+// maxHeapSitesPerRequest sites: the first with the interval's samples, a
+// profile too big for one request in parts of the same process and time,
+// every site once.
+func TestSplitForExport(t *testing.T) {
+	f := newFixture()
+	iv := f.interval()
+	big := sitesOf(f.procA, maxHeapSitesPerRequest+10)
+	small := sitesOf(f.procB, 5)
+	iv.heaps, iv.heapSites = []*libpf.HeapProfile{small, big}, len(small.Samples)+len(big.Samples)
+	parts := splitForExport(iv)
+	if len(parts) != 2 || parts[0].samples != iv.samples || parts[1].samples != 0 {
+		t.Fatalf("%d parts, samples %d", len(parts), parts[0].samples)
+	}
+	seen := 0
+	for i, p := range parts {
+		n := 0
+		for _, hp := range p.heaps {
+			n += len(hp.Samples)
+			if hp.Process != small.Process && hp.Process != big.Process || hp.Symbolize == nil {
+				t.Errorf("part %d: a heap profile lost its process or symbolizer", i)
+			}
+		}
+		if n != p.heapSites || n > maxHeapSitesPerRequest {
+			t.Errorf("part %d: %d sites, counted %d", i, n, p.heapSites)
+		}
+		seen += n
+	}
+	if seen != iv.heapSites {
+		t.Errorf("%d sites in the parts, %d in the interval", seen, iv.heapSites)
+	}
+	if one := splitForExport(f.interval()); len(one) != 1 {
+		t.Errorf("an interval without heap profiles split in %d", len(one))
+	}
+}
+
+// Heap-only intervals wait beside the intervals of samples: the queue's
+// bound counts the latter, the former by their sites.
+func TestQueueBoundsHeapSites(t *testing.T) {
+	sampled := func() *interval { iv := newInterval(time.Unix(0, 0)); iv.samples = 1; return iv }
+	heapOnly := func(sites int) *interval { iv := newInterval(time.Unix(0, 0)); iv.heapSites = sites; return iv }
+	e := &exporter{limit: 2}
+	e.queue = []*interval{sampled(), heapOnly(maxHeapSitesPerRequest), heapOnly(maxHeapSitesPerRequest), sampled()}
+	if n := e.excessLocked(1); n != 0 {
+		t.Errorf("2 intervals of samples and 2 of heap sites, bound 2: %d over, want 0", n)
+	}
+	e.queue = append(e.queue, sampled())
+	if n := e.excessLocked(1); n != 1 {
+		t.Errorf("3 intervals of samples, bound 2: %d over, want the oldest", n)
+	}
+	if n := e.excessLocked(2); n != 0 {
+		t.Errorf("twice the bound: %d over, want 0", n)
+	}
+	e.queue = []*interval{heapOnly(maxQueuedHeapSites), heapOnly(1), sampled()}
+	if n := e.excessLocked(1); n != 1 {
+		t.Errorf("heap sites one over their bound: %d over, want the oldest", n)
 	}
 }

@@ -427,11 +427,7 @@ func (t *histTables) stack(tr *libpf.Trace) uint32 {
 	if i, ok := t.byTrace[key]; ok {
 		return i
 	}
-	frames := make([]uint32, len(tr.Frames))
-	for i := range tr.Frames {
-		frames[i] = t.frame(&tr.Frames[i])
-	}
-	i := t.internStack(histStack{frames: frames, truncated: tr.Truncated})
+	i := t.traceStack(tr)
 	if len(t.byTrace) >= 4*len(t.stacks)+1024 {
 		t.bytes -= int64(len(t.byTrace)) * byTraceCost
 		clear(t.byTrace)
@@ -439,6 +435,15 @@ func (t *histTables) stack(tr *libpf.Trace) uint32 {
 	t.byTrace[key] = i
 	t.bytes += byTraceCost
 	return i
+}
+
+// traceStack interns a trace's frames and stack.
+func (t *histTables) traceStack(tr *libpf.Trace) uint32 {
+	frames := make([]uint32, len(tr.Frames))
+	for i := range tr.Frames {
+		frames[i] = t.frame(&tr.Frames[i])
+	}
+	return t.internStack(histStack{frames: frames, truncated: tr.Truncated})
 }
 
 func (t *histTables) internStack(s histStack) uint32 {
@@ -503,10 +508,12 @@ func (h *History) addHeaps(heaps []*libpf.HeapProfile) {
 		hh := &histHeap{at: hp.Time, pid: pid}
 		for i := range hp.Samples {
 			s := &hp.Samples[i]
-			if s.Trace == nil || s.InUseBytes <= 0 && s.AllocBytes <= 0 {
+			if s.InUseBytes <= 0 && s.AllocBytes <= 0 {
 				continue
 			}
-			hh.series = append(hh.series, h.tab.seriesOf(h.tab.stack(s.Trace), meta))
+			// Each trace is made for this call: byTrace would only
+			// collect dead keys.
+			hh.series = append(hh.series, h.tab.seriesOf(h.tab.traceStack(hp.Trace(i)), meta))
 			hh.inuse = append(hh.inuse, uint64(max(s.InUseBytes, 0)))
 			hh.alloc = append(hh.alloc, uint64(max(s.AllocBytes, 0)))
 		}

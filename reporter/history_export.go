@@ -36,6 +36,10 @@ func (h *History) selectionHeaps(sel *Selection) []*libpf.HeapProfile {
 	defer h.mu.RUnlock()
 	s := h.selector(sel)
 	var out []*libpf.HeapProfile
+	// A sample's stack is its stack's index in the tables: the traces
+	// are made here, under the lock.
+	traces := map[uint64]*libpf.Trace{}
+	symbolize := func(stack []uint64) *libpf.Trace { return traces[stack[0]] }
 	for _, hh := range h.lastHeaps(s) {
 		var hp *libpf.HeapProfile
 		for i, sr := range hh.series {
@@ -45,10 +49,14 @@ func (h *History) selectionHeaps(sel *Selection) []*libpf.HeapProfile {
 			series := &h.tab.series[sr]
 			if hp == nil {
 				m := &h.tab.metas[series.meta]
-				hp = &libpf.HeapProfile{Time: hh.at, Process: &libpf.ProcessInfo{PID: m.pid, ExecutableName: m.process,
-					ContainerID: m.container, ContainerName: m.containerName, Namespace: m.namespace, ServiceName: m.service}}
+				hp = &libpf.HeapProfile{Time: hh.at, Symbolize: symbolize, Process: &libpf.ProcessInfo{PID: m.pid,
+					ExecutableName: m.process, ContainerID: m.container, ContainerName: m.containerName,
+					Namespace: m.namespace, ServiceName: m.service}}
 			}
-			hp.Samples = append(hp.Samples, libpf.HeapSample{Trace: h.tab.trace(series.stack),
+			if traces[uint64(series.stack)] == nil {
+				traces[uint64(series.stack)] = h.tab.trace(series.stack)
+			}
+			hp.Samples = append(hp.Samples, libpf.HeapSample{Stack: []uint64{uint64(series.stack)},
 				InUseBytes: int64(hh.inuse[i]), AllocBytes: int64(hh.alloc[i])})
 		}
 		if hp != nil {

@@ -15,9 +15,9 @@ import (
 // heapOf is a heap profile of proc at at: per trace, its bytes in use and
 // allocated.
 func heapOf(proc *libpf.ProcessInfo, at time.Time, sites map[*libpf.Trace][2]int64) *interval {
-	hp := &libpf.HeapProfile{Process: proc, Time: at, Period: 512 << 10}
+	hp := &libpf.HeapProfile{Symbolize: symbolizeTest, Process: proc, Time: at, Period: 512 << 10}
 	for tr, v := range sites {
-		hp.Samples = append(hp.Samples, libpf.HeapSample{Trace: tr, InUseBytes: v[0], AllocBytes: v[1]})
+		hp.Samples = append(hp.Samples, libpf.HeapSample{Stack: traced(tr), InUseBytes: v[0], AllocBytes: v[1]})
 	}
 	iv := newInterval(at)
 	iv.end = at.Add(time.Second)

@@ -358,10 +358,15 @@ func (b *dictBuilder) heapProfiles(hp *libpf.HeapProfile) []*profilespb.Profile 
 	}
 	for i := range hp.Samples {
 		s := &hp.Samples[i]
+		stack := int32(-1) // the trace is made once, if a value needs it
 		for j, v := range heapValues(s) {
-			if v != 0 {
-				profs[j].Samples = append(profs[j].Samples, &profilespb.Sample{StackIndex: b.stack(s.Trace), Values: []int64{v}})
+			if v == 0 {
+				continue
 			}
+			if stack < 0 {
+				stack = b.stack(hp.Trace(i))
+			}
+			profs[j].Samples = append(profs[j].Samples, &profilespb.Sample{StackIndex: stack, Values: []int64{v}})
 		}
 	}
 	return profs

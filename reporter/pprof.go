@@ -2,6 +2,7 @@ package reporter
 
 import (
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -105,6 +106,13 @@ func buildHeapPprof(iv *interval) *profile.Profile {
 		locations: make(map[pprofLocKey]*profile.Location),
 		stacks:    make(map[*libpf.Trace][]*profile.Location),
 	}
+	// A host's Go programs hold hundreds of thousands of sites: each
+	// sample's trace is made, turned into locations and dropped, and
+	// equal location lists (a program's stacks in each of its
+	// processes) are shared.
+	stacks := map[string][]*profile.Location{}
+	var key []byte
+	numUnit := map[string][]string{"pid": {"id"}}
 	for _, hp := range iv.heaps {
 		// One period per file: the programs' own (512 KiB unless they
 		// changed it).
@@ -116,10 +124,21 @@ func buildHeapPprof(iv *interval) *profile.Profile {
 			num["pid"] = []int64{int64(hp.Process.PID)}
 		}
 		for i := range hp.Samples {
-			s := &hp.Samples[i]
-			v := heapValues(s)
-			p.Sample = append(p.Sample, &profile.Sample{Value: v[:], Location: b.stack(s.Trace), Label: labels,
-				NumLabel: num, NumUnit: map[string][]string{"pid": {"id"}}})
+			tr := hp.Trace(i)
+			key = key[:0]
+			locs := make([]*profile.Location, len(tr.Frames))
+			for j := range tr.Frames {
+				locs[j] = b.location(&tr.Frames[j])
+				key = binary.LittleEndian.AppendUint64(key, locs[j].ID)
+			}
+			if shared, ok := stacks[string(key)]; ok {
+				locs = shared
+			} else {
+				stacks[string(key)] = locs
+			}
+			v := heapValues(&hp.Samples[i])
+			p.Sample = append(p.Sample, &profile.Sample{Value: v[:], Location: locs, Label: labels,
+				NumLabel: num, NumUnit: numUnit})
 		}
 	}
 	return p

@@ -320,7 +320,9 @@ func (r *Reporter) reportInterval(end time.Time) error {
 		}
 	}
 	if r.exp != nil {
-		r.exp.enqueue(iv)
+		for _, part := range splitForExport(iv) {
+			r.exp.enqueue(part)
+		}
 	}
 	return err
 }

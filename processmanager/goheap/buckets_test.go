@@ -322,8 +322,8 @@ func TestAgainstOwnProfile(t *testing.T) {
 			ours := map[string]map[string]int64{"inuse_space": {}, "alloc_space": {}}
 			for _, s := range prof.Samples {
 				if len(s.Stack) > 0 {
-					ours["inuse_space"][s.Stack[0].Function] += s.InUseBytes
-					ours["alloc_space"][s.Stack[0].Function] += s.AllocBytes
+					ours["inuse_space"][prof.Resolve(s.Stack[0]).Function] += s.InUseBytes
+					ours["alloc_space"][prof.Resolve(s.Stack[0]).Function] += s.AllocBytes
 				}
 			}
 			pf, err := os.Open(own)

@@ -60,7 +60,6 @@ func (r *Reader) Stats() Stats {
 // executable.
 func (r *Reader) Collect(ctx context.Context, targets []Target, log *logrus.Entry) []*libpf.HeapProfile {
 	var out []*libpf.HeapProfile
-	var buf []byte
 	for _, t := range targets {
 		if ctx.Err() != nil {
 			break
@@ -108,21 +107,30 @@ func (r *Reader) Collect(ctx context.Context, targets []Target, log *logrus.Entr
 			continue
 		}
 		hp := &libpf.HeapProfile{Process: t.Process, Time: time.Now(), Period: p.Rate,
-			Samples: make([]libpf.HeapSample, 0, len(p.Samples))}
+			Samples: make([]libpf.HeapSample, 0, len(p.Samples)), Symbolize: symbolizer(p.Resolve, t)}
 		for _, s := range p.Samples {
-			frames := make([]libpf.Frame, len(s.Stack))
-			for i, f := range s.Stack {
-				frames[i] = libpf.Frame{Kind: libpf.FrameNative, Address: f.Address, Mapping: t.Executable}
-				if f.Function != "?" {
-					frames[i].FunctionName, frames[i].SourceFile, frames[i].SourceLine = f.Function, f.File, uint32(f.Line)
-				}
-			}
-			tr := &libpf.Trace{Frames: frames}
-			tr.Hash, buf = libpf.HashTrace(buf, uint32(t.PID), frames, false)
-			hp.Samples = append(hp.Samples, libpf.HeapSample{Trace: tr, AllocObjects: s.AllocObjects,
+			hp.Samples = append(hp.Samples, libpf.HeapSample{Stack: s.Stack, AllocObjects: s.AllocObjects,
 				AllocBytes: s.AllocBytes, InUseObjects: s.InUseObjects, InUseBytes: s.InUseBytes})
 		}
 		out = append(out, hp)
 	}
 	return out
+}
+
+// symbolizer makes the traces of a target's heap profile: native frames of
+// its executable, named by resolve.
+func symbolizer(resolve func(uint64) Frame, t Target) func(stack []uint64) *libpf.Trace {
+	return func(stack []uint64) *libpf.Trace {
+		frames := make([]libpf.Frame, len(stack))
+		for i, addr := range stack {
+			f := resolve(addr)
+			frames[i] = libpf.Frame{Kind: libpf.FrameNative, Address: addr, Mapping: t.Executable}
+			if f.Function != "?" {
+				frames[i].FunctionName, frames[i].SourceFile, frames[i].SourceLine = f.Function, f.File, uint32(f.Line)
+			}
+		}
+		tr := &libpf.Trace{Frames: frames}
+		tr.Hash, _ = libpf.HashTrace(nil, uint32(t.PID), frames, false)
+		return tr
+	}
 }

@@ -67,30 +67,31 @@ func TestCollect(t *testing.T) {
 	// churnLeaf's allocations (2048 of 32 KiB, all sampled) are garbage;
 	// the runtime now and then charges it a small allocation of its own.
 	var churned [4]int64
-	for _, s := range hp.Samples {
-		if len(s.Trace.Frames) == 0 {
+	for i, s := range hp.Samples {
+		tr := hp.Trace(i)
+		if len(tr.Frames) == 0 {
 			t.Fatal("sample without frames")
 		}
-		for _, f := range s.Trace.Frames {
+		for _, f := range tr.Frames {
 			if f.Kind != libpf.FrameNative || f.Mapping != exe {
 				t.Fatalf("frame %+v: want a native frame of the target's executable mapping", f)
 			}
 		}
-		h := s.Trace.Hash
+		h := tr.Hash
 		if h == (libpf.TraceHash{}) {
-			t.Errorf("stack %s has a zero hash", stackKey(s.Trace))
+			t.Errorf("stack %s has a zero hash", stackKey(tr))
 		}
-		k := stackKey(s.Trace)
+		k := stackKey(tr)
 		if old, ok := hashes[k]; ok && old != h {
 			t.Errorf("equal stacks %s hash to %x and %x", k, old, h)
 		}
 		hashes[k] = h
-		if s.Trace.Frames[0].FunctionName == "main.churnLeaf" {
+		if tr.Frames[0].FunctionName == "main.churnLeaf" {
 			for i, v := range []int64{s.AllocObjects, s.AllocBytes, s.InUseObjects, s.InUseBytes} {
 				churned[i] += v
 			}
 		}
-		if s.Trace.Frames[0].FunctionName == "main.retainLeaf" && s.AllocBytes >= 200<<16 {
+		if tr.Frames[0].FunctionName == "main.retainLeaf" && s.AllocBytes >= 200<<16 {
 			retained = true
 			if s.InUseObjects != wantObjects || s.InUseBytes != wantInUse || s.AllocBytes != wantAlloc {
 				t.Errorf("retainLeaf's site: %d objects, %d bytes in use, %d allocated; runtime.MemProfile said %d, %d, %d",
@@ -119,9 +120,10 @@ func TestCollect(t *testing.T) {
 	if len(again) != 1 {
 		t.Fatalf("second Collect returned %d heap profiles", len(again))
 	}
-	for _, s := range again[0].Samples {
-		if h, ok := hashes[stackKey(s.Trace)]; ok && h != s.Trace.Hash {
-			t.Errorf("stack %s hashed to %x, then %x", stackKey(s.Trace), h, s.Trace.Hash)
+	for i := range again[0].Samples {
+		tr := again[0].Trace(i)
+		if h, ok := hashes[stackKey(tr)]; ok && h != tr.Hash {
+			t.Errorf("stack %s hashed to %x, then %x", stackKey(tr), h, tr.Hash)
 		}
 	}
 }

@@ -21,32 +21,34 @@ type Frame struct {
 // runtime's allocation frames, and its counts scaled up from the sampled
 // ones.
 type Sample struct {
-	Stack                                              []Frame
+	// Stack are the executable's addresses to look up (Resolver), a
+	// return address less one for each logical frame (inlined ones
+	// included): the names are made when the profile is exported, as a
+	// process's thousands of stacks wait for it.
+	Stack                                              []uint64
 	AllocObjects, AllocBytes, InUseObjects, InUseBytes int64
 }
 
-// Samples symbolizes (with resolve, see Resolver) and scales buckets of a
-// Go 1.minor program whose MemProfileRate is rate, as runtime/pprof writes
-// its heap profile: each return address is resolved at pc-1 to the
-// innermost function there (a
-// bucket's stack holds one address per logical frame, inlined ones
-// included), the leading frames of the runtime (and, from 1.24, of
-// internal/runtime/) and runtime.goexit are dropped, and each pair of
-// count and bytes is scaled by the chance that an allocation of the
-// average size was sampled (runtime/pprof's scaleHeapSample).
+// Samples scales buckets of a Go 1.minor program whose MemProfileRate is
+// rate as runtime/pprof writes its heap profile, and trims their stacks as
+// it does (resolve, see Resolver, names the functions): each return
+// address is looked up at pc-1 (a bucket's stack holds one address per
+// logical frame, inlined ones included), the leading frames of the runtime
+// (and, from 1.24, of internal/runtime/) and runtime.goexit are dropped,
+// and each pair of count and bytes is scaled by the chance that an
+// allocation of the average size was sampled (runtime/pprof's
+// scaleHeapSample). The buckets' stacks are reused.
 func Samples(buckets []Bucket, resolve func(pc uint64) Frame, minor int, rate int64) []Sample {
 	out := make([]Sample, 0, len(buckets))
 	for _, b := range buckets {
-		var stack []Frame
+		stack := b.Stack[:0]
 		for _, pc := range b.Stack {
-			fr := resolve(pc - 1)
-			if fr.Function == "runtime.goexit" {
-				continue
+			if resolve(pc-1).Function != "runtime.goexit" {
+				stack = append(stack, pc-1)
 			}
-			stack = append(stack, fr)
 		}
 		skip := 0
-		for skip < len(stack) && isRuntimeFrame(stack[skip].Function, minor) {
+		for skip < len(stack) && isRuntimeFrame(resolve(stack[skip]).Function, minor) {
 			skip++
 		}
 		if skip < len(stack) {

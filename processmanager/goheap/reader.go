@@ -27,6 +27,9 @@ type Profile struct {
 	Samples []Sample
 	// Skipped counts buckets left out because their counts read torn.
 	Skipped int
+	// Resolve names an address of the samples' stacks. It is safe for
+	// concurrent use.
+	Resolve func(addr uint64) Frame
 }
 
 // maxExecutables bounds the executables Reader keeps open with their
@@ -133,7 +136,15 @@ func (exe *executable) read(pid int) (Profile, error) {
 	}
 	exe.mu.Lock()
 	defer exe.mu.Unlock()
-	return Profile{Rate: int64(rate), Samples: Samples(buckets, exe.resolve, exe.prog.Minor, int64(rate)), Skipped: skipped}, nil
+	return Profile{Rate: int64(rate), Samples: Samples(buckets, exe.resolve, exe.prog.Minor, int64(rate)), Skipped: skipped,
+		Resolve: exe.resolveLocked}, nil
+}
+
+// resolveLocked is exe.resolve under its mutex.
+func (exe *executable) resolveLocked(addr uint64) Frame {
+	exe.mu.Lock()
+	defer exe.mu.Unlock()
+	return exe.resolve(addr)
 }
 
 // loadBias is how far pid loaded a position-independent executable from

@@ -1,5 +1,5 @@
-// heapprog allocates on known stacks (and with "many" as its first
-// argument, at thousands of sites): retainLeaf keeps 200 allocations of
+// heapprog allocates on known stacks (and with "many" or "mid" as its
+// first argument, at 11,000 or 2,200 sites): retainLeaf keeps 200 allocations of
 // 64 KiB (every allocation sampled with "all" as its first argument,
 // else one per 512 KiB, the default), churnLeaf allocates and drops
 // 64 MiB, retainSmall keeps 100,000 objects of 48 bytes. It prints what
@@ -70,12 +70,21 @@ func retainSmall(n int) {
 }
 
 func main() {
-	if len(os.Args) > 1 && (os.Args[1] == "all" || os.Args[1] == "many") {
+	mode := ""
+	if len(os.Args) > 1 {
+		mode = os.Args[1]
+	}
+	if mode == "all" || mode == "many" || mode == "mid" {
 		runtime.MemProfileRate = 1
 	}
-	if len(os.Args) > 1 && os.Args[1] == "many" {
+	switch mode {
+	case "many":
 		manyA(100)
 		manyB(100)
+	case "mid":
+		// Some 2,200 buckets up to 25 frames deep: a service's.
+		manyA(20)
+		manyB(20)
 	}
 	retainLeaf(200, 64<<10)
 	churnLeaf(64<<20, 32<<10)
