@@ -56,6 +56,8 @@ var (
 	// Off-CPU profiling: the sched_switch program and the unwinders' raw
 	// tracepoint copies load, and a C thread's sleeps are attributed.
 	offCPUTests = `^TestOffCPU$/^C$`
+	// Go heap profiles: the reader on arm64 (x86_64 runs it on the host).
+	goHeapTests = `^TestGoHeapReader$`
 	perlTests   = `^(TestPerlStacks|TestPerlEval|TestPerlSort|TestPerlThreads|TestPerlForks|TestPerlRecursion)$`
 	// Not TestPHPFPM: under emulation each request's own work (chdir,
 	// compiling nothing, output) takes 4-6% of the samples in requests,
@@ -114,6 +116,9 @@ func runsRuntimes(arch, series string) bool {
 func runFor(arch, series string) string {
 	run := union([]string{"^(" + strings.Join(baseTests, "|") + ")$/^(" + strings.Join(baseSubtests, "|") + ")",
 		goLabelTests, threadCtxTests, offCPUTests})
+	if arch == "arm64" {
+		run = union([]string{run, goHeapTests})
+	}
 	switch {
 	case !runsRuntimes(arch, series):
 		return run
