@@ -67,6 +67,8 @@ func main() {
 	soak := flag.Duration("soak", 0, "instead: run the daemon this long under a rotating mix of runtimes, process churn, "+
 		"a collector outage and web view polling, and check that its memory and goroutines stay flat (make soak)")
 	soakOut := flag.String("soak-out", "", "with -soak: where its readings (soak.csv) and plot (soak.svg) go")
+	goHeap := flag.Int("goheap", 0, "instead: measure the daemon's memory and CPU with this many idle Go programs "+
+		"of 2,360 allocation sites each, reading their heap profiles every 20 s and not")
 	flag.Parse()
 	extraDaemonArgs = strings.Fields(*extra)
 	if os.Geteuid() != 0 {
@@ -79,6 +81,11 @@ func main() {
 	if *soak > 0 {
 		defer runAtExit()
 		runSoak(*bin, *soak, *soakOut)
+		return
+	}
+	if *goHeap > 0 {
+		defer runAtExit()
+		runGoHeapBench(*bin, *goHeap)
 		return
 	}
 	if *startup > 0 {
