@@ -33,13 +33,7 @@ func buildPprof(iv *interval, period int64) *profile.Profile {
 		TimeNanos:         iv.start.UnixNano(),
 		DurationNanos:     iv.end.Sub(iv.start).Nanoseconds(),
 	}
-	b := &pprofBuilder{
-		p:         p,
-		mappings:  make(map[libpf.Mapping]*profile.Mapping),
-		functions: make(map[[3]string]*profile.Function),
-		locations: make(map[pprofLocKey]*profile.Location),
-		stacks:    make(map[*libpf.Trace][]*profile.Location),
-	}
+	b := newPprofBuilder(p)
 	offCPU := hasOffCPU(iv)
 	if offCPU {
 		// A third sample type: an off-CPU sample's wait, where the CPU
@@ -99,13 +93,7 @@ func buildHeapPprof(iv *interval) *profile.Profile {
 	for _, st := range heapSampleTypes {
 		p.SampleType = append(p.SampleType, &profile.ValueType{Type: st[0], Unit: st[1]})
 	}
-	b := &pprofBuilder{
-		p:         p,
-		mappings:  make(map[libpf.Mapping]*profile.Mapping),
-		functions: make(map[[3]string]*profile.Function),
-		locations: make(map[pprofLocKey]*profile.Location),
-		stacks:    make(map[*libpf.Trace][]*profile.Location),
-	}
+	b := newPprofBuilder(p)
 	// A host's Go programs hold hundreds of thousands of sites: each
 	// sample's trace is made, turned into locations and dropped, and
 	// equal location lists (a program's stacks in each of its
@@ -194,6 +182,16 @@ type pprofBuilder struct {
 	functions map[[3]string]*profile.Function
 	locations map[pprofLocKey]*profile.Location
 	stacks    map[*libpf.Trace][]*profile.Location
+}
+
+func newPprofBuilder(p *profile.Profile) *pprofBuilder {
+	return &pprofBuilder{
+		p:         p,
+		mappings:  make(map[libpf.Mapping]*profile.Mapping),
+		functions: make(map[[3]string]*profile.Function),
+		locations: make(map[pprofLocKey]*profile.Location),
+		stacks:    make(map[*libpf.Trace][]*profile.Location),
+	}
 }
 
 func (b *pprofBuilder) stack(t *libpf.Trace) []*profile.Location {
