@@ -409,3 +409,30 @@ func BenchmarkReadProcess(b *testing.B) {
 	b.ReportMetric(float64(len(prof.Samples)), "buckets")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(prof.Samples)), "ns/bucket")
 }
+
+// TestLayoutForReleases: the record layout of each release, from its
+// runtime/mprof.go (memRecordCycle): allocs, frees, alloc_bytes and
+// free_bytes, uintptrs, in go1.19.8, go1.21.13-go1.25.12 and go1.26.8;
+// allocs and frees only in go1.27.3 (LAYOUT.md, section 2). Go 1.18's and
+// 1.20's trees were not read: 1.18's from golang/go#45894 and a copy of
+// its mprof.go, 1.20's the same as the releases on both sides of it.
+// TestAgainstOwnProfile reads the builds of every release here but 1.18
+// and 1.20.
+func TestLayoutForReleases(t *testing.T) {
+	for minor := 17; minor <= 28; minor++ {
+		l, err := LayoutFor(minor)
+		want := 32
+		switch {
+		case minor < 18:
+			if err == nil {
+				t.Errorf("Go 1.%d: no error", minor)
+			}
+			continue
+		case minor >= 27:
+			want = 16
+		}
+		if err != nil || l.CycleBytes != want {
+			t.Errorf("Go 1.%d: %+v, %v; want %d-byte cycles", minor, l, err, want)
+		}
+	}
+}
