@@ -42,7 +42,11 @@ type soakPoint struct {
 const soakSettle = 10 * time.Minute
 
 func runSoak(bin string, d time.Duration, outDir string) {
-	phase := min(5*time.Minute, d/6)
+	// Every load has run by the time memory must have settled (six
+	// phases of two of the eleven), and the web view's history is at its
+	// age bound: what the daemon keeps of a load it has seen once (its
+	// files' symbols, debug information, stacks) must not grow after.
+	phase := min(soakSettle/6, d/6)
 	outageAt, outage := 2*d/5, min(10*time.Minute, d/6)
 	dir, err := os.MkdirTemp("", "bench-soak")
 	check(err)
@@ -51,7 +55,7 @@ func runSoak(bin string, d time.Duration, outDir string) {
 	outputs := []string{sk.c.OutPath}
 	httpAddr, pprofAddr := freeLoopback(), freeLoopback()
 	cmd, readLog := startDaemon(bin, dir, append(sk.args(), "-samples-per-second", "20", "-reporter-interval", "5s",
-		"-http", httpAddr, "-pprof", pprofAddr, "-spool-dir", filepath.Join(dir, "spool"),
+		"-http", httpAddr, "-http-history", soakSettle.String(), "-pprof", pprofAddr, "-spool-dir", filepath.Join(dir, "spool"),
 		"-off-cpu-threshold", "0.01", "-monitor-interval", "10s")...)
 	pid := cmd.Process.Pid
 	exited := make(chan error, 1)
@@ -69,7 +73,7 @@ func runSoak(bin string, d time.Duration, outDir string) {
 	nextPhase, phaseN := time.Duration(0), 0
 	tick := time.NewTicker(10 * time.Second)
 	defer tick.Stop()
-	down, back := false, false
+	down, back, heapSaved := false, false, false
 	// The outage's span in wall time, and how long after its end the
 	// daemon's status line first showed an empty spool.
 	var outageStart, outageEnd time.Time
@@ -106,6 +110,12 @@ func runSoak(bin string, d time.Duration, outDir string) {
 		if back && drainedAfter < 0 && lastSpoolHeld(readLog()) == 0 {
 			drainedAfter = time.Since(outageEnd)
 		}
+		if !heapSaved && elapsed >= soakSettle && outDir != "" {
+			// The daemon's own heap once settled and at the end: what
+			// grew between them, should memory grow.
+			saveHeapProfile(pprofAddr, filepath.Join(outDir, "heap-settled.pb.gz"))
+			heapSaved = true
+		}
 		rss, _ := memory(pid)
 		points = append(points, soakPoint{at: time.Since(start), rssMiB: rss, goroutines: goroutines(pprofAddr),
 			cpu: cpuTime(pid), spoolMiB: float64(dirBytes(filepath.Join(dir, "spool"))) / (1 << 20)})
@@ -118,6 +128,9 @@ func runSoak(bin string, d time.Duration, outDir string) {
 		outputs = append(outputs, sk.c.OutPath)
 	}
 	// Let the spool drain (1 MiB/s), then stop.
+	if outDir != "" {
+		saveHeapProfile(pprofAddr, filepath.Join(outDir, "heap-end.pb.gz"))
+	}
 	drainStart := time.Now()
 	for time.Since(drainStart) < 5*time.Minute && lastSpoolHeld(readLog()) != 0 {
 		time.Sleep(5 * time.Second)
@@ -290,6 +303,24 @@ func pollWebView(addr string) func() {
 }
 
 // goroutines reads the daemon's goroutine count from its -pprof endpoint.
+// saveHeapProfile writes the daemon's heap profile (its -pprof address)
+// to path; a failure is printed, not fatal.
+func saveHeapProfile(addr, path string) {
+	resp, err := http.Get("http://" + addr + "/debug/pprof/heap")
+	if err == nil {
+		defer resp.Body.Close()
+		var b []byte
+		if b, err = io.ReadAll(resp.Body); err == nil {
+			if err = os.MkdirAll(filepath.Dir(path), 0o755); err == nil {
+				err = os.WriteFile(path, b, 0o644)
+			}
+		}
+	}
+	if err != nil {
+		fmt.Printf("soak: saving the daemon's heap profile: %v\n", err)
+	}
+}
+
 func goroutines(addr string) int {
 	resp, err := http.Get("http://" + addr + "/debug/pprof/goroutine?debug=1")
 	if err != nil {
