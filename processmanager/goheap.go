@@ -12,8 +12,9 @@ import (
 // rounds.
 const maxGoHeapSetUps = 64
 
-// GoHeapTargets are the live processes whose executable is a Go program:
-// those whose heap profile can be read (goheap.Reader.Collect). A Go
+// GoHeapTargets are the live processes whose executable is a Go program,
+// in no fixed order: those whose heap profile can be read
+// (goheap.Reader.Collect). A Go
 // program that was not sampled yet (one idle since the daemon started) is
 // set up first, as its first sample would have, so that its profile is
 // reported with its process's attributes; isGo says which are Go

@@ -14,14 +14,13 @@ import (
 
 // runGoHeaps reads the heap profile of every Go program being profiled
 // each interval, until ctx ends, and hands them to the reporter. A round
-// that takes longer than the interval is cut short; the next one starts
-// with the processes it missed.
+// that takes longer than the interval is cut short; the targets come in
+// no fixed order, so the next does not miss the same ones.
 func runGoHeaps(ctx context.Context, interval time.Duration, r *goheap.Reader, pm *processmanager.Manager,
 	rep *reporter.Reporter) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	entry := log.WithField("component", "go-heap")
-	var skip int
 	for {
 		select {
 		case <-ctx.Done():
@@ -29,21 +28,11 @@ func runGoHeaps(ctx context.Context, interval time.Duration, r *goheap.Reader, p
 		case <-tick.C:
 		}
 		targets := pm.GoHeapTargets(ctx, func(pid uint32) bool { return r.IsGo(int(pid)) })
-		// Start where the last round stopped, so that a round cut short
-		// does not starve the same processes each time.
-		if skip > 0 && skip < len(targets) {
-			targets = append(targets[skip:], targets[:skip]...)
-		}
 		round, cancel := context.WithTimeout(ctx, interval)
 		profiles := r.Collect(round, targets, entry)
-		cut := round.Err() != nil && ctx.Err() == nil
 		cancel()
 		for _, hp := range profiles {
 			rep.ReportHeap(hp)
-		}
-		skip = 0
-		if cut {
-			skip = len(profiles)
 		}
 	}
 }
