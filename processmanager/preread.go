@@ -29,7 +29,9 @@ type preread struct {
 // prepare reads what setting pid up will read, if it has no state with
 // its mappings read (withMaps: they will be read); the set-up that follows
 // (under m.mu, on the same goroutine) takes it, and done drops what it left.
-// Callers prepare different pids at once, never one pid twice.
+// Callers prepare different pids at once; should two prepare one pid
+// (the lifecycle and the Go heap round), the first's read is used and each
+// done drops only its own.
 func (m *Manager) prepare(pid uint32, comm string, withMaps bool) (done func()) {
 	m.mu.Lock()
 	p, ok := m.procs[pid]

@@ -74,9 +74,9 @@ type interval struct {
 	samples, waits int
 	// dropped counts samples refused because the interval was full.
 	dropped int
-	// heaps are the heap profiles read in the interval, at most one per
-	// process; heapSites their samples, bounded by the limit on their
-	// own.
+	// heaps are the heap profiles read in the interval (one per process
+	// as read; a merged interval has each of its parts'); heapSites their
+	// samples, bounded by the limit on their own.
 	heaps     []*libpf.HeapProfile
 	heapSites int
 }
@@ -149,7 +149,9 @@ func (a *aggregator) addHeap(hp *libpf.HeapProfile) bool {
 	defer a.mu.Unlock()
 	iv := a.cur
 	for i, old := range iv.heaps {
-		if old.Process == hp.Process {
+		// By pid: the manager replaces a process's info when it learns
+		// more of it.
+		if samePID(old, hp) {
 			if iv.heapSites-len(old.Samples)+len(hp.Samples) > a.limit {
 				return false
 			}
@@ -164,6 +166,11 @@ func (a *aggregator) addHeap(hp *libpf.HeapProfile) bool {
 	iv.heapSites += len(hp.Samples)
 	iv.heaps = append(iv.heaps, hp)
 	return true
+}
+
+// samePID says two heap profiles are of one process.
+func samePID(a, b *libpf.HeapProfile) bool {
+	return a.Process != nil && b.Process != nil && a.Process.PID == b.Process.PID
 }
 
 // empty says the interval has nothing to report.

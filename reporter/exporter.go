@@ -540,7 +540,13 @@ func (e *exporter) noteSuccess(r otlpRequest, resp *collectorpb.ExportProfilesSe
 			"message":           ps.GetErrorMessage(),
 		}).Warn("collector rejected part of the exported profiles")
 	}
-	e.log.WithFields(logrus.Fields{"samples": r.samples, "profiles": r.profiles}).Info("exported profiles")
+	fields := logrus.Fields{"samples": r.samples, "profiles": r.profiles}
+	if r.samples == 0 {
+		// A heap round's requests: tens at a time, each minute.
+		e.log.WithFields(fields).Debug("exported heap profiles")
+		return
+	}
+	e.log.WithFields(fields).Info("exported profiles")
 }
 
 func (e *exporter) close() error {

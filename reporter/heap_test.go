@@ -130,9 +130,11 @@ func TestAddHeap(t *testing.T) {
 			wantHeaps: []*libpf.HeapProfile{a2, b4}, wantSites: 6,
 		},
 		{
-			name: "another image of the same pid is kept beside it", limit: 10,
+			// The manager replaces a process's info as it learns more of
+			// it: a later read of the pid replaces the earlier one.
+			name: "a read of the same pid with other process info replaces it", limit: 10,
 			adds: []*libpf.HeapProfile{a3, x2}, wantKept: []bool{true, true},
-			wantHeaps: []*libpf.HeapProfile{a3, x2}, wantSites: 5,
+			wantHeaps: []*libpf.HeapProfile{x2}, wantSites: 2,
 		},
 		{
 			name: "over the limit refused", limit: 5,

@@ -497,9 +497,25 @@ func processMeta(pid libpf.PID, p *libpf.ProcessInfo) histMeta {
 	return m
 }
 
-// addHeaps keeps an interval's heap profiles. The caller holds h.mu.
-func (h *History) addHeaps(heaps []*libpf.HeapProfile) {
-	for _, hp := range heaps {
+// heapTraces are the traces of heap profiles' sites that have bytes, made
+// before the history is locked: there are thousands.
+func heapTraces(heaps []*libpf.HeapProfile) [][]*libpf.Trace {
+	out := make([][]*libpf.Trace, len(heaps))
+	for j, hp := range heaps {
+		out[j] = make([]*libpf.Trace, len(hp.Samples))
+		for i := range hp.Samples {
+			if s := &hp.Samples[i]; s.InUseBytes > 0 || s.AllocBytes > 0 {
+				out[j][i] = hp.Trace(i)
+			}
+		}
+	}
+	return out
+}
+
+// addHeaps keeps an interval's heap profiles, whose sites' traces
+// heapTraces made. The caller holds h.mu.
+func (h *History) addHeaps(heaps []*libpf.HeapProfile, traces [][]*libpf.Trace) {
+	for j, hp := range heaps {
 		var pid libpf.PID
 		if hp.Process != nil {
 			pid = hp.Process.PID
@@ -507,13 +523,13 @@ func (h *History) addHeaps(heaps []*libpf.HeapProfile) {
 		meta := h.tab.meta(processMeta(pid, hp.Process))
 		hh := &histHeap{at: hp.Time, pid: pid}
 		for i := range hp.Samples {
-			s := &hp.Samples[i]
-			if s.InUseBytes <= 0 && s.AllocBytes <= 0 {
+			s, tr := &hp.Samples[i], traces[j][i]
+			if tr == nil {
 				continue
 			}
-			// Each trace is made for this call: byTrace would only
+			// Each trace was made for this call: byTrace would only
 			// collect dead keys.
-			hh.series = append(hh.series, h.tab.seriesOf(h.tab.traceStack(hp.Trace(i)), meta))
+			hh.series = append(hh.series, h.tab.seriesOf(h.tab.traceStack(tr), meta))
 			hh.inuse = append(hh.inuse, uint64(max(s.InUseBytes, 0)))
 			hh.alloc = append(hh.alloc, uint64(max(s.AllocBytes, 0)))
 		}
@@ -527,8 +543,9 @@ func (h *History) addHeaps(heaps []*libpf.HeapProfile) {
 func (h *History) add(iv *interval, period int64) {
 	h.period.Store(period)
 	if len(iv.heaps) > 0 {
+		traces := heapTraces(iv.heaps)
 		h.mu.Lock()
-		h.addHeaps(iv.heaps)
+		h.addHeaps(iv.heaps, traces)
 		h.enforceBounds()
 		h.mu.Unlock()
 	}
@@ -628,15 +645,28 @@ func (h *History) enforceBounds() {
 	for len(h.intervals) > 0 && newest.Sub(h.intervals[0].end) >= h.maxAge {
 		h.dropOldest()
 	}
-	for len(h.heaps) > 0 && (newest.Sub(h.heaps[0].at) >= h.maxAge || len(h.heaps) > maxHistHeaps) {
+	// Heap profiles take at most a quarter of the bound (their entries;
+	// their stacks share the tables), so that they never push the CPU
+	// samples out.
+	for len(h.heaps) > 0 && (newest.Sub(h.heaps[0].at) >= h.maxAge || len(h.heaps) > maxHistHeaps ||
+		h.heapBytes > h.maxBytes/4) {
 		h.dropOldestHeap()
+	}
+	// Over the bound, heap profiles go first, the oldest half at a time
+	// (their stacks are in the tables until a rebuild), down to the
+	// newest: the CPU samples are what the web view is for.
+	for h.bytesLocked() > h.maxBytes && len(h.heaps) > 1 {
+		for range max(len(h.heaps)/2, 1) {
+			h.dropOldestHeap()
+		}
+		h.compact()
 	}
 	// Each round drops what the guess says, then rebuilds the tables and
 	// measures them: when every interval has the same stacks the tables do
 	// not shrink with the samples, and the next round sees that. After 3
 	// rounds whatever is left goes, so the work stays linear.
 	for round := 0; h.bytesLocked() > h.maxBytes && len(h.intervals) > 0; round++ {
-		target := h.maxBytes / 10 * 9
+		target := h.maxBytes/10*9 - h.heapBytes
 		if round == 3 {
 			target = 0
 		}
@@ -651,11 +681,9 @@ func (h *History) enforceBounds() {
 		}
 		h.compact()
 	}
-	// Heap profiles alone over the bound: the oldest go.
+	// The newest heap profile alone over the bound.
 	if h.bytesLocked() > h.maxBytes && len(h.heaps) > 0 {
-		for h.bytesLocked() > h.maxBytes/10*9 && len(h.heaps) > 0 {
-			h.dropOldestHeap()
-		}
+		h.dropOldestHeap()
 		h.compact()
 	}
 	// Without drops since the last rebuild there is nothing to free.

@@ -2,6 +2,7 @@ package reporter
 
 import (
 	"bytes"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -125,4 +126,65 @@ func sortedLines(s string) string {
 	lines := strings.Split(s, "\n")
 	slices.Sort(lines)
 	return strings.Join(lines, "\n")
+}
+
+// Heap profiles over the byte bound go before CPU samples do: they take at
+// most a quarter of it.
+func TestHistoryHeapsDoNotCrowdOutSamples(t *testing.T) {
+	h := newTestHistory(t, HistoryConfig{MaxBytes: 4 << 20})
+	start := time.Unix(1_800_000_000, 0)
+	svc := &libpf.ProcessInfo{PID: 7, ExecutableName: "svc"}
+	a, b := chain(1, "main", "serve", "parse"), chain(2, "main", "serve", "render")
+	for i := range 20 {
+		h.add(intervalOf(start.Add(time.Duration(i)*5*time.Second), 5*time.Second, svc, map[*libpf.Trace]int{a: 30, b: 10}), testPeriod)
+	}
+	for round := range 6 {
+		at := start.Add(100*time.Second + time.Duration(round)*time.Second)
+		for p := range 10 {
+			sites := map[*libpf.Trace][2]int64{}
+			for i := range 2000 {
+				sites[chain(uint64(100000*round+1000*p+i), "main.main", fmt.Sprintf("main.site%d_%d", p, i))] = [2]int64{1, 1}
+			}
+			h.add(heapOf(&libpf.ProcessInfo{PID: libpf.PID(100 + p), ExecutableName: "go"}, at, sites), testPeriod)
+		}
+	}
+	st := h.Stats()
+	if st.Intervals < 15 || h.heapBytes > h.maxBytes/4 || st.HeapProfiles == 0 || st.Bytes > h.maxBytes {
+		t.Errorf("%d intervals, %d heap profiles (%d bytes), %d bytes held of %d: want the intervals kept, heap profiles within a quarter",
+			st.Intervals, st.HeapProfiles, h.heapBytes, st.Bytes, h.maxBytes)
+	}
+}
+
+// The memory timeline starts from the readings before its range and stops
+// counting a process whose readings stopped (it exited or restarted).
+func TestHistoryHeapTimeline(t *testing.T) {
+	h := newTestHistory(t, HistoryConfig{})
+	start := time.Unix(1_800_000_000, 0)
+	retain := chain(1, "main.main", "main.retainLeaf")
+	// svc runs as pid 7 (read at 0 and 60 s), then restarts as pid 9
+	// (read from 200 s).
+	for _, r := range []struct {
+		pid libpf.PID
+		at  time.Duration
+	}{{7, 0}, {7, time.Minute}, {9, 200 * time.Second}, {9, 260 * time.Second}} {
+		h.add(heapOf(&libpf.ProcessInfo{PID: r.pid, ExecutableName: "svc"}, start.Add(r.at),
+			map[*libpf.Trace][2]int64{retain: {100, 100}}), testPeriod)
+	}
+	from, step, counts := h.Timeline(Selection{Measure: MeasureInUse}, 1000)
+	if !from.Equal(start) || step != time.Second || len(counts) < 261 {
+		t.Fatalf("timeline from %v step %v, %d buckets", from, step, len(counts))
+	}
+	// pid 7's reading at 60 s stands for twice the minute before it.
+	for _, c := range []struct {
+		sec  int
+		want uint64
+	}{{0, 100}, {100, 100}, {180, 100}, {190, 0}, {200, 100}, {260, 100}} {
+		if counts[c.sec] != c.want {
+			t.Errorf("at %d s: %d bytes, want %d", c.sec, counts[c.sec], c.want)
+		}
+	}
+	_, _, zoomed := h.Timeline(Selection{From: start.Add(30 * time.Second), To: start.Add(40 * time.Second), Measure: MeasureInUse}, 100)
+	if len(zoomed) == 0 || zoomed[0] != 100 {
+		t.Errorf("a range after a reading: %v, want 100 from its start", zoomed)
+	}
 }

@@ -327,6 +327,10 @@ func (s *selector) heapValue(hh *histHeap, i int) uint64 {
 func (h *History) heapCounts(sel *Selection) []uint64 {
 	s := h.selector(sel)
 	counts := make([]uint64, len(h.tab.series))
+	if len(sel.Traces) > 0 {
+		// A heap profile's sites are in no trace.
+		return counts
+	}
 	for _, hh := range h.lastHeaps(s) {
 		for i, sr := range hh.series {
 			counts[sr] += s.heapValue(hh, i)
@@ -337,25 +341,38 @@ func (h *History) heapCounts(sel *Selection) []uint64 {
 
 // heapTimeline fills counts, buckets of step seconds from fromSec, with
 // the selected bytes of the processes' heap profiles: each bucket holds
-// the sum of every process's last profile read before its end.
+// the sum of every process's last profile read before its end, those read
+// before the range included. A profile stands until its process's next,
+// or for twice the time since the one before it (3 minutes after a
+// process's first), so that a process that exited stops counting.
 func (h *History) heapTimeline(sel *Selection, fromSec, stepSecs int64, counts []uint64) {
 	s := h.selector(sel)
-	cur := map[libpf.PID]uint64{}
-	var sum uint64
+	type reading struct {
+		bytes         uint64
+		at, untilSecs int64
+	}
+	cur := map[libpf.PID]reading{}
 	next := 0
 	for b := range counts {
 		end := fromSec + int64(b+1)*stepSecs
 		for ; next < len(h.heaps) && h.heaps[next].at.Unix() < end; next++ {
 			hh := h.heaps[next]
-			if hh.at.Unix() < fromSec {
+			r := reading{at: hh.at.Unix(), untilSecs: hh.at.Unix() + 180}
+			if prev, ok := cur[hh.pid]; ok {
+				r.untilSecs = r.at + 2*max(r.at-prev.at, 1)
+			}
+			for i := range hh.series {
+				r.bytes += s.heapValue(hh, i)
+			}
+			cur[hh.pid] = r
+		}
+		var sum uint64
+		for pid, r := range cur {
+			if r.untilSecs < end-stepSecs {
+				delete(cur, pid)
 				continue
 			}
-			var tot uint64
-			for i := range hh.series {
-				tot += s.heapValue(hh, i)
-			}
-			sum = sum - cur[hh.pid] + tot
-			cur[hh.pid] = tot
+			sum += r.bytes
 		}
 		counts[b] = sum
 	}

@@ -257,8 +257,9 @@ func (b *dictBuilder) dictionary() *profilespb.ProfilesDictionary {
 	}
 }
 
-// buildRequest turns one interval into a request with one resource (and one
-// profile) per process, all sharing a single dictionary.
+// buildRequest turns one interval into a request with one resource per
+// process (a CPU profile, an off-CPU profile, up to four per heap
+// profile), all sharing a single dictionary.
 func buildRequest(iv *interval, opts buildOptions) otlpRequest {
 	b := newDictBuilder()
 	start, end := profileWindow(iv)
@@ -369,7 +370,8 @@ func (b *dictBuilder) heapProfiles(hp *libpf.HeapProfile) []*profilespb.Profile 
 			profs[j].Samples = append(profs[j].Samples, &profilespb.Sample{StackIndex: stack, Values: []int64{v}})
 		}
 	}
-	return profs
+	// A sample type without values (nothing in use) is no profile.
+	return slices.DeleteFunc(profs, func(p *profilespb.Profile) bool { return len(p.Samples) == 0 })
 }
 
 // sampleIdent is an OTLP sample's identity within a profile. Distinct trace

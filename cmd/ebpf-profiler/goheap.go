@@ -40,8 +40,8 @@ func runGoHeaps(ctx context.Context, interval time.Duration, r *goheap.Reader, p
 // goHeapStatus is what the interval's heap reads did: profiles read, their
 // allocation sites, and the reads that failed, by reason; "" without any.
 func goHeapStatus(prev, cur goheap.Stats) string {
-	if cur.Reads == prev.Reads && cur.ProfilingOff == prev.ProfilingOff && cur.Errors+cur.Damaged+cur.Unsupported ==
-		prev.Errors+prev.Damaged+prev.Unsupported {
+	if cur.Reads == prev.Reads && cur.ProfilingOff == prev.ProfilingOff && cur.Vanished == prev.Vanished &&
+		cur.Errors+cur.Damaged+cur.Unsupported == prev.Errors+prev.Damaged+prev.Unsupported {
 		return ""
 	}
 	return fmt.Sprintf("reads=%d sites=%d torn_sites=%d ms=%d profiling_off=%d unsupported=%d damaged=%d vanished=%d errors=%d",

@@ -182,6 +182,7 @@ func statusFields(prev, cur snapshot, fills []mapFill, sampling string) log.Fiel
 		"bpf_errors": counterDeltas(prev.bpf, cur.bpf, func(name string) bool { return strings.HasPrefix(name, "err_") }),
 		"drops": nonZero(map[string]uint64{
 			"reporter_samples":    d(prev.rep.SamplesDropped, cur.rep.SamplesDropped),
+			"heap_profiles":       d(prev.rep.HeapProfilesDropped, cur.rep.HeapProfilesDropped),
 			"export_requests":     d(prev.rep.RequestsDropped, cur.rep.RequestsDropped),
 			"correlation_samples": d(prev.corr.SamplesDropped, cur.corr.SamplesDropped),
 			"undecodable_events":  d(prev.malformed, cur.malformed),

@@ -208,11 +208,10 @@ func (r *Reader) executable(pid int) (*executable, exeKey, error) {
 		e.file = nil
 	}
 	if len(r.order) >= maxExecutables {
-		old := r.order[0]
-		if o := r.execs[old]; o.file != nil {
-			o.file.Close()
-		}
-		delete(r.execs, old)
+		// Not closed: the profiles read waiting to be exported still
+		// name their sites through its tables, which read the file (its
+		// finalizer closes it once they are gone).
+		delete(r.execs, r.order[0])
 		r.order = r.order[1:]
 	}
 	r.execs[key] = e

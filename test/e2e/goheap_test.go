@@ -189,6 +189,51 @@ func daemonHeapReadings(pds []*profilespb.ProfilesData, pid int) map[time.Time]*
 	return out
 }
 
+// pprofHeapReadings are pid's samples in the heap pprof files in dir
+// (-output-dir), each file's by leaf function at the file's time.
+func pprofHeapReadings(t *testing.T, dir string, pid int) []heapReading {
+	t.Helper()
+	paths, err := filepath.Glob(filepath.Join(dir, "profile-*-heap*.pb.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []heapReading
+	for _, path := range paths {
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := profile.Parse(f)
+		f.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if p.DefaultSampleType != "inuse_space" || len(p.SampleType) != 4 {
+			t.Fatalf("%s: sample types %v, default %q", path, p.SampleType, p.DefaultSampleType)
+		}
+		r := heapReading{end: time.Unix(0, p.TimeNanos), inuse: map[string]int64{}, alloc: map[string]int64{}}
+		found := false
+		for _, s := range p.Sample {
+			if pids := s.NumLabel["pid"]; len(pids) != 1 || pids[0] != int64(pid) || len(s.Location) == 0 ||
+				len(s.Location[0].Line) == 0 {
+				continue
+			}
+			found = true
+			name := s.Location[0].Line[0].Function.Name
+			r.alloc[name] += s.Value[1]
+			r.inuse[name] += s.Value[3]
+		}
+		if found {
+			// Zero values are left out, as the program's own profile
+			// and the collector's leave them out of the comparison.
+			maps.DeleteFunc(r.inuse, func(_ string, v int64) bool { return v == 0 })
+			maps.DeleteFunc(r.alloc, func(_ string, v int64) bool { return v == 0 })
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // topN are the n functions with the most bytes.
 func topN(m map[string]int64, n int) []string {
 	names := make([]string, 0, len(m))
@@ -233,8 +278,10 @@ func TestGoHeapProfiles(t *testing.T) {
 		bins[i] = buildGoHeap(t, b)
 	}
 	c := startCollector(t)
+	pprofDir := t.TempDir()
 	d := startDaemon(t, "-collection-agent="+c.Addr, "-disable-tls", "-reporter-interval=1s",
-		"-go-heap-interval=2s", "-monitor-interval=2s", "-spool-dir="+filepath.Join(t.TempDir(), "spool"))
+		"-go-heap-interval=2s", "-monitor-interval=2s", "-spool-dir="+filepath.Join(t.TempDir(), "spool"),
+		"-output-dir="+pprofDir)
 	stop := make(chan struct{})
 	type running struct {
 		cmd      *exec.Cmd
@@ -310,6 +357,32 @@ func TestGoHeapProfiles(t *testing.T) {
 			t.Logf("%d heap profiles received, %d compared (the program's own the same before and after)", len(ours), compared)
 			if compared < 3 {
 				t.Errorf("%d heap profiles compared, want 3 or more (%d received, %d of the program's own)", compared, len(ours), len(own))
+			}
+
+			// The pprof files: one per interval with every process's
+			// profile read in it (a second or so apart), so the program's
+			// own must be the same a second either side.
+			files := pprofHeapReadings(t, pprofDir, runs[i].cmd.Process.Pid)
+			comparedFiles := 0
+			for _, r := range files {
+				before := slices.IndexFunc(own, func(o heapReading) bool { return o.end.After(r.end.Add(-time.Second)) }) - 1
+				after := slices.IndexFunc(own, func(o heapReading) bool { return o.start.After(r.end.Add(time.Second)) })
+				if before < 0 || after < 0 || !own[before].equal(own[after]) {
+					continue
+				}
+				comparedFiles++
+				for _, kind := range []struct {
+					name         string
+					ours, theirs map[string]int64
+				}{{"inuse_space", r.inuse, own[before].inuse}, {"alloc_space", r.alloc, own[before].alloc}} {
+					if msg := agree(kind.ours, kind.theirs); msg != "" {
+						t.Errorf("pprof file of %s, %s: %s", r.end.Format("15:04:05"), kind.name, msg)
+					}
+				}
+			}
+			t.Logf("%d pprof heap files with the program, %d compared", len(files), comparedFiles)
+			if comparedFiles < 2 {
+				t.Errorf("%d pprof heap files compared, want 2 or more (%d with the program)", comparedFiles, len(files))
 			}
 		})
 	}

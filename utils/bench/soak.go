@@ -302,7 +302,6 @@ func pollWebView(addr string) func() {
 	return func() { close(done) }
 }
 
-// goroutines reads the daemon's goroutine count from its -pprof endpoint.
 // saveHeapProfile writes the daemon's heap profile (its -pprof address)
 // to path; a failure is printed, not fatal.
 func saveHeapProfile(addr, path string) {
@@ -321,6 +320,7 @@ func saveHeapProfile(addr, path string) {
 	}
 }
 
+// goroutines reads the daemon's goroutine count from its -pprof endpoint.
 func goroutines(addr string) int {
 	resp, err := http.Get("http://" + addr + "/debug/pprof/goroutine?debug=1")
 	if err != nil {

@@ -1068,7 +1068,7 @@ function renderTop(data, diff, note) {
   }
   $('top').tBodies[0].replaceChildren(...rows);
   $('top-caption').textContent = data
-    ? `Functions by ${state.sort} ${countsTime() ? 'time' : 'samples'}, of ${fmtCount(T)}${diff ? ` (baseline ${fmtNum(B)})` : ''}` +
+    ? `Functions by ${state.sort} ${countsBytes() ? 'bytes' : countsTime() ? 'time' : 'samples'}, of ${fmtCount(T)}${diff ? ` (baseline ${fmtNum(B)})` : ''}` +
       ` · self: the function was the leaf; total: anywhere on the stack`
     : '';
 }
