@@ -271,8 +271,8 @@ func checkOffCPU(t *testing.T, w offCPUWorkload, threads map[string]*offCPUThrea
 
 // TestOffCPUMinWait: waits shorter than -off-cpu-min-wait are not
 // reported. The offcpu workload's sleeper waits 10 ms at a time, its pipe
-// reader about 20 ms: with a 15 ms minimum the first has none, the second
-// all of its time.
+// reader about 20 ms: with a 15 ms minimum the first has (almost) none,
+// the second all of its time.
 func TestOffCPUMinWait(t *testing.T) {
 	requireRoot(t)
 	w := offCPUWorkloads()[0]
@@ -299,8 +299,11 @@ func TestOffCPUMinWait(t *testing.T) {
 	t.Logf("sleep thread: %v reported of %v; pipe thread: %v of %v, its shortest wait %v", waited[sleep.tid],
 		sleep.waited.Round(time.Millisecond), waited[pipe.tid].Round(time.Millisecond), pipe.waited.Round(time.Millisecond),
 		shortest[pipe.tid])
-	if waited[sleep.tid] != 0 {
-		t.Errorf("sleep thread: %v of waits reported, all shorter than the minimum", waited[sleep.tid])
+	// A 10 ms sleep is off the CPU until the thread runs again: on a busy
+	// host, now and then over 15 ms (CI: one of 16.6 ms in 3 s).
+	if waited[sleep.tid] > sleep.waited/20 {
+		t.Errorf("sleep thread: %v of waits reported, want (almost) none: its sleeps are shorter than the minimum",
+			waited[sleep.tid])
 	}
 	if r := float64(waited[pipe.tid]) / float64(max(pipe.waited, 1)); r < 0.9 || r > 1.1 {
 		t.Errorf("pipe thread: %v reported, want the %v it measured ± 10%%", waited[pipe.tid], pipe.waited)
