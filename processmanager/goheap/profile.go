@@ -4,7 +4,7 @@ import (
 	"math"
 	"strings"
 
-	"github.com/hostprof/ebpf-profiler/nativeunwind"
+	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
 )
 
 // Frame is one frame of an allocation's stack.
@@ -84,19 +84,19 @@ func scale(count, bytes uint64, rate int64) (int64, int64) {
 // maxResolved bounds the addresses a Resolver remembers.
 const maxResolved = 1 << 16
 
-// Resolver returns a function that resolves an address of the executable
-// lines reads to its innermost function, file and line ("?" where no
-// function covers it), remembering the answers: stacks share most of
-// their addresses.
-func Resolver(lines *nativeunwind.GoLines) func(pc uint64) Frame {
+// Resolver returns a function that resolves an address of an executable
+// with lookup (its debug information's: frames there, innermost first)
+// to its innermost function, file and line ("?" where none covers it),
+// remembering the answers: stacks share most of their addresses.
+func Resolver(lookup func(addr uint64) ([]debuginfo.Frame, error)) func(pc uint64) Frame {
 	seen := map[uint64]Frame{}
 	return func(pc uint64) Frame {
 		if fr, ok := seen[pc]; ok {
 			return fr
 		}
 		fr := Frame{Address: pc, Function: "?"}
-		if frames, _ := lines.Lookup(pc); len(frames) > 0 {
-			fr = Frame{Address: pc, Function: frames[0].Func.Name, File: frames[0].File, Line: frames[0].Line}
+		if frames, err := lookup(pc); err == nil && len(frames) > 0 {
+			fr = Frame{Address: pc, Function: frames[0].Function, File: frames[0].File, Line: int(frames[0].Line)}
 		}
 		if len(seen) >= maxResolved {
 			clear(seen)

@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 
 	"github.com/hostprof/ebpf-profiler/interpreter/procmem"
-	"github.com/hostprof/ebpf-profiler/nativeunwind"
+	"github.com/hostprof/ebpf-profiler/processmanager/debuginfo"
 )
 
 // ErrProfilingOff says a Go program keeps no memory profile: its
@@ -183,7 +184,6 @@ func (r *Reader) executable(pid int) (*executable, exeKey, error) {
 	}
 	if e.err == nil {
 		var f *elf.File
-		var lines *nativeunwind.GoLines
 		if f, e.err = elf.NewFile(e.file); e.err == nil {
 			e.pie = f.Type == elf.ET_DYN
 			e.err = errors.New("no loadable segment")
@@ -195,8 +195,19 @@ func (r *Reader) executable(pid int) (*executable, exeKey, error) {
 			}
 		}
 		if e.err == nil {
-			if lines, e.err = nativeunwind.ReadGoLines(f, nil); e.err == nil {
-				e.resolve = Resolver(lines)
+			// The pclntab mapped, not copied: what the daemon keeps of
+			// a Go program is the pages its lookups touched.
+			var debug *debuginfo.File
+			if debug, e.err = debuginfo.Open(debuginfo.Executable{File: e.file}, debuginfo.Options{}); e.err == nil {
+				if debug.Source != "pclntab" {
+					debug.Close()
+					e.err = errors.New("no pclntab")
+				} else {
+					e.resolve = Resolver(debug.Lookup)
+					// Unmapped once no profile waiting for export
+					// resolves through it any more.
+					runtime.AddCleanup(e, func(d *debuginfo.File) { d.Close() }, debug)
+				}
 			}
 		}
 	}
