@@ -359,14 +359,14 @@ func TestGoHeapProfiles(t *testing.T) {
 				t.Errorf("%d heap profiles compared, want 3 or more (%d received, %d of the program's own)", compared, len(ours), len(own))
 			}
 
-			// The pprof files: one per interval with every process's
-			// profile read in it (a second or so apart), so the program's
-			// own must be the same a second either side.
+			// The pprof files: one per interval, at the time of its
+			// first profile; the round reads a dozen Go programs in well
+			// under half a second.
 			files := pprofHeapReadings(t, pprofDir, runs[i].cmd.Process.Pid)
 			comparedFiles := 0
 			for _, r := range files {
-				before := slices.IndexFunc(own, func(o heapReading) bool { return o.end.After(r.end.Add(-time.Second)) }) - 1
-				after := slices.IndexFunc(own, func(o heapReading) bool { return o.start.After(r.end.Add(time.Second)) })
+				before := slices.IndexFunc(own, func(o heapReading) bool { return o.end.After(r.end.Add(-100 * time.Millisecond)) }) - 1
+				after := slices.IndexFunc(own, func(o heapReading) bool { return o.start.After(r.end.Add(500 * time.Millisecond)) })
 				if before < 0 || after < 0 || !own[before].equal(own[after]) {
 					continue
 				}
@@ -381,10 +381,8 @@ func TestGoHeapProfiles(t *testing.T) {
 				}
 			}
 			t.Logf("%d pprof heap files with the program, %d compared", len(files), comparedFiles)
-			// The program collects garbage every few seconds: a file's
-			// two-second window is quiet about half the time.
-			if comparedFiles < 1 {
-				t.Errorf("no pprof heap file compared (%d with the program)", len(files))
+			if comparedFiles < 2 {
+				t.Errorf("%d pprof heap files compared, want 2 or more (%d with the program)", comparedFiles, len(files))
 			}
 		})
 	}
