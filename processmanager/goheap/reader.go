@@ -53,6 +53,16 @@ type Reader struct {
 // symbolized (a release or build Locate does not know, no pclntab).
 var errUnsupported = errors.New("cannot find or symbolize the heap profile")
 
+// exeOf is the path of pid's executable in procfs and the file's key.
+func exeOf(pid int) (string, exeKey, error) {
+	path := fmt.Sprintf("/proc/%d/exe", pid)
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return path, exeKey{}, err
+	}
+	return path, exeKey{dev: st.Dev, ino: st.Ino, mtime: st.Mtim.Nano()}, nil
+}
+
 // exeKey identifies an executable file.
 type exeKey struct {
 	dev, ino uint64
@@ -165,12 +175,10 @@ func loadBias(pid int, exe *executable) (uint64, error) {
 // executable returns what Reader keeps of pid's executable, reading it
 // the first time, and the executable's key.
 func (r *Reader) executable(pid int) (*executable, exeKey, error) {
-	path := fmt.Sprintf("/proc/%d/exe", pid)
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
-		return nil, exeKey{}, err
+	path, key, err := exeOf(pid)
+	if err != nil {
+		return nil, key, err
 	}
-	key := exeKey{dev: st.Dev, ino: st.Ino, mtime: st.Mtim.Nano()}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if e, ok := r.execs[key]; ok {
@@ -290,12 +298,10 @@ const maxGoChecks = 4096
 // IsGo says whether pid's executable is a Go program (it has Go's build
 // information), remembering the answer per executable file.
 func (r *Reader) IsGo(pid int) bool {
-	path := fmt.Sprintf("/proc/%d/exe", pid)
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
+	path, key, err := exeOf(pid)
+	if err != nil {
 		return false
 	}
-	key := exeKey{dev: st.Dev, ino: st.Ino, mtime: st.Mtim.Nano()}
 	r.mu.Lock()
 	isGo, ok := r.goChecks[key]
 	r.mu.Unlock()
