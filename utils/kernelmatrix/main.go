@@ -241,15 +241,6 @@ func matrix(kernels, arches, run, work, logs string, vmTimeout time.Duration, pa
 	}
 	results := runVMs(jobs, parallel, func(j vmJob) result {
 		r := boot(j.vm, j.series, j.run, j.log, vmTimeout, verbose)
-		if r.panickedBeforeInit() {
-			// Under TCG a kernel has panicked 1.5 s into its boot (a
-			// fatal exception in sched_clock_cpu, amd64, in CI), before
-			// any of our code ran: one more boot, the first log kept.
-			first := strings.TrimSuffix(j.log, ".log") + ".first-boot.log"
-			os.Rename(j.log, first)
-			fmt.Printf("kernelmatrix: %s %s: the kernel panicked before init ran (log %s); booting again\n", j.series, j.vm.goarch, first)
-			r = boot(j.vm, j.series, j.run, j.log, vmTimeout, verbose)
-		}
 		fmt.Printf("kernelmatrix: %s %s: %s\n", j.series, j.vm.goarch, r.summary())
 		return r
 	})
@@ -520,7 +511,7 @@ func boot(v *vm, series, run, logPath string, timeout time.Duration, verbose boo
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	args := append(append([]string{}, v.qemu[1:]...),
-		"-accel", "tcg,thread=multi", "-m", v.memory, "-smp", "2",
+		"-accel", "tcg,thread="+v.tcgThread, "-m", v.memory, "-smp", "2",
 		"-kernel", kernel, "-initrd", v.initramfs[run],
 		// panic=-1 and -no-reboot end the VM at once should the kernel
 		// panic (a broken initramfs, PID 1 exiting).

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"regexp"
@@ -64,12 +63,6 @@ func (r *result) parse(out []byte, expected []string) {
 			r.missing = append(r.missing, name)
 		}
 	}
-}
-
-// panickedBeforeInit: the kernel panicked before the guest's init said a
-// word, so nothing of the profiler ran in that VM.
-func (r *result) panickedBeforeInit() bool {
-	return r.kernel == "" && bytes.Contains(r.out, []byte("Kernel panic"))
 }
 
 // ok: the test binary ran to the end, every expected test passed and none
