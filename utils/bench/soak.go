@@ -31,11 +31,16 @@ var soakLoads = []string{"c", "python", "java", "go", "node", "golabels", "ruby"
 
 // soakPoint is one reading of the daemon.
 type soakPoint struct {
-	at         time.Duration
-	rssMiB     float64
-	goroutines int
-	cpu        time.Duration
-	spoolMiB   float64
+	at     time.Duration
+	rssMiB float64
+	// anonMiB and fileMiB split the RSS: the daemon's own memory, and
+	// the pages of files it maps (executables read for symbols), which
+	// the kernel can drop. goHeapMiB is the Go heap's live objects (-1:
+	// not read).
+	anonMiB, fileMiB, goHeapMiB float64
+	goroutines                  int
+	cpu                         time.Duration
+	spoolMiB                    float64
 }
 
 // soakSettle is when memory and goroutines must have settled.
@@ -73,7 +78,8 @@ func runSoak(bin string, d time.Duration, outDir string) {
 	nextPhase, phaseN := time.Duration(0), 0
 	tick := time.NewTicker(10 * time.Second)
 	defer tick.Stop()
-	down, back, heapSaved := false, false, false
+	down, back := false, false
+	nextHeap := soakSettle
 	// The outage's span in wall time, and how long after its end the
 	// daemon's status line first showed an empty spool.
 	var outageStart, outageEnd time.Time
@@ -110,14 +116,21 @@ func runSoak(bin string, d time.Duration, outDir string) {
 		if back && drainedAfter < 0 && lastSpoolHeld(readLog()) == 0 {
 			drainedAfter = time.Since(outageEnd)
 		}
-		if !heapSaved && elapsed >= soakSettle && outDir != "" {
-			// The daemon's own heap once settled and at the end: what
-			// grew between them, should memory grow.
-			saveHeapProfile(pprofAddr, filepath.Join(outDir, "heap-settled.pb.gz"))
-			heapSaved = true
+		if elapsed >= nextHeap && outDir != "" {
+			// The daemon's own heap from when it settled, every ten
+			// minutes: what grew, should memory grow.
+			saveHeapProfile(pprofAddr, filepath.Join(outDir, fmt.Sprintf("heap-%dm.pb.gz", int(nextHeap.Minutes()))))
+			nextHeap += soakSettle
 		}
-		rss, _ := memory(pid)
-		points = append(points, soakPoint{at: time.Since(start), rssMiB: rss, goroutines: goroutines(pprofAddr),
+		st, _ := statusMiB(pid)
+		// The heap profile costs the daemon a few milliseconds to write:
+		// read once a minute, so that its CPU stays the daemon's own.
+		heap := -1.0
+		if len(points)%6 == 5 {
+			heap = goHeapMiB(pprofAddr)
+		}
+		points = append(points, soakPoint{at: time.Since(start), rssMiB: st["VmRSS"], anonMiB: st["RssAnon"], fileMiB: st["RssFile"],
+			goHeapMiB: heap, goroutines: goroutines(pprofAddr),
 			cpu: cpuTime(pid), spoolMiB: float64(dirBytes(filepath.Join(dir, "spool"))) / (1 << 20)})
 	}
 	stopLoads()
@@ -229,9 +242,10 @@ func reportSoak(points []soakPoint, sum map[string]int64, received int64, draine
 	if outDir != "" {
 		check(os.MkdirAll(outDir, 0o755))
 		var csv strings.Builder
-		csv.WriteString("seconds,rss_mib,goroutines,cpu_s,spool_mib\n")
+		csv.WriteString("seconds,rss_mib,rss_anon_mib,rss_file_mib,go_heap_mib,goroutines,cpu_s,spool_mib\n")
 		for _, p := range points {
-			fmt.Fprintf(&csv, "%.0f,%.1f,%d,%.2f,%.1f\n", p.at.Seconds(), p.rssMiB, p.goroutines, p.cpu.Seconds(), p.spoolMiB)
+			fmt.Fprintf(&csv, "%.0f,%.1f,%.1f,%.1f,%.1f,%d,%.2f,%.1f\n", p.at.Seconds(), p.rssMiB, p.anonMiB, p.fileMiB, p.goHeapMiB,
+				p.goroutines, p.cpu.Seconds(), p.spoolMiB)
 		}
 		check(os.WriteFile(filepath.Join(outDir, "soak.csv"), []byte(csv.String()), 0o644))
 		check(os.WriteFile(filepath.Join(outDir, "soak.svg"), []byte(soakSVG(points)), 0o644))
@@ -330,6 +344,25 @@ func goroutines(addr string) int {
 	line, _ := bufio.NewReader(resp.Body).ReadString('\n')
 	n, _ := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "goroutine profile: total")))
 	return n
+}
+
+// goHeapMiB reads the daemon's live Go heap (HeapAlloc) from its -pprof
+// endpoint; -1 when it cannot.
+func goHeapMiB(addr string) float64 {
+	resp, err := http.Get("http://" + addr + "/debug/pprof/heap?debug=1")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "# HeapAlloc = "); ok {
+			n, _ := strconv.ParseFloat(v, 64)
+			return n / (1 << 20)
+		}
+	}
+	return -1
 }
 
 var spoolHeld = regexp.MustCompile(`held=(\d+) \(([\d.]+) MiB\)`)

@@ -18,10 +18,9 @@ type target struct {
 	// VM, on its loader's search path.
 	hostLibDir, guestLibDir string
 	qemu                    []string
-	// tcgThread is qemu's -accel tcg,thread=: "multi" runs each vCPU on
-	// its own host thread.
-	tcgThread string
-	console   string
+	// cpus is the VM's vCPU count (qemu -smp), each a host thread.
+	cpus    string
+	console string
 	// memory is the VM's (qemu -m): the initramfs, runtimes included,
 	// is unpacked into it.
 	memory string
@@ -33,26 +32,28 @@ var targets = map[string]target{
 		// TCG: KVM here is nested and cannot boot stock kernels. "max" has
 		// every instruction set extension qemu emulates.
 		qemu: []string{"qemu-system-x86_64", "-cpu", "max"},
-		// "single": with a host thread per vCPU, qemu 7.2 lets one vCPU
-		// run code another has just patched back (the kernel's static
-		// keys, flipped whenever a perf event or tracepoint is opened or
-		// closed), and the kernel dies on a stale int3 ("Oops: int3",
-		// in __schedule). Opening and closing a context-switch perf
-		// event in a loop panicked 6.12 and 7.2 within 12 s on "multi",
-		// never in 90 s on "single"; CI met it twice, at boot and
-		// mid-test.
-		tcgThread: "single",
-		console:   "ttyS0",
-		memory:    "1G",
+		// One vCPU: with two, qemu 7.2 (multi-threaded TCG) lets one
+		// vCPU run code the other has just patched back (the kernel's
+		// static keys, flipped whenever a perf event or tracepoint is
+		// opened or closed), and the kernel dies on a stale int3
+		// ("Oops: int3" in __schedule). Opening and closing a
+		// context-switch perf event in a loop panicked 6.12 and 7.2
+		// within 12 s, with -cpu max or qemu64; CI met it at boot and
+		// mid-test. Single-threaded TCG does not crash but stalls a vCPU
+		// while the other runs: a sleeping thread's own clock then ran
+		// 4-14% past the off-CPU time the kernel saw.
+		cpus:    "1",
+		console: "ttyS0",
+		memory:  "1G",
 	},
 	"arm64": {
 		goarch: "arm64", hostLibDir: "/usr/aarch64-linux-gnu/lib", guestLibDir: "/lib/aarch64-linux-gnu",
 		// "max" includes pointer authentication (ARMv8.3), so signed
 		// return addresses are real; qemu's own cipher for it ("impdef")
 		// is much faster to emulate than the architected QARMA.
-		qemu:      []string{"qemu-system-aarch64", "-M", "virt", "-cpu", "max,pauth-impdef=on"},
-		tcgThread: "multi",
-		console:   "ttyAMA0",
+		qemu:    []string{"qemu-system-aarch64", "-M", "virt", "-cpu", "max,pauth-impdef=on"},
+		cpus:    "2",
+		console: "ttyAMA0",
 		// The 6.12 VM's runtimes are 2.5 GB unpacked (six JDKs, six
 		// Nodes, four perls, ...), into a tmpfs the kernel caps at half
 		// the memory: at 5G the unpacking failed.

@@ -511,7 +511,7 @@ func boot(v *vm, series, run, logPath string, timeout time.Duration, verbose boo
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	args := append(append([]string{}, v.qemu[1:]...),
-		"-accel", "tcg,thread="+v.tcgThread, "-m", v.memory, "-smp", "2",
+		"-accel", "tcg,thread=multi", "-m", v.memory, "-smp", v.cpus,
 		"-kernel", kernel, "-initrd", v.initramfs[run],
 		// panic=-1 and -no-reboot end the VM at once should the kernel
 		// panic (a broken initramfs, PID 1 exiting).
