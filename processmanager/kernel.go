@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/zeebo/xxh3"
+
 	"github.com/hostprof/ebpf-profiler/libpf"
 	"github.com/hostprof/ebpf-profiler/processmanager/execinfo"
 	proc "github.com/hostprof/ebpf-profiler/processmanager/process"
@@ -25,6 +27,8 @@ type kallsyms struct {
 	// hidden is set when the addresses read as zero: kptr_restrict hides
 	// them from us, so nothing can be symbolized.
 	hidden bool
+	// digest is the hash of the text the table was parsed from.
+	digest uint64
 }
 
 // ksym is kept to 16 bytes: a kernel has over 100k text symbols.
@@ -228,7 +232,13 @@ func loadKallsyms(src proc.Source) (*kallsyms, error) {
 		return nil, fmt.Errorf("opening kallsyms: %w", err)
 	}
 	defer f.Close()
-	return parseKallsyms(f)
+	hasher := xxh3.New()
+	k, err := parseKallsyms(io.TeeReader(f, hasher))
+	if err != nil {
+		return nil, err
+	}
+	k.digest = hasher.Sum64()
+	return k, nil
 }
 
 // newKernel builds the kernel symbolizer from a parsed table; the kernel's

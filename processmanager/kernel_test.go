@@ -211,6 +211,30 @@ func TestKernelFramesHidden(t *testing.T) {
 	}
 }
 
+// TestReloadKernelSymbols: a reload that reads the same kallsyms keeps the
+// table (the names held traces point into stay the only copy); one that
+// reads a changed kallsyms symbolizes with the new table.
+func TestReloadKernelSymbols(t *testing.T) {
+	procFS, sysFS := fakeKernel(t, "ffffffff81000000 T _stext\nffffffff81001000 T schedule\n")
+	m, err := New(Config{ProcFS: procFS, SysFS: sysFS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := m.kernel
+	m.ReloadKernelSymbols()
+	if m.kernel != first {
+		t.Error("an unchanged kallsyms was parsed into a new table")
+	}
+	changed := "ffffffff81000000 T _stext\nffffffff81001000 T schedule\nffffffff81002000 T bpf_prog_0123_new\n"
+	if err := os.WriteFile(procFS+"/kallsyms", []byte(changed), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m.ReloadKernelSymbols()
+	if f := m.kernel.frame(0xffffffff81002010, false); m.kernel == first || f.FunctionName != "bpf_prog_0123_new" {
+		t.Errorf("after kallsyms changed: frame named %q, table replaced: %v", f.FunctionName, m.kernel != first)
+	}
+}
+
 // TestRealKallsyms symbolizes the running kernel's schedule().
 func TestRealKallsyms(t *testing.T) {
 	f, err := os.Open("/proc/kallsyms")

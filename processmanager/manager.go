@@ -365,9 +365,18 @@ func (m *Manager) DropMappedDebugInfo() {
 }
 
 // ReloadKernelSymbols re-reads /proc/kallsyms, e.g. after modules were
-// loaded. Traces converted earlier keep the old names.
+// loaded. Traces converted earlier keep the old names. An unchanged table
+// is kept: the names of cached and held traces are substrings of its names,
+// and a new table beside them would be megabytes more at every reload.
 func (m *Manager) ReloadKernelSymbols() {
-	k := m.loadKernel()
+	syms, err := loadKallsyms(m.source)
+	m.mu.Lock()
+	same := err == nil && m.kernel != nil && m.kernel.syms.digest == syms.digest
+	m.mu.Unlock()
+	if same {
+		return
+	}
+	k := m.kernelOf(syms, err)
 	m.mu.Lock()
 	m.kernel = k
 	m.mu.Unlock()
@@ -375,6 +384,12 @@ func (m *Manager) ReloadKernelSymbols() {
 
 func (m *Manager) loadKernel() *kernel {
 	syms, err := loadKallsyms(m.source)
+	return m.kernelOf(syms, err)
+}
+
+// kernelOf makes the kernel symbolizer of a table read (or of none, when
+// err says why).
+func (m *Manager) kernelOf(syms *kallsyms, err error) *kernel {
 	if err != nil {
 		m.log.WithError(err).Warn("kernel frames will not be symbolized")
 		syms = &kallsyms{modules: []moduleRange{{name: vmlinuxName}}}

@@ -68,12 +68,25 @@ type Handler struct {
 // over the cache each.
 const exitSweepInterval = time.Second
 
+// traceIdleExpiry: a cached trace not seen for this long is dropped, so that
+// the cache holds what the host runs now. Long-lived processes with a long
+// tail of distinct stacks (the kernel's, a busy Go server's) otherwise fill
+// it over hours: in an hour's soak it grew from 3 to 10.5 MiB. A trace seen
+// again later is converted again, tens of microseconds.
+const traceIdleExpiry = 10 * time.Minute
+
+// traceTouchInterval is how stale a cached trace's last use may be before
+// a hit writes it again: its time is kept to this precision, not more.
+const traceTouchInterval = time.Minute
+
 type cachedTrace struct {
 	trace *libpf.Trace
 	info  *libpf.ProcessInfo
 	pid   uint32
 	// gen is the generation of the process state the trace was made with.
 	gen uint64
+	// usedAt is when it was last stored or hit, to traceTouchInterval.
+	usedAt time.Time
 	// retryAt, linesSettled: see conversion.
 	retryAt      time.Time
 	linesSettled uint64
@@ -235,7 +248,7 @@ func (h *Handler) store(raw *support.Trace, c conversion) {
 		return
 	}
 	h.cache.Add(raw.Hash, cachedTrace{trace: c.trace, info: c.info, pid: raw.PID, gen: c.gen, retryAt: c.retryAt,
-		linesSettled: c.linesSettled}, 0)
+		linesSettled: c.linesSettled, usedAt: h.m.now()}, 0)
 	h.cacheSize.Store(int64(h.cache.Len()))
 }
 
@@ -292,11 +305,16 @@ func (h *Handler) lookup(raw *support.Trace, gen uint64) (*libpf.Trace, *libpf.P
 	if !ok || c.pid != raw.PID || gen != c.gen {
 		return nil, nil, false
 	}
-	if !c.retryAt.IsZero() && !h.m.now().Before(c.retryAt) {
+	now := h.m.now()
+	if !c.retryAt.IsZero() && !now.Before(c.retryAt) {
 		return nil, nil, false
 	}
 	if c.linesSettled != 0 && h.m.lines.settledFiles()+1 != c.linesSettled {
 		return nil, nil, false
+	}
+	if now.Sub(c.usedAt) >= traceTouchInterval {
+		c.usedAt = now
+		h.cache.Add(raw.Hash, c, 0)
 	}
 	return c.trace, c.info, true
 }
@@ -321,6 +339,7 @@ func (h *Handler) sweepExited() {
 		return
 	}
 	h.lastSweep = now
+	h.dropIdle(now)
 	h.exitMu.Lock()
 	exited := h.exited
 	h.exited = nil
@@ -335,6 +354,19 @@ func (h *Handler) sweepExited() {
 		}
 	}
 	for _, hash := range gone {
+		h.cache.Remove(hash)
+	}
+	h.cacheSize.Store(int64(h.cache.Len()))
+}
+
+// dropIdle drops the cached traces not used for traceIdleExpiry: the least
+// recently used first, stopping at one that was used since.
+func (h *Handler) dropIdle(now time.Time) {
+	for {
+		hash, c, ok := h.cache.Oldest()
+		if !ok || now.Sub(c.usedAt) < traceIdleExpiry {
+			break
+		}
 		h.cache.Remove(hash)
 	}
 	h.cacheSize.Store(int64(h.cache.Len()))

@@ -734,3 +734,36 @@ func TestHandlerDropsExitedTraces(t *testing.T) {
 		t.Errorf("%d cache hits, want 2: process 200's traces stay cached", s.TraceCacheHits)
 	}
 }
+
+// TestHandlerDropsIdleTraces: a cached trace not seen for traceIdleExpiry
+// is dropped at a sweep, one seen within it stays (a hit keeps it fresh).
+func TestHandlerDropsIdleTraces(t *testing.T) {
+	fs := newFakeProcFS(t)
+	lib := newFakeLib(t, fs)
+	mapping, fnAbs := lib.mapAt(0x7f0000000000)
+	fs.setProcess(100, 1, "/bin/app", mapping)
+	h, _ := newTestHandler(t, fs)
+	clock := time.Now()
+	h.m.now = func() time.Time { return clock }
+	raw := func(hash uint64) *support.Trace {
+		return &support.Trace{PID: 100, Comm: "app", Hash: hash, KTime: monotonicNow(t), Frames: []support.Frame{{Addr: fnAbs}}}
+	}
+	h.handleNow(raw(1))
+	h.handleNow(raw(2))
+	// Trace 1 is seen every few minutes, trace 2 never again.
+	for range 4 {
+		clock = clock.Add(traceIdleExpiry / 3)
+		h.handleNow(raw(1))
+	}
+	if n := h.Stats().TraceCacheSize; n != 1 {
+		t.Errorf("%d traces cached, want 1: the one seen within %v", n, traceIdleExpiry)
+	}
+	if s := h.Stats(); s.TraceCacheHits != 4 || s.TraceCacheMisses != 2 {
+		t.Errorf("%d hits and %d misses, want 4 and 2: the trace in use stays cached", s.TraceCacheHits, s.TraceCacheMisses)
+	}
+	clock = clock.Add(traceIdleExpiry)
+	h.handleNow(raw(2))
+	if s := h.Stats(); s.TraceCacheSize != 1 || s.TraceCacheMisses != 3 {
+		t.Errorf("%d cached, %d misses; want 1 and 3: trace 1 dropped, 2 converted again", s.TraceCacheSize, s.TraceCacheMisses)
+	}
+}
