@@ -183,7 +183,7 @@ func (h *Handler) convertSettled(raw *support.Trace) bool {
 	}
 	h.convMu.Lock()
 	defer h.convMu.Unlock()
-	h.sweepExited()
+	h.sweep()
 	if trace, info, ok := h.lookup(raw, gen); ok {
 		h.hits.Add(1)
 		h.report(raw, trace, info)
@@ -208,7 +208,7 @@ func (h *Handler) convertReading(raw *support.Trace) {
 	done()
 	h.convMu.Lock()
 	defer h.convMu.Unlock()
-	h.sweepExited()
+	h.sweep()
 	if trace, info, ok := h.lookup(raw, gen); ok {
 		h.hits.Add(1)
 		h.report(raw, trace, info)
@@ -332,9 +332,9 @@ func (h *Handler) ProcessExited(pid libpf.PID) {
 	h.exitMu.Unlock()
 }
 
-// sweepExited drops the cached traces of the processes that exited, at
-// most once per exitSweepInterval.
-func (h *Handler) sweepExited() {
+// sweep drops the cached traces of the processes that exited and those
+// idle for traceIdleExpiry, at most once per exitSweepInterval.
+func (h *Handler) sweep() {
 	now := h.m.now()
 	if now.Sub(h.lastSweep) < exitSweepInterval {
 		return

@@ -35,8 +35,8 @@ type soakPoint struct {
 	rssMiB float64
 	// anonMiB and fileMiB split the RSS: the daemon's own memory, and
 	// the pages of files it maps (executables read for symbols), which
-	// the kernel can drop. goHeapMiB is the Go heap's live objects (-1:
-	// not read).
+	// the kernel can drop. goHeapMiB is the Go heap's allocated objects,
+	// garbage not yet collected included (HeapAlloc; -1: not read).
 	anonMiB, fileMiB, goHeapMiB float64
 	goroutines                  int
 	cpu                         time.Duration
@@ -346,8 +346,9 @@ func goroutines(addr string) int {
 	return n
 }
 
-// goHeapMiB reads the daemon's live Go heap (HeapAlloc) from its -pprof
-// endpoint; -1 when it cannot.
+// goHeapMiB reads the daemon's allocated Go heap (HeapAlloc: live objects
+// and garbage not yet collected) from its -pprof endpoint; -1 when it
+// cannot.
 func goHeapMiB(addr string) float64 {
 	resp, err := http.Get("http://" + addr + "/debug/pprof/heap?debug=1")
 	if err != nil {
