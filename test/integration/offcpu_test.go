@@ -353,7 +353,10 @@ func TestOffCPUStorm(t *testing.T) {
 	if d("off_cpu_over_budget") == 0 || d("off_cpu_switches") < 10*d("off_cpu_traces") {
 		t.Errorf("the storm made %d switch-outs, %d over the budget: not a storm", d("off_cpu_switches"), d("off_cpu_over_budget"))
 	}
-	if d("off_cpu_switches") != d("off_cpu_traces")+d("off_cpu_over_budget") {
+	// The counters are read while the host keeps switching: a CPU may be
+	// between counting a switch-out and counting what became of it
+	// (a CI run read 177,249 against 177,248).
+	if counted := d("off_cpu_traces") + d("off_cpu_over_budget"); d("off_cpu_switches") > counted+cpus || counted > d("off_cpu_switches") {
 		t.Errorf("switch-outs %d != unwound %d + over budget %d: some went uncounted", d("off_cpu_switches"),
 			d("off_cpu_traces"), d("off_cpu_over_budget"))
 	}
